@@ -1,0 +1,62 @@
+from django.contrib import admin, messages
+
+from portal import services
+from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Profile, SyncStatus, Team
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "slurm_account", "active"]
+    list_filter = ["active"]
+    search_fields = ["name", "slug", "slurm_account"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [MembershipInline]
+    actions = ["mirror_to_slurm"]
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        # Creating a team or changing its members in the admin is mirrored to Slurm too.
+        services.team_set_active(team=form.instance, active=form.instance.active)
+
+    @admin.action(description="Mirror to Slurm associations now")
+    def mirror_to_slurm(self, request, queryset):
+        for team in queryset:
+            services.team_set_active(team=team, active=team.active)
+        messages.info(request, f"Queued {queryset.count()} team(s) for mirroring.")
+
+
+@admin.register(Profile)
+class ProfileAdmin(admin.ModelAdmin):
+    list_display = ["user", "unix_username", "time_zone", "notify_job_end"]
+    search_fields = ["user__username", "unix_username"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["user", "prefix", "key_hash", "created_at", "last_used_at"]
+    search_fields = ["user__username", "name", "prefix"]
+
+    def has_add_permission(self, request):
+        return False  # tokens are created by their owner (shown once) or by create_api_token
+
+
+@admin.register(PartitionInfo)
+class PartitionInfoAdmin(admin.ModelAdmin):
+    list_display = ["name", "is_default", "state", "default_time_minutes", "max_time_minutes", "seen_at"]
+
+
+@admin.register(NodeInfo)
+class NodeInfoAdmin(admin.ModelAdmin):
+    list_display = ["name", "state", "gpu_type", "gpus_total", "gpus_allocated", "seen_at"]
+
+
+@admin.register(SyncStatus)
+class SyncStatusAdmin(admin.ModelAdmin):
+    list_display = ["kind", "last_success_at", "failing_since", "last_error"]

@@ -1,0 +1,102 @@
+"""API views of the portal app (under /api/v1/): cluster inventory and teams."""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.generics import ListAPIView
+from rest_framework.views import APIView
+
+from portal.roles import is_admin
+from portal.selectors import cluster_summary, teams_visible_to
+
+
+class ClusterApi(APIView):
+    class ClusterGpuTypeSerializer(serializers.Serializer):
+        gpu_type = serializers.CharField()
+        nodes = serializers.IntegerField()
+        total = serializers.IntegerField()
+        allocated = serializers.IntegerField()
+        free = serializers.IntegerField()
+        unavailable = serializers.IntegerField()
+
+    class ClusterPartitionSerializer(serializers.Serializer):
+        name = serializers.CharField()
+        is_default = serializers.BooleanField()
+        state = serializers.CharField()
+        default_time_minutes = serializers.IntegerField(allow_null=True)
+        max_time_minutes = serializers.IntegerField(allow_null=True)
+        nodes = serializers.IntegerField()
+        gpu_types = serializers.ListField(child=serializers.CharField())
+        max_gpus_per_node = serializers.IntegerField()
+        gpus_total = serializers.IntegerField()
+        gpus_allocated = serializers.IntegerField()
+        gpus_free = serializers.IntegerField()
+
+    class ClusterNodeSerializer(serializers.Serializer):
+        name = serializers.CharField()
+        state = serializers.CharField()
+        reason = serializers.CharField()
+
+    class ClusterOutputSerializer(serializers.Serializer):
+        gpu_types = serializers.ListField(child=serializers.DictField())
+        partitions = serializers.ListField(child=serializers.DictField())
+        nodes_unavailable = serializers.ListField(child=serializers.DictField())
+        last_success_at = serializers.DateTimeField(allow_null=True)
+        stale = serializers.BooleanField()
+        failing_since = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema(responses=ClusterOutputSerializer, summary="GPUs per type and partition, nodes down, last sync")
+    def get(self, request):
+        summary = cluster_summary()
+        data = {
+            "gpu_types": self.ClusterGpuTypeSerializer(summary["gpu_types"], many=True).data,
+            "partitions": self.ClusterPartitionSerializer(summary["partitions"], many=True).data,
+            "nodes_unavailable": self.ClusterNodeSerializer(summary["nodes_unavailable"], many=True).data,
+            "last_success_at": summary["last_success_at"],
+            "stale": summary["stale"],
+            "failing_since": summary["failing_since"],
+        }
+        return Response(self.ClusterOutputSerializer(data).data)
+
+
+class TeamOutputSerializer(serializers.Serializer):
+    slug = serializers.SlugField()
+    name = serializers.CharField()
+    slurm_account = serializers.CharField()
+    active = serializers.BooleanField()
+    role = serializers.SerializerMethodField()
+
+    def get_role(self, team) -> str | None:
+        user = self.context["request"].user
+        roles = self.context.get("roles")
+        if roles is None:
+            roles = self.context["roles"] = dict(user.memberships.values_list("team_id", "role"))
+        return roles.get(team.pk) or ("admin" if is_admin(user) else None)
+
+
+class TeamListApi(ListAPIView):
+    """Teams visible to you, paginated."""
+
+    serializer_class = TeamOutputSerializer
+
+    def get_queryset(self):
+        return teams_visible_to(self.request.user).order_by("name")
+
+
+class TeamDetailApi(APIView):
+    class TeamDetailOutputSerializer(TeamOutputSerializer):
+        members = serializers.SerializerMethodField()
+
+        def get_members(self, team) -> list[dict]:
+            return [
+                {"username": m.user.username, "role": m.role}
+                for m in team.memberships.select_related("user").order_by("user__username")
+            ]
+
+    @extend_schema(responses=TeamDetailOutputSerializer, summary="One team and its members")
+    def get(self, request, slug: str):
+        team = get_object_or_404(teams_visible_to(request.user), slug=slug)
+        return Response(self.TeamDetailOutputSerializer(team, context={"request": request}).data)

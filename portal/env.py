@@ -1,0 +1,125 @@
+"""Strict readers for environment variables. A bad value stops start-up with a message that names
+the variable and says what was expected; nothing is silently replaced by a default."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class Env:
+    """Reads one environment mapping (os.environ by default) through typed helpers."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        self.environ = os.environ if environ is None else environ
+
+    def _raw(self, name: str) -> str | None:
+        value = self.environ.get(name)
+        return None if value is None else value.strip()
+
+    @staticmethod
+    def _fail(name: str, value: str, expected: str) -> ImproperlyConfigured:
+        return ImproperlyConfigured(f"Environment variable {name}={value!r} is invalid: expected {expected}.")
+
+    def str(self, name: str, default: str | None = None, *, required: bool = False) -> str:
+        value = self._raw(name)
+        if value is None or value == "":
+            if required:
+                raise ImproperlyConfigured(f"Environment variable {name} is required but not set.")
+            return default or ""
+        return value
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self._raw(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise self._fail(name, value, "one of 1/0, true/false, yes/no, on/off")
+
+    def int(self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+        value = self._raw(name)
+        if value is None or value == "":
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise self._fail(name, value, "a whole number") from None
+        if minimum is not None and number < minimum:
+            raise self._fail(name, value, f"a whole number >= {minimum}")
+        if maximum is not None and number > maximum:
+            raise self._fail(name, value, f"a whole number <= {maximum}")
+        return number
+
+    def float(self, name: str, default: float, *, minimum: float | None = None) -> float:
+        value = self._raw(name)
+        if value is None or value == "":
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise self._fail(name, value, "a number") from None
+        if minimum is not None and number < minimum:
+            raise self._fail(name, value, f"a number >= {minimum}")
+        return number
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self._raw(name)
+        if value is None or value == "":
+            return default
+        if value not in choices:
+            raise self._fail(name, value, "one of " + ", ".join(choices))
+        return value
+
+    def list(self, name: str, default: list[str]) -> list[str]:
+        value = self._raw(name)
+        if value is None:
+            return list(default)
+        return [item.strip() for item in value.split(",") if item.strip()]
+
+    def url(self, name: str, default: str, *, schemes: tuple[str, ...]) -> str:
+        value = self.str(name, default)
+        parts = urlsplit(value)
+        if parts.scheme not in schemes:
+            raise self._fail(name, value, "a URL starting with " + " or ".join(f"{s}://" for s in schemes))
+        if parts.scheme not in ("sqlite",) and not parts.hostname and not parts.path:
+            raise self._fail(name, value, "a URL with a host")
+        return value
+
+    def database(self, name: str, default: str) -> dict:
+        """DATABASE_URL → a Django DATABASES entry. postgres://user:pass@host:port/name or sqlite:///path."""
+        value = self.url(name, default, schemes=("postgres", "postgresql", "sqlite"))
+        parts = urlsplit(value)
+        if parts.scheme == "sqlite":
+            path = unquote(parts.path)[1:]  # sqlite:///rel.sqlite3 → rel.sqlite3, sqlite:////abs → /abs
+            if not path:
+                raise self._fail(name, value, "sqlite:///path/to/file.sqlite3")
+            return {"ENGINE": "django.db.backends.sqlite3", "NAME": path}
+        db_name = unquote(parts.path.lstrip("/"))
+        if not db_name:
+            raise self._fail(name, value, "a database name in the path, e.g. postgres://user@host:5432/gpuportal")
+        try:
+            port = parts.port
+        except ValueError:
+            raise self._fail(name, value, "a numeric port") from None
+        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": db_name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(port or ""),
+            "OPTIONS": options,
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+        }

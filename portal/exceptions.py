@@ -1,0 +1,87 @@
+"""One business error and the two places that turn it into what a user sees: the DRF exception
+handler (JSON ``{"detail": ..., "errors": {...}}``) and ``form_add_application_error`` for forms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions as drf_exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_default_handler
+
+
+class ApplicationError(Exception):
+    """A business rule refused the request. ``errors`` maps field names to lists of messages.
+
+    ``status_code`` is 400 for bad input, 409 for a conflict with the current state (a budget
+    that does not fit, a booking that overlaps, cancelling a finished job)."""
+
+    status_code = 400
+
+    def __init__(self, message: str, *, errors: dict[str, list[str] | str] | None = None, status_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.errors = {k: (v if isinstance(v, list) else [v]) for k, v in (errors or {}).items()}
+        if status_code is not None:
+            self.status_code = status_code
+
+
+class Conflict(ApplicationError):
+    status_code = 409
+
+
+def _flatten(detail: Any) -> Any:
+    if isinstance(detail, list):
+        return [str(item) if not isinstance(item, (dict, list)) else _flatten(item) for item in detail]
+    if isinstance(detail, dict):
+        return {key: _flatten(value) for key, value in detail.items()}
+    return [str(detail)]
+
+
+def api_exception_handler(exc: Exception, context: dict) -> Response | None:
+    """Every API error answers ``{"detail": str, "errors": {field: [messages]}}``."""
+    if isinstance(exc, ApplicationError):
+        return Response({"detail": exc.message, "errors": exc.errors}, status=exc.status_code)
+    if isinstance(exc, DjangoValidationError):
+        errors = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        exc = drf_exceptions.ValidationError(errors)
+    elif isinstance(exc, Http404):
+        exc = drf_exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = drf_exceptions.PermissionDenied()
+
+    response = drf_default_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, drf_exceptions.ValidationError):
+        errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        errors = _flatten(errors)
+        fields = ", ".join(sorted(errors))
+        first = next(iter(errors.values()), [""])
+        first_text = first[0] if isinstance(first, list) and first and isinstance(first[0], str) else ""
+        detail = f"Invalid input: {fields}." + (f" {first_text}" if len(errors) == 1 and first_text else "")
+        response.data = {"detail": detail, "errors": errors}
+    else:
+        detail = response.data.get("detail", "") if isinstance(response.data, dict) else str(response.data)
+        response.data = {"detail": str(detail), "errors": {}}
+        if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
+            response.data["errors"] = {"throttle": [f"Retry in {int(exc.wait) + 1} s."]}
+    return response
+
+
+def form_add_application_error(form, error: ApplicationError) -> None:
+    """Show an ApplicationError on a Django form: field errors beside their fields, the rest on top."""
+    placed = False
+    for field, messages in error.errors.items():
+        target = field if field in form.fields else None
+        for message in messages:
+            form.add_error(target, message)
+            placed = True
+    if not placed or error.message not in sum(error.errors.values(), []):
+        form.add_error(None, error.message)
+
+
+def status_for(error: ApplicationError) -> int:
+    return error.status_code or status.HTTP_400_BAD_REQUEST

@@ -1,0 +1,161 @@
+"""Teams (Slurm accounts), memberships and roles, user profiles, API tokens, and the cluster
+inventory the periodic sync records."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+
+SLURM_NAME_VALIDATOR = RegexValidator(
+    r"^[a-z][a-z0-9_-]{0,63}$",
+    "Use 1–64 lower-case letters, digits, '-' or '_', starting with a letter.",
+)
+UNIX_NAME_VALIDATOR = RegexValidator(
+    r"^[a-z_][a-z0-9_-]{0,31}$",
+    "Use a Unix user name: 1–32 lower-case letters, digits, '-' or '_'.",
+)
+
+
+class Role(models.TextChoices):
+    MEMBER = "member", "Member"
+    MANAGER = "manager", "Manager"
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=64, unique=True)
+    slurm_account = models.CharField(max_length=64, unique=True, validators=[SLURM_NAME_VALIDATOR])
+    description = models.TextField(blank=True)
+    active = models.BooleanField(default=True)
+    alert_webhook_url = models.URLField(blank=True, help_text="JSON POST on budget alerts (optional).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("view_cost_reports", "Can read cost reports of every team")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="membership_unique_team_user")]
+        # visibility selectors filter by user: memberships__user=...
+        indexes = [models.Index(fields=["user", "team"], name="membership_user_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class Profile(models.Model):
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="profile")
+    unix_username = models.CharField(
+        max_length=32, blank=True, validators=[UNIX_NAME_VALIDATOR], help_text="Empty: the login name."
+    )
+    time_zone = models.CharField(max_length=64, blank=True, help_text="Empty: the site's time zone.")
+    notify_job_end = models.BooleanField(default=False, help_text="Email me when my jobs end.")
+
+    def __str__(self) -> str:
+        return f"profile of {self.user}"
+
+    @property
+    def cluster_username(self) -> str:
+        return self.unix_username or self.user.username
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only a SHA-256 of the key is stored; the key is shown once."""
+
+    PREFIX_LENGTH = 8
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=PREFIX_LENGTH)
+    key_hash = models.CharField(max_length=64, unique=True)  # authentication looks tokens up by hash
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash_key(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    @staticmethod
+    def generate_key() -> str:
+        return "gpp_" + secrets.token_urlsafe(32)
+
+
+class PartitionInfo(models.Model):
+    """A Slurm partition as last seen by sync_cluster."""
+
+    name = models.CharField(max_length=64, unique=True)
+    is_default = models.BooleanField(default=False)
+    state = models.CharField(max_length=16)
+    default_time_minutes = models.PositiveIntegerField(null=True, blank=True)
+    max_time_minutes = models.PositiveIntegerField(null=True, blank=True)  # None = unlimited
+    node_names = models.JSONField(default=list)
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-is_default", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodeInfo(models.Model):
+    """A Slurm node as last seen by sync_cluster."""
+
+    name = models.CharField(max_length=64, unique=True)
+    state = models.CharField(max_length=64)
+    available = models.BooleanField(default=True)
+    partitions = models.JSONField(default=list)
+    gpu_type = models.CharField(max_length=32, blank=True)
+    gpus_total = models.PositiveIntegerField(default=0)
+    gpus_allocated = models.PositiveIntegerField(default=0)
+    cpus_total = models.PositiveIntegerField(default=0)
+    cpus_allocated = models.PositiveIntegerField(default=0)
+    memory_mb = models.PositiveBigIntegerField(default=0)
+    reason = models.CharField(max_length=255, blank=True)
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SyncStatus(models.Model):
+    """When a periodic Slurm read last succeeded or failed (one row per kind: cluster, jobs, usage)."""
+
+    kind = models.CharField(max_length=32, unique=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    failing_since = models.DateTimeField(null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)  # e.g. usage high-water mark, cycle duration
+
+    def __str__(self) -> str:
+        return self.kind
+
+    @property
+    def is_stale(self) -> bool:
+        return self.failing_since is not None or self.last_success_at is None

@@ -1,0 +1,37 @@
+"""Who a user is to the portal. Admins are staff users; finance users hold ``portal.view_cost_reports``
+(given by the ``finance`` group); team roles come from Membership."""
+
+from __future__ import annotations
+
+from portal.models import Membership, Role, Team
+
+FINANCE_GROUP = "finance"
+COST_REPORT_PERMISSION = "portal.view_cost_reports"
+
+
+def is_admin(user) -> bool:
+    return bool(user.is_authenticated and user.is_active and user.is_staff)
+
+
+def is_finance(user) -> bool:
+    return bool(user.is_authenticated and user.is_active and user.has_perm(COST_REPORT_PERMISSION))
+
+
+def can_read_cost_reports(user) -> bool:
+    return is_admin(user) or is_finance(user)
+
+
+def team_role(user, team: Team) -> str | None:
+    """The user's role in the team, or None. Uses prefetched memberships when present."""
+    if not user.is_authenticated:
+        return None
+    membership = Membership.objects.filter(user=user, team=team).only("role").first()
+    return membership.role if membership else None
+
+
+def is_member(user, team: Team) -> bool:
+    return team_role(user, team) is not None
+
+
+def is_manager(user, team: Team) -> bool:
+    return team_role(user, team) == Role.MANAGER

@@ -1,0 +1,272 @@
+"""Writes for teams, memberships, tokens and the cluster inventory. Each service owns its
+transaction; anything that must reach Slurm is enqueued on commit and done by a Celery task."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from portal.exceptions import ApplicationError, Conflict
+from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
+from portal.slurm import Association, SlurmError, get_gateway
+
+logger = logging.getLogger(__name__)
+User = get_user_model()
+
+
+# ---------------------------------------------------------------- teams and memberships
+
+
+def _enqueue_team_mirror(team_id: int) -> None:
+    from portal.tasks import team_mirror_to_slurm
+
+    transaction.on_commit(lambda: team_mirror_to_slurm.delay(team_id))
+
+
+@transaction.atomic
+def team_create(*, name: str, slug: str, slurm_account: str, description: str = "") -> Team:
+    team = Team(name=name, slug=slug, slurm_account=slurm_account, description=description)
+    team.full_clean()
+    team.save()
+    _enqueue_team_mirror(team.pk)
+    return team
+
+
+@transaction.atomic
+def team_set_active(*, team: Team, active: bool) -> Team:
+    Team.objects.filter(pk=team.pk).update(active=active)
+    team.refresh_from_db()
+    _enqueue_team_mirror(team.pk)
+    return team
+
+
+@transaction.atomic
+def membership_set(*, team: Team, user, role: str = Role.MEMBER) -> Membership:
+    """Add the user to the team, or change their role."""
+    if role not in Role.values:
+        raise ApplicationError("Unknown role.", errors={"role": f"Use one of: {', '.join(Role.values)}."})
+    profile_ensure(user=user)
+    membership, created = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    if created:
+        _enqueue_team_mirror(team.pk)
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, team: Team, user) -> None:
+    deleted, _ = Membership.objects.filter(team=team, user=user).delete()
+    if not deleted:
+        raise ApplicationError("Not a member.", errors={"user": f"{user} is not a member of {team}."}, status_code=404)
+    _enqueue_team_mirror(team.pk)
+
+
+def profile_ensure(*, user) -> Profile:
+    profile, _ = Profile.objects.get_or_create(user=user)
+    return profile
+
+
+# ---------------------------------------------------------------- Slurm associations
+
+
+@dataclass(frozen=True)
+class AssociationAction:
+    """One difference between the portal and Slurm, and how --apply mends it."""
+
+    kind: str  # missing_account | missing_user | extra_user | missing_default
+    account: str
+    user: str = ""
+
+    def describe(self) -> str:
+        return {
+            "missing_account": f"account {self.account} is missing in Slurm",
+            "missing_user": f"user {self.user} is missing from account {self.account}",
+            "extra_user": f"user {self.user} is in account {self.account} but not in the team",
+            "missing_default": f"user {self.user} has no default account (should be {self.account})",
+        }[self.kind]
+
+
+def association_plan(*, teams: list[Team], associations: list[Association]) -> list[AssociationAction]:
+    """Differences for the given (portal-managed) teams only; accounts the portal does not manage are
+    never touched. Inactive teams keep their account (for accounting) but lose their users."""
+    accounts = {a.account for a in associations if not a.user}
+    users_in: dict[str, set[str]] = {}
+    has_default: set[str] = set()
+    for assoc in associations:
+        if assoc.user:
+            users_in.setdefault(assoc.account, set()).add(assoc.user)
+            if assoc.is_default:
+                has_default.add(assoc.user)
+    all_users = {a.user for a in associations if a.user}
+
+    default_for = default_accounts()
+    wanted: dict[str, set[str]] = {t.slurm_account: set() for t in teams}
+    for membership in Membership.objects.filter(team__in=[t.pk for t in teams], team__active=True).select_related(
+        "user__profile", "team"
+    ):
+        wanted[membership.team.slurm_account].add(_unix_name(membership.user))
+
+    actions: list[AssociationAction] = []
+    for team in teams:
+        account = team.slurm_account
+        if account not in accounts:
+            actions.append(AssociationAction("missing_account", account))
+        present = users_in.get(account, set())
+        for user in sorted(wanted[account] - present):
+            actions.append(AssociationAction("missing_user", account, user))
+        for user in sorted(present - wanted[account]):
+            actions.append(AssociationAction("extra_user", account, user))
+    managed = set(wanted)
+    for user, account in sorted(default_for.items()):
+        if account in managed and user in all_users and user not in has_default:
+            actions.append(AssociationAction("missing_default", account, user))
+    return actions
+
+
+def association_apply(*, actions: list[AssociationAction], default_for: dict[str, str] | None = None) -> None:
+    """Carry out a plan through the gateway. Each step is idempotent ("already exists" = success)."""
+    gateway = get_gateway()
+    for action in actions:
+        if action.kind == "missing_account":
+            gateway.account_add(action.account, description=f"gpuportal team {action.account}")
+    for action in actions:
+        if action.kind in ("missing_user", "missing_default"):
+            is_default = (default_for or {}).get(action.user) == action.account or action.kind == "missing_default"
+            gateway.user_add(action.user, action.account, default=is_default)
+    for action in actions:
+        if action.kind == "extra_user":
+            gateway.user_remove(action.user, action.account)
+
+
+def default_accounts() -> dict[str, str]:
+    """Each member's default Slurm account: the account of their oldest active membership."""
+    default_for: dict[str, str] = {}
+    for membership in (
+        Membership.objects.filter(team__active=True).select_related("user__profile", "team").order_by("created_at", "pk")
+    ):
+        default_for.setdefault(_unix_name(membership.user), membership.team.slurm_account)
+    return default_for
+
+
+def team_mirror(*, team: Team) -> list[AssociationAction]:
+    """Make Slurm's associations for one team match the portal. Returns what was done."""
+    gateway = get_gateway()
+    associations = gateway.associations()
+    actions = association_plan(teams=[team], associations=associations)
+    association_apply(actions=actions, default_for=default_accounts())
+    return actions
+
+
+def _unix_name(user) -> str:
+    profile = getattr(user, "profile", None)
+    return (profile.unix_username if profile and profile.unix_username else user.username)
+
+
+# ---------------------------------------------------------------- API tokens
+
+
+@transaction.atomic
+def api_token_create(*, user, name: str) -> tuple[ApiToken, str]:
+    """Create a token; returns it and the key, which is never stored and cannot be shown again."""
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise ApplicationError("Give the token a name.", errors={"name": "Required, at most 100 characters."})
+    if ApiToken.objects.filter(user=user, revoked_at__isnull=True).count() >= 50:
+        raise Conflict("Too many active tokens.", errors={"name": "Revoke an old token first (limit 50)."})
+    key = ApiToken.generate_key()
+    token = ApiToken.objects.create(user=user, name=name, prefix=key[4 : 4 + ApiToken.PREFIX_LENGTH], key_hash=ApiToken.hash_key(key))
+    return token, key
+
+
+def api_token_revoke(*, token: ApiToken) -> ApiToken:
+    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    token.refresh_from_db()
+    return token
+
+
+# ---------------------------------------------------------------- sync status
+
+
+def sync_record_success(kind: str, *, data: dict | None = None, at: dt.datetime | None = None) -> None:
+    now = at or timezone.now()
+    values = {"last_success_at": now, "last_attempt_at": now, "last_error": "", "failing_since": None}
+    status, created = SyncStatus.objects.get_or_create(kind=kind, defaults=values | {"data": data or {}})
+    if not created:
+        if data is not None:
+            values["data"] = {**status.data, **data}
+        SyncStatus.objects.filter(pk=status.pk).update(**values)
+
+
+def sync_record_failure(kind: str, *, error: str) -> None:
+    now = timezone.now()
+    status, _ = SyncStatus.objects.get_or_create(kind=kind)
+    SyncStatus.objects.filter(pk=status.pk).update(
+        last_attempt_at=now, last_error=error[:2000], failing_since=status.failing_since or now
+    )
+
+
+# ---------------------------------------------------------------- cluster inventory
+
+
+def cluster_sync() -> dict:
+    """Read partitions and nodes (two Slurm calls) and record them in bulk. On a Slurm error the
+    previous inventory stays and the sync status says since when it is stale."""
+    gateway = get_gateway()
+    try:
+        partitions = gateway.partitions()
+        nodes = gateway.nodes()
+    except SlurmError as exc:
+        sync_record_failure("cluster", error=str(exc))
+        raise
+    now = timezone.now()
+    with transaction.atomic():
+        PartitionInfo.objects.exclude(name__in=[p.name for p in partitions]).delete()
+        NodeInfo.objects.exclude(name__in=[n.name for n in nodes]).delete()
+        PartitionInfo.objects.bulk_create(
+            [
+                PartitionInfo(
+                    name=p.name,
+                    is_default=p.is_default,
+                    state=p.state,
+                    default_time_minutes=p.default_time_minutes,
+                    max_time_minutes=p.max_time_minutes,
+                    node_names=list(p.nodes),
+                    seen_at=now,
+                )
+                for p in partitions
+            ],
+            update_conflicts=True,
+            unique_fields=["name"],
+            update_fields=["is_default", "state", "default_time_minutes", "max_time_minutes", "node_names", "seen_at"],
+        )
+        NodeInfo.objects.bulk_create(
+            [
+                NodeInfo(
+                    name=n.name,
+                    state=n.state,
+                    available=n.available,
+                    partitions=list(n.partitions),
+                    gpu_type=n.gpu_type,
+                    gpus_total=n.gpus_total,
+                    gpus_allocated=n.gpus_allocated,
+                    cpus_total=n.cpus_total,
+                    cpus_allocated=n.cpus_allocated,
+                    memory_mb=n.memory_mb,
+                    reason=n.reason[:255],
+                    seen_at=now,
+                )
+                for n in nodes
+            ],
+            update_conflicts=True,
+            unique_fields=["name"],
+            update_fields=[
+                "state", "available", "partitions", "gpu_type", "gpus_total", "gpus_allocated",
+                "cpus_total", "cpus_allocated", "memory_mb", "reason", "seen_at",
+            ],
+        )
+        sync_record_success("cluster", at=now)
+    return {"partitions": len(partitions), "nodes": len(nodes)}

@@ -1,0 +1,201 @@
+"""gpuportal settings: one module, every value read from the environment through strict helpers
+(``portal.env.Env``). Defaults make ``make demo`` work with nothing configured; production sets
+DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL (see docs/deploy.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.env import Env
+
+env = Env()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+RUN_DIR = Path(env.str("GPUPORTAL_RUN_DIR", str(BASE_DIR / ".run")))
+
+DEBUG = env.bool("DEBUG", True)
+SECRET_KEY = env.str("SECRET_KEY", required=not DEBUG)
+if not SECRET_KEY:
+    SECRET_KEY = "django-insecure-gpuportal-development-only-key-do-not-use-in-production"
+elif not DEBUG and (len(SECRET_KEY) < 50 or SECRET_KEY.startswith("django-insecure")):
+    raise ImproperlyConfigured(
+        "Environment variable SECRET_KEY is invalid: expected at least 50 random characters when DEBUG=0."
+    )
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", [])
+TIME_ZONE = env.str("TIME_ZONE", "UTC")
+try:
+    import zoneinfo
+
+    zoneinfo.ZoneInfo(TIME_ZONE)
+except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    raise ImproperlyConfigured(
+        f"Environment variable TIME_ZONE={TIME_ZONE!r} is invalid: expected an IANA zone such as Asia/Shanghai."
+    ) from None
+USE_TZ = True
+USE_I18N = True
+LANGUAGE_CODE = "en-us"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "django_filters",
+    "django_htmx",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "portal",
+    "jobs",
+    "accounting",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "portal.middleware.UserTimezoneMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "portal.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.database("DATABASE_URL", f"sqlite:///{RUN_DIR / 'db.sqlite3'}")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+STATIC_URL = "static/"
+STATIC_ROOT = RUN_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "portal" / "static"]
+
+# Security (check --deploy clean when DEBUG=0)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", not DEBUG)
+SESSION_COOKIE_HTTPONLY = True
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SECURE_HSTS_PRELOAD = not DEBUG
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+if env.bool("BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Cache (throttles, idempotency): Redis, shared by every web process
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env.url("CACHE_URL", "redis://127.0.0.1:6379/1", schemes=("redis", "rediss")),
+        "KEY_PREFIX": "gpuportal",
+    }
+}
+
+# Email (console in the demo)
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "gpuportal@localhost")
+
+# Celery — schedules live in portal/celery.py
+CELERY_BROKER_URL = env.url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "memory"))
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", 60, minimum=1)
+CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", 90, minimum=1)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", 300, minimum=10)}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TIMEZONE = "UTC"
+
+# Slurm
+SLURM_BACKEND = env.choice("SLURM_BACKEND", "auto", ("auto", "cli", "pyslurm"))
+SLURM_CLUSTER = env.str("SLURM_CLUSTER", "gpuportal")
+SLURM_TIMEOUT = env.int("SLURM_TIMEOUT", 15, minimum=1, maximum=600)
+_local_cluster_conf = Path(env.str("GPUPORTAL_CLUSTER_DIR", "/var/lib/gpuportal-cluster")) / "etc" / "slurm.conf"
+SLURM_CONF = env.str("SLURM_CONF", str(_local_cluster_conf) if _local_cluster_conf.exists() else "")
+SLURM_BIN_DIR = env.str("SLURM_BIN_DIR", "")
+# /healthz calls Slurm down when the workers have not read it successfully for this long
+SLURM_HEALTH_MAX_AGE = env.int("SLURM_HEALTH_MAX_AGE", 120, minimum=5)
+# Unix users jobs run as: the portal submits as root with --uid/--gid (see docs/deploy.md)
+SLURM_SUBMIT_AS_USER = env.bool("SLURM_SUBMIT_AS_USER", True)
+
+# Jobs
+JOB_DEFAULT_WORKDIR = env.str("JOB_DEFAULT_WORKDIR", "/tmp")
+JOB_OUTPUT_PATTERN = env.str("JOB_OUTPUT_PATTERN", "{workdir}/gpuportal-{slurm_job_id}.{stream}")
+JOB_ACCEPTED_SWEEP_SECONDS = env.int("JOB_ACCEPTED_SWEEP_SECONDS", 30, minimum=1)
+JOB_SYNC_INTERVAL_SECONDS = env.float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=0.5)
+
+# Accounting
+DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "portal.authentication.ApiTokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "portal.exceptions.api_exception_handler",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_THROTTLE_RATES": {
+        "login": env.str("THROTTLE_LOGIN", "20/min"),
+        "submit": env.str("THROTTLE_SUBMIT", "600/min"),
+    },
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "gpuportal API",
+    "DESCRIPTION": "Submit GPU jobs to Slurm, book GPU quotas and read what they cost.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,110 @@
+"""The gateway interface every backend implements. Nothing outside ``portal.slurm`` runs a Slurm
+command or imports pyslurm: callers use ``portal.slurm.get_gateway()``."""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+
+from .types import (
+    AccountingRecord,
+    Association,
+    AssociationLimits,
+    JobSpec,
+    Node,
+    Partition,
+    QueueEntry,
+    Reservation,
+    ReservationSpec,
+)
+
+
+class SlurmGateway(abc.ABC):
+    """One cluster. Every method either returns typed values or raises ``SlurmUnavailable`` /
+    ``SlurmRejected``; each method is one round trip to Slurm (never one per job)."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """Slurm's version string, e.g. "22.05.8"."""
+
+    @abc.abstractmethod
+    def ping(self) -> bool:
+        """True when the controller answers. Raises SlurmUnavailable otherwise."""
+
+    # Jobs
+    @abc.abstractmethod
+    def submit(self, spec: JobSpec) -> int:
+        """Submit a batch job; returns Slurm's job id."""
+
+    @abc.abstractmethod
+    def cancel(self, job_id: int) -> None:
+        """Cancel a job. Cancelling a job that already ended is not an error."""
+
+    @abc.abstractmethod
+    def queue(self) -> list[QueueEntry]:
+        """Every job the controller holds, in one call."""
+
+    @abc.abstractmethod
+    def accounting(self, start: dt.datetime, end: dt.datetime) -> list[AccountingRecord]:
+        """Every job allocation (all users) that was eligible/running/ended in [start, end]; one call."""
+
+    @abc.abstractmethod
+    def find_by_comment(self, comment: str) -> int | None:
+        """Job id of a job carrying this comment (queue first, then recent accounting), or None."""
+
+    # Inventory
+    @abc.abstractmethod
+    def partitions(self) -> list[Partition]:
+        ...
+
+    @abc.abstractmethod
+    def nodes(self) -> list[Node]:
+        ...
+
+    # Reservations
+    @abc.abstractmethod
+    def reservation_create(self, spec: ReservationSpec) -> str:
+        """Create a reservation; returns its name."""
+
+    @abc.abstractmethod
+    def reservation_delete(self, name: str) -> None:
+        """Delete a reservation; deleting one that does not exist is not an error."""
+
+    @abc.abstractmethod
+    def reservation_list(self) -> list[Reservation]:
+        ...
+
+    # Associations
+    @abc.abstractmethod
+    def associations(self) -> list[Association]:
+        """Every association of this cluster, in one call."""
+
+    @abc.abstractmethod
+    def account_add(self, account: str, *, description: str = "", parent: str = "") -> None:
+        """Add an account; an account that already exists counts as success."""
+
+    @abc.abstractmethod
+    def account_remove(self, account: str) -> None:
+        ...
+
+    @abc.abstractmethod
+    def user_add(self, user: str, account: str, *, default: bool = False) -> None:
+        """Add a user to an account (with it as default account when asked); existing = success."""
+
+    @abc.abstractmethod
+    def user_remove(self, user: str, account: str) -> None:
+        """Remove the user's association with the account; a missing one counts as success."""
+
+    @abc.abstractmethod
+    def association_limits_set(self, limits: AssociationLimits) -> None:
+        """Set GrpTRESMins/GrpTRES on the account; keys absent from the dicts are cleared (-1)."""
+
+    @abc.abstractmethod
+    def association_limits_get(self, account: str) -> AssociationLimits:
+        ...
+
+    @abc.abstractmethod
+    def account_usage_reset(self, account: str) -> None:
+        """Reset the account's raw usage (period roll-over)."""

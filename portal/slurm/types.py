@@ -1,0 +1,187 @@
+"""Typed values exchanged with the Slurm gateway.
+
+Everything the rest of the portal learns from Slurm arrives as one of these frozen dataclasses;
+no caller ever sees raw command output or pyslurm objects.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+
+class SlurmError(Exception):
+    """Base class of the gateway's two errors."""
+
+    def __init__(self, message: str, *, command: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.command = command
+
+
+class SlurmUnavailable(SlurmError):
+    """The controller (or slurmdbd) did not answer, or answered too late. Retry later."""
+
+
+class SlurmRejected(SlurmError):
+    """Slurm refused the request; ``message`` is Slurm's own words. Never retried."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the portal asks Slurm to run. Times in minutes, memory in MiB."""
+
+    script: str
+    account: str
+    partition: str
+    name: str = "gpuportal"
+    gpus: int = 1
+    gpu_type: str = ""  # "" = any type
+    nodes: int = 1
+    cpus_per_gpu: int = 1
+    memory_mb: int | None = None  # per node; None = partition default
+    time_limit_minutes: int | None = None
+    workdir: str = "/tmp"
+    stdout: str = ""  # path pattern as sbatch understands it ("%j" = job id); "" = Slurm default
+    stderr: str = ""
+    environment: dict[str, str] = field(default_factory=dict)
+    comment: str = ""  # the portal's tag, e.g. "gpuportal:<uuid>"; Slurm keeps it in queue and accounting
+    reservation: str = ""
+    uid: int | None = None  # run as this Unix user (submitter must be root)
+    gid: int | None = None
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """One job as the controller holds it now (squeue)."""
+
+    job_id: int
+    name: str
+    user: str
+    account: str
+    partition: str
+    state: str  # Slurm base state, upper case: PENDING, RUNNING, COMPLETING, COMPLETED, CANCELLED, ...
+    reason: str  # pending reason or "None"
+    comment: str
+    nodes: str  # node list ("" while pending)
+    num_nodes: int
+    submit_time: dt.datetime | None
+    start_time: dt.datetime | None
+    end_time: dt.datetime | None
+    time_limit_minutes: int | None
+    tres_per_node: str  # e.g. "gres:gpu:a100:2"
+    reservation: str = ""
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One job allocation from slurmdbd (sacct -X)."""
+
+    job_id: int
+    name: str
+    user: str
+    account: str
+    partition: str
+    state: str  # base state, e.g. COMPLETED, FAILED, CANCELLED, TIMEOUT, RUNNING, PENDING
+    exit_code: int | None
+    submit_time: dt.datetime | None
+    start_time: dt.datetime | None
+    end_time: dt.datetime | None
+    elapsed_seconds: int
+    time_limit_minutes: int | None
+    num_nodes: int
+    nodes: str
+    alloc_tres: dict[str, int]  # {"gres/gpu": 2, "gres/gpu:a100": 2, "cpu": 2, "mem": 2048 (MiB), ...}
+    req_tres: dict[str, int]
+    comment: str
+    reservation: str = ""
+    cluster: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return self.alloc_tres.get("gres/gpu", 0)
+
+    @property
+    def gpu_type(self) -> str:
+        """The allocated GPU type ("a100"), "" when none or untyped."""
+        for key, value in self.alloc_tres.items():
+            if key.startswith("gres/gpu:") and value:
+                return key.split(":", 1)[1]
+        return ""
+
+    @property
+    def requested_gpus(self) -> int:
+        return self.req_tres.get("gres/gpu", 0)
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    is_default: bool
+    state: str  # UP, DOWN, DRAIN, INACTIVE
+    default_time_minutes: int | None
+    max_time_minutes: int | None  # None = UNLIMITED
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    state: str  # e.g. IDLE, MIXED, ALLOCATED, DOWN, DRAINED, DRAINING (flags like "+DRAIN" folded in)
+    partitions: tuple[str, ...]
+    gpu_type: str  # "" when the node has no typed GPUs
+    gpus_total: int
+    gpus_allocated: int
+    cpus_total: int
+    cpus_allocated: int
+    memory_mb: int
+    reason: str = ""
+
+    @property
+    def available(self) -> bool:
+        """True when the node can run new work (not down, drained or draining)."""
+        bad = ("DOWN", "DRAIN", "FAIL", "MAINT", "NOT_RESPONDING", "POWER")
+        return not any(flag in self.state for flag in bad)
+
+
+@dataclass(frozen=True)
+class ReservationSpec:
+    name: str
+    start: dt.datetime
+    end: dt.datetime
+    accounts: tuple[str, ...]
+    nodes: tuple[str, ...] = ()  # whole nodes (Slurm 22.05)
+    tres: dict[str, int] = field(default_factory=dict)  # {"gres/gpu:a100": 2} where Slurm supports it
+    partition: str = ""
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reservation:
+    name: str
+    start: dt.datetime | None
+    end: dt.datetime | None
+    accounts: tuple[str, ...]
+    nodes: str
+    tres: str
+    state: str  # ACTIVE / INACTIVE
+
+
+@dataclass(frozen=True)
+class AssociationLimits:
+    """Limits on one account association. None = no limit set."""
+
+    account: str
+    grp_tres_mins: dict[str, int] = field(default_factory=dict)  # {"gres/gpu": 6000, "gres/gpu:a100": 3000}
+    grp_tres: dict[str, int] = field(default_factory=dict)  # {"gres/gpu": 4}
+
+
+@dataclass(frozen=True)
+class Association:
+    """One row of sacctmgr show assoc: an account (user == "") or a user in an account."""
+
+    cluster: str
+    account: str
+    user: str
+    is_default: bool = False  # for user rows: this account is the user's default account
+    parent: str = ""

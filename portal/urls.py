@@ -1,0 +1,32 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from portal import apis, health, views
+
+api_v1 = [
+    path("cluster/", apis.ClusterApi.as_view(), name="api-cluster"),
+    path("teams/", apis.TeamListApi.as_view(), name="api-team-list"),
+    path("teams/<slug:slug>/", apis.TeamDetailApi.as_view(), name="api-team-detail"),
+    path("", include("jobs.api_urls")),
+    path("", include("accounting.api_urls")),
+]
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("partials/cluster/", views.cluster_partial, name="cluster-partial"),
+    path("healthz", health.healthz, name="healthz"),
+    path("login/", views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("teams/", views.team_list, name="team-list"),
+    path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("account/tokens/", views.token_list, name="token-list"),
+    path("account/tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    path("jobs/", include("jobs.urls")),
+    path("accounting/", include("accounting.urls")),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("admin/", admin.site.urls),
+]

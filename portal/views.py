@@ -1,0 +1,81 @@
+"""Pages of the portal app: dashboard, teams, API tokens, login throttling."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from portal.exceptions import ApplicationError
+from portal.roles import is_manager
+from portal.selectors import api_tokens_of, cluster_summary, teams_visible_to
+from portal.services import api_token_create, api_token_revoke
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login with a per-address throttle (settings THROTTLE_LOGIN, shared with the API's)."""
+
+    template_name = "portal/login.html"
+    redirect_authenticated_user = True
+
+    def post(self, request, *args, **kwargs):
+        from portal.throttles import login_attempt_allowed
+
+        if not login_attempt_allowed(request):
+            return HttpResponse("Too many login attempts; wait a minute and try again.", status=429)
+        return super().post(request, *args, **kwargs)
+
+
+@login_required
+def dashboard(request):
+    summary = cluster_summary()
+    teams = teams_visible_to(request.user).order_by("name")
+    return render(request, "portal/dashboard.html", {"summary": summary, "teams": teams})
+
+
+@login_required
+def cluster_partial(request):
+    return render(request, "partials/cluster_summary.html", {"summary": cluster_summary()})
+
+
+@login_required
+def team_list(request):
+    teams = teams_visible_to(request.user).prefetch_related("memberships__user").order_by("name")
+    return render(request, "portal/team_list.html", {"teams": teams})
+
+
+@login_required
+def team_detail(request, slug: str):
+    team = get_object_or_404(teams_visible_to(request.user), slug=slug)
+    memberships = team.memberships.select_related("user", "user__profile").order_by("user__username")
+    return render(
+        request,
+        "portal/team_detail.html",
+        {"team": team, "memberships": memberships, "is_manager": is_manager(request.user, team)},
+    )
+
+
+@login_required
+def token_list(request):
+    new_key = None
+    if request.method == "POST":
+        try:
+            token, new_key = api_token_create(user=request.user, name=request.POST.get("name", ""))
+        except ApplicationError as exc:
+            messages.error(request, exc.message + " " + " ".join(sum(exc.errors.values(), [])))
+        else:
+            messages.success(request, f"Token “{token.name}” created. Copy it now: it will not be shown again.")
+    tokens = api_tokens_of(request.user)
+    return render(request, "portal/token_list.html", {"tokens": tokens, "new_key": new_key})
+
+
+@login_required
+@require_POST
+def token_revoke(request, pk: int):
+    token = get_object_or_404(api_tokens_of(request.user), pk=pk)
+    api_token_revoke(token=token)
+    messages.success(request, f"Token “{token.name}” revoked.")
+    return redirect("token-list")

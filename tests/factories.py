@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import factory
+from django.contrib.auth import get_user_model
+
+from portal.models import Membership, Profile, Role, Team
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda o: f"{o.username}@example.org")
+    password = factory.django.Password("pw-for-tests")
+
+    @factory.post_generation
+    def profile(obj, create, extracted, **kwargs):
+        if create:
+            Profile.objects.get_or_create(user=obj)
+
+
+class TeamFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Team
+        django_get_or_create = ("slug",)
+
+    name = factory.Sequence(lambda n: f"Team {n}")
+    slug = factory.Sequence(lambda n: f"team{n}")
+    slurm_account = factory.LazyAttribute(lambda o: o.slug)
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    team = factory.SubFactory(TeamFactory)
+    user = factory.SubFactory(UserFactory)
+    role = Role.MEMBER

@@ -1,0 +1,76 @@
+"""Settings read the environment strictly: a bad value stops start-up naming the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.env import Env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY")} | env
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SLURM_BACKEND", "slurmrestd"),
+        ("DEBUG", "maybe"),
+        ("DATABASE_URL", "mysql://x@y/z"),
+        ("CELERY_BROKER_URL", "amqp://guest@localhost//"),
+        ("TIME_ZONE", "Mars/Olympus"),
+        ("SLURM_TIMEOUT", "soon"),
+    ],
+)
+def test_bad_environment_value_stops_startup_naming_the_variable(variable, value):
+    result = _manage("check", **{variable: value})
+    assert result.returncode != 0
+    assert f"Environment variable {variable}=" in result.stderr
+    assert "ImproperlyConfigured" in result.stderr
+
+
+def test_secret_key_is_required_when_debug_is_off():
+    result = _manage("check", DEBUG="0")
+    assert result.returncode != 0
+    assert "Environment variable SECRET_KEY is required" in result.stderr
+
+
+def test_check_deploy_is_clean_with_production_settings():
+    result = _manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        DEBUG="0",
+        SECRET_KEY="k" * 20 + "production-secret-value-1234567890-abcdefghijklmn",
+        ALLOWED_HOSTS="portal.example.org",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_database_url_parses_postgres_and_sqlite():
+    pg = Env({"DATABASE_URL": "postgres://u:p%40ss@db.example:6543/gp"}).database("DATABASE_URL", "")
+    assert (pg["ENGINE"], pg["NAME"], pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"]) == (
+        "django.db.backends.postgresql", "gp", "u", "p@ss", "db.example", "6543",
+    )
+    assert Env({"DATABASE_URL": "sqlite:////var/lib/x.sqlite3"}).database("DATABASE_URL", "")["NAME"] == "/var/lib/x.sqlite3"
+    with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
+        Env({"DATABASE_URL": "postgres://host:5432/"}).database("DATABASE_URL", "")
+
+
+def test_int_bounds_are_enforced():
+    with pytest.raises(ImproperlyConfigured, match=r"SLURM_TIMEOUT='0'.*>= 1"):
+        Env({"SLURM_TIMEOUT": "0"}).int("SLURM_TIMEOUT", 10, minimum=1)
+    assert Env({}).int("SLURM_TIMEOUT", 10, minimum=1) == 10
