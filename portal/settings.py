@@ -165,8 +165,9 @@ DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
+        # Token first: unauthenticated API requests get 401 with WWW-Authenticate: Token
         "portal.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",

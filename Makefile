@@ -1,0 +1,56 @@
+# gpuportal — `make demo` runs the portal with a local Slurm cluster and demo data;
+# `make test` runs the whole test suite. Both work on a new Debian machine as root.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export SLURM_CONF ?= $(or $(GPUPORTAL_CLUSTER_DIR),/var/lib/gpuportal-cluster)/etc/slurm.conf
+TEST_DATABASE_URL ?= postgres://gpuportal@127.0.0.1:5432/gpuportal
+DEMO_PASSWORD ?= gpuportal-demo
+export DEMO_PASSWORD
+
+.PHONY: demo stop test install services cluster migrate bench clean-run help
+
+help:
+	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
+	@echo "make stop   — stop the demo processes (the cluster keeps running: scripts/cluster down)"
+	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
+	@echo "make bench  — benchmarks, figures in bench/results.md"
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+services:
+	@scripts/services up
+
+cluster:
+	@scripts/cluster up
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+demo: install services cluster migrate
+	$(PY) manage.py seed_demo
+	$(PY) manage.py sync_cluster || true
+	@scripts/demo start
+	@echo
+	@echo "gpuportal is running at http://127.0.0.1:8000/"
+	@echo "  logins (password '$(DEMO_PASSWORD)'; set DEMO_PASSWORD to change):"
+	@echo "    admin (staff) · finn (finance) · bob (manager, vision) · alice (member, vision) · dave (manager, nlp) · carol (member, nlp)"
+	@echo "  API docs: http://127.0.0.1:8000/api/docs/   ·   logs: .run/log/   ·   stop: make stop"
+
+stop:
+	@scripts/demo stop
+
+test: install services cluster
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install services cluster
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/run_all.py

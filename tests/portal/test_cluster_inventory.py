@@ -1,0 +1,101 @@
+"""Cluster inventory: sync_cluster reads partitions and nodes from the real local cluster; pages and
+API show GPUs per type and partition; when Slurm cannot be read they say the data is stale — never zeros."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+
+from portal.models import NodeInfo, PartitionInfo, SyncStatus
+from portal.services import cluster_sync
+from portal.slurm import SlurmUnavailable, get_gateway, reset_gateway
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slurm]
+
+
+@pytest.fixture
+def gateway():
+    reset_gateway()
+    yield get_gateway()
+    reset_gateway()
+
+
+class CountingGateway:
+    """The real gateway, counting the calls made through it."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def __getattr__(self, name):
+        attr = getattr(self.real, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_sync_cluster_records_partitions_and_nodes_in_two_slurm_calls(gateway, monkeypatch):
+    counting = CountingGateway(gateway)
+    monkeypatch.setattr("portal.services.get_gateway", lambda: counting)
+    out = io.StringIO()
+    call_command("sync_cluster", stdout=out)
+    assert sorted(counting.calls) == ["nodes", "partitions"]
+    assert "Recorded 2 partitions and 3 nodes." in out.getvalue()
+
+    gpu = PartitionInfo.objects.get(name="gpu")
+    assert (gpu.is_default, gpu.max_time_minutes, gpu.default_time_minutes) == (True, 72 * 60, 60)
+    debug = PartitionInfo.objects.get(name="debug")
+    assert (debug.is_default, debug.max_time_minutes, debug.default_time_minutes) == (False, 60, 10)
+    nodes = {n.name: n for n in NodeInfo.objects.all()}
+    assert set(nodes) == {"a100-01", "a100-02", "h100-01"}
+    assert [(nodes[n].gpu_type, nodes[n].gpus_total) for n in sorted(nodes)] == [("a100", 4), ("a100", 4), ("h100", 4)]
+    assert SyncStatus.objects.get(kind="cluster").failing_since is None
+
+
+def test_cluster_api_shows_gpus_per_type_and_partition(gateway, api_client_for):
+    cluster_sync()
+    response = api_client_for("member").get("/api/v1/cluster/")
+    assert response.status_code == 200
+    body = response.json()
+    by_type = {row["gpu_type"]: row for row in body["gpu_types"]}
+    assert by_type["a100"]["total"] == 8 and by_type["h100"]["total"] == 4
+    for row in by_type.values():
+        assert row["free"] + row["allocated"] + row["unavailable"] == row["total"]
+    parts = {p["name"]: p for p in body["partitions"]}
+    assert parts["gpu"]["gpus_total"] == 12 and parts["gpu"]["max_gpus_per_node"] == 4
+    assert parts["gpu"]["gpu_types"] == ["a100", "h100"]
+    assert body["stale"] is False and body["last_success_at"]
+
+
+def test_when_slurm_cannot_be_read_the_page_says_stale_since_when_and_keeps_the_last_figures(
+    gateway, settings, client_for, api_client_for
+):
+    cluster_sync()
+    settings.SLURM_BIN_DIR = "/nonexistent-slurm-bin"  # every Slurm command now fails to start
+    reset_gateway()
+    with pytest.raises(SlurmUnavailable):
+        cluster_sync()
+    status = SyncStatus.objects.get(kind="cluster")
+    assert status.failing_since is not None and status.last_success_at is not None
+
+    page = client_for("member").get("/")
+    text = page.content.decode()
+    assert "Cluster data is stale" in text
+    assert status.failing_since.strftime("%Y-%m-%d %H:%M") in text
+    assert "free of 8" in text  # the last good figures, not zeros
+
+    body = api_client_for("member").get("/api/v1/cluster/").json()
+    assert body["stale"] is True and body["failing_since"]
+    assert {r["gpu_type"]: r["total"] for r in body["gpu_types"]} == {"a100": 8, "h100": 4}
+
+
+def test_nothing_read_yet_says_so_instead_of_showing_zeros(client_for):
+    text = client_for("member").get("/").content.decode()
+    assert "The cluster has not been read yet" in text
+    assert "free of 0" not in text
