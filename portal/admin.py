@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
 from portal import services
-from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Profile, SyncStatus, Team
+from portal.models import ApiToken, AuditEvent, Membership, NodeInfo, PartitionInfo, Profile, SyncStatus, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -22,12 +22,12 @@ class TeamAdmin(admin.ModelAdmin):
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
         # Creating a team or changing its members in the admin is mirrored to Slurm too.
-        services.team_set_active(team=form.instance, active=form.instance.active)
+        services.team_set_active(team=form.instance, active=form.instance.active, actor=request.user, request=request)
 
     @admin.action(description="Mirror to Slurm associations now")
     def mirror_to_slurm(self, request, queryset):
         for team in queryset:
-            services.team_set_active(team=team, active=team.active)
+            services.team_set_active(team=team, active=team.active, actor=request.user, request=request)
         messages.info(request, f"Queued {queryset.count()} team(s) for mirroring.")
 
 
@@ -60,3 +60,22 @@ class NodeInfoAdmin(admin.ModelAdmin):
 @admin.register(SyncStatus)
 class SyncStatusAdmin(admin.ModelAdmin):
     list_display = ["kind", "last_success_at", "failing_since", "last_error"]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    """Read-only: the trail is append-only."""
+
+    list_display = ["at", "actor_name", "action", "target_type", "target_id", "team", "address"]
+    list_filter = ["action", "target_type", "team"]
+    search_fields = ["actor_name", "target_id", "action"]
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

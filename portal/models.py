@@ -159,3 +159,34 @@ class SyncStatus(models.Model):
     @property
     def is_stale(self) -> bool:
         return self.failing_since is not None or self.last_success_at is None
+
+
+class AuditEvent(models.Model):
+    """Append-only trail of who did what, when and from where (quota, booking, rate, team, job actions).
+    Rows are only ever inserted (``portal.services.audit_record``); the admin shows them read-only."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor_name = models.CharField(max_length=150, blank=True)  # kept when the user is deleted
+    action = models.CharField(max_length=64)  # e.g. "job.submit", "quota.approve", "team.member_add"
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    address = models.GenericIPAddressField(null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+        # the admin's filter: one object's history
+        indexes = [models.Index(fields=["target_type", "target_id"], name="audit_target")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.target_type}:{self.target_id}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("Audit events are append-only.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValueError("Audit events are append-only.")

@@ -29,39 +29,48 @@ def _enqueue_team_mirror(team_id: int) -> None:
 
 
 @transaction.atomic
-def team_create(*, name: str, slug: str, slurm_account: str, description: str = "") -> Team:
+def team_create(
+    *, name: str, slug: str, slurm_account: str, description: str = "", actor=None, request=None
+) -> Team:
     team = Team(name=name, slug=slug, slurm_account=slurm_account, description=description)
     team.full_clean()
     team.save()
+    audit_record(actor=actor, action="team.create", target=team, team=team, request=request,
+                 data={"slug": slug, "slurm_account": slurm_account})
     _enqueue_team_mirror(team.pk)
     return team
 
 
 @transaction.atomic
-def team_set_active(*, team: Team, active: bool) -> Team:
+def team_set_active(*, team: Team, active: bool, actor=None, request=None) -> Team:
     Team.objects.filter(pk=team.pk).update(active=active)
     team.refresh_from_db()
+    audit_record(actor=actor, action="team.set_active", target=team, team=team, request=request, data={"active": active})
     _enqueue_team_mirror(team.pk)
     return team
 
 
 @transaction.atomic
-def membership_set(*, team: Team, user, role: str = Role.MEMBER) -> Membership:
+def membership_set(*, team: Team, user, role: str = Role.MEMBER, actor=None, request=None) -> Membership:
     """Add the user to the team, or change their role."""
     if role not in Role.values:
         raise ApplicationError("Unknown role.", errors={"role": f"Use one of: {', '.join(Role.values)}."})
     profile_ensure(user=user)
     membership, created = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    audit_record(actor=actor, action="team.member_set", target=team, team=team, request=request,
+                 data={"user": user.username, "role": role, "added": created})
     if created:
         _enqueue_team_mirror(team.pk)
     return membership
 
 
 @transaction.atomic
-def membership_remove(*, team: Team, user) -> None:
+def membership_remove(*, team: Team, user, actor=None, request=None) -> None:
     deleted, _ = Membership.objects.filter(team=team, user=user).delete()
     if not deleted:
         raise ApplicationError("Not a member.", errors={"user": f"{user} is not a member of {team}."}, status_code=404)
+    audit_record(actor=actor, action="team.member_remove", target=team, team=team, request=request,
+                 data={"user": user.username})
     _enqueue_team_mirror(team.pk)
 
 
@@ -270,3 +279,31 @@ def cluster_sync() -> dict:
         )
         sync_record_success("cluster", at=now)
     return {"partitions": len(partitions), "nodes": len(nodes)}
+
+
+# ---------------------------------------------------------------- audit trail
+
+
+def client_address(request) -> str | None:
+    """The client's address: REMOTE_ADDR (behind a proxy, set it from X-Forwarded-For in the proxy)."""
+    if request is None:
+        return None
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def audit_record(
+    *, actor, action: str, target, team: Team | None = None, request=None, data: dict | None = None
+) -> None:
+    """Append one audit event. ``target`` is a model instance; ``data`` what changed (JSON-able)."""
+    from portal.models import AuditEvent
+
+    AuditEvent.objects.create(
+        actor=actor if getattr(actor, "is_authenticated", False) else None,
+        actor_name=getattr(actor, "username", "") or "system",
+        action=action,
+        target_type=target._meta.label_lower,
+        target_id=str(target.pk),
+        team=team,
+        address=client_address(request),
+        data=data or {},
+    )

@@ -93,3 +93,4 @@ def test_slurm_reconcile_prints_differences_and_apply_fixes_only_managed_account
     out = io.StringIO()
     call_command("slurm_reconcile", stdout=out)
     assert account not in out.getvalue()
+
