@@ -6,7 +6,6 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export SLURM_CONF ?= $(or $(GPUPORTAL_CLUSTER_DIR),/var/lib/gpuportal-cluster)/etc/slurm.conf
-TEST_DATABASE_URL ?= postgres://gpuportal@127.0.0.1:5432/gpuportal
 DEMO_PASSWORD ?= gpuportal-demo
 export DEMO_PASSWORD
 
@@ -28,7 +27,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 services:
-	@scripts/services up
+	@scripts/services up >/dev/null
 
 cluster:
 	@scripts/cluster up
@@ -49,8 +48,9 @@ demo: install services cluster migrate
 stop:
 	@scripts/demo stop
 
-test: install services cluster
-	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest $(PYTEST_ARGS)
+# Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
+test: install cluster
+	@eval "$$(scripts/services up)" && $(PY) -m pytest $(PYTEST_ARGS)
 
-bench: install services cluster
-	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/run_all.py
+bench: install cluster
+	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py
