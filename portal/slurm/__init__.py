@@ -55,7 +55,12 @@ def get_gateway() -> SlurmGateway:
         if backend == "pyslurm":
             from .pyslurm import PyslurmGateway
 
-            _gateway = PyslurmGateway(cluster=settings.SLURM_CLUSTER, timeout=settings.SLURM_TIMEOUT)
+            _gateway = PyslurmGateway(
+                cluster=settings.SLURM_CLUSTER,
+                timeout=settings.SLURM_TIMEOUT,
+                slurm_conf=settings.SLURM_CONF,
+                bin_dir=settings.SLURM_BIN_DIR,
+            )
         else:
             from .cli import CliGateway
 

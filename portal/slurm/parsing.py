@@ -1,0 +1,337 @@
+"""Pure parsers for Slurm's text output (no subprocess, no Django): unit-tested on real samples.
+
+Everything here takes strings exactly as Slurm 22.05 prints them (``SLURM_TIME_FORMAT=standard``)
+and returns plain Python values; the CLI backend composes them into the typed results.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from .types import SlurmError, SlurmRejected, SlurmUnavailable
+
+# Field separator for squeue/sacct output: ASCII "unit separator". Job names and comments may
+# contain "|" or ";", but the portal never lets control characters into them (see cli.py), so this
+# character cannot appear inside a field.
+FIELD_SEP = "\x1f"
+
+_NONE_WORDS = {"", "n/a", "none", "unknown", "(null)", "not_set", "invalid"}
+
+
+# --- times -------------------------------------------------------------------------------------
+
+
+def parse_time(value: str) -> dt.datetime | None:
+    """Slurm timestamp ("2024-05-01T12:34:56", the host's local time, no zone) -> aware UTC.
+
+    "N/A", "Unknown", "None" and "" -> None."""
+    value = value.strip()
+    if value.lower() in _NONE_WORDS:
+        return None
+    try:
+        naive = dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    # A naive datetime's astimezone() interprets it in the machine's local zone, as Slurm printed it.
+    return naive.astimezone().astimezone(dt.UTC)
+
+
+def format_time(value: dt.datetime) -> str:
+    """Aware (or naive local) datetime -> the local-time string Slurm's commands accept."""
+    if value.tzinfo is not None:
+        value = value.astimezone()  # to the host's local zone
+    return value.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+_DURATION_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_duration_minutes(value: str) -> int | None:
+    """Slurm duration -> whole minutes. "UNLIMITED", "Partition_Limit", "N/A" -> None.
+
+    Accepts "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS" (Slurm's own rules)."""
+    value = value.strip()
+    if value.lower() in _NONE_WORDS or value.upper() in ("UNLIMITED", "INFINITE", "PARTITION_LIMIT"):
+        return None
+    match = _DURATION_RE.match(value)
+    if not match:
+        return None
+    days, first, second, third = match.groups()
+    days_n = int(days) if days else 0
+    if days:
+        # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+    elif third is not None:  # HH:MM:SS
+        hours, minutes, seconds = int(first), int(second), int(third)
+    elif second is not None:  # MM:SS
+        hours, minutes, seconds = 0, int(first), int(second)
+    else:  # MM
+        hours, minutes, seconds = 0, int(first), 0
+    total_seconds = ((days_n * 24 + hours) * 60 + minutes) * 60 + seconds
+    return total_seconds // 60
+
+
+def parse_int(value: str, default: int | None = None) -> int | None:
+    value = value.strip()
+    try:
+        return int(value)
+    except ValueError:
+        return default
+
+
+def parse_minutes_raw(value: str) -> int | None:
+    """sacct TimelimitRaw: minutes as an integer, or "UNLIMITED" / "Partition_Limit"."""
+    return parse_int(value, None)
+
+
+# --- states and exit codes ---------------------------------------------------------------------
+
+
+def base_state(value: str) -> str:
+    """"CANCELLED by 0" -> "CANCELLED"; "RUNNING" -> "RUNNING"; "" -> "UNKNOWN"."""
+    word = value.strip().split(" ", 1)[0].upper()
+    return word or "UNKNOWN"
+
+
+def parse_exit_code(value: str) -> int | None:
+    """"0:0" -> 0; "1:0" -> 1; "0:15" -> 0 (the signal is dropped); "" -> None."""
+    first = value.strip().split(":", 1)[0]
+    return parse_int(first, None)
+
+
+# --- TRES and GRES -----------------------------------------------------------------------------
+
+_MEM_FACTORS_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "P": 1024**3}
+_NUMBER_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)$", re.IGNORECASE)
+
+
+def parse_memory_mib(value: str) -> int:
+    """"1G" -> 1024, "500M" -> 500, "2048K" -> 2, "1.50G" -> 1536, "64000" -> 64000 (MiB)."""
+    match = _NUMBER_RE.match(value.strip())
+    if not match:
+        raise ValueError(f"not a memory size: {value!r}")
+    number, suffix = match.groups()
+    return round(float(number) * _MEM_FACTORS_MIB[suffix.upper() or "M"])
+
+
+def parse_tres(value: str) -> dict[str, int]:
+    """"billing=1,cpu=1,gres/gpu:a100=2,gres/gpu=2,mem=1G,node=1" -> dict of ints, mem in MiB.
+
+    Values Slurm prints with a unit suffix for counts (e.g. "energy=1.2K") are scaled by 1024 as
+    Slurm does; anything unparsable is skipped rather than failing the whole record."""
+    out: dict[str, int] = {}
+    value = value.strip()
+    if value.lower() in _NONE_WORDS:
+        return out
+    for item in value.split(","):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            continue
+        raw = raw.strip()
+        try:
+            if key == "mem":
+                out[key] = parse_memory_mib(raw)
+            else:
+                match = _NUMBER_RE.match(raw)
+                if match is None:
+                    # e.g. "-1" in sacctmgr output (cleared limit)
+                    out[key] = int(raw)
+                    continue
+                number, suffix = match.groups()
+                factor = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+                out[key] = round(float(number) * factor[suffix.upper()])
+        except ValueError:
+            continue
+    return out
+
+
+def format_tres(values: dict[str, int]) -> str:
+    """{"gres/gpu": 4} -> "gres/gpu=4" (keys sorted so argv is deterministic)."""
+    return ",".join(f"{key}={values[key]}" for key in sorted(values))
+
+
+_GRES_ITEM_RE = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)(?:\((?P<extra>[^)]*)\))?$")
+
+
+def parse_gres(value: str) -> list[tuple[str, str, int]]:
+    """Node GRES string -> [(name, type, count)].
+
+    "gpu:a100:4(S:0)" -> [("gpu", "a100", 4)]; "gpu:4" -> [("gpu", "", 4)];
+    "gpu:a100:2(IDX:0-1),gpu:h100:0(IDX:N/A)" -> two items; "(null)" -> []."""
+    value = value.strip()
+    if value.lower() in _NONE_WORDS:
+        return []
+    # Split on commas that are not inside parentheses ("(S:0-1)" never holds commas, but
+    # "(IDX:0,2)" does).
+    items, depth, current = [], 0, []
+    for char in value:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    items.append("".join(current))
+    out = []
+    for item in items:
+        item = item.strip()
+        if item.startswith("gres:"):
+            item = item[len("gres:") :]
+        match = _GRES_ITEM_RE.match(item)
+        if match:
+            out.append((match["name"], match["type"] or "", int(match["count"])))
+    return out
+
+
+# --- key=value records (scontrol show ... -o) --------------------------------------------------
+
+_KV_SPLIT_RE = re.compile(r" (?=[A-Za-z][A-Za-z0-9_:./]*=)")
+
+
+def parse_kv_line(line: str) -> dict[str, str]:
+    """One line of ``scontrol show <entity> -o`` -> {Key: value}.
+
+    Values may contain spaces (e.g. ``Reason=Not responding [slurm@2024-...]``): a new key starts
+    only where a space is followed by ``Word=``."""
+    out: dict[str, str] = {}
+    for part in _KV_SPLIT_RE.split(line.strip()):
+        key, sep, value = part.partition("=")
+        if sep:
+            out[key] = value.strip()
+    return out
+
+
+def null_to_empty(value: str | None) -> str:
+    if value is None:
+        return ""
+    return "" if value.strip().lower() in ("(null)", "n/a", "none") else value.strip()
+
+
+def split_list(value: str | None) -> tuple[str, ...]:
+    value = null_to_empty(value)
+    return tuple(item for item in value.split(",") if item) if value else ()
+
+
+# --- hostlists ---------------------------------------------------------------------------------
+
+
+def expand_hostlist(value: str) -> tuple[str, ...]:
+    """"a100-[01-02],h100-01" -> ("a100-01", "a100-02", "h100-01") without calling Slurm."""
+    value = null_to_empty(value)
+    if not value:
+        return ()
+    out: list[str] = []
+    depth, current, parts = 0, [], []
+    for char in value:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    for part in parts:
+        out.extend(_expand_one(part.strip()))
+    return tuple(out)
+
+
+def _expand_one(pattern: str) -> list[str]:
+    match = re.match(r"^(?P<prefix>[^\[]*)\[(?P<ranges>[^\]]+)\](?P<rest>.*)$", pattern)
+    if not match:
+        return [pattern] if pattern else []
+    names = []
+    for rng in match["ranges"].split(","):
+        low, _, high = rng.partition("-")
+        if high:
+            width = len(low)
+            for number in range(int(low), int(high) + 1):
+                names.append(f"{number:0{width}d}")
+        else:
+            names.append(low)
+    out = []
+    for name in names:
+        out.extend(_expand_one(match["prefix"] + name + match["rest"]))
+    return out
+
+
+# --- error classification ----------------------------------------------------------------------
+
+# Words in Slurm's stderr that mean "the controller or slurmdbd did not answer": retry later.
+UNAVAILABLE_PATTERNS = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "problem talking to the database",
+    "unable to connect to database",
+    "slurmdbd: connection",
+    "failed to open persistent connection",
+    "zero bytes were transmitted or received",
+    "communication connection failure",
+    "unable to establish controller machine",
+    "could not establish a configuration source",
+    "backup controller in standby mode",
+    "transport endpoint is not connected",
+    "temporarily unable to accept job",
+    "database is busy",
+    "connection timed out",
+    "slurmctld is not responding",
+    "no route to host",
+)
+
+# Nonzero exits that mean "already so": idempotent successes, per command family.
+ALREADY_GONE_PATTERNS = (
+    "invalid job id specified",
+    "job/step already completing or completed",
+    "already completing or completed",
+)
+NOTHING_TO_DO_PATTERNS = (
+    "nothing new added",
+    "nothing modified",
+    "nothing deleted",
+    "already exists",
+)
+RESERVATION_MISSING_PATTERNS = (
+    "requested reservation is invalid",
+    "invalid reservation",
+    "reservation not found",
+)
+
+
+def stderr_message(stderr: str, stdout: str = "") -> str:
+    """Slurm's own words: the non-empty stderr lines (stdout when stderr is empty)."""
+    text = stderr.strip() or stdout.strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "\n".join(lines) or "Slurm command failed without a message"
+
+
+def is_unavailable_message(message: str) -> bool:
+    lowered = message.lower()
+    return any(pattern in lowered for pattern in UNAVAILABLE_PATTERNS)
+
+
+def matches_any(message: str, patterns: tuple[str, ...]) -> bool:
+    lowered = message.lower()
+    return any(pattern in lowered for pattern in patterns)
+
+
+def classify_failure(*, returncode: int, stderr: str, stdout: str = "", command: str = "") -> SlurmError:
+    """The one place that maps a failed Slurm command to the gateway's two errors.
+
+    Controller/slurmdbd unreachable -> SlurmUnavailable (retry later); anything else nonzero ->
+    SlurmRejected carrying Slurm's message (never retried)."""
+    message = stderr_message(stderr, stdout)
+    if is_unavailable_message(message):
+        return SlurmUnavailable(message, command=command)
+    if returncode < 0:
+        # Killed by a signal (not by us: timeouts are handled before): treat as transient.
+        return SlurmUnavailable(f"{command or 'Slurm command'} killed by signal {-returncode}: {message}",
+                                command=command)
+    return SlurmRejected(message, command=command)

@@ -1,0 +1,418 @@
+"""Slurm gateway backend on pyslurm 25.11 (libslurm of the same major.minor: Slurm 25.11).
+
+Written against pyslurm 25.11's API (PySlurm/pyslurm: pyslurm/core/job/submission.pyx, job.pyx,
+node.pyx, partition.pyx, reservation.pyx, slurmctld/base.pyx, core/error.pyx). It cannot be built
+against this project's Slurm 22.05 machines; its unit tests run on a fake module
+(tests/slurm/fake_pyslurm.py) that mimics exactly the API used here.
+
+Where pyslurm 25.11 lacks what the portal needs, this backend delegates to the CLI backend
+(``self._cli``), call by call:
+
+- ``accounting()`` (and the accounting half of ``find_by_comment()``): ``pyslurm.db.Job`` has no
+  AllocTRES/ReqTRES (``tres_allocated``/``tres_requested`` are commented out in db/job.pyx), and
+  GPU counts and types are what the portal bills;
+- associations, accounts, users, limits and usage reset: pyslurm 25.11.0 has no released API to
+  create accounts/users or modify association limits (``pyslurm.db.Associations`` is "WIP,
+  unreleased" on the 25.11.x branch);
+- ``version()``: Slurm's version string (``sinfo --version`` needs no controller).
+
+libslurm calls block with their own timeouts (MessageTimeout and retries); every pyslurm call runs
+in a daemon thread and is abandoned after ``timeout`` seconds with ``SlurmUnavailable``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from . import parsing
+from .base import SlurmGateway
+from .cli import FIND_BY_COMMENT_DAYS, CliGateway, check_text, render_script
+from .types import (
+    AccountingRecord,
+    Association,
+    AssociationLimits,
+    JobSpec,
+    Node,
+    Partition,
+    QueueEntry,
+    Reservation,
+    ReservationSpec,
+    SlurmRejected,
+    SlurmUnavailable,
+)
+
+T = TypeVar("T")
+
+# Slurm errno values that mean "controller / slurmdbd unreachable" (slurm_errno.h), besides the
+# message words in parsing.UNAVAILABLE_PATTERNS which are checked as well.
+UNAVAILABLE_ERRNOS = frozenset(
+    {
+        104,  # ECONNRESET
+        110,  # ETIMEDOUT
+        111,  # ECONNREFUSED
+        113,  # EHOSTUNREACH
+        1001, 1002, 1003, 1004,  # SLURM_COMMUNICATIONS_{CONNECTION,SEND,RECEIVE,SHUTDOWN}_ERROR
+        1800, 1801, 1802, 1803, 1804,  # SLURMCTLD_COMMUNICATIONS_*_ERROR, _BACKOFF
+        5004,  # SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT
+        5005,  # SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT
+        7000,  # ESLURM_DB_CONNECTION
+    }
+)  # fmt: skip
+GONE_ERRNOS = frozenset({2017, 2021})  # ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE
+
+# scontrol's reservation flag names -> pyslurm.ReservationFlags member names.
+RESERVATION_FLAGS = {
+    "MAINT": "MAINTENANCE",
+    "MAINTENANCE": "MAINTENANCE",
+    "MAGNETIC": "MAGNETIC",
+    "FLEX": "FLEX",
+    "IGNORE_JOBS": "IGNORE_RUNNING_JOBS",
+    "ANY_NODES": "ANY_NODES",
+    "STATIC_ALLOC": "STATIC_NODES",
+    "PART_NODES": "PARTITION_NODES_ONLY",
+    "PURGE_COMP": "PURGE",
+    "SPEC_NODES": "SPECIFIC_NODES",
+    "NO_HOLD_JOBS_AFTER_END": "NO_JOB_HOLD_AFTER_END",
+    "OVERLAP": "OVERLAP",
+    "ALL_NODES": "ALL_NODES",
+}
+
+
+def _ts(value: Any) -> dt.datetime | None:
+    """pyslurm times are unix timestamps (int) or None."""
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.astimezone()
+    if isinstance(value, int | float) and value > 0:
+        return dt.datetime.fromtimestamp(value, dt.UTC)
+    return None
+
+
+def _minutes(value: Any) -> int | None:
+    """pyslurm minutes: int, or "UNLIMITED"/None."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _gres_count(value: Any) -> int:
+    """Values of pyslurm's GRES dicts: int, or {"count": "2", "indexes": "0-1"} with IDX."""
+    if isinstance(value, dict):
+        value = value.get("count", 0)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _gres_to_tres_per_node(gres: dict[str, Any] | None) -> str:
+    """{"gpu:a100": 2} -> "gres:gpu:a100:2" (the form squeue's %b prints)."""
+    if not gres:
+        return ""
+    return ",".join(f"gres:{key}:{_gres_count(value)}" for key, value in gres.items())
+
+
+class PyslurmGateway(SlurmGateway):
+    name = "pyslurm"
+
+    def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = ""):
+        if slurm_conf and not os.environ.get("SLURM_CONF"):
+            # libslurm reads SLURM_CONF when pyslurm is imported (slurm_init()).
+            os.environ["SLURM_CONF"] = slurm_conf
+        import pyslurm  # noqa: PLC0415 - ImportError tells get_gateway() pyslurm is missing
+
+        self._pyslurm = pyslurm
+        self.cluster = cluster
+        self.timeout = timeout
+        self._cli = CliGateway(cluster=cluster, timeout=timeout, slurm_conf=slurm_conf, bin_dir=bin_dir)
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one pyslurm call with the gateway's timeout and error mapping."""
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["result"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=target, name=f"pyslurm-{what}", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            raise SlurmUnavailable(f"{what}: Slurm did not answer within {self.timeout} s", command=what)
+        if "error" in box:
+            raise self._map_error(what, box["error"]) from box["error"]
+        return box["result"]
+
+    def _map_error(self, what: str, exc: BaseException) -> BaseException:
+        """pyslurm.RPCError (errno, msg) -> SlurmUnavailable / SlurmRejected; ValueError (pyslurm's
+        own validation of a description) -> SlurmRejected; anything else is a bug: re-raised."""
+        if isinstance(exc, self._pyslurm.RPCError):
+            errno = getattr(exc, "errno", None)
+            message = str(getattr(exc, "msg", None) or exc)
+            if errno in UNAVAILABLE_ERRNOS or parsing.is_unavailable_message(message):
+                return SlurmUnavailable(message, command=what)
+            return SlurmRejected(message, command=what)
+        if isinstance(exc, ValueError):
+            return SlurmRejected(str(exc), command=what)
+        return exc
+
+    @staticmethod
+    def _values(collection: Any) -> Iterable[Any]:
+        """pyslurm collections are (multi-cluster) maps; db collections may be lists."""
+        return collection.values() if hasattr(collection, "values") else collection
+
+    # -- basics ----------------------------------------------------------------------------------
+
+    def version(self) -> str:
+        return self._cli.version()
+
+    def ping(self) -> bool:
+        response = self._call("ping", lambda: self._pyslurm.slurmctld.ping_primary())
+        if not getattr(response, "is_responding", False):
+            raise SlurmUnavailable("slurmctld is not responding", command="ping")
+        return True
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    def job_description(self, spec: JobSpec, script_path: str) -> Any:
+        """The JobSubmitDescription for a spec; the script is passed as a file path (see submit)."""
+        check_text(spec.name, "Job name")
+        check_text(spec.comment, "Job comment")
+        if spec.nodes < 1 or spec.gpus < 0 or spec.gpus % spec.nodes:
+            raise SlurmRejected(f"{spec.gpus} GPUs cannot be spread evenly over {spec.nodes} nodes")
+        kwargs: dict[str, Any] = {
+            "name": spec.name,
+            "account": spec.account,
+            "partitions": spec.partition,
+            "nodes": spec.nodes,
+            "working_directory": spec.workdir,
+            "script": script_path,
+            # Same as sbatch --export=NONE: only SLURM_* variables, user environment loaded on the
+            # node. spec.environment is written into the script (cli.render_script).
+            "environment": "NONE",
+        }
+        if spec.gpus:
+            per_node = spec.gpus // spec.nodes
+            # Dict keys "gpu:<type>": pyslurm's from_gres_dict() turns a str "a100:1" into an
+            # empty string and a key "a100" into "gres:a100:gpu:1"; "gpu:a100" is right.
+            key = f"gpu:{spec.gpu_type}" if spec.gpu_type else "gpu"
+            kwargs["gres_per_node"] = {key: per_node}
+            kwargs["cpus_per_gpu"] = spec.cpus_per_gpu
+        if spec.memory_mb is not None:
+            kwargs["memory_per_node"] = int(spec.memory_mb)
+        if spec.time_limit_minutes is not None:
+            kwargs["time_limit"] = str(int(spec.time_limit_minutes))  # timestr_to_mins: minutes
+        if spec.stdout:
+            kwargs["standard_output"] = spec.stdout
+        if spec.stderr:
+            kwargs["standard_error"] = spec.stderr
+        if spec.comment:
+            kwargs["comment"] = spec.comment
+        if spec.reservation:
+            kwargs["reservations"] = spec.reservation
+        if spec.uid is not None:
+            kwargs["user_id"] = int(spec.uid)
+        if spec.gid is not None:
+            kwargs["group_id"] = int(spec.gid)
+        return self._pyslurm.JobSubmitDescription(**kwargs)
+
+    def submit(self, spec: JobSpec) -> int:
+        script = render_script(spec.script, spec.environment)
+        # pyslurm's `script` is "a path or the script's content": it first tries Path(script).is_file()
+        # and reads that file. Passing content would let a job "script" that happens to be a path
+        # make the portal read (as root) and submit any file, and long content raises
+        # ENAMETOOLONG in Python 3.11's pathlib. So the script always goes through our own file.
+        with tempfile.NamedTemporaryFile("w", prefix="gpuportal-job-", suffix=".sh", encoding="utf-8") as handle:
+            handle.write(script)
+            handle.flush()
+            desc = self.job_description(spec, handle.name)
+            return int(self._call("submit", desc.submit))
+
+    def cancel(self, job_id: int) -> None:
+        def cancel() -> None:
+            try:
+                self._pyslurm.Job(int(job_id)).cancel()
+            except self._pyslurm.RPCError as exc:
+                message = str(getattr(exc, "msg", None) or exc)
+                if getattr(exc, "errno", None) in GONE_ERRNOS or parsing.matches_any(
+                    message, parsing.ALREADY_GONE_PATTERNS
+                ):
+                    return
+                raise
+
+        self._call("cancel", cancel)
+
+    def queue(self) -> list[QueueEntry]:
+        jobs = self._call("queue", lambda: self._pyslurm.Jobs.load())
+        out = []
+        for job in self._values(jobs):
+            out.append(
+                QueueEntry(
+                    job_id=int(job.id),
+                    name=job.name or "",
+                    user=job.user_name or "",
+                    account=job.account or "",
+                    partition=job.partition or "",
+                    state=parsing.base_state(job.state or ""),
+                    reason=job.state_reason or "None",
+                    comment=job.comment or "",
+                    nodes=job.allocated_nodes or "",
+                    num_nodes=job.num_nodes or 0,
+                    submit_time=_ts(job.submit_time),
+                    start_time=_ts(job.start_time),
+                    end_time=_ts(job.end_time),
+                    time_limit_minutes=_minutes(job.time_limit),
+                    tres_per_node=_gres_to_tres_per_node(job.gres_per_node),
+                    reservation=job.reservation or "",
+                )
+            )
+        return out
+
+    def accounting(self, start: dt.datetime, end: dt.datetime) -> list[AccountingRecord]:
+        # pyslurm.db.Job lacks AllocTRES/ReqTRES in 25.11: sacct it is.
+        return self._cli.accounting(start, end)
+
+    def find_by_comment(self, comment: str) -> int | None:
+        if not comment:
+            return None
+        for entry in self.queue():
+            if entry.comment == comment:
+                return entry.job_id
+        now = dt.datetime.now(dt.UTC)
+        for record in self.accounting(now - dt.timedelta(days=FIND_BY_COMMENT_DAYS), now):
+            if record.comment == comment:
+                return record.job_id
+        return None
+
+    # -- inventory -------------------------------------------------------------------------------
+
+    def partitions(self) -> list[Partition]:
+        partitions = self._call("partitions", lambda: self._pyslurm.Partitions.load())
+        return [
+            Partition(
+                name=part.name,
+                is_default=bool(part.is_default),
+                state=(part.state or "UNKNOWN").upper(),
+                default_time_minutes=_minutes(part.default_time),
+                max_time_minutes=_minutes(part.max_time),
+                nodes=parsing.expand_hostlist(part.nodes or ""),
+            )
+            for part in self._values(partitions)
+        ]
+
+    def nodes(self) -> list[Node]:
+        nodes = self._call("nodes", lambda: self._pyslurm.Nodes.load())
+        out = []
+        for node in self._values(nodes):
+            gpu_type, total, allocated = "", 0, 0
+            for key, value in (node.configured_gres or {}).items():
+                name, _, typ = key.partition(":")
+                if name == "gpu":
+                    total += _gres_count(value)
+                    gpu_type = gpu_type or typ
+            for key, value in (node.allocated_gres or {}).items():
+                if key.partition(":")[0] == "gpu":
+                    allocated += _gres_count(value)
+            out.append(
+                Node(
+                    name=node.name,
+                    state=(node.state or "UNKNOWN").upper(),
+                    partitions=tuple(node.partitions or ()),
+                    gpu_type=gpu_type,
+                    gpus_total=total,
+                    gpus_allocated=allocated,
+                    cpus_total=node.total_cpus or 0,
+                    cpus_allocated=node.allocated_cpus or 0,
+                    memory_mb=node.real_memory or 0,
+                    reason=node.reason or "",
+                )
+            )
+        return out
+
+    # -- reservations ----------------------------------------------------------------------------
+
+    def reservation_object(self, spec: ReservationSpec) -> Any:
+        check_text(spec.name, "Reservation name")
+        kwargs: dict[str, Any] = {
+            "start_time": int(spec.start.timestamp()),
+            "end_time": int(spec.end.timestamp()),
+            "accounts": list(spec.accounts),
+        }
+        if spec.nodes:
+            kwargs["nodes"] = ",".join(spec.nodes)
+        elif spec.tres:
+            kwargs["tres"] = dict(spec.tres)  # Slurm 25.11 accepts GPU counts in reservations
+        if spec.partition:
+            kwargs["partition"] = spec.partition
+        if spec.flags:
+            unknown = [flag for flag in spec.flags if flag.upper() not in RESERVATION_FLAGS]
+            if unknown:
+                raise SlurmRejected(f"Unknown reservation flags: {', '.join(unknown)}")
+            names = [RESERVATION_FLAGS[flag.upper()] for flag in spec.flags]
+            kwargs["flags"] = self._pyslurm.ReservationFlags.from_list(names)
+        return self._pyslurm.Reservation(spec.name, **kwargs)
+
+    def reservation_create(self, spec: ReservationSpec) -> str:
+        resv = self.reservation_object(spec)
+        self._call("reservation_create", resv.create)
+        return spec.name
+
+    def reservation_delete(self, name: str) -> None:
+        check_text(name, "Reservation name")
+
+        def delete() -> None:
+            try:
+                self._pyslurm.Reservation(name).delete()
+            except self._pyslurm.RPCError as exc:
+                if parsing.matches_any(str(getattr(exc, "msg", None) or exc), parsing.RESERVATION_MISSING_PATTERNS):
+                    return
+                raise
+
+        self._call("reservation_delete", delete)
+
+    def reservation_list(self) -> list[Reservation]:
+        reservations = self._call("reservation_list", lambda: self._pyslurm.Reservations.load())
+        return [
+            Reservation(
+                name=resv.name,
+                start=_ts(resv.start_time),
+                end=_ts(resv.end_time),
+                accounts=tuple(resv.accounts or ()),
+                nodes=resv.nodes or "",
+                tres=parsing.format_tres(resv.tres or {}),
+                state="ACTIVE" if resv.is_active else "INACTIVE",
+            )
+            for resv in self._values(reservations)
+        ]
+
+    # -- associations: pyslurm 25.11 has no released API for these; sacctmgr --------------------
+
+    def associations(self) -> list[Association]:
+        return self._cli.associations()
+
+    def account_add(self, account: str, *, description: str = "", parent: str = "") -> None:
+        self._cli.account_add(account, description=description, parent=parent)
+
+    def account_remove(self, account: str) -> None:
+        self._cli.account_remove(account)
+
+    def user_add(self, user: str, account: str, *, default: bool = False) -> None:
+        self._cli.user_add(user, account, default=default)
+
+    def user_remove(self, user: str, account: str) -> None:
+        self._cli.user_remove(user, account)
+
+    def association_limits_set(self, limits: AssociationLimits) -> None:
+        self._cli.association_limits_set(limits)
+
+    def association_limits_get(self, account: str) -> AssociationLimits:
+        return self._cli.association_limits_get(account)
+
+    def account_usage_reset(self, account: str) -> None:
+        self._cli.account_usage_reset(account)
