@@ -9,14 +9,32 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("DATABASE_URL", "postgres://gpuportal@127.0.0.1:5432/gpuportal")
+import pytest
+from django.conf import settings as django_settings
+from django.contrib.auth.models import Group
+from rest_framework.test import APIClient
 
-import pytest  # noqa: E402
-from django.contrib.auth.models import Group  # noqa: E402
-from rest_framework.test import APIClient  # noqa: E402
+from portal.models import Role
+from tests.factories import MembershipFactory, TeamFactory, UserFactory
 
-from portal.models import Role  # noqa: E402
-from tests.factories import MembershipFactory, TeamFactory, UserFactory  # noqa: E402
+
+def pytest_configure(config):
+    # Settings are loaded before any conftest runs, so a default cannot be set here: refuse SQLite.
+    if django_settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        pytest.exit(
+            "The tests run on PostgreSQL: use `make test`, or set "
+            "DATABASE_URL=postgres://gpuportal@127.0.0.1:5432/gpuportal (scripts/services up prints it).",
+            returncode=4,
+        )
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """A test database of this run's own (test_gpuportal_p<pid>), so that several runs on one machine
+    (developers, CI, benchmarks) never fight over one database. GPUPORTAL_TEST_DB_SUFFIX fixes it."""
+    from pytest_django.fixtures import _set_suffix_to_test_databases
+
+    _set_suffix_to_test_databases(os.environ.get("GPUPORTAL_TEST_DB_SUFFIX") or f"p{os.getpid()}")
+
 
 ROLES = ("anonymous", "outsider", "member", "manager", "admin", "finance")
 
