@@ -1,3 +1,2 @@
-from portal.celery import app as celery_app
-
-__all__ = ["celery_app"]
+"""gpuportal's core app. The Celery app (portal/celery.py) is loaded by PortalConfig.ready(), not
+here, so that the `gpuportal` CLI (portal/cli) starts without importing Django or Celery."""

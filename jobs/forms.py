@@ -1,0 +1,172 @@
+"""Forms of the job pages. They check the shape of the input only; every business rule (team
+membership, partition limits, GPU types, budget) is ``job_submit``'s / ``job_template_create``'s,
+whose ApplicationError is placed beside the fields by ``form_add_application_error``."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from django import forms
+
+from jobs.choices import TemplateScope
+from portal.cli.sbatch import parse_time_minutes
+from portal.roles import is_admin
+from portal.selectors import teams_user_can_submit_to
+
+ENV_HELP = "One NAME=value per line."
+
+
+class TimeLimitField(forms.CharField):
+    """A time limit typed as Slurm does (``90``, ``1:30:00``, ``2-00:00:00``) or as ``2h`` / ``90m``;
+    cleaned to whole minutes (None when empty)."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value in self.empty_values:
+            return None
+        try:
+            return parse_time_minutes(value)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)[:1].upper() + str(exc)[1:] + ".") from None
+
+
+class EnvironmentField(forms.CharField):
+    """``NAME=value`` lines → a dict (names are checked by the service)."""
+
+    widget = forms.Textarea(attrs={"rows": 3})
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        environment: dict[str, str] = {}
+        for number, line in enumerate((value or "").splitlines(), start=1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, eq, val = line.partition("=")
+            if not eq or not key.strip():
+                raise forms.ValidationError(f"Line {number}: expected NAME=value.")
+            environment[key.strip()] = val
+        return environment
+
+    def prepare_value(self, value):
+        if isinstance(value, dict):
+            return "\n".join(f"{k}={v}" for k, v in value.items())
+        return value
+
+
+def format_minutes(minutes: int | None) -> str:
+    """Minutes as the form shows them back: ``90`` → ``1:30:00``, ``2880`` → ``2-00:00:00``."""
+    if not minutes:
+        return ""
+    days, rest = divmod(int(minutes), 1440)
+    hours, mins = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours}:{mins:02d}:00"
+
+
+class JobForm(forms.Form):
+    """The submission form. Partition and GPU type choices come from the synced inventory
+    (``cluster_summary()``), teams from ``teams_user_can_submit_to``."""
+
+    team = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None)
+    name = forms.CharField(max_length=128, help_text="Letters, digits, '.', '_' or '-'.")
+    partition = forms.ChoiceField(choices=())
+    gpu_type = forms.ChoiceField(choices=(), required=False, label="GPU type")
+    gpus = forms.IntegerField(min_value=1, initial=1, label="GPUs", help_text="For the whole job.")
+    nodes = forms.IntegerField(min_value=1, initial=1)
+    cpus_per_gpu = forms.IntegerField(min_value=1, initial=1, label="CPUs per GPU")
+    memory_gb = forms.IntegerField(min_value=1, required=False, label="Memory per node (GB)", help_text="Empty: the partition's default.")
+    time_limit_minutes = TimeLimitField(
+        required=False,
+        label="Time limit",
+        help_text="Minutes, or 1:30:00, 2-00:00:00, 2h, 90m. Empty: the partition's default.",
+    )
+    script = forms.CharField(widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}), strip=False)
+    workdir = forms.CharField(max_length=1024, required=False, label="Working directory", help_text="Absolute path; empty: the site default.")
+    environment = EnvironmentField(required=False, help_text=ENV_HELP)
+    idempotency_key = forms.CharField(widget=forms.HiddenInput, required=False, max_length=255)
+
+    def __init__(self, *args, user, summary: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.summary = summary
+        self.fields["team"].queryset = teams_user_can_submit_to(user).order_by("name")
+        partitions = summary["partitions"]
+        self.fields["partition"].choices = [
+            (p["name"], f"{p['name']}{' (default)' if p['is_default'] else ''} — {', '.join(p['gpu_types']) or 'no GPUs'}")
+            for p in partitions
+        ]
+        default = next((p["name"] for p in partitions if p["is_default"]), partitions[0]["name"] if partitions else "")
+        self.fields["partition"].initial = default
+        types = sorted({t for p in partitions for t in p["gpu_types"]})
+        self.fields["gpu_type"].choices = [("", "any type")] + [(t, t) for t in types]
+        if not self.is_bound and not self.initial.get("idempotency_key"):
+            self.initial["idempotency_key"] = uuid.uuid4().hex
+
+    def clean_idempotency_key(self):
+        return self.cleaned_data.get("idempotency_key") or None
+
+    def job_kwargs(self) -> dict:
+        """Keyword arguments for job_submit / job_template_create."""
+        data = self.cleaned_data
+        return {
+            "name": data["name"],
+            "script": data["script"],
+            "partition": data["partition"],
+            "gpu_type": data.get("gpu_type") or "",
+            "gpus": data["gpus"],
+            "nodes": data["nodes"],
+            "cpus_per_gpu": data["cpus_per_gpu"],
+            "memory_gb": data.get("memory_gb"),
+            "time_limit_minutes": data.get("time_limit_minutes"),
+            "workdir": data.get("workdir") or None,
+            "environment": data.get("environment") or {},
+        }
+
+
+def initial_from_spec(spec, *, team_slug: str | None = None) -> dict:
+    """Form initial values from a Job or a JobTemplate (the "submit from template" / "resubmit" path)."""
+    initial = {
+        "name": re.sub(r"[^A-Za-z0-9._-]+", "-", spec.name).strip("-")[:128],
+        "script": spec.script,
+        "gpu_type": spec.gpu_type,
+        "gpus": spec.gpus,
+        "nodes": spec.nodes,
+        "cpus_per_gpu": spec.cpus_per_gpu,
+        "memory_gb": spec.memory_gb,
+        "time_limit_minutes": format_minutes(spec.time_limit_minutes),
+        "workdir": spec.workdir,
+        "environment": spec.environment or {},
+    }
+    if spec.partition:
+        initial["partition"] = spec.partition
+    if team_slug:
+        initial["team"] = team_slug
+    return initial
+
+
+class QuoteForm(forms.Form):
+    """The fields the live estimate needs; lenient (a half-typed form yields no quote, not errors)."""
+
+    partition = forms.CharField(required=False)
+    gpu_type = forms.CharField(required=False)
+    gpus = forms.IntegerField(min_value=1, required=False)
+    nodes = forms.IntegerField(min_value=1, required=False)
+    cpus_per_gpu = forms.IntegerField(min_value=1, required=False)
+    memory_gb = forms.IntegerField(min_value=1, required=False)
+    time_limit_minutes = TimeLimitField(required=False)
+
+
+class TemplateSaveForm(forms.Form):
+    """Name and scope of a template saved from a job or from the submission form."""
+
+    template_name = forms.CharField(max_length=128, label="Template name")
+    template_scope = forms.ChoiceField(label="Visible to", choices=())
+    template_description = forms.CharField(required=False, label="Description", widget=forms.Textarea(attrs={"rows": 2}))
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        choices = [(TemplateScope.PERSONAL, "Only me"), (TemplateScope.TEAM, "The job's team")]
+        if is_admin(user):
+            choices.append((TemplateScope.SITE, "Everyone (site template)"))
+        self.fields["template_scope"].choices = choices
+        self.fields["template_scope"].initial = TemplateScope.PERSONAL

@@ -1,0 +1,383 @@
+"""Pages of the jobs app: submission form (live estimate), job list (live states), job detail
+(history, output tail, cancel) and job templates.
+
+Every page reads through ``jobs.selectors`` (one visibility rule, shared with the API) and writes
+through ``jobs.services``; an htmx request (``HX-Request``) gets the partial from
+``templates/partials/``, a plain request the whole page, so everything works without JavaScript."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from jobs.choices import LIVE_STATES, JobState, OutputStream, TemplateScope
+from jobs.filters import JobFilter
+from jobs.forms import JobForm, QuoteForm, TemplateSaveForm, initial_from_spec
+from jobs.models import Job
+from jobs.selectors import job_output, job_templates_visible_to, jobs_visible_to
+from jobs.services import job_cancel, job_quote, job_submit, job_template_create, job_template_delete
+from portal.exceptions import ApplicationError, form_add_application_error
+from portal.roles import is_admin
+from portal.selectors import cluster_summary, teams_visible_to
+
+JOBS_PER_PAGE = 25
+LIST_POLL_SECONDS = 5
+DETAIL_POLL_SECONDS = 3
+OUTPUT_TAIL_BYTES = 32 * 1024
+MAX_LIVE_IDS = 100  # one poll of the list asks for at most this many rows
+
+
+def _is_htmx(request) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _visible_job(request, job_id) -> Job:
+    """The job if the user may see it; 404 otherwise (no hint that it exists)."""
+    return get_object_or_404(jobs_visible_to(request.user), pk=job_id)
+
+
+# ---------------------------------------------------------------- list
+
+
+@login_required
+@require_GET
+def job_list(request):
+    """The user's teams' jobs, filtered (team, state, since — the API's FilterSet) and paginated.
+    A constant number of queries whatever the page holds."""
+    visible = jobs_visible_to(request.user).defer("script", "environment").order_by("-created_at")
+    filterset = JobFilter(request.GET, queryset=visible, request=request)
+    jobs = filterset.qs if filterset.is_valid() else visible
+    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "filterset": filterset,
+        "filter_errors": filterset.errors if not filterset.is_valid() else None,
+        "page": page,
+        "jobs": page.object_list,
+        "query": query.urlencode(),
+        "live_ids": [str(job.pk) for job in page.object_list if job.state in LIVE_STATES][:MAX_LIVE_IDS],
+        "teams": teams_visible_to(request.user).order_by("name"),
+        "states": JobState.choices,
+        "selected_states": request.GET.getlist("state"),
+        "poll_seconds": LIST_POLL_SECONDS,
+        "filtered": any(request.GET.get(k) for k in ("team", "state", "since", "mine")),
+    }
+    template = "partials/job_table.html" if _is_htmx(request) else "jobs/job_list.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_GET
+def job_live_states(request):
+    """The list's poller: fresh state badges (out-of-band swaps) for the live rows it names, one
+    query; it renders itself again with the ids still live, and without a trigger once none are."""
+    ids = []
+    for value in request.GET.get("ids", "").split(",")[:MAX_LIVE_IDS]:
+        try:
+            ids.append(uuid.UUID(value))
+        except ValueError:
+            continue
+    jobs = list(jobs_visible_to(request.user).filter(pk__in=ids).select_related(None).only("id", "state", "state_reason")) if ids else []
+    live_ids = [str(job.pk) for job in jobs if job.state in LIVE_STATES]
+    return render(
+        request,
+        "partials/job_live_states.html",
+        {"jobs": jobs, "live_ids": live_ids, "poll_seconds": LIST_POLL_SECONDS},
+    )
+
+
+# ---------------------------------------------------------------- detail, cancel, output
+
+
+def _detail_context(request, job: Job) -> dict:
+    return {
+        "job": job,
+        "events": list(job.events.order_by("at", "pk")),
+        "is_live": job.state in LIVE_STATES,
+        "poll_seconds": DETAIL_POLL_SECONDS,
+    }
+
+
+def _output_context(job: Job, stream: str) -> dict:
+    """The last OUTPUT_TAIL_BYTES of a stream."""
+    probe = job_output(job=job, stream=stream, offset=0, length=1)
+    start = max(probe.size - OUTPUT_TAIL_BYTES, 0)
+    chunk = job_output(job=job, stream=stream, offset=start, length=OUTPUT_TAIL_BYTES) if probe.size else probe
+    return {
+        "job": job,
+        "stream": stream,
+        "chunk": chunk,
+        "truncated": start > 0,
+        "is_live": job.state in LIVE_STATES,
+        "poll_seconds": DETAIL_POLL_SECONDS,
+        "streams": OutputStream.choices,
+    }
+
+
+def _stream(request) -> str:
+    stream = request.GET.get("stream", OutputStream.STDOUT)
+    return stream if stream in OutputStream.values else OutputStream.STDOUT
+
+
+@login_required
+@require_GET
+def job_detail(request, job_id):
+    job = _visible_job(request, job_id)
+    if _is_htmx(request):
+        return render(request, "partials/job_status.html", _detail_context(request, job))
+    context = _detail_context(request, job) | _output_context(job, _stream(request))
+    context["template_form"] = TemplateSaveForm(user=request.user, initial={"template_name": job.name})
+    return render(request, "jobs/job_detail.html", context)
+
+
+@login_required
+@require_GET
+def job_output_partial(request, job_id):
+    job = _visible_job(request, job_id)
+    context = _output_context(job, _stream(request))
+    if _is_htmx(request):
+        return render(request, "partials/job_output.html", context)
+    return redirect(reverse("jobs:detail", args=[job.pk]) + f"?stream={context['stream']}#output")
+
+
+@login_required
+@require_POST
+def job_cancel_view(request, job_id):
+    job = _visible_job(request, job_id)
+    try:
+        job = job_cancel(user=request.user, job=job)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        if job.state == JobState.CANCELLED:
+            messages.success(request, "Job cancelled.")
+        else:
+            messages.success(request, "Cancellation requested; Slurm will stop the job shortly.")
+    return redirect("jobs:detail", job_id=job.pk)
+
+
+# ---------------------------------------------------------------- submission form and live estimate
+
+
+def _limits_for(summary: dict, partition: str) -> dict | None:
+    parts = summary["partitions"]
+    return next((p for p in parts if p["name"] == partition), None) or next((p for p in parts if p["is_default"]), None)
+
+
+def _initial_for(request) -> tuple[dict, str]:
+    """Initial form values from ?template=<id> or ?from=<job id> (resubmit), and a note saying so."""
+    template_id = request.GET.get("template")
+    job_ref = request.GET.get("from")
+    if template_id:
+        if not template_id.isdigit():
+            raise Http404
+        template = get_object_or_404(job_templates_visible_to(request.user), pk=template_id)
+        slug = template.team.slug if template.team_id else None
+        return initial_from_spec(template, team_slug=slug), f"Pre-filled from template “{template.name}”."
+    if job_ref:
+        try:
+            job = _visible_job(request, uuid.UUID(job_ref))
+        except ValueError:
+            raise Http404 from None
+        return initial_from_spec(job, team_slug=job.team.slug), f"Pre-filled from job {job.name}."
+    return {}, ""
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_new(request):
+    summary = cluster_summary()
+    note = ""
+    if request.method == "POST":
+        form = JobForm(request.POST, user=request.user, summary=summary)
+        if form.is_valid():
+            try:
+                job, created = job_submit(
+                    user=request.user,
+                    team=form.cleaned_data["team"],
+                    idempotency_key=form.cleaned_data["idempotency_key"],
+                    **form.job_kwargs(),
+                )
+            except ApplicationError as exc:
+                if "idempotency_key" in exc.errors:
+                    # the form was submitted before (back button) and then changed: a new key makes it a new job
+                    data = request.POST.copy()
+                    data["idempotency_key"] = uuid.uuid4().hex
+                    form = JobForm(data, user=request.user, summary=summary)
+                    form.is_valid()
+                    form.add_error(None, "This form was already used to submit a job. Submit again to create another one.")
+                else:
+                    form_add_application_error(form, exc)
+            else:
+                if created:
+                    messages.success(request, f"Job {job.name} accepted; it is on its way to Slurm.")
+                else:
+                    messages.info(request, f"This form was already submitted: here is job {job.name}.")
+                return redirect("jobs:detail", job_id=job.pk)
+    else:
+        initial, note = _initial_for(request)
+        form = JobForm(initial=initial, user=request.user, summary=summary)
+    partition = form["partition"].value() or form.fields["partition"].initial
+    context = {
+        "form": form,
+        "summary": summary,
+        "note": note,
+        "limits": _limits_for(summary, partition),
+        "template_form": TemplateSaveForm(user=request.user),
+        "has_teams": form.fields["team"].queryset.exists(),
+        "quote": _quote_from(form.data if form.is_bound else form.initial | {"partition": partition}),
+    }
+    status = 400 if request.method == "POST" else 200
+    return render(request, "jobs/job_form.html", context, status=status)
+
+
+def _quote_from(data) -> dict:
+    """The estimate for (possibly half-filled) form data: {"quote": JobQuote} or {"error": str}."""
+    form = QuoteForm(data)
+    if not form.is_valid():
+        field, errors = next(iter(form.errors.items()))
+        label = {"time_limit_minutes": "time limit", "gpus": "GPUs", "memory_gb": "memory"}.get(field, field.replace("_", " "))
+        return {"error": f"Check the {label}: {errors[0]}"}
+    values = form.cleaned_data
+    if not values.get("gpus"):
+        return {"error": "Give the number of GPUs to see an estimate."}
+    try:
+        quote = job_quote(
+            partition=values.get("partition") or "",
+            gpu_type=values.get("gpu_type") or "",
+            gpus=values["gpus"],
+            nodes=values.get("nodes") or 1,
+            cpus_per_gpu=values.get("cpus_per_gpu") or 1,
+            memory_gb=values.get("memory_gb"),
+            time_limit_minutes=values.get("time_limit_minutes"),
+        )
+    except ApplicationError as exc:
+        messages_ = sum(exc.errors.values(), []) or [exc.message]
+        return {"error": " ".join(messages_)}
+    return {"quote": quote}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_quote_partial(request):
+    """The live estimate and the chosen partition's limits (htmx on the form's change/keyup)."""
+    summary = cluster_summary()
+    data = request.POST if request.method == "POST" else request.GET
+    context = {"quote": _quote_from(data), "limits": _limits_for(summary, data.get("partition", "")), "summary": summary}
+    return render(request, "partials/job_quote.html", context)
+
+
+# ---------------------------------------------------------------- templates
+
+
+@login_required
+@require_GET
+def template_list(request):
+    templates = list(job_templates_visible_to(request.user).order_by("scope", "name"))
+    groups = [
+        (label, [t for t in templates if t.scope == scope]) for scope, label in (
+            (TemplateScope.PERSONAL, "Your templates"), (TemplateScope.TEAM, "Team templates"), (TemplateScope.SITE, "Site templates"),
+        )
+    ]  # fmt: skip
+    return render(request, "jobs/template_list.html", {"groups": groups, "any": bool(templates), "is_admin": is_admin(request.user)})
+
+
+def _save_template(request, *, spec: dict, team, form: TemplateSaveForm):
+    return job_template_create(
+        user=request.user,
+        scope=form.cleaned_data["template_scope"],
+        name=form.cleaned_data["template_name"],
+        description=form.cleaned_data.get("template_description", ""),
+        team=team,
+        **spec,
+    )
+
+
+def _template_spec(values: dict) -> dict:
+    """A submission's fields as a template's spec (the template has its own name)."""
+    spec = {key: value for key, value in values.items() if key != "name"}
+    spec["workdir"] = spec.get("workdir") or ""
+    return spec
+
+
+@login_required
+@require_POST
+def template_create_from_form(request):
+    """"Save as template" on the submission form: the form's spec under a template name and scope."""
+    summary = cluster_summary()
+    form = JobForm(request.POST, user=request.user, summary=summary)
+    template_form = TemplateSaveForm(request.POST, user=request.user)
+    if form.is_valid() and template_form.is_valid():
+        try:
+            template = _save_template(
+                request, spec=_template_spec(form.job_kwargs()), team=form.cleaned_data["team"], form=template_form
+            )
+        except ApplicationError as exc:
+            form_add_application_error(template_form, _template_error(exc))
+        else:
+            messages.success(request, f"Template “{template.name}” saved.")
+            return redirect("jobs:templates")
+    partition = form["partition"].value() or form.fields["partition"].initial
+    context = {
+        "form": form,
+        "summary": summary,
+        "limits": _limits_for(summary, partition),
+        "template_form": template_form,
+        "template_open": True,
+        "has_teams": form.fields["team"].queryset.exists(),
+        "quote": _quote_from(request.POST),
+    }
+    return render(request, "jobs/job_form.html", context, status=400)
+
+
+def _template_error(exc: ApplicationError) -> ApplicationError:
+    """A template error's fields renamed to the template form's (name → template_name, …)."""
+    rename = {"name": "template_name", "scope": "template_scope", "team": "template_scope"}
+    errors = {rename.get(k, k): v for k, v in exc.errors.items()}
+    return ApplicationError(exc.message, errors=errors, status_code=exc.status_code)
+
+
+@login_required
+@require_POST
+def template_create_from_job(request, job_id):
+    """"Save as template" on a job's page."""
+    job = _visible_job(request, job_id)
+    form = TemplateSaveForm(request.POST, user=request.user)
+    if form.is_valid():
+        spec = {
+            "script": job.script, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
+            "nodes": job.nodes, "cpus_per_gpu": job.cpus_per_gpu, "memory_gb": job.memory_gb,
+            "time_limit_minutes": job.time_limit_minutes, "workdir": job.workdir, "environment": job.environment,
+        }  # fmt: skip
+        try:
+            template = _save_template(request, spec=spec, team=job.team, form=form)
+        except ApplicationError as exc:
+            form_add_application_error(form, _template_error(exc))
+        else:
+            messages.success(request, f"Template “{template.name}” saved.")
+            return redirect("jobs:templates")
+    context = _detail_context(request, job) | _output_context(job, OutputStream.STDOUT)
+    context["template_form"] = form
+    context["template_open"] = True
+    return render(request, "jobs/job_detail.html", context, status=400)
+
+
+@login_required
+@require_POST
+def template_delete(request, pk: int):
+    template = get_object_or_404(job_templates_visible_to(request.user), pk=pk)
+    try:
+        job_template_delete(user=request.user, template=template)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Template “{template.name}” deleted.")
+    return redirect("jobs:templates")

@@ -1,0 +1,302 @@
+"""The CLI's commands against a stand-in HTTP API: login and its config file, what submit sends,
+retries with one Idempotency-Key, error printing and exit codes. No Django backend involved."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from portal.cli import config as cli_config
+from portal.cli.main import main
+
+JOB_ID = "3f1c2e9a-1111-4222-8333-944455556666"
+JOB_PATH = f"/api/v1/jobs/{JOB_ID}/"
+
+
+def _job(state="ACCEPTED", **extra):
+    return {"id": JOB_ID, "name": "train", "team": "vision", "state": state, "slurm_job_id": None, "gpus": 1, **extra}
+
+
+# ---------------------------------------------------------------- login and config
+
+
+def test_login_verifies_token_and_stores_config_with_mode_0600(fake_api, cli_env, monkeypatch, capsys):
+    monkeypatch.delenv("GPUPORTAL_URL")
+    monkeypatch.delenv("GPUPORTAL_TOKEN")
+    fake_api.add("GET", "/api/v1/teams/", 200, {"count": 1, "next": None, "previous": None, "results": [{"slug": "vision"}]})
+
+    assert main(["login", "--url", fake_api.url + "/", "--token", "gpp_secret"]) == 0
+
+    path = cli_env / "xdg" / "gpuportal" / "config.json"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    assert json.loads(path.read_text()) == {"url": fake_api.url, "token": "gpp_secret"}
+    assert fake_api.requests_to("GET", "/api/v1/teams/")[0]["headers"]["Authorization"] == "Token gpp_secret"
+    assert "vision" in capsys.readouterr().out
+
+
+def test_login_keeps_mode_0600_when_rewriting_a_wider_file(fake_api, cli_env, monkeypatch):
+    monkeypatch.delenv("GPUPORTAL_TOKEN")
+    path = cli_env / "xdg" / "gpuportal" / "config.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{}")
+    path.chmod(0o644)
+    fake_api.add("GET", "/api/v1/teams/", 200, {"results": []})
+
+    assert main(["login", "--token", "gpp_new"]) == 0
+
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_login_prompts_for_missing_url_and_token(fake_api, cli_env, monkeypatch):
+    monkeypatch.delenv("GPUPORTAL_URL")
+    monkeypatch.delenv("GPUPORTAL_TOKEN")
+    fake_api.add("GET", "/api/v1/teams/", 200, {"results": []})
+    monkeypatch.setattr("builtins.input", lambda prompt: fake_api.url)
+    monkeypatch.setattr("getpass.getpass", lambda prompt: "gpp_typed")
+
+    assert main(["login"]) == 0
+
+    assert cli_config.load().token == "gpp_typed"
+
+
+def test_login_with_a_refused_token_exits_77_and_stores_nothing(fake_api, cli_env, monkeypatch, capsys):
+    monkeypatch.delenv("GPUPORTAL_URL")
+    fake_api.add("GET", "/api/v1/teams/", 401, {"detail": "Invalid or revoked API token.", "errors": {}})
+
+    assert main(["login", "--url", fake_api.url, "--token", "gpp_bad"]) == 77
+
+    assert not (cli_env / "xdg" / "gpuportal" / "config.json").exists()
+    assert "Invalid or revoked API token." in capsys.readouterr().err
+
+
+def test_environment_overrides_stored_config(cli_env, monkeypatch):
+    cli_config.save(cli_config.Config(url="https://stored.example", token="gpp_stored"))
+    assert cli_config.load() == cli_config.Config(url="https://stored.example", token="gpp_stored")
+    monkeypatch.setenv("GPUPORTAL_URL", "https://env.example/api/v1/")
+    monkeypatch.setenv("GPUPORTAL_TOKEN", "gpp_env")
+    assert cli_config.load() == cli_config.Config(url="https://env.example", token="gpp_env")
+
+
+def test_commands_without_login_exit_77(cli_env, capsys):
+    assert main(["status"]) == 77
+    assert "gpuportal login" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- submit
+
+
+SCRIPT = """#!/bin/bash
+#SBATCH --job-name=train
+#SBATCH --gres=gpu:a100:1
+#SBATCH --time=5
+#SBATCH --partition=debug
+echo CUDA=$CUDA_VISIBLE_DEVICES
+"""
+
+
+def test_submit_sends_sbatch_defaults_overridden_by_flags_and_an_idempotency_key(fake_api, tmp_path, capsys):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job(estimated_gpu_hours="0.17", estimated_cost="1.70", currency="CNY"))
+
+    code = main(["submit", str(script), "--team", "vision", "--time", "2h", "--gpus", "2", "--mem", "16G"])
+
+    assert code == 0
+    (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
+    assert request["json"] == {
+        "team": "vision",
+        "script": SCRIPT,
+        "name": "train",
+        "partition": "debug",
+        "gpu_type": "a100",
+        "gpus": 2,
+        "time_limit_minutes": 120,
+        "memory_gb": 16,
+    }
+    assert len(request["headers"]["Idempotency-Key"]) >= 32
+    assert request["headers"]["Authorization"] == "Token gpp_test"
+    out = capsys.readouterr().out
+    assert JOB_ID in out and "1.70 CNY" in out
+
+
+def test_submit_retries_a_failed_post_with_the_same_idempotency_key(fake_api, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    fake_api.add("POST", "/api/v1/jobs/", 503, {"detail": "Service unavailable.", "errors": {}})
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job())
+
+    assert main(["submit", str(script), "--team", "vision"]) == 0
+
+    keys = [r["headers"]["Idempotency-Key"] for r in fake_api.requests_to("POST", "/api/v1/jobs/")]
+    assert len(keys) == 2 and keys[0] == keys[1]
+
+
+def test_submit_uses_the_given_idempotency_key(fake_api, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    fake_api.add("POST", "/api/v1/jobs/", 200, _job())
+
+    assert main(["submit", str(script), "--team", "vision", "--idempotency-key", "run-42"]) == 0
+
+    assert fake_api.requests_to("POST", "/api/v1/jobs/")[0]["headers"]["Idempotency-Key"] == "run-42"
+
+
+def test_submit_prints_field_errors_and_exits_65(fake_api, tmp_path, capsys):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    fake_api.add(
+        "POST",
+        "/api/v1/jobs/",
+        400,
+        {"detail": "Invalid input: gpus, time_limit_minutes.", "errors": {"gpus": ["At most 4 per node."], "time_limit_minutes": ["Partition debug allows at most 60 minutes."]}},
+    )
+
+    assert main(["submit", str(script), "--team", "vision"]) == 65
+
+    err = capsys.readouterr().err
+    assert "Invalid input: gpus, time_limit_minutes." in err
+    assert "gpus: At most 4 per node." in err
+    assert "time_limit_minutes: Partition debug allows at most 60 minutes." in err
+    assert len(fake_api.requests_to("POST", "/api/v1/jobs/")) == 1  # a 400 is not retried
+
+
+def test_submit_with_a_bad_time_flag_exits_64_before_any_request(fake_api, tmp_path, capsys):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    assert main(["submit", str(script), "--team", "vision", "--time", "soon"]) == 64
+    assert fake_api.requests == []
+    assert "soon" in capsys.readouterr().err
+
+
+def test_submit_warns_about_unreadable_directives(fake_api, tmp_path, capsys):
+    script = tmp_path / "job.sh"
+    script.write_text("#SBATCH --time=forever\necho\n")
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job())
+    assert main(["submit", str(script), "--team", "vision", "--time", "5"]) == 0
+    assert "warning: #SBATCH --time=forever" in capsys.readouterr().err
+
+
+def test_unreachable_portal_exits_69(cli_env, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("GPUPORTAL_URL", "http://127.0.0.1:9")  # discard port: nothing listens
+    monkeypatch.setenv("GPUPORTAL_TOKEN", "gpp_x")
+    assert main(["teams"]) == 69
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_64_not_2(cli_env, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["submit"])
+    assert exc.value.code == 64
+
+
+def test_help_documents_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["submit", "--help"])
+    out = capsys.readouterr().out
+    assert "exit codes:" in out and "SUBMIT_FAILED" in out and "77" in out
+
+
+@pytest.mark.parametrize(("final", "code"), [("COMPLETED", 0), ("FAILED", 1), ("CANCELLED", 2), ("TIMEOUT", 2), ("SUBMIT_FAILED", 3)])
+def test_submit_wait_prints_state_changes_and_exits_by_final_state(fake_api, tmp_path, capsys, final, code):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job())
+    fake_api.add("GET", JOB_PATH, 200, _job("PENDING", slurm_job_id=17, state_reason="Resources"))
+    fake_api.add("GET", JOB_PATH, 503, {"detail": "Service unavailable.", "errors": {}})  # retried
+    fake_api.add("GET", JOB_PATH, 200, _job("RUNNING", slurm_job_id=17))
+    fake_api.add("GET", JOB_PATH, 200, _job(final, slurm_job_id=17, exit_code=0 if final == "COMPLETED" else 1))
+
+    assert main(["submit", str(script), "--team", "vision", "--wait", "--poll-interval", "0.01"]) == code
+
+    lines = capsys.readouterr().out.splitlines()
+    states = [line.split()[1] for line in lines[1:]]
+    assert states == ["ACCEPTED", "PENDING", "RUNNING", final]
+    assert "Resources" in lines[2]
+
+
+# ---------------------------------------------------------------- status, logs, cancel, quote, teams
+
+
+def test_status_lists_jobs_and_says_what_to_do_when_there_are_none(fake_api, capsys):
+    fake_api.add("GET", "/api/v1/jobs/", 200, {"count": 0, "next": None, "previous": None, "results": []})
+    assert main(["status"]) == 0
+    assert "gpuportal submit" in capsys.readouterr().out
+
+    fake_api.routes.clear()
+    fake_api.add("GET", "/api/v1/jobs/", 200, {"count": 1, "next": None, "previous": None, "results": [_job("RUNNING", slurm_job_id=99)]})
+    assert main(["status", "--team", "vision", "--state", "RUNNING"]) == 0
+    out = capsys.readouterr().out
+    assert "RUNNING" in out and "99" in out and JOB_ID[:8] in out
+    assert fake_api.requests_to("GET", "/api/v1/jobs/")[-1]["query"] == {"team": "vision", "state": "RUNNING"}
+
+
+def test_status_resolves_an_id_prefix(fake_api, capsys):
+    fake_api.add("GET", "/api/v1/jobs/", 200, {"count": 1, "next": None, "previous": None, "results": [_job()]})
+    fake_api.add("GET", JOB_PATH, 200, _job("RUNNING", partition="gpu", time_limit_minutes=5))
+    assert main(["status", JOB_ID[:6]]) == 0
+    assert "RUNNING" in capsys.readouterr().out
+
+
+def test_status_of_unknown_job_exits_65(fake_api, capsys):
+    fake_api.add("GET", JOB_PATH, 404, {"detail": "Not found.", "errors": {}})
+    assert main(["status", JOB_ID]) == 65
+    assert "Not found." in capsys.readouterr().err
+
+
+def test_logs_follow_reads_on_from_next_offset_until_the_job_ends(fake_api, capsys):
+    out_path = JOB_PATH + "output/"
+    fake_api.add("GET", out_path, 200, {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True, "message": "No output yet."})
+    fake_api.add("GET", out_path, 200, {"data": "one\n", "offset": 0, "next_offset": 4, "size": 4, "eof": True, "message": ""})
+    fake_api.add("GET", out_path, 200, {"data": "two\n", "offset": 4, "next_offset": 8, "size": 8, "eof": True, "message": ""})
+    fake_api.add("GET", out_path, 200, {"data": "", "offset": 8, "next_offset": 8, "size": 8, "eof": True, "message": ""})
+    fake_api.add("GET", JOB_PATH, 200, _job("RUNNING"))
+    fake_api.add("GET", JOB_PATH, 200, _job("COMPLETED"))
+
+    assert main(["logs", JOB_ID, "--follow", "--poll-interval", "0.01"]) == 0
+
+    captured = capsys.readouterr()
+    assert captured.out == "one\ntwo\n"
+    assert "No output yet." in captured.err and "COMPLETED" in captured.err
+    offsets = [r["query"]["offset"] for r in fake_api.requests_to("GET", out_path)]
+    assert offsets[:3] == ["0", "0", "4"]
+    assert all(r["query"]["stream"] == "stdout" for r in fake_api.requests_to("GET", out_path))
+
+
+def test_logs_stderr_without_follow_prints_what_is_there(fake_api, capsys):
+    fake_api.add("GET", JOB_PATH + "output/", 200, {"data": "oops\n", "offset": 0, "next_offset": 5, "size": 5, "eof": True, "message": ""})
+    assert main(["logs", JOB_ID, "--stderr"]) == 0
+    assert capsys.readouterr().out == "oops\n"
+    assert fake_api.requests_to("GET", JOB_PATH + "output/")[0]["query"]["stream"] == "stderr"
+
+
+def test_cancel_of_an_ended_job_prints_the_conflict(fake_api, capsys):
+    fake_api.add("POST", JOB_PATH + "cancel/", 409, {"detail": "The job has already ended (COMPLETED).", "errors": {}})
+    assert main(["cancel", JOB_ID]) == 65
+    assert "already ended" in capsys.readouterr().err
+
+
+def test_cancel_requests_cancellation(fake_api, capsys):
+    fake_api.add("POST", JOB_PATH + "cancel/", 202, _job("RUNNING"))
+    assert main(["cancel", JOB_ID]) == 0
+    assert "cancel requested" in capsys.readouterr().out
+
+
+def test_quote_posts_minutes_and_prints_cost(fake_api, capsys):
+    fake_api.add("POST", "/api/v1/jobs/quote/", 200, {"gpu_hours": "4.00", "cost": "40.00", "currency": "CNY"})
+    assert main(["quote", "--gpus", "a100:2", "--time", "2h", "--team", "vision"]) == 0
+    assert fake_api.requests_to("POST", "/api/v1/jobs/quote/")[0]["json"] == {
+        "time_limit_minutes": 120, "gpus": 2, "gpu_type": "a100", "team": "vision",
+    }
+    assert "4.00 GPU-hours, 40.00 CNY" in capsys.readouterr().out
+
+
+def test_teams_follows_pagination(fake_api, capsys):
+    fake_api.add("GET", "/api/v1/teams/", 200, {"count": 2, "next": fake_api.url + "/api/v1/teams/?page=2", "previous": None, "results": [{"slug": "vision", "name": "Vision", "slurm_account": "vision", "role": "member", "active": True}]})
+    fake_api.add("GET", "/api/v1/teams/", 200, {"count": 2, "next": None, "previous": None, "results": [{"slug": "nlp", "name": "NLP", "slurm_account": "nlp", "role": None, "active": True}]})
+    assert main(["teams"]) == 0
+    out = capsys.readouterr().out
+    assert "vision" in out and "nlp" in out
