@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.core.cache import cache
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 

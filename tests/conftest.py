@@ -8,6 +8,11 @@ real worker (``celery_worker`` fixture in tests/jobs)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
@@ -127,3 +132,143 @@ def client_for(world, client):
         return c
 
     return make
+
+
+# ---------------------------------------------------------------- the local Slurm cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+# A queue of this test run's own on a broker database no demo uses (14): concurrent test runs on
+# one machine never take each other's tasks.
+WORKER_QUEUE = f"tests-{os.getpid()}"
+WORKER_BROKER_URL = "redis://127.0.0.1:6379/14"
+
+
+def _cluster_reachable() -> str | None:
+    from portal.slurm import SlurmError, get_gateway
+
+    try:
+        get_gateway().ping()
+    except SlurmError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture
+def cluster(world):
+    """The local Slurm cluster ready for the fixture world: inventory synced, Unix users for the
+    members, teams mirrored to Slurm associations. Skips when the cluster is not up."""
+    from portal.services import cluster_sync, team_mirror
+    from portal.unix import unix_user_ensure
+
+    problem = _cluster_reachable()
+    if problem:
+        pytest.skip(f"local Slurm cluster not reachable (scripts/cluster up): {problem}")
+    cluster_sync()
+    for name in ("alice", "bob", "carol", "dave"):
+        unix_user_ensure(name)
+    team_mirror(team=world.vision)
+    team_mirror(team=world.nlp)
+    return world
+
+
+# ---------------------------------------------------------------- a real Celery worker
+
+
+def _use_broker(url: str) -> None:
+    """Point this process's Celery app at another broker. The connection and producer pools are
+    built lazily from the configuration on first use, so they are dropped too (test-only reach into
+    Celery's private attributes; the same reset Celery does after a fork)."""
+    from portal.celery import app
+
+    app.conf.broker_url = url
+    app._pool = None
+    app.amqp._producer_pool = None
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(django_db_setup, django_db_blocker):
+    """A real ``celery worker`` subprocess on a dedicated queue and broker database, connected to
+    the pytest test database. Stopped (by its own pid) at the end of the session, before the test
+    database is dropped."""
+    from django.conf import settings
+
+    import redis
+
+    redis.Redis.from_url(WORKER_BROKER_URL).delete(WORKER_QUEUE)
+    db = settings.DATABASES["default"]
+    database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = os.environ | {
+        "DATABASE_URL": database_url,
+        "CELERY_BROKER_URL": WORKER_BROKER_URL,
+        "CELERY_TASK_ALWAYS_EAGER": "0",
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+    }
+    log = open(ROOT / ".run" / "test-celery-worker.log", "w") if (ROOT / ".run").is_dir() else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", WORKER_QUEUE, "--pool=prefork",
+            "--concurrency=2", "--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel=INFO",
+            "-n", f"jobs-tests-{os.getpid()}@%h",
+        ],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        from portal.celery import app
+
+        _use_broker(WORKER_BROKER_URL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"celery worker exited with {proc.returncode}")
+            replies = app.control.ping(destination=[f"jobs-tests-{os.getpid()}@{os.uname().nodename}"], timeout=0.5)
+            if replies:
+                break
+        else:
+            pytest.fail("celery worker did not answer within 30 s")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+
+@pytest.fixture
+def real_worker(celery_worker_process, transactional_db, settings):
+    """Send tasks to the real worker for this test (eager mode off, dedicated queue and broker)."""
+    from portal.celery import app
+
+    saved = app.conf.task_always_eager, app.conf.broker_url, app.conf.task_default_queue
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    app.conf.task_always_eager = False
+    app.conf.task_default_queue = WORKER_QUEUE
+    _use_broker(WORKER_BROKER_URL)
+    yield celery_worker_process
+    app.conf.task_always_eager, _, app.conf.task_default_queue = saved
+    _use_broker(saved[1])
+
+
+# ---------------------------------------------------------------- transactional tests
+
+
+@pytest.fixture(autouse=True)
+def _finance_group_after_flush(request):
+    """Transactional tests end with a flush that also removes rows data migrations made (the
+    finance group). Recreate it before the fixture world needs it. (Worth moving to tests/conftest.py.)"""
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or bool(marker and marker.kwargs.get("transaction"))
+    if transactional:
+        request.getfixturevalue("transactional_db")
+        from django.contrib.auth.models import Group, Permission
+        from django.contrib.contenttypes.models import ContentType
+
+        content_type, _ = ContentType.objects.get_or_create(app_label="portal", model="team")
+        permission, _ = Permission.objects.get_or_create(
+            content_type=content_type, codename="view_cost_reports", defaults={"name": "Can read cost reports of every team"}
+        )
+        Group.objects.get_or_create(name="finance")[0].permissions.add(permission)
+    yield

@@ -88,8 +88,3 @@ def fake_api(cli_env, monkeypatch):
     monkeypatch.setenv("GPUPORTAL_TOKEN", "gpp_test")
     yield api
     api.close()
-
-
-# The jobs tests' fixtures for end-to-end runs: the local cluster prepared for the fixture world and
-# a real Celery worker (imported, not moved: tests/jobs/conftest.py owns them).
-from tests.jobs.conftest import celery_worker_process, cluster, real_worker  # noqa: E402, F401

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from jobs.choices import JobState, TemplateScope
 from jobs.models import Job, JobEvent, JobTemplate
-from jobs.services import job_submit, job_template_create
+from jobs.services import job_template_create
 
 pytestmark = pytest.mark.django_db
 

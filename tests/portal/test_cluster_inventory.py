@@ -11,6 +11,7 @@ from django.core.management import call_command
 from portal.models import NodeInfo, PartitionInfo, SyncStatus
 from portal.services import cluster_sync
 from portal.slurm import SlurmUnavailable, get_gateway, reset_gateway
+from tests.support import CountingGateway
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slurm]
 
@@ -22,30 +23,12 @@ def gateway():
     reset_gateway()
 
 
-class CountingGateway:
-    """The real gateway, counting the calls made through it."""
-
-    def __init__(self, real):
-        self.real, self.calls = real, []
-
-    def __getattr__(self, name):
-        attr = getattr(self.real, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            self.calls.append(name)
-            return attr(*args, **kwargs)
-
-        return call
-
-
 def test_sync_cluster_records_partitions_and_nodes_in_two_slurm_calls(gateway, monkeypatch):
     counting = CountingGateway(gateway)
     monkeypatch.setattr("portal.services.get_gateway", lambda: counting)
     out = io.StringIO()
     call_command("sync_cluster", stdout=out)
-    assert sorted(counting.calls) == ["nodes", "partitions"]
+    assert dict(counting.calls) == {"nodes": 1, "partitions": 1}
     assert "Recorded 2 partitions and 3 nodes." in out.getvalue()
 
     gpu = PartitionInfo.objects.get(name="gpu")

@@ -1,0 +1,334 @@
+"""Job API under /api/v1/: submit, list, detail, cancel, output, quote, templates.
+
+Views parse input with nested serializers, call a service or selector and shape the answer; the
+rules live in jobs/services.py and jobs/selectors.py. Errors always answer
+``{"detail": ..., "errors": {...}}`` (portal.exceptions.api_exception_handler). A job or template
+the user cannot see answers 404, as if it did not exist."""
+
+from __future__ import annotations
+
+from django.http import Http404
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.generics import ListAPIView
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs.choices import JobState, OutputStream, TemplateScope
+from jobs.filters import JobFilter
+from jobs.models import Job, JobTemplate
+from jobs.selectors import (
+    OUTPUT_DEFAULT_LENGTH,
+    OUTPUT_MAX_LENGTH,
+    job_detail,
+    job_output,
+    job_templates_visible_to,
+    jobs_visible_to,
+)
+from jobs.services import (
+    job_cancel,
+    job_quote,
+    job_submit,
+    job_template_create,
+    job_template_delete,
+    request_fingerprint,
+)
+from portal.models import Team
+from portal.throttles import SubmitRateThrottle
+
+
+def _visible_job(request, job_id) -> Job:
+    try:
+        return jobs_visible_to(request.user).get(pk=job_id)
+    except Job.DoesNotExist:
+        raise Http404 from None
+
+
+def _team_by_slug(slug: str | None) -> Team | None:
+    """The team named by slug, or None; the service answers "No such team." for both a missing team
+    and one the user cannot see."""
+    return Team.objects.filter(slug=slug).first() if slug else None
+
+
+# ---------------------------------------------------------------- output serializers (shared)
+
+
+class JobSummaryOutputSerializer(serializers.Serializer):
+    """A job as lists, submit and cancel show it (no script: lists stay small)."""
+
+    id = serializers.UUIDField()
+    team = serializers.CharField(source="team.slug")
+    submitter = serializers.CharField(source="submitter.username")
+    name = serializers.CharField()
+    partition = serializers.CharField()
+    gpu_type = serializers.CharField()
+    gpus = serializers.IntegerField()
+    nodes = serializers.IntegerField()
+    cpus_per_gpu = serializers.IntegerField()
+    memory_gb = serializers.IntegerField(allow_null=True)
+    time_limit_minutes = serializers.IntegerField()
+    workdir = serializers.CharField()
+    booking = serializers.UUIDField(source="booking_id", allow_null=True)
+    state = serializers.ChoiceField(choices=JobState.choices)
+    state_reason = serializers.CharField()
+    cancel_requested = serializers.BooleanField()
+    slurm_job_id = serializers.IntegerField(allow_null=True)
+    exit_code = serializers.IntegerField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    submitted_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+    estimated_gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2)
+    estimated_cost = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    currency = serializers.CharField()
+    links = serializers.SerializerMethodField()
+
+    def get_links(self, job) -> dict[str, str]:
+        return {
+            "self": reverse("api-job-detail", args=[job.pk]),
+            "cancel": reverse("api-job-cancel", args=[job.pk]),
+            "output": reverse("api-job-output", args=[job.pk]),
+        }
+
+
+class JobEventOutputSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=JobState.choices)
+    reason = serializers.CharField()
+    at = serializers.DateTimeField()
+
+
+class JobDetailOutputSerializer(JobSummaryOutputSerializer):
+    script = serializers.CharField()
+    environment = serializers.DictField(child=serializers.CharField())
+    relay_attempts = serializers.IntegerField()
+    last_relay_error = serializers.CharField()
+    events = JobEventOutputSerializer(many=True)
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobCollectionApi(ListAPIView):
+    """GET: the jobs you may see (filters team, state, since, mine, ordering; paginated).
+    POST: submit a job (``Idempotency-Key`` header makes a retry safe)."""
+
+    serializer_class = JobSummaryOutputSerializer
+    filterset_class = JobFilter
+
+    class JobSubmitInputSerializer(serializers.Serializer):
+        team = serializers.CharField(help_text="Team slug.")
+        name = serializers.CharField(allow_blank=True)
+        script = serializers.CharField(allow_blank=True, trim_whitespace=False)
+        partition = serializers.CharField(allow_blank=True, required=False, default="")
+        gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
+        gpus = serializers.IntegerField()
+        nodes = serializers.IntegerField(required=False, default=1)
+        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
+        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        booking = serializers.UUIDField(required=False, allow_null=True, default=None)
+        workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+        environment = serializers.DictField(
+            child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
+        )
+
+    def get_queryset(self):
+        return jobs_visible_to(self.request.user).order_by("-created_at")
+
+    def get_throttles(self):
+        return [SubmitRateThrottle()] if self.request.method == "POST" else []
+
+    @extend_schema(summary="Jobs you may see", responses=JobSummaryOutputSerializer(many=True))
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        summary="Submit a job",
+        request=JobSubmitInputSerializer,
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
+        responses={201: JobSummaryOutputSerializer, 200: JobSummaryOutputSerializer},
+    )
+    def post(self, request, *args, **kwargs):
+        serializer = self.JobSubmitInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        fingerprint = request_fingerprint(data)  # the body as understood, key order irrelevant
+        job, created = job_submit(
+            user=request.user,
+            team=_team_by_slug(data.pop("team")),
+            idempotency_key=request.headers.get("Idempotency-Key"),
+            fingerprint=fingerprint,
+            **data,
+        )
+        return Response(
+            JobSummaryOutputSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+
+class JobDetailApi(APIView):
+    @extend_schema(summary="One job with its state history", responses=JobDetailOutputSerializer)
+    def get(self, request, job_id):
+        try:
+            job = job_detail(user=request.user, job_id=job_id)
+        except Job.DoesNotExist:
+            raise Http404 from None
+        return Response(JobDetailOutputSerializer(job).data)
+
+
+class JobCancelApi(APIView):
+    @extend_schema(
+        summary="Cancel a job",
+        request=None,
+        responses={200: JobSummaryOutputSerializer, 202: JobSummaryOutputSerializer},
+        description="200: cancelled at once (it had not reached Slurm). 202: cancel passed on to Slurm; "
+        "the state becomes CANCELLED at the next sync. 409: the job already ended.",
+    )
+    def post(self, request, job_id):
+        job = job_cancel(user=request.user, job=_visible_job(request, job_id))
+        code = status.HTTP_200_OK if job.state == JobState.CANCELLED else status.HTTP_202_ACCEPTED
+        return Response(JobSummaryOutputSerializer(job).data, status=code)
+
+
+class JobOutputApi(APIView):
+    class JobOutputQueryInputSerializer(serializers.Serializer):
+        stream = serializers.ChoiceField(choices=OutputStream.choices, default=OutputStream.STDOUT)
+        offset = serializers.IntegerField(min_value=0, default=0)
+        length = serializers.IntegerField(min_value=1, default=OUTPUT_DEFAULT_LENGTH, help_text=f"Capped at {OUTPUT_MAX_LENGTH}.")
+
+    class JobOutputChunkOutputSerializer(serializers.Serializer):
+        data = serializers.CharField()
+        offset = serializers.IntegerField()
+        next_offset = serializers.IntegerField()
+        size = serializers.IntegerField()
+        eof = serializers.BooleanField(help_text="Read up to the current end of the file.")
+        final = serializers.BooleanField(help_text="The job ended: the file will not grow.")
+        message = serializers.CharField(help_text="Why there is no data (empty when there is).")
+
+    @extend_schema(
+        summary="A chunk of the job's stdout or stderr",
+        parameters=[JobOutputQueryInputSerializer],
+        responses=JobOutputChunkOutputSerializer,
+        description="A missing file or a job not yet in Slurm answers 200 with empty data and a message.",
+    )
+    def get(self, request, job_id):
+        query = self.JobOutputQueryInputSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        chunk = job_output(job=_visible_job(request, job_id), **query.validated_data)
+        return Response(self.JobOutputChunkOutputSerializer(chunk.as_dict()).data)
+
+
+class JobQuoteApi(APIView):
+    class JobQuoteInputSerializer(serializers.Serializer):
+        partition = serializers.CharField(allow_blank=True, required=False, default="")
+        gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
+        gpus = serializers.IntegerField()
+        nodes = serializers.IntegerField(required=False, default=1)
+        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
+        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
+
+    class JobQuoteOutputSerializer(serializers.Serializer):
+        gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2)
+        gpu_type = serializers.CharField()
+        gpu_type_assumed = serializers.BooleanField()
+        price_per_gpu_hour = serializers.DecimalField(max_digits=12, decimal_places=4, allow_null=True)
+        cost = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+        currency = serializers.CharField()
+        note = serializers.CharField()
+
+    @extend_schema(summary="GPU-hours and cost estimate of a job shape", request=JobQuoteInputSerializer, responses=JobQuoteOutputSerializer)
+    def post(self, request):
+        serializer = self.JobQuoteInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        quote = job_quote(**serializer.validated_data)
+        return Response(self.JobQuoteOutputSerializer(quote).data)
+
+
+# ---------------------------------------------------------------- templates
+
+
+class JobTemplateOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    scope = serializers.ChoiceField(choices=TemplateScope.choices)
+    team = serializers.CharField(source="team.slug", allow_null=True, default=None)
+    owner = serializers.CharField(source="owner.username", allow_null=True, default=None)
+    name = serializers.CharField()
+    description = serializers.CharField()
+    script = serializers.CharField()
+    partition = serializers.CharField()
+    gpu_type = serializers.CharField()
+    gpus = serializers.IntegerField()
+    nodes = serializers.IntegerField()
+    cpus_per_gpu = serializers.IntegerField()
+    memory_gb = serializers.IntegerField(allow_null=True)
+    time_limit_minutes = serializers.IntegerField(allow_null=True)
+    workdir = serializers.CharField()
+    environment = serializers.DictField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+
+
+class JobTemplateCollectionApi(ListAPIView):
+    """GET: templates you may use (personal, your teams', site). POST: save a template."""
+
+    serializer_class = JobTemplateOutputSerializer
+
+    class JobTemplateInputSerializer(serializers.Serializer):
+        scope = serializers.ChoiceField(choices=TemplateScope.choices, default=TemplateScope.PERSONAL)
+        team = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="Team slug (scope team).")
+        name = serializers.CharField(allow_blank=True)
+        description = serializers.CharField(required=False, allow_blank=True, default="")
+        script = serializers.CharField(allow_blank=True, trim_whitespace=False)
+        partition = serializers.CharField(required=False, allow_blank=True, default="")
+        gpu_type = serializers.CharField(required=False, allow_blank=True, default="")
+        gpus = serializers.IntegerField(required=False, default=1)
+        nodes = serializers.IntegerField(required=False, default=1)
+        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
+        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        workdir = serializers.CharField(required=False, allow_blank=True, default="")
+        environment = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+
+    def get_queryset(self):
+        return job_templates_visible_to(self.request.user).order_by("scope", "name", "pk")
+
+    @extend_schema(summary="Job templates you may use", responses=JobTemplateOutputSerializer(many=True))
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(summary="Save a job template", request=JobTemplateInputSerializer, responses={201: JobTemplateOutputSerializer})
+    def post(self, request, *args, **kwargs):
+        serializer = self.JobTemplateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        template = job_template_create(user=request.user, team=_team_by_slug(data.pop("team")), **data)
+        return Response(JobTemplateOutputSerializer(template).data, status=status.HTTP_201_CREATED)
+
+
+class JobTemplateDetailApi(APIView):
+    def _template(self, request, template_id) -> JobTemplate:
+        try:
+            return job_templates_visible_to(request.user).get(pk=template_id)
+        except JobTemplate.DoesNotExist:
+            raise Http404 from None
+
+    @extend_schema(summary="One job template", responses=JobTemplateOutputSerializer)
+    def get(self, request, template_id: int):
+        return Response(JobTemplateOutputSerializer(self._template(request, template_id)).data)
+
+    @extend_schema(summary="Delete a job template", responses={204: None})
+    def delete(self, request, template_id: int):
+        job_template_delete(user=request.user, template=self._template(request, template_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+__all__ = [
+    "JobCancelApi",
+    "JobCollectionApi",
+    "JobDetailApi",
+    "JobOutputApi",
+    "JobQuoteApi",
+    "JobTemplateCollectionApi",
+    "JobTemplateDetailApi",
+]

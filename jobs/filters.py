@@ -1,0 +1,51 @@
+"""The job list's filters, shared by the API (``GET /api/v1/jobs/``) and the HTML list page."""
+
+from __future__ import annotations
+
+import django_filters
+
+from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
+from jobs.models import Job
+
+# Columns a client may sort by (never an unvalidated order_by from the query string).
+JOB_ORDERING_FIELDS = (
+    ("created_at", "created_at"),
+    ("submitted_at", "submitted_at"),
+    ("started_at", "started_at"),
+    ("ended_at", "ended_at"),
+    ("name", "name"),
+    ("state", "state"),
+    ("gpus", "gpus"),
+)
+
+
+class JobFilter(django_filters.FilterSet):
+    """team (slug), state (one or more, or the groups "live" / "ended"), since (created at or after),
+    mine (only my jobs), ordering (whitelisted columns, "-" for descending)."""
+
+    team = django_filters.CharFilter(field_name="team__slug", label="Team (slug)")
+    state = django_filters.MultipleChoiceFilter(
+        choices=JobState.choices + [("live", "Live (not ended)"), ("ended", "Ended")],
+        method="filter_state",
+        label="State",
+    )
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte", label="Created at or after")
+    mine = django_filters.BooleanFilter(method="filter_mine", label="Only my jobs")
+    ordering = django_filters.OrderingFilter(fields=JOB_ORDERING_FIELDS)
+
+    class Meta:
+        model = Job
+        fields = ["team", "state", "since", "mine"]
+
+    def filter_state(self, queryset, name, values):
+        if not values:
+            return queryset
+        states: set[str] = set()
+        for value in values:
+            states |= set(LIVE_STATES) if value == "live" else set(TERMINAL_STATES) if value == "ended" else {value}
+        return queryset.filter(state__in=sorted(states))
+
+    def filter_mine(self, queryset, name, value):
+        if value and self.request is not None and self.request.user.is_authenticated:
+            return queryset.filter(submitter=self.request.user)
+        return queryset

@@ -1,0 +1,179 @@
+"""Jobs (persisted before they reach Slurm), their state history, and reusable job templates."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from jobs.choices import LIVE_STATES, JobState, TemplateScope, TERMINAL_STATES
+
+# The tag the portal puts in Slurm's job comment; Slurm keeps it in the queue and in accounting, so
+# a job can be found again after a crash between sbatch and the database write.
+SLURM_TAG_PREFIX = "gpuportal:"
+
+
+class Job(models.Model):
+    """One batch job. Stored ACCEPTED by ``job_submit``, sent to Slurm by the ``job_relay`` task,
+    followed by ``jobs_sync``. State changes only through services and tasks (conditional updates)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="jobs")
+    submitter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+
+    # What was asked for
+    name = models.CharField(max_length=128)
+    script = models.TextField()
+    partition = models.CharField(max_length=64)
+    gpu_type = models.CharField(max_length=32, blank=True, help_text="Empty: any GPU type.")
+    gpus = models.PositiveIntegerField()
+    nodes = models.PositiveIntegerField(default=1)
+    cpus_per_gpu = models.PositiveIntegerField(default=1)
+    memory_gb = models.PositiveIntegerField(null=True, blank=True, help_text="Per node; empty: partition default.")
+    time_limit_minutes = models.PositiveIntegerField()
+    workdir = models.CharField(max_length=1024)
+    environment = models.JSONField(default=dict, blank=True)
+    # The bookings model (accounting) does not exist yet: keep its id, turn into a FK later.
+    booking_id = models.UUIDField(null=True, blank=True)
+
+    # Where it is
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.ACCEPTED)
+    state_reason = models.CharField(max_length=1024, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_sent_at = models.DateTimeField(null=True, blank=True)  # scancel succeeded (sweeper re-sends otherwise)
+    slurm_cluster = models.CharField(max_length=64, blank=True)
+    slurm_job_id = models.PositiveBigIntegerField(null=True, blank=True)
+    unix_uid = models.IntegerField(null=True, blank=True)  # the Unix user the job runs as (output owner check)
+    exit_code = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)  # Slurm gave it an id
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    # Estimate at submission
+    estimated_gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
+    estimated_cost = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
+
+    # Exactly once: the client's key (+ a hash of what it sent), and the relay's claim
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    request_fingerprint = models.CharField(max_length=64, blank=True)
+    relay_attempts = models.PositiveIntegerField(default=0)
+    relay_token = models.UUIDField(null=True, blank=True)  # which relay run holds the claim
+    relay_started_at = models.DateTimeField(null=True, blank=True)  # claim lease start
+    last_relay_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["submitter", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_unique_submitter_idempotency_key",
+            ),
+            models.UniqueConstraint(
+                fields=["slurm_cluster", "slurm_job_id"],
+                condition=Q(slurm_job_id__isnull=False),
+                name="job_unique_cluster_slurm_job_id",
+            ),
+            models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
+            models.CheckConstraint(condition=Q(gpus__gte=1) & Q(nodes__gte=1) & Q(cpus_per_gpu__gte=1), name="job_resources_positive"),
+            models.CheckConstraint(condition=Q(time_limit_minutes__gte=1), name="job_time_limit_positive"),
+        ]
+        indexes = [
+            # jobs_sync and the sweeper: "every live job" (partial: terminal rows are the vast majority)
+            models.Index(fields=["state", "created_at"], name="job_live_state", condition=Q(state__in=sorted(LIVE_STATES))),
+            # job lists: jobs of a team, newest first (jobs_visible_to + order_by -created_at)
+            models.Index(fields=["team", "-created_at"], name="job_team_created"),
+            # "my jobs" filter and the CLI's default list
+            models.Index(fields=["submitter", "-created_at"], name="job_submitter_created"),
+            # look-ups by Slurm id (CLI `gpuportal job 1234`, admin search, accounting joins)
+            models.Index(fields=["slurm_job_id"], name="job_slurm_job_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.slurm_job_id or str(self.id)[:8]})"
+
+    @property
+    def slurm_tag(self) -> str:
+        """The comment carried by this job in Slurm."""
+        return f"{SLURM_TAG_PREFIX}{self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
+
+
+class JobEvent(models.Model):
+    """One state a job entered, with Slurm's reason (history shown on the job's page)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    state = models.CharField(max_length=16, choices=JobState.choices)
+    reason = models.CharField(max_length=1024, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["at", "pk"]
+        # a job's history (detail page / API)
+        indexes = [models.Index(fields=["job", "at"], name="jobevent_job_at")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.state} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class JobTemplate(models.Model):
+    """A reusable job spec. Scope personal (owner sees it), team (team members) or site (everyone
+    logged in; created by admins only)."""
+
+    scope = models.CharField(max_length=16, choices=TemplateScope.choices)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="job_templates"
+    )
+    team = models.ForeignKey("portal.Team", on_delete=models.CASCADE, null=True, blank=True, related_name="job_templates")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    name = models.CharField(max_length=128)
+    description = models.TextField(blank=True)
+    script = models.TextField()
+    partition = models.CharField(max_length=64, blank=True, help_text="Empty: the default partition.")
+    gpu_type = models.CharField(max_length=32, blank=True)
+    gpus = models.PositiveIntegerField(default=1)
+    nodes = models.PositiveIntegerField(default=1)
+    cpus_per_gpu = models.PositiveIntegerField(default=1)
+    memory_gb = models.PositiveIntegerField(null=True, blank=True)
+    time_limit_minutes = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: partition default.")
+    workdir = models.CharField(max_length=1024, blank=True)
+    environment = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["scope", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(scope=TemplateScope.PERSONAL, owner__isnull=False, team__isnull=True)
+                    | Q(scope=TemplateScope.TEAM, owner__isnull=True, team__isnull=False)
+                    | Q(scope=TemplateScope.SITE, owner__isnull=True, team__isnull=True)
+                ),
+                name="jobtemplate_scope_target",
+            ),
+            models.UniqueConstraint(
+                fields=["owner", "name"], condition=Q(scope=TemplateScope.PERSONAL), name="jobtemplate_unique_personal"
+            ),
+            models.UniqueConstraint(
+                fields=["team", "name"], condition=Q(scope=TemplateScope.TEAM), name="jobtemplate_unique_team"
+            ),
+            models.UniqueConstraint(fields=["name"], condition=Q(scope=TemplateScope.SITE), name="jobtemplate_unique_site"),
+        ]
+        # job_templates_visible_to (owner = me OR team in my teams OR scope = site) uses the
+        # foreign-key indexes Django creates on owner and team; no extra index needed.
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.scope})"

@@ -1,0 +1,146 @@
+"""Reads for jobs. One visibility rule per model, used by the API, the pages and the CLI alike.
+
+Who sees a job: members (any role) of the job's team, and admins. Finance users do NOT see jobs:
+scripts and environments may hold research details or secrets, and finance reads costs through
+accounting's reports, which aggregate per team/user without scripts.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Prefetch, Q, QuerySet
+
+from jobs.choices import STREAM_SUFFIX, TERMINAL_STATES, JobState, OutputStream
+from jobs.models import Job, JobEvent, JobTemplate
+from portal.models import Membership
+from portal.roles import is_admin
+
+OUTPUT_MAX_LENGTH = 1024 * 1024  # one read of job output returns at most 1 MiB
+OUTPUT_DEFAULT_LENGTH = 64 * 1024
+
+
+def jobs_visible_to(user) -> QuerySet[Job]:
+    """Jobs of the user's teams (every role), all jobs for admins, none for anyone else (finance
+    included). With team and submitter joined, so lists run a constant number of queries."""
+    if not user.is_authenticated:
+        return Job.objects.none()
+    jobs = Job.objects.select_related("team", "submitter")
+    if is_admin(user):
+        return jobs
+    return jobs.filter(team_id__in=Membership.objects.filter(user=user).values("team_id"))
+
+
+def job_detail(*, user, job_id) -> Job:
+    """One visible job with its state history prefetched (Http404-style DoesNotExist otherwise)."""
+    return jobs_visible_to(user).prefetch_related(
+        Prefetch("events", queryset=JobEvent.objects.order_by("at", "pk"))
+    ).get(pk=job_id)
+
+
+def job_templates_visible_to(user) -> QuerySet[JobTemplate]:
+    """Personal templates of the user, team templates of the user's teams, and site templates
+    (everyone logged in). Admins see every template."""
+    if not user.is_authenticated:
+        return JobTemplate.objects.none()
+    templates = JobTemplate.objects.select_related("team", "owner")
+    if is_admin(user):
+        return templates
+    return templates.filter(
+        Q(scope="site")
+        | Q(scope="personal", owner=user)
+        | Q(scope="team", team_id__in=Membership.objects.filter(user=user).values("team_id"))
+    )
+
+
+def job_output_path(job: Job, stream: str) -> str | None:
+    """Where Slurm writes the job's stdout/stderr (JOB_OUTPUT_PATTERN), None before it has an id."""
+    if job.slurm_job_id is None:
+        return None
+    return settings.JOB_OUTPUT_PATTERN.format(workdir=job.workdir, slurm_job_id=job.slurm_job_id, stream=STREAM_SUFFIX[stream])
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    data: str
+    offset: int
+    next_offset: int
+    size: int
+    eof: bool  # read up to the current end of the file
+    final: bool  # the job has ended: the file will not grow any more
+    message: str
+
+    def as_dict(self) -> dict:
+        return {
+            "data": self.data, "offset": self.offset, "next_offset": self.next_offset, "size": self.size,
+            "eof": self.eof, "final": self.final, "message": self.message,
+        }  # fmt: skip
+
+
+def _utf8_cut(raw: bytes) -> bytes:
+    """Drop an incomplete UTF-8 sequence at the end of a chunk (the next read starts with it)."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
+            continue
+        if byte & 0x80 == 0:  # ASCII: complete
+            return raw
+        needed = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+        return raw if back >= needed else raw[:-back]
+    return raw
+
+
+def job_output(*, job: Job, stream: str = OutputStream.STDOUT, offset: int = 0, length: int = OUTPUT_DEFAULT_LENGTH) -> OutputChunk:
+    """A chunk of the job's stdout or stderr from byte ``offset`` (at most ``length``, capped at
+    1 MiB), decoded as UTF-8 (invalid bytes replaced; a character cut at the end is left for the
+    next read). Never raises for a missing or unreadable file: ``message`` says why there is no data.
+
+    The file lives in a directory the job's user controls and the portal may run as root, so it is
+    opened without following a symlink, must be a regular file, and must belong to the Unix user
+    the job ran as; otherwise it is not shown."""
+    if stream not in STREAM_SUFFIX:
+        raise ValueError(f"unknown stream {stream!r}")
+    offset = max(int(offset), 0)
+    length = min(max(int(length), 1), OUTPUT_MAX_LENGTH)
+    final = job.state in TERMINAL_STATES
+
+    def empty(message: str, size: int = 0) -> OutputChunk:
+        return OutputChunk("", offset, offset, size, True, final, message)
+
+    path = job_output_path(job, stream)
+    if path is None:
+        if job.state == JobState.SUBMIT_FAILED:
+            return empty(f"The job never reached Slurm: {job.state_reason or 'submission failed'}.")
+        if job.state == JobState.CANCELLED:
+            return empty("The job was cancelled before it reached Slurm; there is no output.")
+        return empty("The job has not reached Slurm yet; output appears once it runs.")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        if job.state in (JobState.PENDING, JobState.ACCEPTED, JobState.REQUEUED):
+            return empty("The job has not started yet; output appears once it runs.")
+        return empty(f"No output file {os.path.basename(path)} in {job.workdir} (not written yet, or removed).")
+    except OSError as exc:
+        return empty(f"The output file cannot be read ({exc.strerror or exc}).")
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return empty("The output path is not a regular file; not shown.")
+        if job.unix_uid is not None and info.st_uid != job.unix_uid:
+            return empty("The output file does not belong to the job's user; not shown.")
+        size = info.st_size
+        if offset >= size:
+            return OutputChunk("", offset, offset, size, True, final, "")
+        os.lseek(fd, offset, os.SEEK_SET)
+        raw = os.read(fd, length)
+    except OSError as exc:
+        return empty(f"The output file cannot be read ({exc.strerror or exc}).")
+    finally:
+        os.close(fd)
+    if offset + len(raw) < size or not final:
+        raw = _utf8_cut(raw) or raw  # never return nothing when something is there
+    next_offset = offset + len(raw)
+    return OutputChunk(raw.decode("utf-8", errors="replace"), offset, next_offset, size, next_offset >= size, final, "")

@@ -1,0 +1,969 @@
+"""Writes for jobs: submit (exactly once), quote, cancel, relay to Slurm, sync with Slurm, templates.
+
+Rules every function here follows:
+- the row is persisted first (state ACCEPTED) and the relay is enqueued with ``on_commit``;
+- every state change is a conditional UPDATE on the row (``filter(pk=…, state=…).update(…)``) or a
+  bulk update restricted to live rows, so a terminal state is never left;
+- Slurm is called outside any transaction, and in batches (one ``queue()`` per sync cycle).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from jobs.choices import (
+    LIVE_STATES,
+    TERMINAL_STATES,
+    JobState,
+    TemplateScope,
+    state_from_slurm,
+    transition_allowed,
+)
+from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent, JobTemplate
+from portal.exceptions import ApplicationError, Conflict
+from portal.models import Membership, NodeInfo, PartitionInfo, Role, Team
+from portal.roles import is_admin
+from portal.slurm import JobSpec, SlurmRejected, SlurmUnavailable, get_gateway
+
+logger = logging.getLogger(__name__)
+
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+MAX_SCRIPT_BYTES = 1024 * 1024
+MAX_ENV_ENTRIES = 64
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_GPUS = 10_000  # sanity bound before the inventory check (keeps error messages readable)
+DEFAULT_SHEBANG = "#!/bin/bash\n"
+
+# A relay's claim on a job expires after this long (longer than the task's hard time limit, so a
+# relay whose claim expired is dead for sure and another may take over).
+RELAY_LEASE_SECONDS = 120
+RELAY_SOFT_TIME_LIMIT = 60
+RELAY_HARD_TIME_LIMIT = 90
+
+TWO_PLACES = Decimal("0.01")
+
+
+# ---------------------------------------------------------------- validation against the inventory
+
+
+@dataclass(frozen=True)
+class PartitionCapacity:
+    """What one partition can ever give a job (from the synced inventory)."""
+
+    name: str
+    default_time_minutes: int | None
+    max_time_minutes: int | None
+    nodes: tuple[NodeInfo, ...]
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({n.gpu_type for n in self.nodes if n.gpu_type and n.gpus_total})
+
+    def eligible_nodes(self, gpu_type: str) -> list[NodeInfo]:
+        """Nodes with GPUs of that type ("" = any type)."""
+        return [n for n in self.nodes if n.gpus_total and (not gpu_type or n.gpu_type == gpu_type)]
+
+
+def partition_capacity(partition: str) -> PartitionCapacity | None:
+    """The partition's capacity, or None when it is not in the inventory ("" = default partition).
+    Two queries."""
+    query = PartitionInfo.objects.filter(is_default=True) if not partition else PartitionInfo.objects.filter(name=partition)
+    part = query.first()
+    if part is None:
+        return None
+    nodes = tuple(NodeInfo.objects.filter(name__in=part.node_names).order_by("name"))
+    return PartitionCapacity(part.name, part.default_time_minutes, part.max_time_minutes, nodes)
+
+
+@dataclass
+class _Spec:
+    """The normalised job spec after validation."""
+
+    name: str
+    script: str
+    partition: str
+    gpu_type: str
+    gpus: int
+    nodes: int
+    cpus_per_gpu: int
+    memory_gb: int | None
+    time_limit_minutes: int
+    workdir: str
+    environment: dict[str, str]
+    capacity: PartitionCapacity = field(repr=False)
+
+
+def _as_int(value: Any, name: str, errors: dict, *, minimum: int = 1, required: bool = True) -> int | None:
+    if value is None or value == "":
+        if required:
+            errors[name] = ["This field is required."]
+        return None
+    if isinstance(value, bool):
+        errors[name] = ["Must be a whole number."]
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        errors[name] = ["Must be a whole number."]
+        return None
+    if isinstance(value, float) and value != number:
+        errors[name] = ["Must be a whole number."]
+        return None
+    if number < minimum:
+        errors[name] = [f"Must be at least {minimum}."]
+        return None
+    return number
+
+
+def _validate_spec(
+    *,
+    name: str | None,
+    script: str | None,
+    partition: str | None,
+    gpu_type: str | None,
+    gpus: Any,
+    nodes: Any,
+    cpus_per_gpu: Any,
+    memory_gb: Any,
+    time_limit_minutes: Any,
+    workdir: str | None,
+    environment: dict | None,
+    check_script: bool = True,
+) -> _Spec:
+    """Check a job spec against the rules and the synced cluster inventory. Collects every field's
+    problem and raises one ApplicationError naming the fields. Returns the normalised spec."""
+    errors: dict[str, list[str]] = {}
+
+    # name
+    name = (name or "").strip() if isinstance(name, str) or name is None else None
+    if name is None or not JOB_NAME_RE.match(name):
+        errors["name"] = ["Use 1–128 letters, digits, '.', '_' or '-' (no spaces)."]
+
+    # script
+    if check_script:
+        if not isinstance(script, str) or not script.strip():
+            errors["script"] = ["The script is empty."]
+        elif "\x00" in script:
+            errors["script"] = ["The script must not contain NUL bytes."]
+        elif len(script.encode("utf-8", errors="surrogatepass")) > MAX_SCRIPT_BYTES:
+            errors["script"] = [f"The script is larger than {MAX_SCRIPT_BYTES // 1024} KiB."]
+        else:
+            script = script.replace("\r\n", "\n")  # scripts pasted from Windows break bash otherwise
+            if not script.startswith("#!"):
+                script = DEFAULT_SHEBANG + script
+
+    # numbers that do not need the inventory
+    gpus_n = _as_int(gpus, "gpus", errors)
+    if gpus_n is not None and gpus_n > MAX_GPUS:
+        errors["gpus"] = [f"At most {MAX_GPUS}."]
+        gpus_n = None
+    nodes_n = _as_int(1 if nodes is None else nodes, "nodes", errors)
+    cpus_n = _as_int(1 if cpus_per_gpu is None else cpus_per_gpu, "cpus_per_gpu", errors)
+    memory_n = _as_int(memory_gb, "memory_gb", errors, required=False)
+    time_n = _as_int(time_limit_minutes, "time_limit_minutes", errors, required=False)
+
+    # workdir
+    workdir = settings.JOB_DEFAULT_WORKDIR if workdir in (None, "") else workdir
+    if not isinstance(workdir, str) or not os.path.isabs(workdir):
+        errors["workdir"] = ["Give an absolute path (starting with /)."]
+    elif len(workdir) > 1024 or CONTROL_CHARS_RE.search(workdir) or "%" in workdir:
+        errors["workdir"] = ["At most 1024 characters, without control characters or '%'."]
+    else:
+        workdir = os.path.normpath(workdir)
+
+    # environment
+    env_clean: dict[str, str] = {}
+    if environment is None:
+        environment = {}
+    if not isinstance(environment, dict):
+        errors["environment"] = ["Give an object of NAME: value pairs."]
+    elif len(environment) > MAX_ENV_ENTRIES:
+        errors["environment"] = [f"At most {MAX_ENV_ENTRIES} variables."]
+    else:
+        problems = []
+        for key, value in environment.items():
+            if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+                problems.append(f"Invalid variable name {key!r}: use letters, digits and '_', not starting with a digit.")
+            elif not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                problems.append(f"{key}: the value must be a string.")
+            elif "\x00" in str(value) or len(str(value).encode()) > MAX_ENV_VALUE_BYTES:
+                problems.append(f"{key}: the value must not contain NUL bytes or exceed 32 KiB.")
+            else:
+                env_clean[key] = str(value)
+        if problems:
+            errors["environment"] = problems
+
+    # partition, GPU type and sizes against the inventory
+    gpu_type = (gpu_type or "").strip()
+    partition = (partition or "").strip()
+    capacity = None
+    if not PartitionInfo.objects.exists():
+        errors["partition"] = ["The cluster inventory has not been read yet; try again in a minute."]
+    else:
+        capacity = partition_capacity(partition)
+        if capacity is None:
+            errors["partition"] = [f"No such partition: {partition!r}." if partition else "The cluster has no default partition."]
+    if capacity is not None:
+        eligible = capacity.eligible_nodes(gpu_type)
+        if gpu_type and not eligible:
+            known = ", ".join(capacity.gpu_types) or "none"
+            errors["gpu_type"] = [f"No {gpu_type} GPUs in partition {capacity.name} (types there: {known})."]
+        elif not eligible:
+            errors["partition"] = [f"Partition {capacity.name} has no GPUs."]
+        else:
+            per_node = max(n.gpus_total for n in eligible)
+            if nodes_n is not None and nodes_n > len(eligible):
+                errors["nodes"] = [f"Partition {capacity.name} has {len(eligible)} node(s) with {gpu_type or 'GPUs'}."]
+            elif gpus_n is not None and nodes_n is not None:
+                if gpus_n % nodes_n:
+                    errors["gpus"] = [f"{gpus_n} GPUs cannot be spread evenly over {nodes_n} nodes."]
+                elif gpus_n // nodes_n > per_node:
+                    errors["gpus"] = [
+                        f"At most {per_node * nodes_n} {gpu_type or 'GPUs'} on {nodes_n} node(s) of partition "
+                        f"{capacity.name} ({per_node} per node)."
+                    ]
+                elif cpus_n is not None:
+                    max_cpus = max((n.cpus_total for n in eligible), default=0)
+                    if max_cpus and cpus_n * (gpus_n // nodes_n) > max_cpus:
+                        errors["cpus_per_gpu"] = [f"{cpus_n} CPUs per GPU exceeds the {max_cpus} CPUs of a node."]
+            max_mem_gb = max((n.memory_mb for n in eligible), default=0) // 1024
+            if memory_n is not None and max_mem_gb and memory_n > max_mem_gb:
+                errors["memory_gb"] = [f"At most {max_mem_gb} GB per node in partition {capacity.name}."]
+        if time_n is None and "time_limit_minutes" not in errors:
+            time_n = capacity.default_time_minutes or capacity.max_time_minutes or 60
+        if time_n is not None and capacity.max_time_minutes is not None and time_n > capacity.max_time_minutes:
+            errors["time_limit_minutes"] = [
+                f"At most {capacity.max_time_minutes} minutes in partition {capacity.name}."
+            ]
+        partition = capacity.name
+
+    if errors:
+        first = next(iter(errors.values()))[0]
+        raise ApplicationError(f"The job cannot be submitted: {first}", errors=errors)
+    return _Spec(
+        name=name, script=script or "", partition=partition, gpu_type=gpu_type, gpus=gpus_n, nodes=nodes_n,
+        cpus_per_gpu=cpus_n, memory_gb=memory_n, time_limit_minutes=time_n, workdir=workdir,
+        environment=env_clean, capacity=capacity,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- quote
+
+
+@dataclass(frozen=True)
+class JobQuote:
+    """GPU-hours and cost a job may use at most (its time limit × its GPUs)."""
+
+    gpu_hours: Decimal
+    gpu_type: str  # the type priced ("" when no type could be priced)
+    gpu_type_assumed: bool  # True when the job accepts any type and the dearest one was priced
+    price_per_gpu_hour: Decimal | None
+    cost: Decimal | None  # None: no rate known
+    currency: str
+    note: str
+
+
+def _price_of(*, gpu_type: str, partition: str, at: dt.datetime) -> tuple[Decimal, str] | None:
+    """accounting.selectors.gpu_hour_price, or None while the accounting app cannot answer."""
+    try:
+        from accounting.selectors import gpu_hour_price
+    except ImportError:
+        return None
+    return gpu_hour_price(gpu_type=gpu_type, partition=partition, at=at)
+
+
+def _quote_for(spec: _Spec, *, at: dt.datetime | None = None) -> JobQuote:
+    at = at or timezone.now()
+    gpu_hours = (Decimal(spec.gpus) * Decimal(spec.time_limit_minutes) / Decimal(60)).quantize(TWO_PLACES, ROUND_HALF_UP)
+    types = [spec.gpu_type] if spec.gpu_type else spec.capacity.gpu_types
+    priced = [(t, p) for t in types if (p := _price_of(gpu_type=t, partition=spec.partition, at=at)) is not None]
+    if not priced:
+        note = "No GPU-hour rate is set for this GPU type; cost unknown."
+        return JobQuote(gpu_hours, spec.gpu_type, False, None, None, "", note)
+    gpu_type, (price, currency) = max(priced, key=lambda item: item[1][0])
+    assumed = not spec.gpu_type
+    cost = (gpu_hours * price).quantize(TWO_PLACES, ROUND_HALF_UP)
+    note = f"{spec.gpus} GPU × {spec.time_limit_minutes} min at {price} {currency}/GPU-hour."
+    if assumed:
+        note = f"Any GPU type: estimated at the most expensive type in partition {spec.partition} ({gpu_type}). " + note
+    return JobQuote(gpu_hours, gpu_type, assumed, price, cost, currency, note)
+
+
+def job_quote(
+    *,
+    partition: str,
+    gpu_type: str = "",
+    gpus: int,
+    nodes: int = 1,
+    cpus_per_gpu: int = 1,
+    memory_gb: int | None = None,
+    time_limit_minutes: int | None = None,
+    at: dt.datetime | None = None,
+) -> JobQuote:
+    """The most a job of this shape can use: GPU-hours = gpus × time limit / 60, and its cost at the
+    rate in force (the dearest type of the partition when any type will do). Validates the shape
+    like job_submit (ApplicationError naming the field)."""
+    spec = _validate_spec(
+        name="quote", script=None, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
+        cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes, workdir=None,
+        environment=None, check_script=False,
+    )  # fmt: skip
+    return _quote_for(spec, at=at)
+
+
+def _check_budget(team: Team, estimate: JobQuote) -> None:
+    """Hook for the quotas issue: ``accounting.services.budget_hold_check(team=, estimate=)`` raises
+    an ApplicationError (409) when the job does not fit the team's budget. No-op while absent."""
+    try:
+        from accounting.services import budget_hold_check
+    except ImportError:
+        return
+    budget_hold_check(team=team, estimate=estimate)
+
+
+# ---------------------------------------------------------------- submit
+
+
+def request_fingerprint(payload: dict) -> str:
+    """SHA-256 of a request's content (canonical JSON), for idempotent replays."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _team_for_submit(*, user, team: Team | None) -> Team:
+    """The team, when the user may submit to it. Someone who cannot see the team is told it does not
+    exist (400 "No such team.", the same answer as for a slug that does not exist)."""
+    from portal.selectors import teams_visible_to
+
+    if team is None or not user.is_authenticated:
+        raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+    if not Membership.objects.filter(team=team, user=user).exists():
+        if teams_visible_to(user).filter(pk=team.pk).exists():
+            raise ApplicationError(
+                f"You are not a member of team {team.name}.", errors={"team": [f"You are not a member of team {team.name}."]}
+            )
+        raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+    if not team.active:
+        raise ApplicationError(f"Team {team.name} is inactive.", errors={"team": [f"Team {team.name} is inactive."]})
+    return team
+
+
+def _booking_id(booking: Any) -> uuid.UUID | None:
+    if booking in (None, ""):
+        return None
+    value = getattr(booking, "pk", booking)
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except (TypeError, ValueError, AttributeError):
+        raise ApplicationError("Invalid booking.", errors={"booking": ["Not a booking id."]}) from None
+
+
+def job_submit(
+    *,
+    user,
+    team: Team | None,
+    name: str,
+    script: str,
+    partition: str,
+    gpu_type: str = "",
+    gpus: int,
+    nodes: int = 1,
+    cpus_per_gpu: int = 1,
+    memory_gb: int | None = None,
+    time_limit_minutes: int | None = None,
+    workdir: str | None = None,
+    environment: dict | None = None,
+    booking: Any = None,
+    idempotency_key: str | None = None,
+    fingerprint: str | None = None,
+) -> tuple[Job, bool]:
+    """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit.
+
+    Returns (job, created). With an ``idempotency_key``: the same user sending the same key and the
+    same request again gets the first job back (created=False); the same key with another request is
+    a ``Conflict`` (409). Race-safe: a unique constraint on (submitter, key) decides, not a lookup.
+    ``fingerprint`` defaults to a hash of the arguments as given."""
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+        raise ApplicationError(
+            "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
+        )
+    if fingerprint is None:
+        fingerprint = request_fingerprint(
+            {
+                "team": team.pk if team else None, "name": name, "script": script, "partition": partition,
+                "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes, "cpus_per_gpu": cpus_per_gpu,
+                "memory_gb": memory_gb, "time_limit_minutes": time_limit_minutes, "workdir": workdir,
+                "environment": environment, "booking": str(getattr(booking, "pk", booking) or ""),
+            }
+        )  # fmt: skip
+    if idempotency_key is not None:
+        replay = _idempotent_replay(user=user, key=idempotency_key, fingerprint=fingerprint)
+        if replay is not None:
+            return replay, False
+
+    team = _team_for_submit(user=user, team=team)
+    spec = _validate_spec(
+        name=name, script=script, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
+        cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
+        workdir=workdir, environment=environment,
+    )  # fmt: skip
+    booking_id = _booking_id(booking)
+    quote = _quote_for(spec)
+    _check_budget(team, quote)
+
+    job = Job(
+        team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
+        gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
+        memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
+        environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
+        estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost, currency=quote.currency,
+        idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+    )  # fmt: skip
+    try:
+        with transaction.atomic():
+            job.save(force_insert=True)
+            JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
+            _enqueue_relay(job.pk)
+    except IntegrityError:
+        # Another request with the same key won the race (the constraint is the only judge).
+        if idempotency_key is None:
+            raise
+        replay = _idempotent_replay(user=user, key=idempotency_key, fingerprint=fingerprint)
+        if replay is None:
+            raise
+        return replay, False
+    return job, True
+
+
+def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:
+    """The job an earlier request with this key created, or None; Conflict if the request differs."""
+    job = Job.objects.filter(submitter=user, idempotency_key=key).select_related("team").first()
+    if job is None:
+        return None
+    if job.request_fingerprint != fingerprint:
+        raise Conflict(
+            "This Idempotency-Key was already used for a different request.",
+            errors={"idempotency_key": [f"Already used for job {job.pk} with a different request body."]},
+        )
+    return job
+
+
+def _enqueue_relay(job_id) -> None:
+    from jobs.tasks import job_relay
+
+    transaction.on_commit(lambda: job_relay.delay(str(job_id)))
+
+
+def _enqueue_cancel_relay(job_id) -> None:
+    from jobs.tasks import job_cancel_relay
+
+    transaction.on_commit(lambda: job_cancel_relay.delay(str(job_id)))
+
+
+# ---------------------------------------------------------------- relay to Slurm
+
+
+def _lease_free() -> Q:
+    return Q(relay_started_at__isnull=True) | Q(relay_started_at__lt=timezone.now() - dt.timedelta(seconds=RELAY_LEASE_SECONDS))
+
+
+def _claim(job_id) -> uuid.UUID | None:
+    """Claim an ACCEPTED job for one relay run (a conditional update: two runs cannot both win).
+    Returns the claim token, or None when the job is not ACCEPTED any more or another run holds a
+    lease that has not expired."""
+    token = uuid.uuid4()
+    claimed = (
+        Job.objects.filter(_lease_free(), pk=job_id, state=JobState.ACCEPTED, slurm_job_id__isnull=True)
+        .update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
+    )
+    return token if claimed == 1 else None
+
+
+def _release(job_id, token: uuid.UUID, error: str = "") -> None:
+    """Give the claim back (so a retry can take it at once) and remember why."""
+    Job.objects.filter(pk=job_id, relay_token=token).update(relay_token=None, relay_started_at=None, last_relay_error=error[:4000])
+
+
+def _spec_for(job: Job) -> JobSpec:
+    """The JobSpec for a stored job. Raises SlurmRejected when the submitter has no Unix account."""
+    from portal.unix import unix_ids
+
+    uid = gid = None
+    if settings.SLURM_SUBMIT_AS_USER:
+        profile = getattr(job.submitter, "profile", None)
+        username = profile.cluster_username if profile else job.submitter.username
+        ids = unix_ids(username)
+        if ids is None:
+            raise SlurmRejected(f"The Unix user {username!r} does not exist on the submit host; ask an admin to create it.")
+        uid, gid = ids
+    pattern = settings.JOB_OUTPUT_PATTERN
+    return JobSpec(
+        script=job.script,
+        account=job.team.slurm_account,
+        partition=job.partition,
+        name=job.name,
+        gpus=job.gpus,
+        gpu_type=job.gpu_type,
+        nodes=job.nodes,
+        cpus_per_gpu=job.cpus_per_gpu,
+        memory_mb=job.memory_gb * 1024 if job.memory_gb else None,
+        time_limit_minutes=job.time_limit_minutes,
+        workdir=job.workdir,
+        stdout=pattern.format(workdir=job.workdir, slurm_job_id="%j", stream="out"),
+        stderr=pattern.format(workdir=job.workdir, slurm_job_id="%j", stream="err"),
+        environment=dict(job.environment),
+        comment=job.slurm_tag,
+        uid=uid,
+        gid=gid,
+    )
+
+
+def _record_submitted(job: Job, slurm_job_id: int, *, token: uuid.UUID | None, reason: str) -> bool:
+    """ACCEPTED → PENDING with the Slurm id, if nobody (the sync adopting it) got there first."""
+    now = timezone.now()
+    with transaction.atomic():
+        done = Job.objects.filter(pk=job.pk, state=JobState.ACCEPTED, slurm_job_id__isnull=True).update(
+            slurm_job_id=slurm_job_id, slurm_cluster=settings.SLURM_CLUSTER, state=JobState.PENDING,
+            submitted_at=now, relay_token=None, relay_started_at=None, last_relay_error="", unix_uid=job.unix_uid,
+        )  # fmt: skip
+        if done:
+            JobEvent.objects.create(job=job, state=JobState.PENDING, reason=reason, at=now)
+    return bool(done)
+
+
+def _mark_cancelled_locally(job_id, *, token: uuid.UUID | None, reason: str) -> bool:
+    now = timezone.now()
+    query = Job.objects.filter(pk=job_id, state=JobState.ACCEPTED, slurm_job_id__isnull=True)
+    if token is not None:
+        query = query.filter(relay_token=token)
+    with transaction.atomic():
+        done = query.update(state=JobState.CANCELLED, state_reason=reason, ended_at=now, relay_token=None, relay_started_at=None)
+        if done:
+            JobEvent.objects.create(job_id=job_id, state=JobState.CANCELLED, reason=reason, at=now)
+    return bool(done)
+
+
+def job_relay_run(job_id) -> str:
+    """Send one ACCEPTED job to Slurm, exactly once. What the ``job_relay`` task does.
+
+    1. Claim the job (conditional update with a token and a lease).
+    2. If an earlier run claimed it before (relay_attempts > 1), it may have crashed between sbatch
+       and the database write: ask Slurm for a job carrying the tag ``gpuportal:<uuid>`` first and
+       adopt it. (A first attempt cannot have a twin, so it saves the look-up.)
+    3. Cancel requested meanwhile → adopt-and-cancel, or cancel in the portal if Slurm never saw it.
+    4. Else sbatch (outside any transaction) and record the id: ACCEPTED → PENDING.
+    Raises SlurmUnavailable (claim released) for the task to retry. Returns what happened."""
+    token = _claim(job_id)
+    if token is None:
+        return "not-claimed"
+    job = Job.objects.select_related("team", "submitter__profile").get(pk=job_id)
+    gateway = get_gateway()
+    try:
+        spec = _spec_for(job)
+    except SlurmRejected as exc:  # no Unix account: nothing Slurm could run
+        _submit_failed(job, token, exc.message)
+        return "submit-failed"
+    job.unix_uid = spec.uid
+    try:
+        existing = gateway.find_by_comment(job.slurm_tag) if job.relay_attempts > 1 else None
+        if existing is None and job.cancel_requested_at is not None:
+            _mark_cancelled_locally(job.pk, token=token, reason="Cancelled before it reached Slurm")
+            return "cancelled"
+        if existing is not None:
+            slurm_job_id, reason = existing, "Found in Slurm by its tag after an interrupted relay"
+        else:
+            slurm_job_id, reason = gateway.submit(spec), "Submitted to Slurm"
+    except SlurmRejected as exc:
+        _submit_failed(job, token, exc.message)
+        return "submit-failed"
+    except SlurmUnavailable as exc:
+        _release(job.pk, token, f"Slurm unavailable: {exc.message}")
+        raise
+
+    if not _record_submitted(job, slurm_job_id, token=token, reason=reason):
+        # The sync adopted it by its tag meanwhile (same id), or — never expected — another id.
+        job.refresh_from_db(fields=["slurm_job_id", "state"])
+        if job.slurm_job_id not in (None, slurm_job_id):
+            logger.error("job %s: duplicate Slurm job %s cancelled (kept %s)", job.pk, slurm_job_id, job.slurm_job_id)
+            gateway.cancel(slurm_job_id)
+        return "already-recorded"
+    job.refresh_from_db(fields=["cancel_requested_at"])
+    if job.cancel_requested_at is not None:
+        # Cancel asked while we were submitting: pass it on now.
+        from jobs.tasks import job_cancel_relay
+
+        job_cancel_relay.delay(str(job.pk))
+    return "adopted" if existing is not None else "submitted"
+
+
+def _submit_failed(job: Job, token: uuid.UUID, message: str) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        done = Job.objects.filter(pk=job.pk, relay_token=token, state=JobState.ACCEPTED).update(
+            state=JobState.SUBMIT_FAILED, state_reason=message[:1024], last_relay_error=message[:4000],
+            ended_at=now, relay_token=None, relay_started_at=None,
+        )  # fmt: skip
+        if done:
+            JobEvent.objects.create(job=job, state=JobState.SUBMIT_FAILED, reason=message[:1024], at=now)
+
+
+# ---------------------------------------------------------------- cancel
+
+
+def _may_cancel(user, job: Job) -> bool:
+    if is_admin(user) or job.submitter_id == user.pk:
+        return True
+    return Membership.objects.filter(team_id=job.team_id, user=user, role=Role.MANAGER).exists()
+
+
+def job_cancel(*, user, job: Job) -> Job:
+    """Cancel a job. Allowed to its submitter, the team's managers and admins (others: 403).
+
+    - Never relayed (ACCEPTED, no relay ever claimed it): CANCELLED in the portal, Slurm untouched.
+    - Finished: Conflict 409 "Job already ended (STATE)".
+    - Otherwise: cancel requested (kept on the row) and ``job_cancel_relay`` enqueued; the relay of a
+      job in flight passes it on after sbatch; the sync then sees CANCELLED."""
+    if not _may_cancel(user, job):
+        raise ApplicationError("Only the submitter, a team manager or an admin may cancel this job.", status_code=403)
+    now = timezone.now()
+    with transaction.atomic():
+        # Only a job no relay ever claimed can be cancelled without asking Slurm: one that was
+        # claimed may sit in Slurm already (crash after sbatch) and needs the find-by-tag path.
+        done = Job.objects.filter(
+            pk=job.pk, state=JobState.ACCEPTED, slurm_job_id__isnull=True, relay_attempts=0
+        ).update(state=JobState.CANCELLED, state_reason="Cancelled before it reached Slurm", ended_at=now, cancel_requested_at=now)
+        if done:
+            JobEvent.objects.create(job=job, state=JobState.CANCELLED, reason=f"Cancelled by {user} before it reached Slurm", at=now)
+        else:
+            requested = Job.objects.filter(pk=job.pk, state__in=LIVE_STATES).update(
+                cancel_requested_at=now, cancel_sent_at=None
+            )
+            if not requested:
+                job.refresh_from_db(fields=["state"])
+                raise Conflict(f"Job already ended ({job.state}).", errors={"state": [f"Job already ended ({job.state})."]})
+            _enqueue_cancel_relay(job.pk)
+    job.refresh_from_db()
+    return job
+
+
+def job_cancel_relay_run(job_id) -> str:
+    """Pass a requested cancel on to Slurm (what the ``job_cancel_relay`` task does). Safe to repeat:
+    scancel of an ended job is not an error. Raises SlurmUnavailable for the task to retry."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None or job.is_terminal or job.cancel_requested_at is None:
+        return "nothing-to-do"
+    gateway = get_gateway()
+    if job.slurm_job_id is None:
+        # Not recorded as submitted. If a relay holds the claim it will pass the cancel on itself;
+        # otherwise run the relay, which adopts-and-cancels or cancels in the portal.
+        outcome = job_relay_run(job_id)
+        if outcome in ("not-claimed", "cancelled", "submit-failed", "already-recorded"):
+            return outcome
+        return "relayed-then-cancel"  # job_relay_run enqueued the cancel for the recorded id
+    gateway.cancel(job.slurm_job_id)
+    Job.objects.filter(pk=job.pk).update(cancel_sent_at=timezone.now())
+    return "sent"
+
+
+# ---------------------------------------------------------------- sync with Slurm
+
+
+# Fields the sync reads and may write.
+_SYNC_FIELDS = [
+    "id", "state", "state_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
+    "exit_code", "created_at",
+]  # fmt: skip
+# A job that ended in the queue but is not in accounting yet (slurmdbd lags a little) is left
+# live for this long, so its final state and exit code come from accounting next cycle.
+ACCOUNTING_GRACE_SECONDS = 120
+
+
+def jobs_sync() -> dict:
+    """Bring every live job in line with Slurm, in a constant number of queries and Slurm calls.
+
+    One ``gateway.queue()``; at most one ``gateway.accounting(start, end)`` — only when a live job
+    has left the queue or ended in it (for its final state and exit code), window = earliest
+    submission among them .. now. Matching by Slurm id (checked against the tag, so a reused id
+    after a cluster reset is not taken for ours) and, for ACCEPTED jobs whose relay crashed after
+    sbatch, by tag (the id is adopted). Changes are computed in Python and written with one
+    conditional bulk update (live rows only) and one bulk insert of events.
+
+    Slurm unavailable: the failure is recorded (SyncStatus "jobs") and nothing changes; the next
+    cycle catches up. Returns figures: live, changed, queue_calls, accounting_calls, duration_ms."""
+    from portal.services import sync_record_failure, sync_record_success
+
+    started = time.monotonic()
+    live = list(Job.objects.filter(state__in=LIVE_STATES).only(*_SYNC_FIELDS))
+    stats: dict[str, Any] = {"live": len(live), "changed": 0, "queue_calls": 0, "accounting_calls": 0}
+    gateway = get_gateway()
+    followed = [j for j in live if j.slurm_job_id is not None or j.state == JobState.ACCEPTED]
+    try:
+        queue = gateway.queue() if followed else []
+    except SlurmUnavailable as exc:
+        sync_record_failure("jobs", error=f"squeue: {exc}")
+        return stats | {"error": str(exc)}
+    stats["queue_calls"] = 1 if followed else 0
+    in_queue = {e.job_id: e for e in queue}
+    tagged = {e.comment: e for e in queue if e.comment.startswith(SLURM_TAG_PREFIX)}
+
+    # Pair each live job with its queue entry.
+    entries: dict[uuid.UUID, Any] = {}
+    need_accounting: list[Job] = []
+    for job in followed:
+        tag = f"{SLURM_TAG_PREFIX}{job.id}"
+        if job.slurm_job_id is None:
+            entry = tagged.get(tag)  # ACCEPTED, relay crashed after sbatch: adopt the id
+        else:
+            entry = in_queue.get(job.slurm_job_id)
+            if entry is not None and entry.comment not in (tag, ""):
+                entry = None  # a reused id (cluster reset): not ours
+            if entry is None or state_from_slurm(entry.state) in TERMINAL_STATES:
+                need_accounting.append(job)
+        if entry is not None:
+            entries[job.id] = entry
+
+    records: dict[int, Any] = {}
+    accounting_ok = False
+    if need_accounting:
+        start = min((j.submitted_at or j.created_at) for j in need_accounting) - dt.timedelta(minutes=5)
+        stats["accounting_calls"] = 1
+        try:
+            records = {r.job_id: r for r in gateway.accounting(start, timezone.now())}
+            accounting_ok = True
+        except SlurmUnavailable as exc:  # slurmdbd down: apply what the queue says, record the rest later
+            stats["accounting_error"] = str(exc)
+
+    now = timezone.now()
+    planned: dict[uuid.UUID, dict] = {}
+    for job in followed:
+        record = records.get(job.slurm_job_id) if job.slurm_job_id is not None else None
+        if record is not None and record.comment not in (f"{SLURM_TAG_PREFIX}{job.id}", ""):
+            record = None
+        values = _plan_job(job, entries.get(job.id), record, now, accounting_ok=accounting_ok)
+        if values:
+            planned[job.id] = values
+
+    stats["changed"] = _apply_plan(planned, now) if planned else 0
+    stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
+    if "accounting_error" in stats:
+        sync_record_failure("jobs", error=f"sacct: {stats['accounting_error']}")
+    else:
+        sync_record_success("jobs", data=data)
+    return stats
+
+
+def _clean_reason(reason: str | None) -> str:
+    reason = (reason or "").strip()
+    return "" if reason in ("None", "(null)") else reason[:1024]
+
+
+def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool) -> dict:
+    """The field values to write for one job, from its queue entry and/or accounting record
+    (empty dict: nothing changes). Accounting wins once the job has ended (final state, exit code)."""
+    entry_state = state_from_slurm(entry.state) if entry is not None else None
+    if record is not None and (entry is None or entry_state in TERMINAL_STATES):
+        source, new_state = record, state_from_slurm(record.state)
+    elif entry is not None:
+        source, new_state = entry, entry_state
+        if (
+            new_state in TERMINAL_STATES
+            and accounting_ok
+            and entry.end_time is not None
+            and (now - entry.end_time).total_seconds() < ACCOUNTING_GRACE_SECONDS
+        ):
+            return {}  # ended moments ago; accounting will have its exit code next cycle
+    else:
+        return {}
+
+    values: dict[str, Any] = {}
+    if job.slurm_job_id is None and entry is not None:  # adopted by tag
+        values["slurm_job_id"] = entry.job_id
+        values["submitted_at"] = entry.submit_time or now
+    if new_state is not None and transition_allowed(job.state, new_state):
+        values["state"] = new_state
+    state = values.get("state", job.state)
+    if state != job.state or new_state == job.state:  # the source speaks about the current state
+        reason = _clean_reason(entry.reason) if source is entry and state in (JobState.PENDING, JobState.REQUEUED, JobState.SUSPENDED) else ""
+        if reason != job.state_reason:
+            values["state_reason"] = reason
+    if source.start_time and state not in (JobState.ACCEPTED, JobState.PENDING, JobState.REQUEUED) and job.started_at != source.start_time:
+        values["started_at"] = source.start_time
+    if state in TERMINAL_STATES:
+        if job.ended_at is None:
+            values["ended_at"] = source.end_time or now
+        exit_code = getattr(source, "exit_code", None)
+        if exit_code is not None and job.exit_code != exit_code:
+            values["exit_code"] = exit_code
+    return values
+
+
+def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
+    """Write planned changes. The rows are locked and re-read in one query so a concurrent change
+    (a relay recording its id, a local cancel) is neither overwritten nor contradicted; then one bulk
+    update restricted to live rows (the filter is part of its WHERE) and one bulk insert of events."""
+    with transaction.atomic():
+        fresh = {
+            job.id: job
+            for job in Job.objects.select_for_update().filter(pk__in=list(planned), state__in=LIVE_STATES).only(*_SYNC_FIELDS)
+        }
+        to_update: list[Job] = []
+        events: list[JobEvent] = []
+        update_fields: set[str] = set()
+        for job_id, values in planned.items():
+            current = fresh.get(job_id)
+            if current is None:
+                continue  # ended meanwhile
+            if "slurm_job_id" in values:
+                if current.slurm_job_id is not None:
+                    values = {k: v for k, v in values.items() if k not in ("slurm_job_id", "submitted_at")}
+                else:
+                    values["slurm_cluster"] = settings.SLURM_CLUSTER
+            if "state" in values and not transition_allowed(current.state, values["state"]):
+                values = {k: v for k, v in values.items() if k != "state"}
+            if not values:
+                continue
+            for key, value in values.items():
+                setattr(current, key, value)
+            update_fields.update(values)
+            to_update.append(current)
+            if "state" in values:
+                events.append(JobEvent(job_id=job_id, state=values["state"], reason=values.get("state_reason", ""), at=now))
+        if to_update:
+            Job.objects.filter(state__in=LIVE_STATES).bulk_update(to_update, sorted(update_fields), batch_size=1000)
+            JobEvent.objects.bulk_create(events, batch_size=1000)
+    return len(to_update)
+
+
+# ---------------------------------------------------------------- sweeper
+
+
+def jobs_sweep() -> dict:
+    """Re-enqueue work that got stuck: relays of jobs ACCEPTED for longer than
+    JOB_ACCEPTED_SWEEP_SECONDS (the relay's claim and find-by-tag make a repeat harmless), and
+    cancels requested but not yet passed on to Slurm. Two queries, then one enqueue per job."""
+    from jobs.tasks import job_cancel_relay, job_relay
+
+    now = timezone.now()
+    cutoff = now - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS)
+    relay_ids = list(
+        Job.objects.filter(_lease_free(), state=JobState.ACCEPTED, created_at__lt=cutoff, cancel_requested_at__isnull=True)
+        .values_list("pk", flat=True)[:1000]
+    )
+    cancel_ids = list(
+        Job.objects.filter(state__in=LIVE_STATES, cancel_requested_at__lt=cutoff)
+        .filter(Q(cancel_sent_at__isnull=True) | Q(cancel_sent_at__lt=cutoff))
+        .values_list("pk", flat=True)[:1000]
+    )
+    for job_id in relay_ids:
+        job_relay.delay(str(job_id))
+    for job_id in cancel_ids:
+        job_cancel_relay.delay(str(job_id))
+    return {"relays": len(relay_ids), "cancels": len(cancel_ids)}
+
+
+# ---------------------------------------------------------------- templates
+
+
+def job_template_create(
+    *,
+    user,
+    scope: str,
+    name: str,
+    script: str,
+    team: Team | None = None,
+    description: str = "",
+    partition: str = "",
+    gpu_type: str = "",
+    gpus: int = 1,
+    nodes: int = 1,
+    cpus_per_gpu: int = 1,
+    memory_gb: int | None = None,
+    time_limit_minutes: int | None = None,
+    workdir: str = "",
+    environment: dict | None = None,
+) -> JobTemplate:
+    """Save a template. Personal: for the user. Team: members of the team (a team the user cannot
+    see: "No such team."). Site: admins only (403). The spec is checked like a submission except
+    against the inventory (templates outlive partitions)."""
+    if scope not in TemplateScope.values:
+        raise ApplicationError("Unknown scope.", errors={"scope": [f"Use one of: {', '.join(TemplateScope.values)}."]})
+    owner = None
+    if scope == TemplateScope.PERSONAL:
+        owner, team = user, None
+    elif scope == TemplateScope.TEAM:
+        if team is None or not Membership.objects.filter(team=team, user=user).exists():
+            raise ApplicationError("No such team.", errors={"team": ["No such team (or you are not a member)."]})
+    else:
+        team = None
+        if not is_admin(user):
+            raise ApplicationError("Only admins may create site templates.", errors={"scope": ["Admins only."]}, status_code=403)
+    errors: dict[str, list[str]] = {}
+    name = (name or "").strip()
+    if not name or len(name) > 128:
+        errors["name"] = ["Required, at most 128 characters."]
+    if not isinstance(script, str) or not script.strip() or "\x00" in script or len(script.encode()) > MAX_SCRIPT_BYTES:
+        errors["script"] = ["A non-empty script without NUL bytes, at most 1 MiB."]
+    for key, value, required in (
+        ("gpus", gpus, True), ("nodes", nodes, True), ("cpus_per_gpu", cpus_per_gpu, True),
+        ("memory_gb", memory_gb, False), ("time_limit_minutes", time_limit_minutes, False),
+    ):  # fmt: skip
+        _as_int(value, key, errors, required=required)
+    if workdir and (not os.path.isabs(workdir) or "%" in workdir or CONTROL_CHARS_RE.search(workdir)):
+        errors["workdir"] = ["Give an absolute path without '%' or control characters."]
+    environment = environment or {}
+    if not isinstance(environment, dict) or len(environment) > MAX_ENV_ENTRIES or any(
+        not isinstance(k, str) or not ENV_NAME_RE.match(k) or not isinstance(v, str) or "\x00" in v for k, v in environment.items()
+    ):
+        errors["environment"] = ["NAME: value pairs (names of letters, digits and '_'; string values without NUL)."]
+    if gpu_type and (len(gpu_type) > 32 or CONTROL_CHARS_RE.search(gpu_type)):
+        errors["gpu_type"] = ["At most 32 characters."]
+    if partition and (len(partition) > 64 or CONTROL_CHARS_RE.search(partition)):
+        errors["partition"] = ["At most 64 characters."]
+    if errors:
+        raise ApplicationError(f"The template cannot be saved: {next(iter(errors.values()))[0]}", errors=errors)
+    template = JobTemplate(
+        scope=scope, owner=owner, team=team, created_by=user, name=name, description=description or "",
+        script=script, partition=partition or "", gpu_type=gpu_type or "", gpus=int(gpus), nodes=int(nodes),
+        cpus_per_gpu=int(cpus_per_gpu), memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
+        workdir=workdir or "", environment=environment,
+    )  # fmt: skip
+    try:
+        with transaction.atomic():
+            template.save()
+    except IntegrityError:
+        raise Conflict("A template with this name exists already.", errors={"name": ["Already used in this scope."]}) from None
+    return template
+
+
+def job_template_delete(*, user, template: JobTemplate) -> None:
+    """Delete a template: personal by its owner; team by its creator or a team manager; site by
+    admins. Admins may delete any. Others: 403."""
+    allowed = is_admin(user)
+    if template.scope == TemplateScope.PERSONAL:
+        allowed = allowed or template.owner_id == user.pk
+    elif template.scope == TemplateScope.TEAM:
+        allowed = allowed or template.created_by_id == user.pk or Membership.objects.filter(
+            team_id=template.team_id, user=user, role=Role.MANAGER
+        ).exists()
+    if not allowed:
+        raise ApplicationError("You may not delete this template.", status_code=403)
+    template.delete()

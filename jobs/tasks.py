@@ -1,0 +1,75 @@
+"""Celery tasks of the jobs app. Each takes ids, calls a service and is safe to run twice: the
+relay claims the row with a conditional update and looks for its tag in Slurm before a repeat
+sbatch; the sync and the sweeper are periodic (schedules in portal/celery.py)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from jobs import services
+from portal.slurm import SlurmUnavailable
+
+logger = logging.getLogger(__name__)
+
+RELAY_MAX_RETRIES = 10
+RELAY_BACKOFF_CAP_SECONDS = 60
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    autoretry_for=(SlurmUnavailable,),
+    retry_backoff=1,  # 1, 2, 4, … s
+    retry_backoff_max=RELAY_BACKOFF_CAP_SECONDS,
+    retry_jitter=True,
+    max_retries=RELAY_MAX_RETRIES,
+    soft_time_limit=services.RELAY_SOFT_TIME_LIMIT,
+    time_limit=services.RELAY_HARD_TIME_LIMIT,  # < RELAY_LEASE_SECONDS: an expired claim means a dead relay
+)
+def job_relay(self, job_id: str) -> str:
+    """Send an ACCEPTED job to Slurm exactly once (see services.job_relay_run). After the last retry
+    the job stays ACCEPTED and the sweeper tries again later."""
+    outcome = services.job_relay_run(job_id)
+    logger.info("job relay %s: %s", job_id, outcome)
+    return outcome
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    autoretry_for=(SlurmUnavailable,),
+    retry_backoff=1,
+    retry_backoff_max=RELAY_BACKOFF_CAP_SECONDS,
+    retry_jitter=True,
+    max_retries=RELAY_MAX_RETRIES,
+    soft_time_limit=services.RELAY_SOFT_TIME_LIMIT,
+    time_limit=services.RELAY_HARD_TIME_LIMIT,
+)
+def job_cancel_relay(self, job_id: str) -> str:
+    """Pass a requested cancel on to Slurm (scancel; repeating it is harmless)."""
+    outcome = services.job_cancel_relay_run(job_id)
+    logger.info("job cancel %s: %s", job_id, outcome)
+    return outcome
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
+def jobs_sync_task() -> dict:
+    """One sync cycle (one squeue, at most one sacct). A cycle already running elsewhere makes this
+    one a no-op, so overlapping beats do not double the work or the events."""
+    from django.core.cache import cache
+
+    lock = "jobs-sync-lock"
+    if not cache.add(lock, "1", timeout=60):
+        return {"skipped": "another sync is running"}
+    try:
+        return services.jobs_sync()
+    finally:
+        cache.delete(lock)
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
+def jobs_sweep_task() -> dict:
+    """Re-enqueue relays of jobs stuck in ACCEPTED and cancels not yet passed on to Slurm."""
+    return services.jobs_sweep()

@@ -1,0 +1,124 @@
+"""jobs_sync against an in-memory gateway: states applied, no backward moves, adoption by tag,
+accounting only when needed, constant queries."""
+
+from __future__ import annotations
+
+
+import pytest
+from django.utils import timezone
+
+from jobs import services
+from jobs.choices import JobState
+from jobs.models import Job, JobEvent
+from jobs.services import jobs_sync
+from portal.models import SyncStatus
+from tests.jobs.fakes import FakeGateway, accounting_record, queue_entry
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    gateway = FakeGateway()
+    monkeypatch.setattr(services, "get_gateway", lambda: gateway)
+    return gateway
+
+
+def make_jobs(world, n, *, state=JobState.PENDING, first_id=100):
+    now = timezone.now()
+    jobs = [
+        Job(
+            team=world.vision, submitter=world.alice, name=f"j{i}", script="#!/bin/bash\ntrue", partition="gpu", gpus=1,
+            time_limit_minutes=10, workdir="/tmp", state=state, slurm_job_id=first_id + i if state != JobState.ACCEPTED else None,
+            submitted_at=now, estimated_gpu_hours=1,
+        )  # fmt: skip
+        for i in range(n)
+    ]
+    return Job.objects.bulk_create(jobs)
+
+
+def test_sync_applies_queue_states_and_writes_events(world, fake):
+    (job,) = make_jobs(world, 1)
+    start = timezone.now()
+    fake.queue_entries = [queue_entry(job.slurm_job_id, "RUNNING", job.slurm_tag, start=start)]
+    stats = jobs_sync()
+    job.refresh_from_db()
+    assert (job.state, job.started_at) == (JobState.RUNNING, start)
+    assert stats["changed"] == 1 and fake.calls == {"queue": 1}
+    assert JobEvent.objects.filter(job=job, state=JobState.RUNNING).count() == 1
+    assert SyncStatus.objects.get(kind="jobs").last_success_at is not None
+
+
+def test_sync_ignores_a_backward_move(world, fake):
+    (job,) = make_jobs(world, 1, state=JobState.RUNNING)
+    fake.queue_entries = [queue_entry(job.slurm_job_id, "PENDING", job.slurm_tag, reason="Priority")]
+    jobs_sync()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert not JobEvent.objects.filter(job=job).exists()
+
+
+def test_sync_keeps_pending_reason(world, fake):
+    (job,) = make_jobs(world, 1)
+    fake.queue_entries = [queue_entry(job.slurm_job_id, "PENDING", job.slurm_tag, reason="AssocGrpGRES")]
+    jobs_sync()
+    job.refresh_from_db()
+    assert (job.state, job.state_reason) == (JobState.PENDING, "AssocGrpGRES")
+
+
+def test_sync_adopts_an_accepted_job_found_by_its_tag(world, fake):
+    (job,) = make_jobs(world, 1, state=JobState.ACCEPTED)
+    fake.queue_entries = [queue_entry(9876, "PENDING", job.slurm_tag)]
+    jobs_sync()
+    job.refresh_from_db()
+    assert (job.state, job.slurm_job_id) == (JobState.PENDING, 9876)
+    assert job.submitted_at is not None
+
+
+def test_sync_reads_accounting_once_for_vanished_jobs(world, fake):
+    jobs = make_jobs(world, 3)
+    fake.records = [
+        accounting_record(jobs[0].slurm_job_id, "COMPLETED", jobs[0].slurm_tag, exit_code=0),
+        accounting_record(jobs[1].slurm_job_id, "FAILED", jobs[1].slurm_tag, exit_code=3),
+    ]  # jobs[2] not in accounting yet: stays as it is
+    jobs_sync()
+    states = {j.pk: (j.state, j.exit_code) for j in Job.objects.all()}
+    assert states[jobs[0].pk] == (JobState.COMPLETED, 0)
+    assert states[jobs[1].pk] == (JobState.FAILED, 3)
+    assert states[jobs[2].pk] == (JobState.PENDING, None)
+    assert fake.calls == {"queue": 1, "accounting": 1}
+
+
+def test_sync_does_not_take_a_reused_slurm_id_for_ours(world, fake):
+    (job,) = make_jobs(world, 1)
+    fake.queue_entries = [queue_entry(job.slurm_job_id, "RUNNING", "gpuportal:someone-else")]
+    jobs_sync()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+
+
+def test_sync_without_live_jobs_does_not_call_slurm(world, fake):
+    make_jobs(world, 2, state=JobState.COMPLETED)
+    jobs_sync()
+    assert sum(fake.calls.values()) == 0
+
+
+def test_sync_with_slurm_down_records_the_failure_and_changes_nothing(world, fake):
+    (job,) = make_jobs(world, 1)
+    fake.unavailable = True
+    stats = jobs_sync()
+    job.refresh_from_db()
+    assert "error" in stats and job.state == JobState.PENDING
+    status = SyncStatus.objects.get(kind="jobs")
+    assert status.failing_since is not None and "down" in status.last_error
+
+
+@pytest.mark.parametrize("n", [1, 200])
+def test_sync_runs_a_constant_number_of_queries(world, fake, django_assert_max_num_queries, n):
+    jobs = make_jobs(world, n)
+    fake.queue_entries = [queue_entry(j.slurm_job_id, "RUNNING", j.slurm_tag, start=timezone.now()) for j in jobs[: n // 2 or 1]]
+    fake.records = [accounting_record(j.slurm_job_id, "COMPLETED", j.slurm_tag) for j in jobs[n // 2 or 1 :]]
+    with django_assert_max_num_queries(12):
+        stats = jobs_sync()
+    assert stats["changed"] == n
+    assert fake.calls == ({"queue": 1} if n == 1 else {"queue": 1, "accounting": 1})
