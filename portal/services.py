@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
@@ -225,6 +226,7 @@ def cluster_sync() -> dict:
     """Read partitions and nodes (two Slurm calls) and record them in bulk. On a Slurm error the
     previous inventory stays and the sync status says since when it is stale."""
     gateway = get_gateway()
+    started = time.monotonic()
     try:
         partitions = gateway.partitions()
         nodes = gateway.nodes()
@@ -277,7 +279,7 @@ def cluster_sync() -> dict:
                 "cpus_total", "cpus_allocated", "memory_mb", "reason", "seen_at",
             ],
         )
-        sync_record_success("cluster", at=now)
+        sync_record_success("cluster", at=now, data={"duration_ms": round((time.monotonic() - started) * 1000, 1)})
     return {"partitions": len(partitions), "nodes": len(nodes)}
 
 

@@ -200,3 +200,32 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# Accounting: usage ingestion (accounting.services.usage_ingest) and own-cluster-vs-cloud figures
+ACCOUNTING_INGEST_OVERLAP_SECONDS = env.int("ACCOUNTING_INGEST_OVERLAP_SECONDS", 600, minimum=0)
+ACCOUNTING_INGEST_BACKFILL_DAYS = env.int("ACCOUNTING_INGEST_BACKFILL_DAYS", 35, minimum=1)
+ACCOUNTING_INGEST_WINDOW_DAYS = env.int("ACCOUNTING_INGEST_WINDOW_DAYS", 7, minimum=1)
+ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS = env.int("ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS", 3, minimum=1)
+# "type=price per GPU-hour,…" in DEFAULT_CURRENCY; parsed strictly by accounting.reports.cloud_gpu_hour_prices
+CLOUD_GPU_HOUR_PRICES = env.str("CLOUD_GPU_HOUR_PRICES", "a100=8,h100=20")
+CLUSTER_PURCHASE_COST = env.float("CLUSTER_PURCHASE_COST", 1800000.0, minimum=0)  # DEFAULT_CURRENCY
+CLUSTER_DEPRECIATION_MONTHS = env.int("CLUSTER_DEPRECIATION_MONTHS", 48, minimum=1)
+CLUSTER_MONTHLY_OPEX = env.float("CLUSTER_MONTHLY_OPEX", 20000.0, minimum=0)  # power, cooling, staff share
+
+# Metrics: GET /metrics for Prometheus (portal.metrics). Every configured check must pass: the
+# bearer token when set, REMOTE_ADDR in the allow-list when it is not empty (proxied requests are
+# never admitted by address). Neither configured: the endpoint refuses everything.
+METRICS_TOKEN = env.str("METRICS_TOKEN", "")
+METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
+import ipaddress  # noqa: E402 — only the metrics block needs it
+
+for _entry in METRICS_ALLOWED_IPS:
+    try:
+        ipaddress.ip_network(_entry, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"Environment variable METRICS_ALLOWED_IPS={','.join(METRICS_ALLOWED_IPS)!r} is invalid: "
+            f"{_entry!r} is not an IP address or CIDR network."
+        ) from None
+# The relay-latency and queue-wait histograms cover the jobs of this many last hours
+METRICS_HISTOGRAM_WINDOW_HOURS = env.int("METRICS_HISTOGRAM_WINDOW_HOURS", 24, minimum=1, maximum=24 * 31)

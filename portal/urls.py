@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import apis, health, views
+from portal import apis, health, metrics, views
 
 api_v1 = [
     path("cluster/", apis.ClusterApi.as_view(), name="api-cluster"),
@@ -17,6 +17,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("partials/cluster/", views.cluster_partial, name="cluster-partial"),
     path("healthz", health.healthz, name="healthz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("teams/", views.team_list, name="team-list"),

@@ -16,6 +16,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from jobs.choices import JobState
 from jobs.models import Job
@@ -139,7 +140,7 @@ def test_a_team_without_jobs_reports_zero_counters(world, no_budgets):
 
 
 def _expected_buckets(values: list[float], bounds) -> dict[str, float]:
-    out = {metrics.floatToGoString(b): sum(1 for v in values if v <= b) for b in bounds}
+    out = {floatToGoString(b): sum(1 for v in values if v <= b) for b in bounds}
     out["+Inf"] = len(values)
     return out
 
