@@ -1,3 +1,8 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns: list = []
+from accounting import apis
+
+urlpatterns = [
+    path("reports/cost/", apis.CostReportApi.as_view(), name="api-cost-report"),
+    path("teams/<slug:slug>/usage/", apis.TeamUsageApi.as_view(), name="api-team-usage"),
+]

@@ -4,6 +4,7 @@ DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL (see docs/deploy.md)."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -217,8 +218,6 @@ CLUSTER_MONTHLY_OPEX = env.float("CLUSTER_MONTHLY_OPEX", 20000.0, minimum=0)  # 
 # never admitted by address). Neither configured: the endpoint refuses everything.
 METRICS_TOKEN = env.str("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
-import ipaddress  # noqa: E402 — only the metrics block needs it
-
 for _entry in METRICS_ALLOWED_IPS:
     try:
         ipaddress.ip_network(_entry, strict=False)
