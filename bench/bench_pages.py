@@ -1,0 +1,92 @@
+"""Pages: the job list (``/jobs/`` page and ``GET /api/v1/jobs/``) with 100 000 jobs in the database.
+
+    eval "$(scripts/services up)" && .venv/bin/python bench/bench_pages.py [--quick] [--jobs 100000] [--runs 7]
+
+The jobs (finished, one a minute back in time, all of the bench team) are written with one COPY. The
+requests run in this process through Django's test client (no HTTP: the figure is the view, its
+queries and its rendering), as the bench user, a plain member of the team (the visibility filter
+applies); each case is requested once to warm, then timed ``runs`` times."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+from bench_relay import QueryTimer
+from bench_sync import history
+
+CASES = [
+    ("page", "/jobs/", "job list page, first page"),
+    ("page", "/jobs/?page={page_mid}", "job list page, middle page"),
+    ("page", "/jobs/?state=RUNNING", "job list page, filtered to a state no row has"),
+    ("page", "/jobs/?mine=true&team=gpbench", "job list page, mine + team filters"),
+    ("api", "/api/v1/jobs/", "GET /api/v1/jobs/, first page"),
+    ("api", "/api/v1/jobs/?page={api_mid}", "GET /api/v1/jobs/, middle page"),
+    ("api", "/api/v1/jobs/?state=COMPLETED", "GET /api/v1/jobs/?state=COMPLETED"),
+]
+
+
+def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None) -> common.Section:
+    from django.db import connection
+    from django.test import Client
+
+    count = jobs or (10_000 if quick else 100_000)
+    runs = runs or (3 if quick else 7)
+    section = common.Section(
+        f"Pages: job list with {count:,} jobs",
+        method=(
+            f"{count:,} finished jobs of the bench team written with COPY (then ANALYZE). Each URL requested once "
+            f"to warm, then {runs} times through Django's test client in this process (no HTTP, DEBUG=0) as a "
+            "plain member of the team; median time, and the queries of one request. Pages hold 25 rows (page) or "
+            "50 (API)."
+        ),
+    )
+    common.print_header(section.title)
+    world = common.world(slurm=False)
+    common.truncate_jobs()
+    try:
+        seconds = 0.0
+        for start in range(0, count, 20_000):  # in batches: memory stays small
+            seconds += common.copy_jobs(history(world, min(20_000, count - start), start))
+        section.add(f"writing {count:,} jobs with COPY", count / seconds, "rows/s", "1 run")
+        page_client = Client()
+        page_client.force_login(world.user)
+        api_client = Client(HTTP_AUTHORIZATION=f"Token {world.token}")
+        for kind, url, label in CASES:
+            url = url.format(page_mid=max(1, count // 25 // 2), api_mid=max(1, count // 50 // 2))
+            client = page_client if kind == "page" else api_client
+            response = client.get(url)
+            if response.status_code != 200:
+                section.note(f"{url} answered {response.status_code}")
+                continue
+            timer = QueryTimer()
+            with connection.execute_wrapper(timer):
+                client.get(url)
+            times = []
+            for _ in range(runs):
+                began = time.perf_counter()
+                client.get(url)
+                times.append(time.perf_counter() - began)
+            section.add(label, common.median(times) * 1000, "ms", f"median of {runs}; {timer.count} queries per request",
+                        f"`{url}`")  # fmt: skip
+    finally:
+        common.truncate_jobs()
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 000 jobs, 3 runs")
+    parser.add_argument("--jobs", type=int)
+    parser.add_argument("--runs", type=int)
+    args = parser.parse_args()
+    common.setup()
+    run(quick=args.quick, jobs=args.jobs, runs=args.runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,523 @@
+"""Relay benchmark: jobs/s from ``POST /api/v1/jobs/`` to a Slurm id, against a plain sbatch loop.
+
+    eval "$(scripts/services up)" && .venv/bin/python bench/bench_relay.py [--quick] [--jobs 500] [--rounds 3]
+
+Each round submits the same trivial job (``true``, 1 GPU, partition debug, 1 minute) N times:
+  raw     a plain loop of ``sbatch`` (the argv and script the portal's gateway builds, --uid/--gid of
+          the bench user), one after the other, from this process;
+  portal  N POSTs to gunicorn (4 client threads), Celery worker(s) relay them; the round ends when
+          every job has its Slurm id (the last ``submitted_at``).
+Then the profile: the relay service run in this process for a few jobs, timed by phase (sbatch,
+database, the rest), and a prototype batched relay (bench-only) to show what batching and parallel
+sbatch would give. Bench jobs are cancelled after every round; the bench account is capped at 2
+running GPUs so the shared cluster stays usable."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+
+SCRIPT = "true\n"
+PARTITION = "debug"
+TIME_LIMIT = 1
+CLIENT_THREADS = 4
+
+
+def job_body(name: str) -> dict:
+    return {"team": common.BENCH_TEAM, "name": name, "script": SCRIPT, "partition": PARTITION, "gpus": 1,
+            "time_limit_minutes": TIME_LIMIT, "workdir": common.BENCH_WORKDIR}  # fmt: skip
+
+
+def raw_spec(world):
+    """The JobSpec the relay builds for job_body() (jobs.services._spec_for), with a fresh tag."""
+    from django.conf import settings
+
+    from jobs.services import DEFAULT_SHEBANG
+    from portal.slurm import JobSpec
+
+    pattern = settings.JOB_OUTPUT_PATTERN
+    return JobSpec(
+        script=DEFAULT_SHEBANG + SCRIPT, account=common.BENCH_TEAM, partition=PARTITION, name="relay-raw", gpus=1,
+        time_limit_minutes=TIME_LIMIT, workdir=common.BENCH_WORKDIR,
+        stdout=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="out"),
+        stderr=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="err"),
+        comment=f"gpuportal:{uuid.uuid4()}", uid=world.uid, gid=world.gid,
+    )  # fmt: skip
+
+
+def raw_round(world, n: int, *, threads: int = 1) -> float:
+    """Seconds for n sbatch calls (``threads`` at a time; 1 = a plain loop)."""
+    from dataclasses import replace
+
+    from django.conf import settings
+
+    from portal.slurm.cli import _clean_env, render_script, sbatch_argv
+
+    env = _clean_env(settings.SLURM_CONF)
+    base = raw_spec(world)
+    script = render_script(base.script, base.environment)
+    argvs = [sbatch_argv(replace(base, comment=f"gpuportal:{uuid.uuid4()}")) for _ in range(n)]
+
+    def one(argv):
+        proc = subprocess.run(
+            argv, input=script, capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {proc.stderr.strip()}")
+
+    began = time.perf_counter()
+    if threads == 1:
+        for argv in argvs:
+            one(argv)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, argvs))
+    return time.perf_counter() - began
+
+
+def post_jobs(
+    token: str, n: int, name: str, *, threads: int = CLIENT_THREADS
+) -> tuple[float, list[float], int]:
+    """POST n jobs from ``threads`` keep-alive clients. Returns (seconds, latencies, errors)."""
+    counter = iter(range(n))
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors = [0]
+
+    def client():
+        api = common.ApiClient(token)
+        try:
+            while True:
+                with lock:
+                    if next(counter, None) is None:
+                        return
+                status, body, seconds = api.request("POST", "/api/v1/jobs/", job_body(name))
+                with lock:
+                    latencies.append(seconds)
+                    if status != 201:
+                        errors[0] += 1
+                        if errors[0] <= 3:
+                            print(f"  ! POST answered {status}: {body[:300]!r}", file=sys.stderr)
+        finally:
+            api.close()
+
+    began = time.perf_counter()
+    workers = [threading.Thread(target=client) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - began, latencies, errors[0]
+
+
+def portal_round(world, n: int, name: str, *, timeout: float) -> dict:
+    """POST n jobs and wait until all have a Slurm id (or failed). Times from the database clock."""
+    from django.db.models import Max
+
+    from jobs.choices import JobState
+    from jobs.models import Job
+
+    start = dt.datetime.now(dt.UTC)
+    post_seconds, post_latencies, errors = post_jobs(world.token, n, name)
+    deadline = time.monotonic() + timeout
+    jobs = Job.objects.filter(name=name)
+    while time.monotonic() < deadline:
+        pending = jobs.filter(state=JobState.ACCEPTED).count()
+        if pending == 0:
+            break
+        time.sleep(0.2)
+    else:
+        print(f"  ! {pending} jobs still ACCEPTED after {timeout:.0f} s", file=sys.stderr)
+    done = jobs.filter(slurm_job_id__isnull=False)
+    last = done.aggregate(last=Max("submitted_at"))["last"]
+    relayed = done.count()
+    failed = jobs.filter(state=JobState.SUBMIT_FAILED).count()
+    lat = [(s - c).total_seconds() for c, s in done.values_list("created_at", "submitted_at")]
+    return {
+        "seconds": (last - start).total_seconds() if last else float("nan"),
+        "relayed": relayed, "failed": failed, "post_errors": errors, "post_seconds": post_seconds,
+        "post_latencies": post_latencies, "relay_latencies": lat,
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------- profile
+
+
+class _Timed:
+    """Wraps the real gateway: counts and times every call by method."""
+
+    def __init__(self, real):
+        self._real = real
+        self.calls: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if not callable(attr):
+            return attr
+
+        def timed(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.calls[name] = self.calls.get(name, 0) + 1
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
+
+        return timed
+
+
+class QueryTimer:
+    """connection.execute_wrapper that counts queries and their time."""
+
+    def __init__(self):
+        self.count = 0
+        self.seconds = 0.0
+
+    def __call__(self, execute, sql, params, many, context):
+        began = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.count += 1
+            self.seconds += time.perf_counter() - began
+
+
+def _accepted_jobs(world, n: int, name: str) -> list:
+    """n ACCEPTED jobs made by job_submit in this process, without enqueueing their relay."""
+    from unittest import mock
+
+    from jobs import services
+
+    ids = []
+    with mock.patch.object(services, "_enqueue_relay", lambda job_id: None):
+        for _ in range(n):
+            body = job_body(name)
+            body.pop("team")
+            job, _ = services.job_submit(user=world.user, team=world.team, **body)
+            ids.append(job.pk)
+    return ids
+
+
+def profile_relay(world, n: int, section: common.Section) -> float:
+    """Run jobs.services.job_relay_run for n jobs in this process; time sbatch, the database and the rest."""
+    from django.db import connection
+
+    import portal.slurm
+    from jobs import services
+
+    ids = _accepted_jobs(world, n, "relay-profile")
+    real = portal.slurm.get_gateway()
+    timed = _Timed(real)
+    timer = QueryTimer()
+    portal.slurm._gateway = timed
+    per_job = []
+    try:
+        with connection.execute_wrapper(timer):
+            for job_id in ids:
+                began = time.perf_counter()
+                outcome = services.job_relay_run(job_id)
+                per_job.append(time.perf_counter() - began)
+                if outcome != "submitted":
+                    print(f"  ! relay of {job_id}: {outcome}", file=sys.stderr)
+    finally:
+        portal.slurm._gateway = real
+    total = sum(per_job)
+    sbatch = timed.seconds.get("submit", 0.0)
+    section.add("relay service in-process, per job (median)", common.median(per_job) * 1000, "ms", f"median of {n} jobs",
+                "jobs.services.job_relay_run, no Celery")  # fmt: skip
+    section.add("  of which sbatch (gateway.submit)", sbatch / n * 1000, "ms", f"mean of {n} jobs")
+    section.add("  of which database", timer.seconds / n * 1000, "ms",
+                f"mean of {n} jobs; {timer.count / n:.1f} queries per job")  # fmt: skip
+    section.add("  of which the rest (Python: Django ORM, spec, unix_ids)", (total - sbatch - timer.seconds) / n * 1000, "ms",
+                f"mean of {n} jobs")  # fmt: skip
+    section.add("in-process relay rate, one at a time", n / total, "jobs/s", f"{n} jobs")
+    return n / total
+
+
+def api_profile(world, n: int = 30) -> tuple[int, float]:
+    """Queries one POST /api/v1/jobs/ runs and the median time of one, in this process (Django test
+    client: no HTTP, no gunicorn; relay enqueue stubbed)."""
+    from unittest import mock
+
+    from django.db import connection
+    from django.test import Client
+
+    from jobs import services
+
+    client = Client(HTTP_AUTHORIZATION=f"Token {world.token}")
+    timer = QueryTimer()
+    with mock.patch.object(services, "_enqueue_relay", lambda job_id: None):
+        client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")  # warm
+        with connection.execute_wrapper(timer):
+            response = client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")
+        times = []
+        for _ in range(n):
+            began = time.perf_counter()
+            client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")
+            times.append(time.perf_counter() - began)
+    if response.status_code != 201:
+        print(
+            f"  ! test-client POST answered {response.status_code}: {response.content[:300]!r}",
+            file=sys.stderr,
+        )
+    return timer.count, common.median(times)
+
+
+def relay_only(world, n: int, *, concurrency: int) -> float:
+    """The relay alone, through Celery: n ACCEPTED jobs stored first, then n job_relay messages sent
+    at once to a worker of ``concurrency`` processes; jobs/s from the first message to the last id."""
+    from django.db.models import Max
+
+    from jobs.choices import JobState
+    from jobs.models import Job
+    from portal.celery import app
+
+    warnings.filterwarnings("ignore", message=".*send_task.*")  # the driver is eager; send_task is not
+    name = f"relay-only-c{concurrency}"
+    ids = _accepted_jobs(world, n, name)
+    worker = common.start_worker(concurrency=concurrency)
+    try:
+        for _ in range(4 * concurrency):  # warm each child (imports, database connection): ids of no job
+            app.send_task("jobs.tasks.job_relay", args=[str(uuid.uuid4())])
+        time.sleep(2)
+        start = dt.datetime.now(dt.UTC)
+        for job_id in ids:
+            app.send_task("jobs.tasks.job_relay", args=[str(job_id)])
+        deadline = time.monotonic() + max(120, n)
+        while time.monotonic() < deadline and Job.objects.filter(name=name, state=JobState.ACCEPTED).exists():
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+    done = Job.objects.filter(name=name, slurm_job_id__isnull=False)
+    last = done.aggregate(last=Max("submitted_at"))["last"]
+    return done.count() / (last - start).total_seconds() if last else float("nan")
+
+
+# ---------------------------------------------------------------- prototype: batched relay (bench only)
+
+
+def relay_batch(job_ids: list, *, threads: int = 4) -> dict:
+    """What a batched relay task could do (a proposal, not the portal's code): claim all the jobs
+    with ONE conditional UPDATE, read them with ONE query, run sbatch ``threads`` at a time, record
+    every id with ONE conditional bulk UPDATE and ONE bulk INSERT of events. Same guarantees as
+    job_relay_run for first attempts (tag in the comment, claim token, ACCEPTED-only writes);
+    retries of a job (relay_attempts > 1) would still go through job_relay_run's find-by-tag path."""
+    from django.conf import settings
+    from django.db import transaction
+    from django.db.models import F
+    from django.utils import timezone
+
+    from jobs import services
+    from jobs.choices import JobState
+    from jobs.models import Job, JobEvent
+    from portal.slurm import SlurmError, get_gateway
+
+    token = uuid.uuid4()
+    Job.objects.filter(
+        services._lease_free(), pk__in=job_ids, state=JobState.ACCEPTED, slurm_job_id__isnull=True
+    ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
+    jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile"))
+    gateway = get_gateway()
+
+    def submit(job):
+        try:
+            spec = services._spec_for(job)
+            return job, spec.uid, gateway.submit(spec), None
+        except SlurmError as exc:
+            return job, None, None, exc
+
+    with ThreadPoolExecutor(threads) as pool:
+        results = list(pool.map(submit, jobs))
+    now = timezone.now()
+    done, failed = [], 0
+    for job, uid, slurm_id, error in results:
+        if error is not None:
+            failed += 1  # the real task would record SUBMIT_FAILED or release the claim for a retry
+            continue
+        job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = (
+            slurm_id,
+            settings.SLURM_CLUSTER,
+            JobState.PENDING,
+            now,
+        )
+        job.relay_token, job.relay_started_at, job.unix_uid = None, None, uid
+        done.append(job)
+    with transaction.atomic():
+        Job.objects.filter(state=JobState.ACCEPTED, relay_token=token).bulk_update(
+            done,
+            [
+                "slurm_job_id",
+                "slurm_cluster",
+                "state",
+                "submitted_at",
+                "relay_token",
+                "relay_started_at",
+                "unix_uid",
+            ],
+        )
+        JobEvent.objects.bulk_create(
+            [JobEvent(job=j, state=JobState.PENDING, reason="Submitted to Slurm", at=now) for j in done]
+        )
+    return {"submitted": len(done), "failed": failed}
+
+
+def prototype_batched(world, n: int, section: common.Section, *, threads: int = 4) -> float:
+    from django.db import connection
+
+    ids = _accepted_jobs(world, n, "relay-batched")
+    timer = QueryTimer()
+    began = time.perf_counter()
+    with connection.execute_wrapper(timer):
+        result = relay_batch(ids, threads=threads)
+    seconds = time.perf_counter() - began
+    section.add(f"prototype batched relay ({threads} sbatch at a time), in-process", result["submitted"] / seconds, "jobs/s",
+                f"{n} jobs, one batch; {timer.count} queries in all", "bench/bench_relay.py relay_batch")  # fmt: skip
+    return result["submitted"] / seconds
+
+
+# ---------------------------------------------------------------- run
+
+
+def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = None, concurrency: int = 2,
+        web_workers: int = 3) -> common.Section:  # fmt: skip
+    n = jobs or (40 if quick else 500)
+    rounds = rounds or (2 if quick else 3)
+    profile_n = 20 if quick else 100
+    section = common.Section(
+        "Relay: POST /api/v1/jobs/ to Slurm id, against a plain sbatch loop",
+        method=(
+            f"{rounds} rounds; each: {n} × `sbatch` in a plain loop (same argv and script as the gateway, "
+            f"--uid/--gid of the bench user), then {n} × `POST /api/v1/jobs/` from {CLIENT_THREADS} keep-alive client "
+            f"threads to gunicorn ({web_workers} gthread workers × 2 threads) with one Celery worker "
+            f"(prefork, concurrency {concurrency}); portal time = first POST to the last `submitted_at`. "
+            f"Job: `{SCRIPT.strip()}`, 1 GPU, partition {PARTITION}, {TIME_LIMIT} min; the bench account is capped "
+            f"at 2 running GPUs (GrpTRES) and its jobs are cancelled after each round. Figures are medians over rounds."
+        ),
+    )
+    common.print_header(section.title)
+    world = common.world()
+    common.truncate_jobs()
+    common.drain_cluster()
+    common.gpu_limit_set(2)
+    common.broker_purge()
+    web = worker = None
+    raw_rates, portal_rates, ratios, accept_rates = [], [], [], []
+    latencies: list[float] = []
+    try:
+        web = common.start_gunicorn(workers=web_workers, threads=2, THROTTLE_SUBMIT="1000000/min")
+        worker = common.start_worker(concurrency=concurrency)
+        # warm both paths (imports, connections, slurmctld caches)
+        raw_round(world, 3)
+        portal_round(world, 3, "relay-warm", timeout=60)
+        common.drain_cluster()
+        for r in range(1, rounds + 1):
+            raw = n / raw_round(world, n)
+            common.drain_cluster()
+            result = portal_round(world, n, f"relay-r{r}", timeout=max(120, n))
+            common.drain_cluster()
+            if result["relayed"] != n or result["failed"] or result["post_errors"]:
+                section.note(f"round {r}: {result['relayed']}/{n} relayed, {result['failed']} SUBMIT_FAILED, "
+                             f"{result['post_errors']} POST errors")  # fmt: skip
+            portal = result["relayed"] / result["seconds"]
+            raw_rates.append(raw)
+            portal_rates.append(portal)
+            ratios.append(portal / raw)
+            accept_rates.append(n / result["post_seconds"])
+            latencies += result["relay_latencies"]
+            print(f"  round {r}: raw {raw:.1f} jobs/s, portal {portal:.1f} jobs/s (ratio {portal / raw:.2f}), "
+                  f"POSTs accepted at {n / result['post_seconds']:.1f}/s", flush=True)  # fmt: skip
+        runs = f"median of {rounds} rounds of {n} jobs"
+        section.add("raw sbatch loop", common.median(raw_rates), "jobs/s", runs)
+        section.add("portal (POST → Slurm id)", common.median(portal_rates), "jobs/s", runs)
+        section.add("ratio portal / raw", common.median(ratios), "", runs + " (target ≥ 1.0)")
+        section.add("POSTs accepted (API side alone)", common.median(accept_rates), "jobs/s", runs)
+        section.add(
+            "accepted → Slurm id, median", common.median(latencies), "s", f"{len(latencies)} jobs, all rounds"
+        )
+        section.add(
+            "accepted → Slurm id, p99",
+            common.percentile(latencies, 99),
+            "s",
+            f"{len(latencies)} jobs, all rounds",
+        )
+        worker.stop()
+        web.stop()
+        worker = web = None
+
+        # Where the time goes
+        common.truncate_jobs()
+        queries, post_seconds = api_profile(world)
+        section.add("queries per POST /api/v1/jobs/", queries, "queries", "1 request, after a warm-up")
+        section.add(
+            "POST /api/v1/jobs/ in-process (test client, no HTTP)",
+            post_seconds * 1000,
+            "ms",
+            "median of 30 requests",
+        )
+        profile_relay(world, profile_n, section)
+        common.drain_cluster()
+        relay_rates = {}
+        for c in sorted({concurrency, 4}):
+            rate = relay_rates[c] = relay_only(world, n, concurrency=c)
+            section.add(f"relay alone through Celery, worker concurrency {c}", rate, "jobs/s",
+                        f"1 run of {n} jobs stored first, then {n} messages")  # fmt: skip
+            common.drain_cluster()
+        common.drain_cluster()
+        par = n / raw_round(world, n, threads=4)
+        section.add(
+            "raw sbatch, 4 at a time (the cluster's ceiling for parallel submitters)",
+            par,
+            "jobs/s",
+            f"1 run of {n} jobs",
+        )
+        common.drain_cluster()
+        batched = prototype_batched(world, n, section)
+        common.drain_cluster()
+        section.note(
+            f"End to end the portal cannot beat its slowest stage: the API accepted {common.median(accept_rates):.1f} POSTs/s, "
+            f"the relay alone did {relay_rates[concurrency]:.1f} jobs/s through Celery at concurrency {concurrency}, while "
+            f"raw sbatch ran {common.median(raw_rates):.1f}/s sequentially and {par:.1f}/s 4 at a time; the batched "
+            f"prototype (one claim, parallel sbatch, one bulk write) relayed {batched:.1f} jobs/s."
+        )
+    finally:
+        for service in (worker, web):
+            if service is not None:
+                service.stop()
+        common.drain_cluster()
+        common.gpu_limit_set(None)
+        common.clean_workdir()
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (40 jobs, 2 rounds)")
+    parser.add_argument("--jobs", type=int)
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--concurrency", type=int, default=2, help="Celery worker processes (default 2)")
+    parser.add_argument("--web-workers", type=int, default=3, help="gunicorn workers (default 3)")
+    args = parser.parse_args()
+    common.setup()
+    run(
+        quick=args.quick,
+        jobs=args.jobs,
+        rounds=args.rounds,
+        concurrency=args.concurrency,
+        web_workers=args.web_workers,
+    )
+
+
+if __name__ == "__main__":
+    main()

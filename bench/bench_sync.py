@@ -1,0 +1,186 @@
+"""Sync at scale: time, Slurm calls and database queries of one ``jobs.services.jobs_sync()`` cycle
+with 1 000, 5 000 and 10 000 portal jobs in the database, 1 000 of them live in Slurm.
+
+    eval "$(scripts/services up)" && .venv/bin/python bench/bench_sync.py [--quick] [--live 1000] [--sizes 1000,5000,10000]
+
+The live jobs are real: ``sleep 600`` (1 GPU, partition debug, 15 min) submitted through the gateway
+with the portal's tag, on the bench account capped at 2 running GPUs (GrpTRES), so 2 run and the rest
+pend without taking the shared cluster's GPUs. The other rows are finished jobs (COPY). Slurm calls
+are counted by a wrapper around the real gateway, queries by an execute wrapper. Every bench job is
+cancelled at the end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+from bench_relay import QueryTimer, _Timed
+
+
+def submit_live(world, count: int) -> list:
+    """Submit ``count`` sleep jobs through the gateway (4 at a time) and return unsaved PENDING Job rows for them."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    from jobs.choices import JobState
+    from portal.slurm import JobSpec
+
+    gateway = common.gateway()
+    pattern = settings.JOB_OUTPUT_PATTERN
+
+    def one(_):
+        job_id = uuid.uuid4()
+        spec = JobSpec(
+            script="#!/bin/bash\nsleep 600\n", account=common.BENCH_TEAM, partition="debug", name="sync-live", gpus=1,
+            time_limit_minutes=15, workdir=common.BENCH_WORKDIR,
+            stdout=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="out"),
+            stderr=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="err"),
+            comment=f"gpuportal:{job_id}", uid=world.uid, gid=world.gid,
+        )  # fmt: skip
+        return job_id, gateway.submit(spec), timezone.now()
+
+    with ThreadPoolExecutor(4) as pool:
+        submitted = list(pool.map(one, range(count)))
+    return [
+        common.make_job(
+            world,
+            id=job_id,
+            name="sync-live",
+            script="#!/bin/bash\nsleep 600\n",
+            time_limit_minutes=15,
+            state=JobState.PENDING,
+            slurm_cluster=settings.SLURM_CLUSTER,
+            slurm_job_id=slurm_id,
+            created_at=at,
+            submitted_at=at,
+            started_at=None,
+            ended_at=None,
+            exit_code=None,
+        )
+        for job_id, slurm_id, at in submitted
+    ]
+
+
+def history(world, count: int, first_id: int) -> list:
+    """Finished jobs (not in Slurm any more), one a minute back in time."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    rows = []
+    for i in range(count):
+        at = now - dt.timedelta(minutes=first_id + i + 1)
+        rows.append(common.make_job(world, slurm_cluster="history", slurm_job_id=10_000_000 + first_id + i,
+                                    created_at=at, submitted_at=at, started_at=at, ended_at=at))  # fmt: skip
+    return rows
+
+
+def time_cycles(cycles: int) -> tuple[list[float], list[int], list[int], dict]:
+    """Run jobs_sync ``cycles`` times; per cycle: seconds, Slurm calls, queries. And the last stats."""
+    from django.db import connection
+
+    import portal.slurm
+    from jobs.services import jobs_sync
+
+    real = portal.slurm.get_gateway()
+    seconds, calls, queries = [], [], []
+    stats: dict = {}
+    try:
+        for _ in range(cycles):
+            timed = _Timed(real)
+            portal.slurm._gateway = timed
+            timer = QueryTimer()
+            began = time.perf_counter()
+            with connection.execute_wrapper(timer):
+                stats = jobs_sync()
+            seconds.append(time.perf_counter() - began)
+            calls.append(sum(timed.calls.values()))
+            queries.append(timer.count)
+    finally:
+        portal.slurm._gateway = real
+    return seconds, calls, queries, stats
+
+
+def run(
+    *, quick: bool = False, live: int | None = None, sizes: list[int] | None = None, cycles: int | None = None
+) -> common.Section:
+    live = live or (100 if quick else 1000)
+    sizes = sorted(sizes or ([200, 500, 1000] if quick else [1000, 5000, 10000]))
+    cycles = cycles or (3 if quick else 5)
+    if sizes[0] < live:
+        raise SystemExit(f"the smallest size ({sizes[0]}) must hold the {live} live jobs")
+    section = common.Section(
+        "Sync at scale: one jobs_sync() cycle",
+        method=(
+            f"{live} jobs live in Slurm (`sleep 600`, 1 GPU, debug; the bench account capped at 2 running GPUs, so "
+            f"2 run and {live - 2} pend), the rest of the rows finished jobs. Per size: one cycle to settle "
+            f"(states and reasons of the new rows), then {cycles} timed cycles of `jobs.services.jobs_sync()` in "
+            "this process. Slurm calls counted by a wrapper around the real gateway; queries by a database "
+            "execute wrapper. The controller also holds whatever else runs on the shared cluster."
+        ),
+    )
+    common.print_header(section.title)
+    world = common.world()
+    common.truncate_jobs()
+    common.drain_cluster()
+    common.gpu_limit_set(2)
+    rows = ["| portal jobs | live in Slurm | cycle median (ms) | min–max (ms) | Slurm calls / cycle | queries / cycle | changed in last cycle |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    try:
+        began = time.perf_counter()
+        live_rows = submit_live(world, live)
+        section.add(f"submitting the {live} live jobs through the gateway (4 at a time)", live / (time.perf_counter() - began),
+                    "jobs/s", "1 run")  # fmt: skip
+        common.copy_jobs(live_rows)
+        present = live
+        for size in sizes:
+            common.copy_jobs(history(world, size - present, present))
+            present = size
+            time_cycles(1)  # settle
+            seconds, calls, queries, stats = time_cycles(cycles)
+            runs = f"median of {cycles} cycles"
+            section.add(f"{size} jobs ({live} live): cycle time", common.median(seconds) * 1000, "ms", runs)
+            section.add(
+                f"{size} jobs ({live} live): Slurm calls per cycle",
+                max(calls),
+                "calls",
+                f"max of {cycles} cycles",
+            )
+            section.add(
+                f"{size} jobs ({live} live): queries per cycle",
+                max(queries),
+                "queries",
+                f"max of {cycles} cycles",
+            )
+            rows.append(f"| {size:,} | {stats.get('live', '?')} | {common.median(seconds) * 1000:.1f} | "
+                        f"{min(seconds) * 1000:.1f}–{max(seconds) * 1000:.1f} | {min(calls)}–{max(calls)} | "
+                        f"{min(queries)}–{max(queries)} | {stats.get('changed', '?')} |")  # fmt: skip
+        section.extra_md = "\n".join(rows)
+    finally:
+        common.drain_cluster()
+        common.gpu_limit_set(None)
+        common.clean_workdir()
+        common.truncate_jobs()
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 live jobs; 200, 500 and 1000 rows")
+    parser.add_argument("--live", type=int)
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--cycles", type=int)
+    args = parser.parse_args()
+    common.setup()
+    run(quick=args.quick, live=args.live, sizes=args.sizes, cycles=args.cycles)
+
+
+if __name__ == "__main__":
+    main()
