@@ -41,7 +41,7 @@ class JobAdmin(admin.ModelAdmin):
         done = 0
         for job in queryset:
             try:
-                job_cancel(user=request.user, job=job)
+                job_cancel(user=request.user, job=job, request=request)
                 done += 1
             except ApplicationError as exc:
                 self.message_user(request, f"{job}: {exc.message}", messages.WARNING)

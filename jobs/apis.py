@@ -160,6 +160,7 @@ class JobCollectionApi(ListAPIView):
             team=_team_by_slug(data.pop("team")),
             idempotency_key=request.headers.get("Idempotency-Key"),
             fingerprint=fingerprint,
+            request=request,
             **data,
         )
         return Response(
@@ -186,7 +187,7 @@ class JobCancelApi(APIView):
         "the state becomes CANCELLED at the next sync. 409: the job already ended.",
     )
     def post(self, request, job_id):
-        job = job_cancel(user=request.user, job=_visible_job(request, job_id))
+        job = job_cancel(user=request.user, job=_visible_job(request, job_id), request=request)
         code = status.HTTP_200_OK if job.state == JobState.CANCELLED else status.HTTP_202_ACCEPTED
         return Response(JobSummaryOutputSerializer(job).data, status=code)
 

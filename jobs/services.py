@@ -38,6 +38,7 @@ from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent, JobTemplate
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Membership, NodeInfo, PartitionInfo, Role, Team
 from portal.roles import is_admin
+from portal.services import audit_record
 from portal.slurm import JobSpec, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -394,13 +395,15 @@ def job_submit(
     booking: Any = None,
     idempotency_key: str | None = None,
     fingerprint: str | None = None,
+    request=None,
 ) -> tuple[Job, bool]:
     """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit.
 
     Returns (job, created). With an ``idempotency_key``: the same user sending the same key and the
     same request again gets the first job back (created=False); the same key with another request is
     a ``Conflict`` (409). Race-safe: a unique constraint on (submitter, key) decides, not a lookup.
-    ``fingerprint`` defaults to a hash of the arguments as given."""
+    ``fingerprint`` defaults to a hash of the arguments as given. A new job is recorded in the audit
+    trail (``request``: the client's address)."""
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
         raise ApplicationError(
             "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
@@ -441,6 +444,11 @@ def job_submit(
         with transaction.atomic():
             job.save(force_insert=True)
             JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
+            audit_record(
+                actor=user, action="job.submit", target=job, team=team, request=request,
+                data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
+                      "time_limit_minutes": job.time_limit_minutes},
+            )  # fmt: skip
             _enqueue_relay(job.pk)
     except IntegrityError:
         # Another request with the same key won the race (the constraint is the only judge).
@@ -466,16 +474,28 @@ def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:
     return job
 
 
+def _publish(task, job_id) -> None:
+    """Enqueue a task for a job that is already committed. A broker that does not answer must not
+    turn a stored job into an error for the client (the row is the truth; the sweeper re-enqueues
+    ACCEPTED jobs and unsent cancels), so the failure is logged and swallowed."""
+    from kombu.exceptions import OperationalError as BrokerError
+
+    try:
+        task.delay(str(job_id))
+    except BrokerError as exc:
+        logger.warning("job %s: %s not enqueued (broker unavailable: %s); the sweeper will retry", job_id, task.name, exc)
+
+
 def _enqueue_relay(job_id) -> None:
     from jobs.tasks import job_relay
 
-    transaction.on_commit(lambda: job_relay.delay(str(job_id)))
+    transaction.on_commit(lambda: _publish(job_relay, job_id))
 
 
 def _enqueue_cancel_relay(job_id) -> None:
     from jobs.tasks import job_cancel_relay
 
-    transaction.on_commit(lambda: job_cancel_relay.delay(str(job_id)))
+    transaction.on_commit(lambda: _publish(job_cancel_relay, job_id))
 
 
 # ---------------------------------------------------------------- relay to Slurm
@@ -634,7 +654,7 @@ def _may_cancel(user, job: Job) -> bool:
     return Membership.objects.filter(team_id=job.team_id, user=user, role=Role.MANAGER).exists()
 
 
-def job_cancel(*, user, job: Job) -> Job:
+def job_cancel(*, user, job: Job, request=None) -> Job:
     """Cancel a job. Allowed to its submitter, the team's managers and admins (others: 403).
 
     - Never relayed (ACCEPTED, no relay ever claimed it): CANCELLED in the portal, Slurm untouched.
@@ -660,6 +680,10 @@ def job_cancel(*, user, job: Job) -> Job:
                 job.refresh_from_db(fields=["state"])
                 raise Conflict(f"Job already ended ({job.state}).", errors={"state": [f"Job already ended ({job.state})."]})
             _enqueue_cancel_relay(job.pk)
+        audit_record(
+            actor=user, action="job.cancel", target=job, team=job.team, request=request,
+            data={"state": job.state, "slurm_job_id": job.slurm_job_id, "before_slurm": bool(done)},
+        )
     job.refresh_from_db()
     return job
 

@@ -153,7 +153,7 @@ def job_output_partial(request, job_id):
 def job_cancel_view(request, job_id):
     job = _visible_job(request, job_id)
     try:
-        job = job_cancel(user=request.user, job=job)
+        job = job_cancel(user=request.user, job=job, request=request)
     except ApplicationError as exc:
         messages.error(request, exc.message)
     else:
@@ -204,6 +204,7 @@ def job_new(request):
                     user=request.user,
                     team=form.cleaned_data["team"],
                     idempotency_key=form.cleaned_data["idempotency_key"],
+                    request=request,
                     **form.job_kwargs(),
                 )
             except ApplicationError as exc:
@@ -233,7 +234,8 @@ def job_new(request):
         "limits": _limits_for(summary, partition),
         "template_form": TemplateSaveForm(user=request.user),
         "has_teams": form.fields["team"].queryset.exists(),
-        "quote": _quote_from(form.data if form.is_bound else form.initial | {"partition": partition}),
+        # unbound: the values the form shows, field defaults included (GPUs 1), as htmx would post them
+        "quote": _quote_from(form.data if form.is_bound else {name: form[name].value() for name in QuoteForm.base_fields}),
     }
     status = 400 if request.method == "POST" else 200
     return render(request, "jobs/job_form.html", context, status=status)

@@ -85,3 +85,15 @@ def form_add_application_error(form, error: ApplicationError) -> None:
 
 def status_for(error: ApplicationError) -> int:
     return error.status_code or status.HTTP_400_BAD_REQUEST
+
+
+def not_found(request, exception=None):
+    """``handler404``: a URL that does not resolve under /api/ (a malformed id such as
+    ``/api/v1/jobs/not-a-uuid/``) answers the API's JSON error shape too; pages keep Django's."""
+    if request.path.startswith("/api/"):
+        from django.http import JsonResponse
+
+        return JsonResponse({"detail": "Not found.", "errors": {}}, status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
