@@ -9,7 +9,7 @@ export SLURM_CONF ?= $(or $(GPUPORTAL_CLUSTER_DIR),/var/lib/gpuportal-cluster)/e
 DEMO_PASSWORD ?= gpuportal-demo
 export DEMO_PASSWORD
 
-.PHONY: demo stop test install services cluster migrate bench clean-run help
+.PHONY: demo stop test install services cluster browser migrate bench clean-run help
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
@@ -32,6 +32,9 @@ services:
 cluster:
 	@scripts/cluster up
 
+browser:
+	@scripts/browser >/dev/null
+
 migrate: install
 	$(PY) manage.py migrate --noinput
 
@@ -49,7 +52,7 @@ stop:
 	@scripts/demo stop
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
-test: install cluster
+test: install cluster browser
 	@eval "$$(scripts/services up)" && $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install cluster

@@ -16,6 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+from tests.support import skip_unless_ci
 from django.utils import timezone
 
 from tests.conftest import ROOT, _use_broker
@@ -190,7 +192,7 @@ def faults(transactional_db, cluster, settings, monkeypatch, tmp_path):
     from portal.celery import app
 
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (scripts/services installs it)")
+        skip_unless_ci("redis-server is not installed (scripts/services installs it)")
     redis_server = RedisServer(tmp_path)
     redis_server.start()
     queue = f"faults-{os.getpid()}"

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import skip_unless_ci
+
 import portal.slurm as slurm
 from portal.slurm import AssociationLimits, JobSpec, ReservationSpec, SlurmRejected, SlurmUnavailable
 
@@ -49,7 +51,7 @@ def wait_for(predicate, *, timeout=WAIT_SECONDS, interval=0.3, what="condition")
 @pytest.fixture
 def gateway(settings):
     if not settings.SLURM_CONF and not os.environ.get("SLURM_CONF"):
-        pytest.skip("no Slurm cluster configured (run scripts/cluster up, or set SLURM_CONF)")
+        skip_unless_ci("no Slurm cluster configured (run scripts/cluster up, or set SLURM_CONF)")
     slurm.reset_gateway()
     yield slurm.get_gateway()
     slurm.reset_gateway()

@@ -1,0 +1,282 @@
+"""The portal in a real browser (Debian's Chromium through Playwright): log in through the form,
+submit a job and watch the htmx estimate, watch it reach COMPLETED without reloading, read its
+output, cancel a sleeping job from its page, download the cost report's CSV, the core pages without
+JavaScript; a screenshot of each main page under test-artifacts/screenshots/.
+
+Against the live server, the real Celery worker, the local Slurm cluster and a sync loop standing in
+for beat (tests/browser/conftest.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+import pytest
+from django.urls import NoReverseMatch, Resolver404, resolve, reverse
+
+from jobs.choices import JobState
+from jobs.models import Job
+from tests.browser.helpers import log_in, screenshot
+
+pytestmark = [pytest.mark.browser, pytest.mark.slurm, pytest.mark.celery]
+
+expect = pytest.importorskip("playwright.sync_api").expect
+
+COMPLETED_TIMEOUT_MS = 90_000  # relay + Slurm start + sync; the shared cluster may be busy
+RUNNING_TIMEOUT_MS = 60_000
+CANCELLED_TIMEOUT_MS = 45_000
+
+GPU_SCRIPT = """#!/bin/bash
+echo "hello from the browser test"
+echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+"""
+
+
+def _badge(page, job_id):
+    return page.locator(f"#state-{job_id}")
+
+
+def test_member_logs_in_submits_a_job_watches_it_complete_and_reads_its_output(portal, browsing):
+    page = browsing.page()
+    log_in(page, "alice")
+    expect(page.get_by_role("heading", name="Cluster")).to_be_visible()
+    expect(page.locator("#cluster-summary")).to_contain_text("A100 GPUs")
+    screenshot(page, "dashboard")
+
+    page.get_by_role("link", name="Jobs", exact=True).click()
+    page.get_by_role("link", name="Submit a job").first.click()
+    expect(page.get_by_role("heading", name="Submit a job")).to_be_visible()
+    page.get_by_label("Name:", exact=True).fill("browser-hello")
+    # any GPU type: the shared cluster may have no a100 free; the estimate takes the dearest priced type (a100)
+    expect(page.get_by_label("GPU type:", exact=True)).to_have_value("")
+    page.get_by_label("Time limit:", exact=True).fill("15")
+    page.get_by_label("Script:", exact=True).fill(GPU_SCRIPT)
+
+    # the estimate follows the form (htmx posts the form to the quote view on change / keyup)
+    gpus = page.get_by_label("GPUs:", exact=True)
+    gpus.fill("1")
+    gpus.press("Tab")
+    quote = page.locator("#job-quote")
+    expect(quote.locator(".stat")).to_contain_text("2.00")  # 1 GPU × 15 min = 0.25 GPU-h × 8
+    expect(quote).to_contain_text("at most 0.25 GPU-hours")
+    gpus.select_text()
+    gpus.press_sequentially("2")  # typing: the keyup trigger (debounced), no blur needed
+    expect(quote.locator(".stat")).to_contain_text("4.00")
+    expect(quote).to_contain_text("at most 0.50 GPU-hours")
+    gpus.select_text()
+    gpus.press_sequentially("1")
+    expect(quote.locator(".stat")).to_contain_text("2.00")
+    screenshot(page, "job-form")
+
+    page.get_by_role("button", name="Submit job").click()
+    expect(page.get_by_role("status")).to_contain_text("Job browser-hello accepted")
+    job = Job.objects.get(name="browser-hello")
+    assert re.search(rf"/jobs/{job.pk}/$", page.url)
+    assert (job.submitter.username, job.gpus, job.gpu_type, job.time_limit_minutes) == ("alice", 1, "", 15)
+
+    # no reload: the detail page polls; a flag on window would not survive a navigation
+    page.evaluate("window.__notReloaded = true")
+    expect(_badge(page, job.pk)).to_have_text("Completed", timeout=COMPLETED_TIMEOUT_MS)
+    expect(page.locator("#job-status")).to_contain_text(
+        f"Slurm job {Job.objects.get(pk=job.pk).slurm_job_id}"
+    )
+    expect(page.locator("#job-status")).to_contain_text("exit code 0")
+    output = page.locator("#job-output pre.output")
+    expect(output).to_contain_text("hello from the browser test", timeout=15_000)
+    expect(output).to_contain_text(re.compile(r"CUDA_VISIBLE_DEVICES=\d"))
+    assert page.evaluate("window.__notReloaded") is True
+    # the cancel button went with the last poll of the status card
+    expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
+    screenshot(page, "job-detail")
+
+    page.get_by_role("link", name="← Jobs").click()
+    row = page.get_by_role("row").filter(has=page.get_by_role("link", name="browser-hello"))
+    expect(row).to_contain_text("Completed")
+    expect(row).to_contain_text("2.00 CNY")
+    screenshot(page, "job-list")
+    browsing.assert_clean()
+
+
+@pytest.fixture
+def scancel_leftovers():
+    """Slurm ids to cancel after the test whatever happened: the cluster is shared."""
+    from portal.slurm import SlurmError, get_gateway
+
+    ids: list[int] = []
+    yield ids
+    for slurm_id in ids:
+        try:
+            get_gateway().cancel(slurm_id)
+        except SlurmError:
+            pass
+
+
+def test_member_cancels_a_sleeping_job_from_its_page(portal, browsing, scancel_leftovers):
+    from jobs.services import job_submit
+
+    job, _ = job_submit(
+        user=portal.alice, team=portal.vision, name="browser-sleeper", script="#!/bin/bash\nsleep 600\n",
+        partition="gpu", gpus=1, time_limit_minutes=15,
+    )  # fmt: skip
+    page = browsing.page()
+    log_in(page, "alice")
+    page.goto(f"/jobs/{job.pk}/")
+    page.evaluate("window.__notReloaded = true")
+    expect(_badge(page, job.pk)).to_have_text("Running", timeout=RUNNING_TIMEOUT_MS)
+    assert page.evaluate("window.__notReloaded") is True
+    job.refresh_from_db()
+    scancel_leftovers.append(job.slurm_job_id)
+    screenshot(page, "job-detail-running")
+
+    # the reader opened the state history: the next poll of the status card keeps it open
+    page.get_by_text("State history").click()
+    with page.expect_response(
+        lambda r: r.url.endswith(f"/jobs/{job.pk}/") and r.request.headers.get("hx-request") == "true"
+    ):
+        pass
+    page.wait_for_timeout(300)  # settle
+    expect(page.locator("#job-status details")).to_have_attribute("open", "")
+    expect(page.locator("#job-status details").get_by_role("row").filter(has_text="Running")).to_be_visible()
+
+    page.get_by_role("button", name="Cancel job").click()
+    expect(page.get_by_role("status")).to_contain_text(re.compile("Cancellation requested|Job cancelled"))
+    expect(_badge(page, job.pk)).to_have_text("Cancelled", timeout=CANCELLED_TIMEOUT_MS)
+    expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED and job.cancel_requested
+    browsing.assert_clean()
+
+
+REPORT_MONTH = ("2026-01-01", "2026-01-31")
+
+
+@pytest.fixture
+def usage(cluster, a100_rate, settings):
+    """Hand-made accounting records of January 2026, priced at the a100 rate (8 CNY per GPU-hour)."""
+    from accounting.services import usage_records_upsert
+    from tests.accounting.helpers import acct, at
+
+    settings.TIME_ZONE = "UTC"  # billing months and days
+    usage_records_upsert(records=[
+        acct(account="vision", user="alice", start=at(2026, 1, 5, 10), hours=2, gpus=2),  # 4 GPU-h: 32
+        acct(account="nlp", user="carol", start=at(2026, 1, 8, 10), hours=1, gpus=1),  # 1 GPU-h: 8
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("username", ["finn", "admin"])
+def test_finance_and_admin_read_the_cost_report_and_download_its_csv(usage, browsing, username):
+    page = browsing.page()
+    log_in(page, username)
+    page.get_by_role("link", name="Reports").click()
+    expect(page.get_by_role("heading", name="Cost reports")).to_be_visible()
+    page.get_by_label("From").fill(REPORT_MONTH[0])
+    page.get_by_label("To (inclusive)").fill(REPORT_MONTH[1])
+    page.get_by_role("button", name="Show").click()
+    expect(page.get_by_text("Range Jan. 1, 2026 – Jan. 31, 2026")).to_be_visible()
+    by_team = page.get_by_role("table").filter(has=page.get_by_role("columnheader", name="Team"))
+    expect(by_team.get_by_role("row").filter(has_text="Vision")).to_contain_text("32.00")
+    expect(by_team.get_by_role("row").filter(has_text="NLP")).to_contain_text("8.00")
+    expect(page.locator("#chart-usage")).to_be_visible()
+    if username == "finn":
+        screenshot(page, "reports")
+
+    with page.expect_download() as download_info:
+        page.get_by_role("link", name="by team").click()
+    download = download_info.value
+    assert download.suggested_filename == "cost-team-2026-01-01-2026-01-31.csv"
+    rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text(encoding="utf-8"))))
+    assert list(rows[0]) == ["group_by", "key", "label", "gpu_hours", "requested_gpu_hours", "efficiency", "cost",
+                             "unpriced_gpu_hours", "currency"]  # fmt: skip
+    by_label = {row["label"]: row for row in rows}
+    assert set(by_label) == {"Vision", "NLP"}
+    assert {k: by_label["Vision"][k] for k in ("group_by", "gpu_hours", "cost", "currency")} == {
+        "group_by": "team", "gpu_hours": "4.00", "cost": "32.00", "currency": "CNY"}  # fmt: skip
+    assert by_label["NLP"]["cost"] == "8.00"
+    browsing.assert_clean()
+
+
+def test_member_creates_an_api_token(world, browsing):
+    page = browsing.page()
+    log_in(page, "alice")
+    page.get_by_role("link", name="alice").click()
+    expect(page.get_by_role("heading", name="API tokens")).to_be_visible()
+    page.get_by_label("New token name").fill("laptop")
+    page.get_by_role("button", name="Create token").click()
+    expect(page.locator("#new-token")).to_have_text(re.compile(r"^gpp_\S{20,}$"))
+    expect(page.get_by_role("row").filter(has_text="laptop")).to_contain_text("active")
+    screenshot(page, "tokens")
+    browsing.assert_clean()
+
+
+@pytest.mark.parametrize("username", ["alice", "admin"])
+def test_every_main_menu_link_opens_a_page(world, browsing, username):
+    page = browsing.page()
+    log_in(page, username)
+    links = page.get_by_role("navigation", name="Main").get_by_role("link")
+    hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
+    assert {"/", "/jobs/", "/teams/"} <= set(hrefs)
+    assert ("/accounting/reports/" in hrefs) == (username == "admin")
+    broken = {href: status for href in hrefs if (status := page.request.get(href).status) != 200}
+    assert not broken, f"main menu links that do not open a page: {broken}"
+
+
+def test_core_pages_work_without_javascript(portal, browsing):
+    """Log in, submit a job with the plain form, see it in the list and on its page: no htmx."""
+    page = browsing.page(javascript=False)
+    log_in(page, "alice")
+    expect(page.get_by_role("heading", name="Cluster")).to_be_visible()
+    page.get_by_role("link", name="Jobs", exact=True).click()
+    expect(page.get_by_role("heading", name="Jobs")).to_be_visible()
+    page.get_by_role("link", name="Submit a job").first.click()
+    page.get_by_label("Name:", exact=True).fill("no-js")
+    page.get_by_label("GPUs:", exact=True).fill("1")
+    page.get_by_label("Time limit:", exact=True).fill("5")
+    page.get_by_label("Script:", exact=True).fill(GPU_SCRIPT)
+    expect(page.locator("#job-quote")).to_contain_text(
+        "at most"
+    )  # computed on the server for the first render
+    page.get_by_role("button", name="Submit job").click()
+    expect(page.get_by_role("status")).to_contain_text("Job no-js accepted")
+    job = Job.objects.get(name="no-js")
+    expect(_badge(page, job.pk)).to_be_visible()
+    expect(page.get_by_role("heading", name="no-js")).to_be_visible()
+    expect(page.get_by_role("link", name="reload")).to_be_visible()  # how to see news without the poll
+
+    page.get_by_role("link", name="← Jobs").click()
+    expect(page.get_by_role("link", name="no-js")).to_be_visible()
+    page.get_by_role("link", name="no-js").click()
+    expect(page.get_by_role("heading", name="Script")).to_be_visible()
+    expect(page.locator("#job-output")).to_be_visible()
+    browsing.assert_clean()
+
+
+def _bookings_url() -> str | None:
+    for name in ("accounting:bookings", "accounting:booking-list", "bookings:list"):
+        try:
+            return reverse(name)
+        except NoReverseMatch:
+            continue
+    try:
+        resolve("/accounting/bookings/")
+    except Resolver404:
+        return None
+    return "/accounting/bookings/"
+
+
+@pytest.mark.xfail(
+    reason="bookings page not built yet (the bookings issue); write this test when it lands", strict=False
+)
+def test_manager_books_gpus_on_the_calendar_placeholder(world, browsing):
+    """Placeholder: xfails while no bookings page resolves; once one does, it shows as XPASS in the
+    summary — then replace it with the real booking flow and drop the xfail."""
+    url = _bookings_url()
+    assert url, "no bookings URL resolves"
+    page = browsing.page()
+    log_in(page, "bob")
+    page.goto(url)
+    expect(page.get_by_role("heading", name=re.compile("Booking", re.IGNORECASE))).to_be_visible(
+        timeout=5_000
+    )
+    # TODO(bookings): pick GPUs and a slot on the calendar, book, see the booking on the calendar
