@@ -1,0 +1,62 @@
+"""Forms of the accounting pages: the report date range and the admins' rate form."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from django import forms
+from django.utils import timezone
+
+from accounting.selectors import GROUP_BY_CHOICES, billing_date, month_start
+
+MAX_RANGE_DAYS = 3 * 366
+
+
+def default_range() -> tuple[dt.date, dt.date]:
+    """The current month so far (billing time zone)."""
+    today = billing_date(timezone.now())
+    return month_start(today), today
+
+
+def validate_range(start: dt.date | None, end: dt.date | None) -> dict[str, str]:
+    """Field errors of a report range (shared by the form and the API serializer)."""
+    if start and end and end < start:
+        return {"end": "The end date must not be before the start date."}
+    if start and end and (end - start).days > MAX_RANGE_DAYS:
+        return {"end": f"Choose a range of at most {MAX_RANGE_DAYS} days."}
+    return {}
+
+
+class DateRangeForm(forms.Form):
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="Inclusive.")
+
+    def __init__(self, *args, default: tuple[dt.date, dt.date] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.default = default or default_range()
+
+    def clean(self):
+        data = super().clean()
+        data["start"] = data.get("start") or self.default[0]
+        data["end"] = data.get("end") or self.default[1]
+        for field, message in validate_range(data["start"], data["end"]).items():
+            self.add_error(field, message)
+        return data
+
+
+class CostReportForm(DateRangeForm):
+    group_by = forms.ChoiceField(choices=[(c, c) for c in GROUP_BY_CHOICES], required=False)
+
+    def clean(self):
+        data = super().clean()
+        data["group_by"] = data.get("group_by") or "team"
+        return data
+
+
+class RateForm(forms.Form):
+    gpu_type = forms.CharField(max_length=32, help_text="Slurm GRES type, e.g. a100.")
+    partition = forms.CharField(max_length=64, required=False, help_text="Empty: every partition.")
+    price_per_gpu_hour = forms.DecimalField(max_digits=12, decimal_places=4, min_value=Decimal("0"))
+    effective_from = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}))
+    note = forms.CharField(max_length=200, required=False)

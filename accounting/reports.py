@@ -1,0 +1,154 @@
+"""Cost reports: the figures behind /accounting/reports/ and its CSV, the cluster utilisation and the
+own-cluster-versus-cloud comparison. Reads only (built on accounting.selectors)."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+from collections import defaultdict
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from accounting.selectors import cost_report, usage_by_team_and_month
+from portal.models import NodeInfo
+
+HOURS_PER_MONTH = Decimal(365 * 24) / Decimal(12)  # 730
+CENT = Decimal("0.01")
+CSV_COLUMNS = ("group_by", "key", "label", "gpu_hours", "requested_gpu_hours", "efficiency", "cost", "unpriced_gpu_hours", "currency")
+
+
+def parse_gpu_prices(name: str, value: str) -> dict[str, Decimal]:
+    """"a100=8,h100=20" → {"a100": Decimal(8), …}; anything else fails loudly like portal.env."""
+    prices: dict[str, Decimal] = {}
+    for item in (value or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        gpu_type, sep, price = item.partition("=")
+        try:
+            amount = Decimal(price.strip())
+        except ArithmeticError:
+            amount = None
+        if not sep or not gpu_type.strip() or amount is None or not amount.is_finite() or amount < 0:
+            raise ImproperlyConfigured(
+                f"Environment variable {name}={value!r} is invalid: expected type=price pairs such as a100=8,h100=20."
+            )
+        prices[gpu_type.strip()] = amount
+    return prices
+
+
+def cloud_gpu_hour_prices() -> dict[str, Decimal]:
+    return parse_gpu_prices("CLOUD_GPU_HOUR_PRICES", settings.CLOUD_GPU_HOUR_PRICES)
+
+
+def gpus_by_type() -> dict[str, int]:
+    """GPUs of each type in the portal's inventory (NodeInfo, as last read by cluster_sync)."""
+    totals: dict[str, int] = defaultdict(int)
+    for gpu_type, count in NodeInfo.objects.filter(gpus_total__gt=0).values_list("gpu_type", "gpus_total"):
+        totals[gpu_type or "untyped"] += count
+    return dict(totals)
+
+
+def _hours_in(start: dt.date, end: dt.date) -> Decimal:
+    return Decimal((end - start).days + 1) * 24
+
+
+def utilisation(*, start: dt.date, end: dt.date, by_type: list[dict]) -> list[dict]:
+    """Used / available GPU-hours per GPU type; available = GPUs of the type × hours in the range
+    (today's inventory: nodes added or removed during the range are not accounted for)."""
+    hours = _hours_in(start, end)
+    gpus = gpus_by_type()
+    used = {row["key"]: row["gpu_hours"] for row in by_type}
+    rows = []
+    for gpu_type in sorted(set(gpus) | set(used)):
+        available = Decimal(gpus.get(gpu_type, 0)) * hours
+        rows.append({
+            "gpu_type": gpu_type or "untyped",
+            "gpus": gpus.get(gpu_type, 0),
+            "used_gpu_hours": used.get(gpu_type, Decimal(0)),
+            "available_gpu_hours": available,
+            "utilisation": float(used.get(gpu_type, 0) / available) if available else None,
+        })  # fmt: skip
+    return rows
+
+
+def cloud_comparison(*, start: dt.date, end: dt.date, by_type: list[dict]) -> dict:
+    """What the same GPU-hours would cost in the cloud, what the own cluster costs over the range
+    (depreciation + opex, pro rata), and the break-even utilisation:
+    (monthly depreciation + opex) / Σ_type (GPUs × hours per month × cloud price)."""
+    prices = cloud_gpu_hour_prices()
+    gpus = gpus_by_type()
+    monthly_own = Decimal(str(settings.CLUSTER_PURCHASE_COST)) / settings.CLUSTER_DEPRECIATION_MONTHS + Decimal(
+        str(settings.CLUSTER_MONTHLY_OPEX)
+    )
+    months = _hours_in(start, end) / HOURS_PER_MONTH
+    rows, cloud_total, unpriced = [], Decimal(0), []
+    for row in by_type:
+        price = prices.get(row["key"])
+        if price is None:
+            unpriced.append(row["key"] or "untyped")
+            continue
+        cost = (row["gpu_hours"] * price).quantize(CENT, ROUND_HALF_UP)
+        cloud_total += cost
+        rows.append({"gpu_type": row["key"], "gpu_hours": row["gpu_hours"], "cloud_price": price, "cloud_cost": cost})
+    full_cloud_month = sum((Decimal(n) * HOURS_PER_MONTH * prices[t] for t, n in gpus.items() if t in prices), Decimal(0))
+    return {
+        "rows": rows,
+        "cloud_cost": cloud_total,
+        "own_cost": (monthly_own * months).quantize(CENT, ROUND_HALF_UP),
+        "monthly_own_cost": monthly_own.quantize(CENT, ROUND_HALF_UP),
+        "break_even_utilisation": float(monthly_own / full_cloud_month) if full_cloud_month else None,
+        "types_without_cloud_price": unpriced,
+        "currency": settings.DEFAULT_CURRENCY,
+    }
+
+
+def report_page_data(*, start: dt.date, end: dt.date) -> dict:
+    """Everything the report page shows: five aggregate queries and one inventory read."""
+    by_team = cost_report(start=start, end=end, group_by="team")
+    by_user = cost_report(start=start, end=end, group_by="user")
+    by_type = cost_report(start=start, end=end, group_by="gpu_type")
+    by_month = cost_report(start=start, end=end, group_by="month")
+    stacked = usage_by_team_and_month(start=start, end=end)
+    months = sorted({row["month"] for row in stacked})
+    accounts = sorted({row["account"] for row in stacked})
+    labels = {row["key"]: row["label"] for row in by_team}
+    cell = {(row["account"], row["month"]): float(row["gpu_hours"]) for row in stacked}
+    chart = {
+        "months": months,
+        "teams": [{"label": labels.get(a, a), "data": [cell.get((a, m), 0.0) for m in months]} for a in accounts],
+        "share": {"labels": [row["label"] for row in by_team], "data": [float(row["cost"]) for row in by_team]},
+    }
+    util = utilisation(start=start, end=end, by_type=by_type)
+    chart["utilisation"] = {
+        "labels": [row["gpu_type"] for row in util],
+        "data": [round(row["utilisation"] * 100, 2) if row["utilisation"] is not None else 0 for row in util],
+    }
+    totals = {
+        "gpu_hours": sum((r["gpu_hours"] for r in by_team), Decimal(0)),
+        "requested_gpu_hours": sum((r["requested_gpu_hours"] for r in by_team), Decimal(0)),
+        "cost": sum((r["cost"] for r in by_team), Decimal(0)),
+    }
+    return {
+        "by_team": by_team,
+        "by_user": by_user,
+        "by_type": by_type,
+        "by_month": by_month,
+        "utilisation": util,
+        "cloud": cloud_comparison(start=start, end=end, by_type=by_type),
+        "chart": chart,
+        "totals": totals,
+        "currency": settings.DEFAULT_CURRENCY,
+    }
+
+
+def rows_to_csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else row.get(c) for c in CSV_COLUMNS])
+    return out.getvalue()

@@ -1,0 +1,187 @@
+"""Every accounting page and endpoint × the permission matrix; bad parameters; CSV; invoices."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from accounting.models import Rate
+from accounting.services import usage_records_upsert
+from tests.accounting.helpers import acct, at
+
+pytestmark = pytest.mark.django_db
+
+ROLES = ("anonymous", "outsider", "member", "manager", "admin", "finance")
+
+
+@pytest.fixture
+def usage(world, settings):
+    settings.TIME_ZONE = "UTC"
+    Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal("8"), effective_from=dt.date(2025, 1, 1))
+    usage_records_upsert(records=[
+        acct(account="vision", user="alice", start=at(2026, 1, 5, 10), hours=2, gpus=2),
+        acct(account="vision", user="bob", start=at(2026, 1, 7, 10), hours=1, gpus=1),
+        acct(account="nlp", user="carol", start=at(2026, 1, 8, 10), hours=3, gpus=1),
+    ])  # fmt: skip
+
+
+RANGE = "start=2026-01-01&end=2026-01-31"
+
+PAGE_MATRIX = {
+    # url: expected status per role (anonymous → redirect to login)
+    f"/accounting/reports/?{RANGE}": {"anonymous": 302, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
+    f"/accounting/reports/?{RANGE}&group_by=user&format=csv": {"anonymous": 302, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
+    "/accounting/rates/": {"anonymous": 302, "outsider": 200, "member": 200, "manager": 200, "admin": 200, "finance": 200},
+    f"/accounting/usage/?team=vision&{RANGE}": {"anonymous": 302, "outsider": 404, "member": 200, "manager": 200, "admin": 200, "finance": 200},
+    "/accounting/invoices/vision/2026-01/": {"anonymous": 302, "outsider": 404, "member": 403, "manager": 200, "admin": 200, "finance": 200},
+    "/accounting/invoices/vision/2026-01.pdf": {"anonymous": 302, "outsider": 404, "member": 403, "manager": 200, "admin": 200, "finance": 200},
+}
+
+API_MATRIX = {
+    f"/api/v1/reports/cost/?{RANGE}&group_by=team": {"anonymous": 403, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
+    f"/api/v1/reports/cost/?{RANGE}&format=csv": {"anonymous": 403, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
+    f"/api/v1/teams/vision/usage/?{RANGE}": {"anonymous": 403, "outsider": 404, "member": 200, "manager": 200, "admin": 200, "finance": 200},
+}
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("url", list(PAGE_MATRIX))
+def test_page_permissions(usage, client_for, role, url):
+    response = client_for(role).get(url)
+    assert response.status_code == PAGE_MATRIX[url][role], (url, role)
+    if response.status_code == 302:
+        assert "/login/" in response["Location"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("url", list(API_MATRIX))
+def test_api_permissions(usage, api_client_for, role, url):
+    response = api_client_for(role).get(url)
+    expected = API_MATRIX[url][role]
+    if role == "anonymous":
+        assert response.status_code in (401, 403)
+    else:
+        assert response.status_code == expected, (url, role, response.content[:200])
+    if response.status_code >= 400 and "csv" not in url:
+        assert set(response.json()) == {"detail", "errors"}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_rate_create_only_admins(usage, client_for, role):
+    response = client_for(role).post(
+        "/accounting/rates/", {"gpu_type": "h100", "price_per_gpu_hour": "16", "effective_from": "2026-01-01"}
+    )
+    if role == "admin":
+        assert response.status_code == 302
+        assert Rate.objects.filter(gpu_type="h100", price_per_gpu_hour=16).exists()
+    else:
+        assert response.status_code in (302, 403) and not Rate.objects.filter(gpu_type="h100").exists()
+        if role != "anonymous":
+            assert response.status_code == 403
+
+
+def test_rate_history_kept_and_same_day_conflict(usage, client_for):
+    client = client_for("admin")
+    client.post("/accounting/rates/", {"gpu_type": "a100", "price_per_gpu_hour": "9", "effective_from": "2026-01-20"})
+    assert list(Rate.objects.filter(gpu_type="a100").order_by("effective_from").values_list("price_per_gpu_hour", flat=True)) == [8, 9]
+    response = client.post("/accounting/rates/", {"gpu_type": "a100", "price_per_gpu_hour": "10", "effective_from": "2026-01-20"})
+    assert response.status_code == 200 and b"is taken" in response.content
+    assert Rate.objects.filter(gpu_type="a100").count() == 2
+
+
+def test_rate_change_reprices_existing_usage(usage, client_for, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        client_for("admin").post("/accounting/rates/", {"gpu_type": "a100", "price_per_gpu_hour": "10", "effective_from": "2026-01-08"})
+    rows = client_for("finance").get(f"/api/v1/reports/cost/?{RANGE}&group_by=team").json()["results"]
+    costs = {r["key"]: Decimal(r["cost"]) for r in rows}
+    assert costs == {"vision": Decimal((2 * 2 + 1) * 8), "nlp": Decimal(3 * 10)}
+
+
+@pytest.mark.parametrize(
+    "query,field",
+    [("start=2026-13-01", "start"), ("end=yesterday", "end"), ("group_by=planet", "group_by"),
+     ("start=2026-02-01&end=2026-01-01", "end")],
+)  # fmt: skip
+def test_cost_api_bad_params_400(usage, api_client_for, query, field):
+    response = api_client_for("finance").get(f"/api/v1/reports/cost/?{query}")
+    assert response.status_code == 400
+    body = response.json()
+    assert set(body) == {"detail", "errors"} and field in body["errors"] and field in body["detail"]
+
+
+def test_team_usage_api_bad_date_400(usage, api_client_for):
+    response = api_client_for("member").get("/api/v1/teams/vision/usage/?start=nope")
+    assert response.status_code == 400 and "start" in response.json()["errors"]
+
+
+def test_report_page_bad_params_400(usage, client_for):
+    assert client_for("finance").get("/accounting/reports/?start=2026-02-30").status_code == 400
+    assert client_for("finance").get("/accounting/reports/?group_by=planet").status_code == 400
+
+
+def test_cost_api_results_and_csv(usage, api_client_for):
+    client = api_client_for("finance")
+    body = client.get(f"/api/v1/reports/cost/?{RANGE}&group_by=user").json()
+    rows = {r["key"]: r for r in body["results"]}
+    assert Decimal(rows["alice"]["gpu_hours"]) == 4 and Decimal(rows["alice"]["cost"]) == 32
+    response = client.get(f"/api/v1/reports/cost/?{RANGE}&group_by=user&format=csv")
+    assert response["Content-Type"].startswith("text/csv")
+    lines = response.content.decode().strip().splitlines()
+    assert lines[0].startswith("group_by,key,label,gpu_hours")
+    assert {line.split(",")[1] for line in lines[1:]} == {"alice", "bob", "carol"}
+
+
+def test_report_page_csv_matches_api(usage, client_for, api_client_for):
+    page = client_for("finance").get(f"/accounting/reports/?{RANGE}&group_by=team&format=csv").content
+    api = api_client_for("finance").get(f"/api/v1/reports/cost/?{RANGE}&group_by=team&format=csv").content
+    assert page == api
+
+
+def test_report_page_renders_charts(usage, client_for):
+    response = client_for("admin").get(f"/accounting/reports/?{RANGE}")
+    content = response.content.decode()
+    assert "chart-4.6.1.umd.min.js" in content and 'id="report-chart-data"' in content and "Vision" in content
+
+
+def test_usage_page_user_breakdown_for_managers_only(usage, client_for, api_client_for):
+    assert b"Per user" not in client_for("member").get(f"/accounting/usage/?team=vision&{RANGE}").content
+    assert b"Per user" in client_for("manager").get(f"/accounting/usage/?team=vision&{RANGE}").content
+    assert api_client_for("member").get(f"/api/v1/teams/vision/usage/?{RANGE}").json()["users"] is None
+    users = api_client_for("manager").get(f"/api/v1/teams/vision/usage/?{RANGE}").json()["users"]
+    assert {u["key"] for u in users} == {"alice", "bob"}
+    # a member of vision cannot read nlp's usage
+    assert client_for("member").get(f"/accounting/usage/?team=nlp&{RANGE}").status_code == 404
+    assert api_client_for("member").get(f"/api/v1/teams/nlp/usage/?{RANGE}").status_code == 404
+
+
+def test_invoice_html_and_pdf(usage, client_for):
+    client = client_for("finance")
+    html = client.get("/accounting/invoices/vision/2026-01/").content.decode()
+    assert "Vision" in html and "40.00" in html  # (2×2 + 1×1) GPU-h × 8
+    assert "Bookings" in html
+    pdf = client.get("/accounting/invoices/vision/2026-01.pdf")
+    assert pdf["Content-Type"] == "application/pdf"
+    assert pdf.content.startswith(b"%PDF-1.4") and pdf.content.rstrip().endswith(b"%%EOF")
+    assert b"TOTAL" in pdf.content and b"40.00" in pdf.content
+
+
+def test_pdf_xref_offsets_are_valid():
+    from accounting.invoices import pdf_from_lines
+
+    pdf = pdf_from_lines([f"line {i} (with parens) \\ and ü" for i in range(150)], title="t")
+    start = int(pdf.rsplit(b"startxref\n", 1)[1].split(b"\n")[0])
+    assert pdf[start:].startswith(b"xref")
+    entries = pdf[start:].split(b"\n")[3:]
+    for entry in entries:
+        if not entry.endswith(b" n "):
+            break
+        offset = int(entry[:10])
+        assert pdf[offset:].split(b" ")[1] == b"0" and b" obj" in pdf[offset : offset + 20]
+    assert pdf.count(b"/Type /Page ") == 3  # 150 lines over pages of 52
+
+
+def test_invoice_bad_month_404(usage, client_for):
+    assert client_for("admin").get("/accounting/invoices/vision/2026-13/").status_code == 404
+    assert client_for("admin").get("/accounting/invoices/nobody/2026-01/").status_code == 404
