@@ -8,6 +8,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied, ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions as drf_exceptions, status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
 
@@ -41,7 +42,13 @@ def _flatten(detail: Any) -> Any:
 
 
 def api_exception_handler(exc: Exception, context: dict) -> Response | None:
-    """Every API error answers ``{"detail": str, "errors": {field: [messages]}}``."""
+    """Every API error answers ``{"detail": str, "errors": {field: [messages]}}``, as JSON whatever
+    renderer the request asked for (``?format=csv`` must not turn an error into CSV)."""
+    request = context.get("request")
+    if request is not None and getattr(request, "accepted_renderer", None) is not None:
+        if getattr(request.accepted_renderer, "format", "json") != "json":
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
     if isinstance(exc, ApplicationError):
         return Response({"detail": exc.message, "errors": exc.errors}, status=exc.status_code)
     if isinstance(exc, DjangoValidationError):

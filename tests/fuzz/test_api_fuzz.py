@@ -28,10 +28,7 @@ def _load_schema():
 # the removed ``Node._nodeid``); generating the schema needs no database.
 full_schema = _load_schema()
 
-# Accounting's operations are in flux (another engineer's app): fuzzed separately below, with their
-# known finding recorded, until they join the main run.
-PENDING_PATHS = r"^/api/v1/(reports/cost/|teams/\{slug\}/usage/)$"
-schema = full_schema.exclude(path_regex=PENDING_PATHS)
+schema = full_schema
 
 
 @pytest.fixture(autouse=True)
@@ -73,10 +70,11 @@ def test_api_never_answers_5xx_and_errors_have_the_json_shape(case, token):
 
 
 def test_cost_report_errors_in_csv_format_keep_the_json_error_shape(world, api_client_for):
-    """Found by the fuzzer: ``?format=csv`` renders the 403 (and 400) bodies with the CSV renderer
-    (``detail\\n"Cost reports are for admins and finance."``), not the JSON error shape. To be fixed
-    in accounting/apis.py (errors should always render as JSON); then drop PENDING_PATHS."""
+    """Found by the fuzzer: ``?format=csv`` rendered the 403 and 400 bodies with the CSV renderer.
+    The exception handler now renders every error as JSON."""
     response = api_client_for("member").get("/api/v1/reports/cost/?format=csv")
-    if response.status_code == 403 and not response["Content-Type"].startswith("application/json"):
-        pytest.xfail("accounting: error bodies of ?format=csv are CSV, not {detail, errors} (reported)")
-    assert response.status_code == 403 and set(response.json()) == {"detail", "errors"}
+    assert response.status_code == 403
+    assert response["Content-Type"].startswith("application/json")
+    assert set(response.json()) == {"detail", "errors"}
+    bad = api_client_for("finance").get("/api/v1/reports/cost/?format=csv&start=2026-02-30")
+    assert bad.status_code == 400 and "start" in bad.json()["errors"]
