@@ -6,6 +6,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
+from rest_framework.generics import ListAPIView
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -56,7 +57,9 @@ class CostReportRowSerializer(serializers.Serializer):
     gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2)
     requested_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2)
     efficiency = serializers.FloatField(allow_null=True, help_text="Used / requested GPU-hours.")
-    cost = serializers.DecimalField(max_digits=18, decimal_places=2)
+    cost = serializers.DecimalField(max_digits=18, decimal_places=2, help_text="usage_cost + bookings_cost.")
+    usage_cost = serializers.DecimalField(max_digits=18, decimal_places=2, required=False)
+    bookings_cost = serializers.DecimalField(max_digits=18, decimal_places=2, required=False, help_text="Reserved GPU-hours of bookings.")
     unpriced_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2, help_text="Hours with no rate.")
     provisional = serializers.BooleanField(help_text="Includes jobs still running.")
     currency = serializers.CharField()
@@ -119,3 +122,366 @@ class TeamUsageApi(APIView):
         return Response(TeamUsageSerializer(data).data)
 
 
+
+
+# ---------------------------------------------------------------- bookings
+
+
+class BookingOutputSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    team = serializers.CharField(source="team.slug")
+    gpu_type = serializers.CharField()
+    gpus = serializers.IntegerField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    gpu_hours = serializers.DecimalField(max_digits=14, decimal_places=2)
+    note = serializers.CharField()
+    status = serializers.CharField()
+    auto_approved = serializers.BooleanField()
+    created_by = serializers.CharField(source="created_by.username", default="")
+    created_at = serializers.DateTimeField()
+    decided_at = serializers.DateTimeField(allow_null=True)
+    decision_note = serializers.CharField()
+    cancelled_at = serializers.DateTimeField(allow_null=True)
+    reservation_name = serializers.CharField()
+    nodes = serializers.ListField(child=serializers.CharField())
+    reservation_state = serializers.CharField()
+    reservation_error = serializers.CharField()
+
+
+def _booking_for(request, booking_id):
+    """A booking the user may see, else 404 (whether it exists or not)."""
+    from accounting.selectors import bookings_visible_to
+
+    booking = bookings_visible_to(request.user).filter(pk=booking_id).first()
+    if booking is None:
+        from django.http import Http404
+
+        raise Http404
+    return booking
+
+
+class BookingCollectionApi(ListAPIView):
+    """GET: the bookings you may see (your teams'; admins and finance: all), newest window first,
+    paginated; filters ``team`` (slug), ``status``, ``gpu_type``. POST: book GPUs for a team (its
+    managers and admins): 201 approved at once or awaiting approval, 400 bad input (``gpus`` must be a
+    multiple of a node's GPUs where Slurm reserves whole nodes), 409 naming the window that is full."""
+
+    serializer_class = BookingOutputSerializer
+
+    class BookingCreateInputSerializer(serializers.Serializer):
+        team = serializers.CharField(help_text="Team slug.")
+        gpu_type = serializers.CharField()
+        gpus = serializers.IntegerField(min_value=1)
+        start = serializers.DateTimeField(help_text="ISO 8601; without an offset: the site's time zone.")
+        end = serializers.DateTimeField()
+        note = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+
+    def get_queryset(self):
+        from accounting.selectors import bookings_visible_to
+
+        queryset = bookings_visible_to(self.request.user).order_by("-start", "-created_at")
+        params = self.request.query_params
+        if params.get("team"):
+            queryset = queryset.filter(team__slug=params["team"])
+        if params.get("status"):
+            queryset = queryset.filter(status=params["status"])
+        if params.get("gpu_type"):
+            queryset = queryset.filter(gpu_type=params["gpu_type"])
+        return queryset
+
+    @extend_schema(summary="Bookings you may see", responses=BookingOutputSerializer(many=True))
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(summary="Book GPUs", request=BookingCreateInputSerializer, responses={201: BookingOutputSerializer})
+    def post(self, request, *args, **kwargs):
+        from accounting.services import booking_create
+        from portal.selectors import teams_visible_to
+
+        serializer = self.BookingCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        team = teams_visible_to(request.user).filter(slug=data["team"]).first()
+        if team is None:
+            from portal.exceptions import ApplicationError
+
+            raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+        booking = booking_create(
+            team=team, gpu_type=data["gpu_type"], gpus=data["gpus"], start=data["start"], end=data["end"],
+            note=data["note"], actor=request.user, request=request,
+        )  # fmt: skip
+        return Response(BookingOutputSerializer(booking).data, status=201)
+
+
+class BookingDecisionInputSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+
+
+class BookingCancelApi(APIView):
+    @extend_schema(summary="Cancel a booking (its Slurm reservation is deleted)", request=None, responses=BookingOutputSerializer)
+    def post(self, request, booking_id):
+        from accounting.services import booking_cancel
+
+        booking = booking_cancel(booking=_booking_for(request, booking_id), actor=request.user, request=request)
+        return Response(BookingOutputSerializer(booking).data)
+
+
+class BookingApproveApi(APIView):
+    @extend_schema(summary="Approve a booking (admins)", request=BookingDecisionInputSerializer, responses=BookingOutputSerializer)
+    def post(self, request, booking_id):
+        from accounting.services import booking_approve
+
+        serializer = BookingDecisionInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        booking = booking_approve(booking=_booking_for(request, booking_id), actor=request.user,
+                                  note=serializer.validated_data["note"], request=request)  # fmt: skip
+        return Response(BookingOutputSerializer(booking).data)
+
+
+class BookingRejectApi(APIView):
+    @extend_schema(summary="Reject a booking (admins)", request=BookingDecisionInputSerializer, responses=BookingOutputSerializer)
+    def post(self, request, booking_id):
+        from accounting.services import booking_reject
+
+        serializer = BookingDecisionInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        booking = booking_reject(booking=_booking_for(request, booking_id), actor=request.user,
+                                 note=serializer.validated_data["note"], request=request)  # fmt: skip
+        return Response(BookingOutputSerializer(booking).data)
+
+
+class BookingAvailabilityApi(APIView):
+    """Free bookable GPUs over time, per GPU type: a step function [{start, end, free, booked}]
+    covering [start, end) (default: the next 7 days). Any signed-in user (no team data)."""
+
+    class BookingAvailabilityQueryInputSerializer(serializers.Serializer):
+        gpu_type = serializers.CharField(required=False, allow_blank=True, default="")
+        start = serializers.DateTimeField(required=False)
+        end = serializers.DateTimeField(required=False)
+
+        def validate(self, attrs):
+            import datetime as dt
+
+            from django.utils import timezone
+
+            attrs["start"] = attrs.get("start") or timezone.now()
+            attrs["end"] = attrs.get("end") or attrs["start"] + dt.timedelta(days=7)
+            if attrs["end"] <= attrs["start"]:
+                raise serializers.ValidationError({"end": ["The end must be after the start."]})
+            if attrs["end"] - attrs["start"] > dt.timedelta(days=92):
+                raise serializers.ValidationError({"end": ["At most 92 days at once."]})
+            return attrs
+
+    class BookingAvailabilityStepOutputSerializer(serializers.Serializer):
+        start = serializers.DateTimeField()
+        end = serializers.DateTimeField()
+        free = serializers.IntegerField()
+        booked = serializers.IntegerField()
+
+    class BookingAvailabilityTypeOutputSerializer(serializers.Serializer):
+        gpu_type = serializers.CharField()
+        capacity = serializers.IntegerField(help_text="GPUs of the type on available nodes.")
+        gpus_per_node = serializers.IntegerField()
+        steps = serializers.ListField(child=serializers.DictField())
+
+    class BookingAvailabilityOutputSerializer(serializers.Serializer):
+        start = serializers.DateTimeField()
+        end = serializers.DateTimeField()
+        whole_nodes = serializers.BooleanField(help_text="Bookings are whole nodes (multiples of gpus_per_node).")
+        results = serializers.ListField(child=serializers.DictField())
+
+    @extend_schema(summary="Bookable GPUs over time", parameters=[BookingAvailabilityQueryInputSerializer],
+                   responses=BookingAvailabilityOutputSerializer)  # fmt: skip
+    def get(self, request):
+        from accounting.selectors import booking_availability
+        from accounting.services import bookings_whole_nodes
+
+        query = self.BookingAvailabilityQueryInputSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = query.validated_data
+        results = booking_availability(start=data["start"], end=data["end"], gpu_type=data["gpu_type"] or None)
+        step = self.BookingAvailabilityStepOutputSerializer
+        payload = {
+            "start": data["start"], "end": data["end"], "whole_nodes": bookings_whole_nodes(),
+            "results": [{**row, "steps": step(row["steps"], many=True).data} for row in results],
+        }  # fmt: skip
+        return Response(self.BookingAvailabilityOutputSerializer(payload).data)
+
+
+# ---------------------------------------------------------------- quotas and budgets
+
+
+class QuotaOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    team = serializers.CharField(source="team.slug")
+    gpu_type = serializers.CharField(help_text='"" = any GPU type.')
+    period_start = serializers.DateField()
+    period_end = serializers.DateField(help_text="Exclusive.")
+    period = serializers.CharField(source="period_label")
+    gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2)
+    max_gpus = serializers.IntegerField(allow_null=True)
+    state = serializers.CharField()
+    justification = serializers.CharField()
+    requested_by = serializers.CharField(source="requested_by.username", default="")
+    requested_at = serializers.DateTimeField()
+    decided_by = serializers.CharField(source="decided_by.username", default="")
+    decided_at = serializers.DateTimeField(allow_null=True)
+    decision_comment = serializers.CharField()
+    approved_at = serializers.DateTimeField(allow_null=True)
+    superseded_by = serializers.IntegerField(source="superseded_by_id", allow_null=True)
+
+
+def _quota_for(request, quota_id):
+    """A quota the user may see, else 404 (whether it exists or not)."""
+    from django.http import Http404
+
+    from accounting.selectors import quotas_visible_to
+
+    quota = quotas_visible_to(request.user).filter(pk=quota_id).first()
+    if quota is None:
+        raise Http404
+    return quota
+
+
+class QuotaCollectionApi(ListAPIView):
+    """GET: the quotas you may see (your teams'; admins and finance: all), newest period first,
+    paginated; filters ``team`` (slug), ``state``. POST: request a quota for a team (its managers and
+    admins): 201 in state ``requested``; 403 for other members; 400 bad input."""
+
+    serializer_class = QuotaOutputSerializer
+
+    class QuotaCreateInputSerializer(serializers.Serializer):
+        team = serializers.CharField(help_text="Team slug.")
+        gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=0)
+        gpu_type = serializers.CharField(required=False, allow_blank=True, default="", help_text='"" = any type.')
+        max_gpus = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None)
+        period_start = serializers.DateField(required=False, allow_null=True, default=None,
+                                             help_text="Default: the 1st of this month.")  # fmt: skip
+        period_end = serializers.DateField(required=False, allow_null=True, default=None,
+                                           help_text="Exclusive; default: the 1st of the next month.")  # fmt: skip
+        justification = serializers.CharField(max_length=5000)
+
+    def get_queryset(self):
+        from accounting.selectors import quotas_visible_to
+
+        queryset = quotas_visible_to(self.request.user).order_by("-period_start", "-requested_at", "-pk")
+        params = self.request.query_params
+        if params.get("team"):
+            queryset = queryset.filter(team__slug=params["team"])
+        if params.get("state"):
+            queryset = queryset.filter(state=params["state"])
+        return queryset
+
+    @extend_schema(summary="Quotas you may see", responses=QuotaOutputSerializer(many=True))
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(summary="Request a GPU quota", request=QuotaCreateInputSerializer, responses={201: QuotaOutputSerializer})
+    def post(self, request, *args, **kwargs):
+        from accounting.services import quota_request
+        from portal.exceptions import ApplicationError
+        from portal.selectors import teams_visible_to
+
+        serializer = self.QuotaCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        team = teams_visible_to(request.user).filter(slug=data["team"]).first()
+        if team is None:
+            raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+        quota = quota_request(
+            team=team, user=request.user, gpu_hours=data["gpu_hours"], gpu_type=data["gpu_type"],
+            max_gpus=data["max_gpus"], period_start=data["period_start"], period_end=data["period_end"],
+            justification=data["justification"], request=request,
+        )  # fmt: skip
+        return Response(QuotaOutputSerializer(quota).data, status=201)
+
+
+class QuotaDecisionInputSerializer(serializers.Serializer):
+    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=1000)
+
+
+class QuotaApproveApi(APIView):
+    """Approve a requested quota (admins): it takes effect now, supersedes the approved quota of the
+    same team, type and period, and is mirrored to Slurm. 409 when it is not awaiting approval."""
+
+    @extend_schema(summary="Approve a quota (admins)", request=QuotaDecisionInputSerializer, responses=QuotaOutputSerializer)
+    def post(self, request, quota_id):
+        from accounting.services import quota_approve
+
+        serializer = QuotaDecisionInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        quota = quota_approve(quota=_quota_for(request, quota_id), user=request.user,
+                              comment=serializer.validated_data["comment"], request=request)  # fmt: skip
+        return Response(QuotaOutputSerializer(quota).data)
+
+
+class QuotaRejectApi(APIView):
+    """Reject a requested quota (admins), with a comment (required)."""
+
+    @extend_schema(summary="Reject a quota (admins)", request=QuotaDecisionInputSerializer, responses=QuotaOutputSerializer)
+    def post(self, request, quota_id):
+        from accounting.services import quota_reject
+
+        serializer = QuotaDecisionInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        quota = quota_reject(quota=_quota_for(request, quota_id), user=request.user,
+                             comment=serializer.validated_data["comment"], request=request)  # fmt: skip
+        return Response(QuotaOutputSerializer(quota).data)
+
+
+class BudgetRowOutputSerializer(serializers.Serializer):
+    quota_id = serializers.IntegerField(source="quota.pk")
+    gpu_type = serializers.CharField(help_text='"" = the any-type budget.')
+    period = serializers.CharField(source="period_label")
+    period_start = serializers.DateField()
+    period_end = serializers.DateField(help_text="Exclusive.")
+    budget = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="GPU-hours granted.")
+    used = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="Accounted GPU-hours in the period.")
+    held = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="Estimates of jobs not yet accounted.")
+    booked = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="Approved bookings in the period.")
+    remaining = serializers.DecimalField(max_digits=14, decimal_places=2)
+    max_gpus = serializers.IntegerField(allow_null=True)
+    runs_out_on = serializers.DateField(allow_null=True, help_text="At the period's burn rate so far; null: not in this period.")
+
+
+class TeamBudgetOutputSerializer(serializers.Serializer):
+    team = serializers.CharField()
+    period = serializers.CharField(allow_null=True, help_text="Of the any-type budget (else the first row).")
+    no_quota_policy = serializers.CharField()
+    budget = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    used = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    held = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    booked = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    remaining = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    runs_out_on = serializers.DateField(allow_null=True)
+    rows = BudgetRowOutputSerializer(many=True)
+
+
+def team_budget_data(team) -> dict:
+    """The budget API's and page's figures: the headline is the any-type row (else the first)."""
+    from django.conf import settings
+
+    from accounting.selectors import team_budget
+
+    rows = team_budget(team=team)
+    head = next((r for r in rows if not r["gpu_type"]), rows[0] if rows else None)
+    return {
+        "team": team.slug,
+        "period": head["period_label"] if head else None,
+        "no_quota_policy": settings.QUOTA_NO_QUOTA_POLICY,
+        **{key: (head[key] if head else None) for key in ("budget", "used", "held", "booked", "remaining", "runs_out_on")},
+        "rows": rows,
+    }
+
+
+class TeamBudgetApi(APIView):
+    """A team's GPU budget in the current period (its members, admins and finance; 404 to others):
+    budget, used, held, booked and remaining GPU-hours, per GPU type, and when it runs out."""
+
+    @extend_schema(summary="A team's GPU budget", responses=TeamBudgetOutputSerializer)
+    def get(self, request, slug):
+        from portal.selectors import teams_visible_to
+
+        team = get_object_or_404(teams_visible_to(request.user), slug=slug)
+        return Response(TeamBudgetOutputSerializer(team_budget_data(team)).data)

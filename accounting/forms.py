@@ -60,3 +60,51 @@ class RateForm(forms.Form):
     price_per_gpu_hour = forms.DecimalField(max_digits=12, decimal_places=4, min_value=Decimal("0"))
     effective_from = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}))
     note = forms.CharField(max_length=200, required=False)
+
+
+class BookingForm(forms.Form):
+    """Book GPUs for a team (its managers; admins for any team). Times in the viewer's time zone."""
+
+    team = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None)
+    gpu_type = forms.ChoiceField(choices=(), label="GPU type")
+    gpus = forms.IntegerField(min_value=1, label="GPUs")
+    start = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    end = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    note = forms.CharField(max_length=200, required=False)
+
+    def __init__(self, *args, teams, gpu_types: list[str], gpus_per_node: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = teams
+        self.fields["gpu_type"].choices = [(t, t) for t in gpu_types]
+        if gpus_per_node:
+            self.fields["gpus"].help_text = f"A multiple of {gpus_per_node}: Slurm here reserves whole nodes."
+            self.fields["gpus"].widget.attrs["step"] = gpus_per_node
+            self.fields["gpus"].initial = gpus_per_node
+
+
+class BookingDecisionForm(forms.Form):
+    note = forms.CharField(max_length=500, required=False)
+
+
+class QuotaRequestForm(forms.Form):
+    """A manager asks for a GPU-hour budget for one of their teams (admins: any team)."""
+
+    team = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None)
+    gpu_type = forms.ChoiceField(choices=(), required=False, label="GPU type")
+    gpu_hours = forms.DecimalField(max_digits=12, decimal_places=2, min_value=Decimal("0"), label="GPU-hours")
+    max_gpus = forms.IntegerField(min_value=0, required=False, label="Max GPUs at once",
+                                  help_text="Empty: no cap.")  # fmt: skip
+    period_start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
+                                   help_text="Empty: the 1st of this month.")  # fmt: skip
+    period_end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
+                                 help_text="Exclusive. Empty: the 1st of the next month.")  # fmt: skip
+    justification = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=5000)
+
+    def __init__(self, *args, teams, gpu_types: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = teams
+        self.fields["gpu_type"].choices = [("", "Any type")] + [(t, t) for t in gpu_types]
+
+
+class QuotaDecisionForm(forms.Form):
+    comment = forms.CharField(max_length=1000, required=False)

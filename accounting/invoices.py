@@ -11,7 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 
-from accounting.selectors import invoice_lines, jobs_by_uuid, next_month
+from accounting.selectors import billing_midnight, booking_charges, invoice_lines, jobs_by_uuid, next_month
 from portal.models import Team
 
 CENT = Decimal("0.01")
@@ -47,6 +47,8 @@ def invoice(*, team: Team, month: dt.date) -> dict:
         summary[key]["gpu_seconds"] += s.gpu_seconds
         summary[key]["cost"] += s.cost
     total_cost = sum((s.cost for s in slices), Decimal(0)).quantize(CENT, ROUND_HALF_UP)
+    bookings = booking_charges(start_at=billing_midnight(month), end_at=billing_midnight(next_month(month)), team=team)
+    bookings_cost = sum((b["cost"] for b in bookings), Decimal(0)).quantize(CENT, ROUND_HALF_UP)
     return {
         "team": team,
         "month": month,
@@ -59,11 +61,12 @@ def invoice(*, team: Team, month: dt.date) -> dict:
         ],  # fmt: skip
         "gpu_hours": (Decimal(sum(s.gpu_seconds for s in slices)) / HOUR).quantize(CENT, ROUND_HALF_UP),
         "usage_cost": total_cost,
-        # Bookings (reserved GPU capacity charged whether used or not) are not implemented yet: when they
-        # are, add their charges here and to "total".
-        "bookings": [],
-        "bookings_cost": Decimal(0),
-        "total": total_cost,
+        # Bookings: reserved GPU-hours charged whether used or not (BOOKING_CHARGE_MODE=reserved; usage
+        # inside a booking then costs nothing above). With "used", lines are listed at cost 0.
+        "bookings": bookings,
+        "bookings_cost": bookings_cost,
+        "booking_charge_mode": settings.BOOKING_CHARGE_MODE,
+        "total": total_cost + bookings_cost,
         "provisional": any(s.provisional for s in slices),
         "currency": settings.DEFAULT_CURRENCY,
     }
@@ -95,13 +98,21 @@ def invoice_text_lines(data: dict) -> list[str]:
         )
     if not data["lines"]:
         out.append("(no GPU usage in this month)")
-    out += ["-" * 110, "", "Summary by GPU type and rate:"]
+    out += ["-" * 110]
+    if data["bookings"]:
+        out += ["", f"Bookings (reserved GPU-hours, charge mode {data['booking_charge_mode']}):"]
+        for b in data["bookings"]:
+            out.append(
+                f"  {b['booking'].reservation_name:<22} {b['gpus']:>2} x {b['gpu_type']:<6} {b['start'].astimezone(dt.UTC):%Y-%m-%d %H:%M}"
+                f" - {b['end'].astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC {b['gpu_hours']:>10,.2f} GPU-h {_money(b['price']):>8} {_money(b['cost']):>12}"
+            )
+    out += ["", "Summary by GPU type and rate:"]
     for row in data["summary"]:
         out.append(f"  {row['gpu_type']:<8} {_money(row['price']):>8} {cur}/GPU-h  {row['gpu_hours']:>12,.2f} GPU-h  {_money(row['cost']):>14} {cur}")
     out += [
         "",
         f"GPU usage:       {data['gpu_hours']:>14,.2f} GPU-h  {_money(data['usage_cost']):>14} {cur}",
-        f"Bookings:        {'(not yet charged)':>20}  {_money(data['bookings_cost']):>14} {cur}",
+        f"Bookings:        {sum((b['gpu_hours'] for b in data['bookings']), Decimal(0)):>14,.2f} GPU-h  {_money(data['bookings_cost']):>14} {cur}",
         f"TOTAL:           {'':>20}  {_money(data['total']):>14} {cur}",
     ]
     return out

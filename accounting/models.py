@@ -3,6 +3,8 @@ allocation) and their calendar-month slices with cost."""
 
 from __future__ import annotations
 
+import datetime as dt
+import uuid
 from decimal import Decimal
 
 from django.conf import settings
@@ -67,6 +69,10 @@ class UsageRecord(models.Model):
     # the portal's jobs.Job pk when the comment carries "gpuportal:<uuid>"; no FK so that usage outlives
     # deleted jobs and does not depend on the jobs app's migrations (see accounting.selectors.jobs_by_uuid)
     portal_job_uuid = models.UUIDField(null=True, blank=True)
+    # sacct's Reservation, and the booking whose reservation it is: usage inside a booking (the
+    # booking carries the charge in BOOKING_CHARGE_MODE="reserved"; budgets must not count it twice)
+    reservation = models.CharField(max_length=64, blank=True)
+    booking = models.ForeignKey("accounting.Booking", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage_records")
     gpus = models.PositiveIntegerField(default=0)
     gpu_type = models.CharField(max_length=32, blank=True)
     elapsed_seconds = models.PositiveBigIntegerField(default=0)
@@ -141,3 +147,212 @@ class UsageSlice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.record_id} {self.period:%Y-%m} {self.gpu_seconds} GPU-s"
+
+
+# ---------------------------------------------------------------- bookings
+
+
+class BookingStatus(models.TextChoices):
+    """A booking's decision state. Whether it is upcoming, active or ended follows from its window
+    (``Booking.phase``). Only APPROVED bookings hold capacity; REQUESTED ones are checked again when
+    an admin approves them."""
+
+    REQUESTED = "requested", "Awaiting approval"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class ReservationState(models.TextChoices):
+    """The booking's Slurm reservation, as the booking tasks last left it."""
+
+    NONE = "none", "None"  # not approved (yet)
+    PENDING = "pending", "Being created"  # approved; booking_reserve is queued or retrying
+    CREATING = "creating", "Creating"  # claimed by booking_reserve (the Slurm call runs)
+    ACTIVE = "active", "In Slurm"
+    FAILED = "failed", "Failed"  # Slurm refused it (reservation_error says why)
+    DELETING = "deleting", "Being deleted"
+    DELETED = "deleted", "Deleted"
+
+
+class Booking(models.Model):
+    """GPUs of one type booked by a team for a time window. Approved bookings become a Slurm
+    reservation (``reservation_name``) for the team's account: on Slurm releases that cannot reserve
+    GPU counts the reservation covers whole nodes (``nodes``) and ``gpus`` is a multiple of a node's
+    GPUs. The capacity rule (peak of approved bookings ≤ GPUs of the type) lives in
+    ``accounting.services.booking_create`` / ``booking_approve``."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="bookings")
+    gpu_type = models.CharField(max_length=32)
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    note = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=16, choices=BookingStatus.choices, default=BookingStatus.REQUESTED)
+    auto_approved = models.BooleanField(default=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)  # kept when it is cancelled later
+    decision_note = models.CharField(max_length=500, blank=True)
+    cancelled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    # Slurm side
+    reservation_name = models.CharField(max_length=64, unique=True)  # gpuportal-<first 12 hex of id>
+    nodes = models.JSONField(default=list, blank=True)  # whole nodes reserved ([] with GPU-count reservations)
+    reservation_state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.NONE)
+    reservation_error = models.TextField(blank=True)
+    reservation_updated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["start", "created_at"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(end__gt=models.F("start")), name="booking_end_after_start"),
+            models.CheckConstraint(condition=models.Q(gpus__gte=1), name="booking_gpus_positive"),
+        ]
+        indexes = [
+            # capacity check and availability: gpu_type=…, status='approved', start < …, end > …
+            models.Index(fields=["gpu_type", "status", "start"], name="booking_type_status_start"),
+            # booked_gpu_hours() and the team's list: team=…, status IN (…), start < …
+            models.Index(fields=["team", "status", "start"], name="booking_team_status_start"),
+            # booking_cleanup: reservation_state IN ('active', …), end <= now / status='cancelled'
+            models.Index(fields=["reservation_state", "end"], name="booking_resv_state_end"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reservation_name} {self.gpus}×{self.gpu_type} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M}"
+
+    @staticmethod
+    def reservation_name_for(booking_id: uuid.UUID) -> str:
+        return f"gpuportal-{booking_id.hex[:12]}"
+
+    @property
+    def hours(self) -> Decimal:
+        return Decimal((self.end - self.start).total_seconds()) / Decimal(3600)
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        return (self.gpus * self.hours).quantize(Decimal("0.01"))
+
+    @property
+    def held_until(self) -> dt.datetime | None:
+        """End of the part of the window the booking held capacity (and is charged for): its end, or
+        when it was cancelled if that was earlier; None when it never held capacity."""
+        if self.approved_at is None or self.status not in (BookingStatus.APPROVED, BookingStatus.CANCELLED):
+            return None
+        if self.status == BookingStatus.CANCELLED:
+            until = min(self.end, self.cancelled_at or self.start)
+            return until if until > self.start else None
+        return self.end
+
+    def phase(self, now: dt.datetime) -> str:
+        """upcoming / active / ended by the window (cancelled/rejected bookings have none)."""
+        if now < self.start:
+            return "upcoming"
+        return "active" if now < self.end else "ended"
+
+
+# ---------------------------------------------------------------- quotas
+
+
+class QuotaState(models.TextChoices):
+    """A quota's decision state. Only APPROVED quotas count; a newer approved quota for the same team,
+    GPU type and period moves the older one to SUPERSEDED (history is kept: rows are never deleted)."""
+
+    REQUESTED = "requested", "Awaiting approval"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    SUPERSEDED = "superseded", "Superseded"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Quota(models.Model):
+    """A team's GPU-hour budget for a period [period_start, period_end) (dates, billing time zone;
+    a calendar month by default), for one GPU type or for any (``gpu_type=""``), with an optional cap
+    on GPUs in use at once. Managers request, admins approve or reject (``accounting.services``);
+    approved quotas are mirrored to the team's Slurm account (GrpTRESMins / GrpTRES)."""
+
+    team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="quotas")
+    gpu_type = models.CharField(max_length=32, blank=True, help_text="Empty: every GPU type.")
+    period_start = models.DateField()
+    period_end = models.DateField(help_text="Exclusive: the day after the period's last day.")
+    gpu_hours = models.DecimalField(max_digits=12, decimal_places=2, validators=[MinValueValidator(Decimal("0"))])
+    max_gpus = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs in use at once; empty: no cap.")
+    state = models.CharField(max_length=16, choices=QuotaState.choices, default=QuotaState.REQUESTED)
+    justification = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_comment = models.CharField(max_length=1000, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)  # effective from (kept once superseded)
+    superseded_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    slurm_mirrored_at = models.DateTimeField(null=True, blank=True)  # last successful quota_limits_apply
+
+    class Meta:
+        ordering = ["-period_start", "team", "gpu_type", "-requested_at"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(period_end__gt=models.F("period_start")), name="quota_period_not_empty"),
+            models.CheckConstraint(condition=models.Q(gpu_hours__gte=0), name="quota_gpu_hours_not_negative"),
+            # at most one approved quota per team, GPU type and period (approval supersedes the older)
+            models.UniqueConstraint(
+                fields=["team", "gpu_type", "period_start", "period_end"],
+                condition=models.Q(state="approved"),
+                name="quota_one_approved_per_period",
+            ),
+        ]
+        indexes = [
+            # quotas_effective(): team=…, state='approved', period_start <= today (then period_end > today)
+            models.Index(fields=["team", "state", "period_start"], name="quota_team_state_start"),
+            # the admins' queue: state='requested'
+            models.Index(fields=["state", "requested_at"], name="quota_state_requested"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team} {self.gpu_type or 'any'} {self.period_label} {self.gpu_hours} GPU-h ({self.state})"
+
+    @property
+    def period_label(self) -> str:
+        """"2026-12" for a calendar month, else "2026-12-01 – 2026-12-14" (inclusive last day)."""
+        start, end = self.period_start, self.period_end
+        if start.day == 1 and end == dt.date(start.year + (start.month == 12), start.month % 12 + 1, 1):
+            return f"{start:%Y-%m}"
+        return f"{start:%Y-%m-%d} – {end - dt.timedelta(days=1):%Y-%m-%d}"
+
+    @property
+    def slurm_tres(self) -> str:
+        """The TRES this quota limits in Slurm: gres/gpu or gres/gpu:<type>."""
+        return f"gres/gpu:{self.gpu_type}" if self.gpu_type else "gres/gpu"
+
+
+class BudgetAlert(models.Model):
+    """A team crossed ``threshold`` % of a quota (used + booked). One row per (quota, threshold): the
+    unique constraint makes the alert fire once, whoever notices first. Delivery is recorded."""
+
+    quota = models.ForeignKey(Quota, on_delete=models.CASCADE, related_name="alerts")
+    threshold = models.PositiveSmallIntegerField()  # percent: 80, 100
+    consumed_gpu_hours = models.DecimalField(max_digits=14, decimal_places=2)
+    budget_gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
+    created_at = models.DateTimeField(auto_now_add=True)
+    emailed_at = models.DateTimeField(null=True, blank=True)
+    webhook_delivered_at = models.DateTimeField(null=True, blank=True)
+    webhook_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["quota", "threshold"], name="budgetalert_unique_quota_threshold")]
+
+    def __str__(self) -> str:
+        return f"{self.quota_id} {self.threshold}%"

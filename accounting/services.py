@@ -29,7 +29,7 @@ from accounting.models import Rate, UsageRecord, UsageSlice
 from accounting.selectors import billing_midnight, billing_zone
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import SyncStatus, Team
-from portal.services import sync_record_failure, sync_record_success
+from portal.services import audit_record, sync_record_failure, sync_record_success
 from portal.slurm import AccountingRecord, SlurmError, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ BATCH = 2000
 RECORD_FIELDS = (
     "start_time", "end_time", "state", "name", "account", "team_id", "unix_user", "user_id", "partition",
     "num_nodes", "comment", "portal_job_uuid", "gpus", "gpu_type", "elapsed_seconds", "time_limit_minutes",
-    "gpu_seconds", "gpu_hours", "requested_gpu_hours", "provisional", "known_until",
+    "gpu_seconds", "gpu_hours", "requested_gpu_hours", "provisional", "known_until", "reservation", "booking_id",
 )  # fmt: skip
 
 
@@ -291,9 +291,31 @@ def _users_by_unix_name(names: set[str]) -> dict[str, int]:
     return found
 
 
+def _bookings_by_reservation(names: set[str]) -> dict:
+    """Booking id per Slurm reservation name (the portal's bookings only); one query."""
+    if not names:
+        return {}
+    from accounting.models import Booking
+
+    return dict(Booking.objects.filter(reservation_name__in=names).values_list("reservation_name", "pk"))
+
+
+def _bookings_by_portal_job(uuids: set) -> dict:
+    """Booking id per portal job (jobs.Job.booking_id) for jobs submitted into a booking; one query."""
+    if not uuids:
+        return {}
+    from django.apps import apps
+
+    job_model = apps.get_model("jobs", "Job")
+    return dict(job_model.objects.filter(pk__in=uuids, booking_id__isnull=False).values_list("pk", "booking_id"))
+
+
 def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:
     teams = dict(Team.objects.filter(slurm_account__in={r.account for r in records}).values_list("slurm_account", "pk"))
     users = _users_by_unix_name({r.user for r in records if r.user})
+    bookings = _bookings_by_reservation({r.reservation for r in records if r.reservation})
+    # sacct 22.05 leaves Reservation empty (it keeps only ReservationId): portal jobs name their booking
+    job_bookings = _bookings_by_portal_job({u for r in records if not r.reservation and (u := _portal_job_uuid(r.comment))})
     rows: dict[tuple, UsageRecord] = {}
     for r in records:
         running = r.end_time is None or r.state in RUNNING_STATES
@@ -325,6 +347,8 @@ def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluste
             num_nodes=r.num_nodes or 1,
             comment=(r.comment or "")[:500],
             portal_job_uuid=_portal_job_uuid(r.comment),
+            reservation=(r.reservation or "")[:64],
+            booking_id=bookings.get(r.reservation or "") or job_bookings.get(_portal_job_uuid(r.comment)),
             gpus=gpus,
             gpu_type=r.gpu_type,
             elapsed_seconds=max(r.elapsed_seconds, 0),
@@ -373,7 +397,7 @@ def _upsert(rows: list[UsageRecord]) -> list[UsageRecord]:
         batch_size=BATCH,
         update_conflicts=True,
         unique_fields=["cluster", "job_id", "submit_time"],
-        update_fields=[f.removesuffix("_id") if f in ("team_id", "user_id") else f for f in RECORD_FIELDS],
+        update_fields=[f.removesuffix("_id") if f in ("team_id", "user_id", "booking_id") else f for f in RECORD_FIELDS],
     )
     missing = [r for r in saved if r.pk is None]
     if missing:  # backends that do not return ids from an upsert
@@ -430,6 +454,8 @@ def slice_record(record: UsageRecord, book: _RateBook) -> list[UsageSlice]:
         rate = book.rate_at(record.gpu_type, record.partition, a)
         price = rate.price_per_gpu_hour if rate else None
         cost = (Decimal(gpu_seconds) * price / HOUR).quantize(SIX, ROUND_HALF_UP) if rate else Decimal("0")
+        if record.booking_id and settings.BOOKING_CHARGE_MODE == "reserved":
+            cost = Decimal("0")  # the booking carries the charge (accounting.selectors.booking_charges)
         local = a.astimezone(zone)
         slices.append(
             UsageSlice(
@@ -463,3 +489,957 @@ def _slices_replace(records: list[UsageRecord], book: _RateBook) -> int:
     slices = [s for r in records for s in slice_record(r, book)]
     UsageSlice.objects.bulk_create(slices, batch_size=BATCH)
     return len(slices)
+
+
+# ---------------------------------------------------------------- bookings
+#
+# Capacity rule: at no instant may the APPROVED bookings of a GPU type hold more GPUs than the
+# available nodes of that type have (NodeInfo: available=True, gpus_total, as sync_cluster last read
+# them). REQUESTED bookings hold nothing; they are checked when made (so a hopeless request is refused
+# at once) and again, under the lock, when an admin approves them. The check is the PEAK of the
+# overlapping bookings' load over the window (a sweep over their start/end events), made under a
+# per-GPU-type transaction-scoped advisory lock, so two bookings of the same type never both pass.
+# On Slurm releases that cannot reserve GPU counts (22.05) a booking is whole nodes: the nodes are
+# chosen in the same locked transaction among nodes of the type that no overlapping approved booking
+# holds, so the node choice and the capacity check always agree.
+
+BOOKING_LOCK_NAMESPACE = 0x6270  # "bp": first key of pg_advisory_xact_lock(int, int)
+BOOKING_PAST_GRACE = dt.timedelta(minutes=5)  # a window may start this much before now (form latency)
+
+
+def _booking_lock(gpu_type: str) -> None:
+    """Serialise capacity decisions for one GPU type until the transaction ends."""
+    import zlib
+
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return  # SQLite (the demo) serialises writing transactions anyway
+    key = zlib.crc32(gpu_type.encode()) - 2**31  # signed 32-bit
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [BOOKING_LOCK_NAMESPACE, key])
+
+
+def bookings_whole_nodes() -> bool:
+    """True when bookings must be whole nodes (the gateway cannot reserve GPU counts). The gateway's
+    own answer (one ``sinfo --version``, cached by the gateway); whole nodes when Slurm is unreachable
+    (the safe choice: whole-node bookings work on every release)."""
+    choice = getattr(settings, "BOOKING_RESERVE_WHOLE_NODES", "auto")
+    if choice in ("yes", "no"):
+        return choice == "yes"
+    try:
+        return not get_gateway().reservations_support_gpu_counts
+    except SlurmError:
+        return True
+
+
+@dataclass(frozen=True)
+class TypeCapacity:
+    """Bookable GPUs of one type: the available nodes that have them."""
+
+    gpu_type: str
+    nodes: tuple  # NodeInfo rows, by name
+    gpus_total: int
+    gpus_per_node: int  # the smallest node's GPUs: the unit of whole-node bookings
+
+
+def type_capacity(gpu_type: str) -> TypeCapacity:
+    from portal.models import NodeInfo
+
+    nodes = tuple(NodeInfo.objects.filter(gpu_type=gpu_type, available=True, gpus_total__gt=0).order_by("name"))
+    return TypeCapacity(
+        gpu_type=gpu_type,
+        nodes=nodes,
+        gpus_total=sum(n.gpus_total for n in nodes),
+        gpus_per_node=min((n.gpus_total for n in nodes), default=0),
+    )
+
+
+def booking_load_steps(bookings, *, start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, dt.datetime, int]]:
+    """The GPUs the bookings hold over [start, end), as consecutive (from, to, gpus) steps covering
+    the whole range (a sweep over their clipped start/end events). Steps with equal load are merged."""
+    events: dict[dt.datetime, int] = {start: 0, end: 0}
+    for booking in bookings:
+        lo, hi = max(booking.start, start), min(booking.end, end)
+        if hi <= lo:
+            continue
+        events[lo] = events.get(lo, 0) + booking.gpus
+        events[hi] = events.get(hi, 0) - booking.gpus
+    points = sorted(events)
+    steps: list[tuple[dt.datetime, dt.datetime, int]] = []
+    load = 0
+    for a, b in zip(points, points[1:]):
+        load += events[a]
+        if steps and steps[-1][2] == load and steps[-1][1] == a:
+            steps[-1] = (steps[-1][0], b, load)
+        else:
+            steps.append((a, b, load))
+    return steps
+
+
+def _approved_overlapping(gpu_type: str, start: dt.datetime, end: dt.datetime, *, exclude=None):
+    from accounting.models import Booking, BookingStatus
+
+    queryset = Booking.objects.filter(gpu_type=gpu_type, status=BookingStatus.APPROVED, start__lt=end, end__gt=start)
+    if exclude is not None:
+        queryset = queryset.exclude(pk=exclude)
+    return list(queryset.only("pk", "gpus", "start", "end", "nodes"))
+
+
+def _window_text(a: dt.datetime, b: dt.datetime) -> str:
+    zone = billing_zone()
+    a, b = a.astimezone(zone), b.astimezone(zone)
+    end_format = "%H:%M" if a.date() == b.date() else "%Y-%m-%d %H:%M"
+    return f"{a:%Y-%m-%d %H:%M}–{b.strftime(end_format)} {a.tzname()}"
+
+
+def _capacity_check(*, gpu_type: str, gpus: int, start: dt.datetime, end: dt.datetime, exclude=None) -> list[str]:
+    """Raise Conflict (409) naming the first window where ``gpus`` more would exceed the bookable
+    GPUs of the type; returns the nodes to reserve (whole-node mode) or []. Call under _booking_lock."""
+    capacity = type_capacity(gpu_type)
+    overlapping = _approved_overlapping(gpu_type, start, end, exclude=exclude)
+    for a, b, load in booking_load_steps(overlapping, start=start, end=end):
+        if load + gpus > capacity.gpus_total:
+            # widen to the whole stretch where this booking does not fit
+            stretch_end = b
+            for c, d, more in booking_load_steps(overlapping, start=b, end=end):
+                if more + gpus <= capacity.gpus_total:
+                    break
+                stretch_end = d
+            message = f"{gpu_type}: {load} of {capacity.gpus_total} GPUs already booked {_window_text(a, stretch_end)}"
+            if load < capacity.gpus_total:
+                message += f" (only {capacity.gpus_total - load} free)"
+            raise Conflict(message, errors={"start": [message], "gpus": [message]})
+    if not bookings_whole_nodes():
+        return []
+    taken = {name for booking in overlapping for name in (booking.nodes or [])}
+    free = [n for n in capacity.nodes if n.name not in taken]
+    free.sort(key=lambda n: (n.gpus_allocated > 0, n.name))  # idle nodes first
+    chosen, covered = [], 0
+    for node in free:
+        if covered >= gpus:
+            break
+        chosen.append(node.name)
+        covered += node.gpus_total
+    if covered < gpus:
+        message = (
+            f"{gpu_type}: GPUs are free at every moment of {_window_text(start, end)}, but not {gpus} on whole nodes "
+            "free for the whole window; shorten or split the booking"
+        )
+        raise Conflict(message, errors={"start": [message], "gpus": [message]})
+    return sorted(chosen)
+
+
+def _validate_booking_input(*, team: Team | None, gpu_type: str, gpus, start, end, now: dt.datetime) -> tuple[str, int]:
+    errors: dict[str, list[str]] = {}
+    if team is None:
+        errors["team"] = ["No such team."]
+    elif not team.active:
+        errors["team"] = [f"Team {team.name} is inactive."]
+    gpu_type = (gpu_type or "").strip()
+    capacity = type_capacity(gpu_type) if gpu_type else None
+    if not gpu_type:
+        errors["gpu_type"] = ["This field is required."]
+    elif not capacity.nodes:
+        from portal.models import NodeInfo
+
+        known = sorted(set(NodeInfo.objects.filter(gpus_total__gt=0).exclude(gpu_type="").values_list("gpu_type", flat=True)))
+        errors["gpu_type"] = [f"No available {gpu_type} GPUs on the cluster (types: {', '.join(known) or 'none'})."]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        errors["gpus"] = ["Give a whole number of GPUs, at least 1."]
+    elif capacity is not None and capacity.nodes:
+        if gpus > capacity.gpus_total:
+            errors["gpus"] = [f"The cluster has {capacity.gpus_total} bookable {gpu_type} GPUs."]
+        elif bookings_whole_nodes() and gpus % capacity.gpus_per_node:
+            errors["gpus"] = [
+                f"must be a multiple of {capacity.gpus_per_node} (whole nodes) on this cluster: "
+                f"Slurm here reserves whole {gpu_type} nodes of {capacity.gpus_per_node} GPUs."
+            ]
+    for name, value in (("start", start), ("end", end)):
+        if not isinstance(value, dt.datetime) or timezone.is_naive(value):
+            errors[name] = ["Give a date and time with a time zone."]
+    if "start" not in errors and "end" not in errors:
+        if end <= start:
+            errors["end"] = ["The end must be after the start."]
+        elif end - start < dt.timedelta(minutes=settings.BOOKING_MIN_MINUTES):
+            errors["end"] = [f"Book at least {settings.BOOKING_MIN_MINUTES} minutes."]
+        elif end - start > dt.timedelta(days=settings.BOOKING_MAX_DAYS):
+            errors["end"] = [f"Book at most {settings.BOOKING_MAX_DAYS} days at once."]
+        if start < now - BOOKING_PAST_GRACE:
+            errors["start"] = ["The window must not start in the past."]
+    if errors:
+        first = next(iter(errors.values()))[0]
+        name = next(iter(errors))
+        raise ApplicationError(f"The booking cannot be made: {name} {first}", errors=errors)
+    return gpu_type, gpus
+
+
+def _enqueue_booking_task(task_name: str, booking_id) -> None:
+    from accounting import tasks
+
+    task = getattr(tasks, task_name)
+
+    def publish():
+        from kombu.exceptions import OperationalError as BrokerError
+
+        try:
+            task.delay(str(booking_id))
+        except BrokerError as exc:  # booking_cleanup_task picks it up later
+            logger.warning("booking %s: %s not enqueued (broker unavailable: %s)", booking_id, task_name, exc)
+
+    transaction.on_commit(publish)
+
+
+def booking_create(
+    *, team: Team | None, gpu_type: str, gpus: int, start: dt.datetime, end: dt.datetime, note: str = "",
+    actor, request=None, now: dt.datetime | None = None,
+):  # fmt: skip
+    """Book ``gpus`` GPUs of ``gpu_type`` for the team over [start, end). The team's managers and
+    admins may book. Bookings of at most BOOKING_AUTO_APPROVE_GPU_HOURS GPU-hours (and every booking an
+    admin makes) are approved at once and reserved in Slurm after commit; larger ones wait for an
+    admin (``booking_approve``). ApplicationError (400) on bad input, Conflict (409) naming the window
+    when the GPUs are not free."""
+    from accounting.models import Booking, BookingStatus, ReservationState
+    from portal.roles import is_admin, is_manager
+
+    now = now or timezone.now()
+    if team is not None and not (is_admin(actor) or is_manager(actor, team)):
+        raise ApplicationError(
+            "Only the team's managers and admins may book GPUs.",
+            errors={"team": [f"You are not a manager of team {team.name}."]}, status_code=403,
+        )  # fmt: skip
+    gpu_type, gpus = _validate_booking_input(team=team, gpu_type=gpu_type, gpus=gpus, start=start, end=end, now=now)
+    start = max(start, now)  # a window starting within the grace period starts now
+    booking_id = uuid.uuid4()
+    booking = Booking(
+        id=booking_id, team=team, gpu_type=gpu_type, gpus=gpus, start=start, end=end, note=(note or "")[:200],
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+        reservation_name=Booking.reservation_name_for(booking_id),
+    )  # fmt: skip
+    auto = is_admin(actor) or booking.gpu_hours <= Decimal(settings.BOOKING_AUTO_APPROVE_GPU_HOURS)
+    with transaction.atomic():
+        _booking_lock(gpu_type)
+        nodes = _capacity_check(gpu_type=gpu_type, gpus=gpus, start=start, end=end)
+        if auto:
+            booking.status = BookingStatus.APPROVED
+            booking.auto_approved = True
+            booking.approved_at = booking.decided_at = now
+            booking.nodes = nodes
+            booking.reservation_state = ReservationState.PENDING
+            booking.reservation_updated_at = now
+        booking.save(force_insert=True)
+        audit_record(
+            actor=actor, action="booking.create", target=booking, team=team, request=request,
+            data={"gpu_type": gpu_type, "gpus": gpus, "start": start.isoformat(), "end": end.isoformat(),
+                  "gpu_hours": str(booking.gpu_hours), "status": booking.status, "nodes": booking.nodes},
+        )  # fmt: skip
+        if auto:
+            _enqueue_booking_task("booking_reserve_task", booking.pk)
+    return booking
+
+
+def _locked_booking(booking_id):
+    from accounting.models import Booking
+
+    return Booking.objects.select_for_update().select_related("team").get(pk=booking_id)
+
+
+def booking_approve(*, booking, actor, note: str = "", request=None, now: dt.datetime | None = None):
+    """An admin approves a REQUESTED booking: the capacity is checked again under the type's lock
+    (409 naming the window when it does not fit any more), nodes are chosen, and the Slurm reservation
+    is made after commit."""
+    from accounting.models import BookingStatus, ReservationState
+    from portal.roles import is_admin
+
+    if not is_admin(actor):
+        raise ApplicationError("Only admins approve bookings.", status_code=403)
+    now = now or timezone.now()
+    with transaction.atomic():
+        _booking_lock(booking.gpu_type)
+        booking = _locked_booking(booking.pk)
+        if booking.status != BookingStatus.REQUESTED:
+            raise Conflict(f"The booking is {booking.get_status_display().lower()}, not awaiting approval.",
+                           errors={"status": [booking.status]})  # fmt: skip
+        if booking.end <= now:
+            raise Conflict("The booking's window has passed.", errors={"end": ["The window has passed."]})
+        nodes = _capacity_check(gpu_type=booking.gpu_type, gpus=booking.gpus, start=max(booking.start, now), end=booking.end,
+                                exclude=booking.pk)  # fmt: skip
+        booking.status = BookingStatus.APPROVED
+        booking.approved_at = booking.decided_at = now
+        booking.decided_by = actor
+        booking.decision_note = (note or "")[:500]
+        booking.nodes = nodes
+        booking.reservation_state = ReservationState.PENDING
+        booking.reservation_updated_at = now
+        booking.save(update_fields=["status", "approved_at", "decided_at", "decided_by", "decision_note", "nodes", "reservation_state", "reservation_updated_at"])
+        audit_record(actor=actor, action="booking.approve", target=booking, team=booking.team, request=request,
+                     data={"nodes": nodes, "note": booking.decision_note})  # fmt: skip
+        _enqueue_booking_task("booking_reserve_task", booking.pk)
+    return booking
+
+
+def booking_reject(*, booking, actor, note: str = "", request=None, now: dt.datetime | None = None):
+    from accounting.models import BookingStatus
+    from portal.roles import is_admin
+
+    if not is_admin(actor):
+        raise ApplicationError("Only admins reject bookings.", status_code=403)
+    now = now or timezone.now()
+    with transaction.atomic():
+        booking = _locked_booking(booking.pk)
+        if booking.status != BookingStatus.REQUESTED:
+            raise Conflict(f"The booking is {booking.get_status_display().lower()}, not awaiting approval.",
+                           errors={"status": [booking.status]})  # fmt: skip
+        booking.status = BookingStatus.REJECTED
+        booking.decided_at = now
+        booking.decided_by = actor
+        booking.decision_note = (note or "")[:500]
+        booking.save(update_fields=["status", "decided_at", "decided_by", "decision_note"])
+        audit_record(actor=actor, action="booking.reject", target=booking, team=booking.team, request=request,
+                     data={"note": booking.decision_note})  # fmt: skip
+    return booking
+
+
+def booking_cancel(*, booking, actor, request=None, now: dt.datetime | None = None):
+    """The team's managers or an admin cancel a requested or approved booking that has not ended. Its
+    reservation is deleted after commit; the part of an active booking before now stays charged."""
+    from accounting.models import BookingStatus, ReservationState
+    from portal.roles import is_admin, is_manager
+
+    if not (is_admin(actor) or is_manager(actor, booking.team)):
+        raise ApplicationError("Only the team's managers and admins may cancel its bookings.", status_code=403)
+    now = now or timezone.now()
+    with transaction.atomic():
+        booking = _locked_booking(booking.pk)
+        if booking.status not in (BookingStatus.REQUESTED, BookingStatus.APPROVED):
+            raise Conflict(f"The booking is already {booking.get_status_display().lower()}.", errors={"status": [booking.status]})
+        if booking.end <= now:
+            raise Conflict("The booking has ended.", errors={"end": ["The booking has ended."]})
+        booking.status = BookingStatus.CANCELLED
+        booking.cancelled_at = now
+        booking.cancelled_by = actor
+        fields = ["status", "cancelled_at", "cancelled_by"]
+        state = booking.reservation_state
+        if state in (ReservationState.ACTIVE, ReservationState.DELETING):
+            booking.reservation_state = ReservationState.DELETING
+            _enqueue_booking_task("booking_unreserve_task", booking.pk)
+        elif state in (ReservationState.PENDING, ReservationState.FAILED):
+            booking.reservation_state = ReservationState.DELETED  # nothing in Slurm (the claim needs APPROVED)
+        # CREATING: booking_reserve_run sees the cancellation after its Slurm call and deletes it
+        booking.reservation_updated_at = now
+        booking.save(update_fields=[*fields, "reservation_state", "reservation_updated_at"])
+        audit_record(actor=actor, action="booking.cancel", target=booking, team=booking.team, request=request,
+                     data={"reservation_state": booking.reservation_state})  # fmt: skip
+    return booking
+
+
+RESERVE_LEASE = dt.timedelta(minutes=5)
+
+
+def booking_reserve_run(booking_id) -> str:
+    """Make the Slurm reservation of an approved booking (what ``booking_reserve_task`` does).
+    Claims PENDING → CREATING (conditional update), calls Slurm outside any transaction, records the
+    outcome. Idempotent through the reservation's name: a rerun after a crash finds it in Slurm.
+    Raises SlurmUnavailable (state back to PENDING) for the task to retry."""
+    from accounting.models import Booking, BookingStatus, ReservationState
+    from portal.slurm import ReservationSpec, SlurmRejected, SlurmUnavailable
+
+    now = timezone.now()
+    claimed = Booking.objects.filter(
+        Q(reservation_state=ReservationState.PENDING)
+        | Q(reservation_state=ReservationState.CREATING, reservation_updated_at__lt=now - RESERVE_LEASE),
+        pk=booking_id, status=BookingStatus.APPROVED,
+    ).update(reservation_state=ReservationState.CREATING, reservation_updated_at=now)  # fmt: skip
+    if not claimed:
+        return "not-claimed"
+    booking = Booking.objects.select_related("team").get(pk=booking_id)
+    if booking.end <= now:
+        _reservation_state(booking, ReservationState.DELETED, "The window passed before the reservation was made.")
+        return "ended"
+    gateway = get_gateway()
+    spec = ReservationSpec(
+        name=booking.reservation_name,
+        start=max(booking.start, now),
+        end=booking.end,
+        accounts=(booking.team.slurm_account,),
+        nodes=tuple(booking.nodes),
+        tres={} if booking.nodes else {f"gres/gpu:{booking.gpu_type}": booking.gpus},
+        # IGNORE_JOBS: jobs already running on the nodes (or holding them by time limit) must not make
+        # the reservation fail; the scheduler starts nothing new there that would overlap the window
+        flags=("IGNORE_JOBS",),
+    )
+    try:
+        gateway.reservation_create(spec)
+        outcome = "created"
+    except SlurmUnavailable as exc:
+        _reservation_state(booking, ReservationState.PENDING, f"Slurm unavailable: {exc.message}", expect=ReservationState.CREATING)
+        raise
+    except SlurmRejected as exc:
+        try:
+            exists = any(r.name == booking.reservation_name for r in gateway.reservation_list())
+        except SlurmUnavailable:
+            _reservation_state(booking, ReservationState.PENDING, f"Slurm unavailable: {exc.message}", expect=ReservationState.CREATING)
+            raise
+        if not exists:
+            _reservation_state(booking, ReservationState.FAILED, exc.message, expect=ReservationState.CREATING)
+            audit_record(actor=None, action="booking.reservation_failed", target=booking, team=booking.team,
+                         data={"error": exc.message[:500]})  # fmt: skip
+            return "failed"
+        outcome = "adopted"  # made by an earlier run that died before recording it
+    _reservation_state(booking, ReservationState.ACTIVE, "", expect=ReservationState.CREATING)
+    audit_record(actor=None, action="booking.reserve", target=booking, team=booking.team,
+                 data={"reservation": booking.reservation_name, "nodes": booking.nodes, "outcome": outcome})  # fmt: skip
+    booking.refresh_from_db(fields=["status"])
+    if booking.status != BookingStatus.APPROVED:  # cancelled while Slurm was creating it
+        Booking.objects.filter(pk=booking.pk, reservation_state=ReservationState.ACTIVE).update(
+            reservation_state=ReservationState.DELETING, reservation_updated_at=timezone.now()
+        )
+        _enqueue_booking_task("booking_unreserve_task", booking.pk)
+        return "cancelled"
+    return outcome
+
+
+def _reservation_state(booking, state: str, error: str, *, expect: str | None = None) -> bool:
+    from accounting.models import Booking
+
+    query = Booking.objects.filter(pk=booking.pk)
+    if expect is not None:
+        query = query.filter(reservation_state=expect)
+    return bool(query.update(reservation_state=state, reservation_error=error[:4000], reservation_updated_at=timezone.now()))
+
+
+def booking_unreserve_run(booking_id) -> str:
+    """Delete the Slurm reservation of a cancelled (or ended) booking: DELETING → DELETED. Deleting a
+    reservation that is gone is not an error, so reruns are harmless. SlurmUnavailable: retried."""
+    from accounting.models import Booking, ReservationState
+
+    booking = Booking.objects.filter(pk=booking_id, reservation_state=ReservationState.DELETING).select_related("team").first()
+    if booking is None:
+        return "not-claimed"
+    from portal.slurm import SlurmRejected
+
+    try:
+        get_gateway().reservation_delete(booking.reservation_name)
+    except SlurmRejected as exc:
+        # "Requested reservation is in use": Slurm keeps a reservation while jobs run in it; it stays
+        # DELETING and booking_cleanup tries again each minute (the jobs end by the booking's end)
+        _reservation_state(booking, ReservationState.DELETING, exc.message, expect=ReservationState.DELETING)
+        return "in-use"
+    if _reservation_state(booking, ReservationState.DELETED, "", expect=ReservationState.DELETING):
+        audit_record(actor=None, action="booking.unreserve", target=booking, team=booking.team,
+                     data={"reservation": booking.reservation_name})  # fmt: skip
+    return "deleted"
+
+
+def booking_cleanup(*, now: dt.datetime | None = None) -> dict:
+    """Periodic: delete reservations of cancelled and ended bookings that still exist in Slurm (one
+    ``reservation_list``), retry deletions and creations left behind (broker down, worker lost)."""
+    from accounting.models import Booking, BookingStatus, ReservationState
+    from portal.slurm import SlurmRejected
+
+    now = now or timezone.now()
+    stale = now - dt.timedelta(minutes=1)
+    done = {"deleted": 0, "marked": 0, "requeued": 0}
+    # ended bookings: Slurm removes ended reservations itself; delete any left and mark them
+    ended = list(Booking.objects.filter(reservation_state=ReservationState.ACTIVE, end__lte=now))
+    leftover = list(Booking.objects.filter(reservation_state=ReservationState.DELETING, reservation_updated_at__lt=stale))
+    if ended or leftover:
+        in_slurm = {r.name for r in get_gateway().reservation_list()}
+        for booking in ended + leftover:
+            if booking.reservation_name in in_slurm:
+                try:
+                    get_gateway().reservation_delete(booking.reservation_name)
+                except SlurmRejected as exc:  # jobs still run in it: next time
+                    _reservation_state(booking, ReservationState.DELETING, exc.message)
+                    continue
+                done["deleted"] += 1
+            _reservation_state(booking, ReservationState.DELETED, "", expect=booking.reservation_state)
+            done["marked"] += 1
+    # creations never run (enqueue lost) or stuck
+    for booking_id in Booking.objects.filter(
+        Q(reservation_state=ReservationState.PENDING) | Q(reservation_state=ReservationState.CREATING, reservation_updated_at__lt=now - RESERVE_LEASE),
+        status=BookingStatus.APPROVED, end__gt=now,
+    ).filter(Q(reservation_updated_at__isnull=True) | Q(reservation_updated_at__lt=stale)).values_list("pk", flat=True):  # fmt: skip
+        from accounting.tasks import booking_reserve_task
+
+        booking_reserve_task.delay(str(booking_id))
+        done["requeued"] += 1
+    return done
+
+
+# ---------------------------------------------------------------- quotas
+#
+# A quota is a team's GPU-hour budget for a period (a calendar month by default), for any GPU type
+# or one type, with an optional cap on GPUs in use at once. Managers request, admins approve or
+# reject; a newer approval for the same team, type and period supersedes the older one. Approved
+# quotas are enforced twice: by the portal at submission (budget_hold_check, inside job_submit's
+# transaction, under a lock on the team row) and by Slurm (GrpTRESMins / GrpTRES on the team's
+# account, mirrored by accounting.tasks.quota_mirror_task; quota_limit_drift / quota_limits_apply
+# for slurm_reconcile; quota_period_rollover at a new period).
+
+QUOTA_ALERT_THRESHOLDS = (80, 100)
+QUOTA_PAGE = "/accounting/quotas/"
+ROLLOVER_KIND = "quota-rollover"
+
+
+def _quota_models():
+    from accounting.models import BudgetAlert, Quota, QuotaState
+
+    return Quota, QuotaState, BudgetAlert
+
+
+def _gh(value) -> str:
+    """GPU-hours for messages: one decimal place ("16.0", "3.5")."""
+    return f"{Decimal(value).quantize(Decimal('0.1'), ROUND_HALF_UP)}"
+
+
+def _forbidden(message: str) -> ApplicationError:
+    return ApplicationError(message, status_code=403)
+
+
+@transaction.atomic
+def quota_request(
+    *,
+    team: Team,
+    user,
+    gpu_hours,
+    gpu_type: str = "",
+    period_start: dt.date | None = None,
+    period_end: dt.date | None = None,
+    max_gpus: int | None = None,
+    justification: str = "",
+    request=None,
+):
+    """A manager of the team (or an admin) asks for a budget. Period: the current calendar month
+    unless given ([period_start, period_end), end exclusive)."""
+    from accounting.selectors import current_month
+    from portal.models import NodeInfo
+    from portal.roles import is_admin, is_manager
+
+    Quota, QuotaState, _ = _quota_models()
+    if not (is_admin(user) or is_manager(user, team)):
+        raise _forbidden(f"Only managers of {team.name} can request a quota.")
+    errors: dict[str, list[str]] = {}
+    default_start, default_end = current_month()
+    period_start = period_start or default_start
+    period_end = period_end or (default_end if period_start == default_start else next_month_of(period_start))
+    if period_end <= period_start:
+        errors["period_end"] = ["The period must end after it starts."]
+    try:
+        gpu_hours = Decimal(str(gpu_hours))
+    except (ArithmeticError, ValueError, TypeError):
+        gpu_hours = None
+    if gpu_hours is None or not gpu_hours.is_finite() or gpu_hours < 0 or gpu_hours >= Decimal("1e10"):
+        errors["gpu_hours"] = ["Give a number of GPU-hours (0 or more)."]
+    if max_gpus is not None and (isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 0):
+        errors["max_gpus"] = ["Give a whole number of GPUs (0 or more), or leave it empty."]
+    gpu_type = (gpu_type or "").strip()
+    known_types = set(NodeInfo.objects.exclude(gpu_type="").values_list("gpu_type", flat=True))
+    if gpu_type and known_types and gpu_type not in known_types:
+        errors["gpu_type"] = [f"Unknown GPU type {gpu_type!r} (types: {', '.join(sorted(known_types))})."]
+    justification = (justification or "").strip()
+    if not justification:
+        errors["justification"] = ["Say what the GPU-hours are for."]
+    if errors:
+        first = next(iter(errors.values()))[0]
+        raise ApplicationError(f"The quota cannot be requested: {first}", errors=errors)
+    quota = Quota.objects.create(
+        team=team, gpu_type=gpu_type, period_start=period_start, period_end=period_end, gpu_hours=gpu_hours,
+        max_gpus=max_gpus, justification=justification[:5000], requested_by=user, state=QuotaState.REQUESTED,
+    )  # fmt: skip
+    audit_record(
+        actor=user, action="quota.request", target=quota, team=team, request=request,
+        data={"gpu_type": gpu_type, "period": quota.period_label, "gpu_hours": str(gpu_hours), "max_gpus": max_gpus},
+    )  # fmt: skip
+    return quota
+
+
+def next_month_of(day: dt.date) -> dt.date:
+    return dt.date(day.year + (day.month == 12), day.month % 12 + 1, 1)
+
+
+def _quota_for_decision(quota_id):
+    """The quota row, locked, with its team row locked first (the order budget_hold_check uses)."""
+    Quota, _, _ = _quota_models()
+    team_id = Quota.objects.filter(pk=quota_id).values_list("team_id", flat=True).first()
+    if team_id is None:
+        raise ApplicationError("No such quota.", status_code=404)
+    Team.objects.select_for_update().filter(pk=team_id).first()
+    return Quota.objects.select_for_update().select_related("team").get(pk=quota_id)
+
+
+@transaction.atomic
+def quota_approve(*, quota, user, comment: str = "", request=None):
+    """An admin approves a requested quota: it takes effect now, the approved quota of the same team,
+    type and period (if any) becomes SUPERSEDED, and Slurm's limits are mirrored after commit."""
+    from portal.roles import is_admin
+
+    _, QuotaState, _ = _quota_models()
+    if not is_admin(user):
+        raise _forbidden("Only admins can approve quotas.")
+    quota = _quota_for_decision(getattr(quota, "pk", quota))
+    if quota.state != QuotaState.REQUESTED:
+        raise Conflict(f"This quota is {quota.get_state_display().lower()}, not awaiting approval.",
+                       errors={"state": [quota.state]})  # fmt: skip
+    now = timezone.now()
+    older = list(
+        type(quota).objects.select_for_update().filter(
+            team_id=quota.team_id, gpu_type=quota.gpu_type, period_start=quota.period_start,
+            period_end=quota.period_end, state=QuotaState.APPROVED,
+        )
+    )  # fmt: skip
+    for old in older:
+        type(quota).objects.filter(pk=old.pk).update(state=QuotaState.SUPERSEDED, superseded_by=quota)
+        audit_record(actor=user, action="quota.supersede", target=old, team=quota.team, request=request,
+                     data={"superseded_by": quota.pk})  # fmt: skip
+    type(quota).objects.filter(pk=quota.pk).update(
+        state=QuotaState.APPROVED, decided_by=user, decided_at=now, approved_at=now, decision_comment=(comment or "")[:1000]
+    )
+    quota.refresh_from_db()
+    audit_record(
+        actor=user, action="quota.approve", target=quota, team=quota.team, request=request,
+        data={"comment": comment or "", "gpu_hours": str(quota.gpu_hours), "gpu_type": quota.gpu_type,
+              "period": quota.period_label, "max_gpus": quota.max_gpus, "superseded": [o.pk for o in older]},
+    )  # fmt: skip
+    _enqueue_quota_mirror(quota.team_id)
+    return quota
+
+
+@transaction.atomic
+def quota_reject(*, quota, user, comment: str, request=None):
+    """An admin rejects a requested quota, saying why."""
+    from portal.roles import is_admin
+
+    _, QuotaState, _ = _quota_models()
+    if not is_admin(user):
+        raise _forbidden("Only admins can reject quotas.")
+    if not (comment or "").strip():
+        raise ApplicationError("Say why the quota is rejected.", errors={"comment": ["Say why the quota is rejected."]})
+    quota = _quota_for_decision(getattr(quota, "pk", quota))
+    if quota.state != QuotaState.REQUESTED:
+        raise Conflict(f"This quota is {quota.get_state_display().lower()}, not awaiting approval.",
+                       errors={"state": [quota.state]})  # fmt: skip
+    type(quota).objects.filter(pk=quota.pk).update(
+        state=QuotaState.REJECTED, decided_by=user, decided_at=timezone.now(), decision_comment=comment.strip()[:1000]
+    )
+    quota.refresh_from_db()
+    audit_record(actor=user, action="quota.reject", target=quota, team=quota.team, request=request,
+                 data={"comment": quota.decision_comment})  # fmt: skip
+    return quota
+
+
+@transaction.atomic
+def quota_cancel(*, quota, user, request=None):
+    """Withdraw a request (its team's managers, admins) or revoke an approved quota (admins; Slurm's
+    limits are mirrored again after commit)."""
+    from portal.roles import is_admin, is_manager
+
+    _, QuotaState, _ = _quota_models()
+    quota = _quota_for_decision(getattr(quota, "pk", quota))
+    if quota.state == QuotaState.REQUESTED:
+        allowed = is_admin(user) or is_manager(user, quota.team)
+    elif quota.state == QuotaState.APPROVED:
+        allowed = is_admin(user)
+    else:
+        raise Conflict(f"This quota is {quota.get_state_display().lower()}.", errors={"state": [quota.state]})
+    if not allowed:
+        raise _forbidden("You may not cancel this quota.")
+    was = quota.state
+    type(quota).objects.filter(pk=quota.pk).update(state=QuotaState.CANCELLED, decided_by=user, decided_at=timezone.now())
+    quota.refresh_from_db()
+    audit_record(actor=user, action="quota.cancel", target=quota, team=quota.team, request=request, data={"was": was})
+    if was == QuotaState.APPROVED:
+        _enqueue_quota_mirror(quota.team_id)
+    return quota
+
+
+def _enqueue_quota_mirror(team_id: int) -> None:
+    from kombu.exceptions import OperationalError as BrokerError
+
+    from accounting.tasks import quota_mirror_task
+
+    def publish():
+        try:
+            quota_mirror_task.delay(team_id)
+        except BrokerError as exc:  # the periodic roll-over/drift check mends it later
+            logger.warning("team %s: quota mirror not enqueued (broker unavailable: %s)", team_id, exc)
+
+    transaction.on_commit(publish)
+
+
+# ---------------------------------------------------------------- enforcement in the portal
+
+
+def budget_hold_check(*, team: Team, estimate, booking_id=None, at: dt.datetime | None = None) -> None:
+    """Refuse (Conflict, 409) a job whose estimate does not fit the team's budget.
+
+    Called by jobs.services.job_submit INSIDE its transaction, before the job row is inserted: the
+    team row is locked (SELECT … FOR UPDATE) so concurrent submissions for one team are serialised —
+    the next one sees the committed job in ``held``. For each quota that applies (the any-type quota,
+    and the job's type's quota when the job asked for a type), ``estimate.gpu_hours`` must fit in
+    budget − used − held − booked (accounting.selectors.budget_rows). Without an applicable approved
+    quota, QUOTA_NO_QUOTA_POLICY decides (blocked: 409 asking a manager to request one). A job inside
+    a booking is covered by the booking when bookings are charged by their reserved hours."""
+    from accounting.selectors import budget_rows, current_month, quotas_effective
+
+    with transaction.atomic():
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+        effective = quotas_effective(team=team, at=at)
+        if booking_id is not None and getattr(settings, "BOOKING_CHARGE_MODE", "reserved") == "reserved":
+            return
+        job_type = "" if getattr(estimate, "gpu_type_assumed", False) else (estimate.gpu_type or "")
+        applicable = [q for key, q in effective.items() if key[1] == "" or (job_type and key[1] == job_type)]
+        if not applicable:
+            if getattr(settings, "QUOTA_NO_QUOTA_POLICY", "blocked") == "unlimited":
+                return
+            start, _ = current_month(at)
+            what = "GPU quota" if not effective else f"GPU quota covering {job_type or 'any-type'} GPUs"
+            message = (
+                f"{team.slug} has no approved {what} for {start:%Y-%m}: a team manager can request one at {QUOTA_PAGE}"
+            )
+            raise Conflict(message, errors={"team": [message]})
+        needs = Decimal(estimate.gpu_hours)
+        for row in budget_rows(sorted(applicable, key=lambda q: q.gpu_type), at=at):
+            if needs > row["remaining"]:
+                kind = f"{row['gpu_type']} " if row["gpu_type"] else ""
+                left = max(row["remaining"], Decimal(0))
+                message = (
+                    f"needs {_gh(needs)} GPU-h; {_gh(left)} of {_gh(row['budget'])} {kind}GPU-h left for "
+                    f"{team.slug} in {row['period_label']} (used {_gh(row['used'])}, held by unfinished jobs "
+                    f"{_gh(row['held'])}, booked {_gh(row['booked'])})"
+                )
+                hint = f"The job needs {_gh(needs)} GPU-h (GPUs × time limit); {_gh(left)} {kind}GPU-h are left."
+                raise Conflict(
+                    f"Over budget: {message}.",
+                    errors={"gpus": [hint], "time_limit_minutes": ["Ask for fewer GPUs or a shorter time limit."]},
+                )
+
+
+# ---------------------------------------------------------------- enforcement in Slurm
+
+
+def quota_expected_limits(*, team: Team, at: dt.datetime | None = None):
+    """The association limits the team's quotas in force call for: GrpTRESMins gres/gpu[:type] =
+    budget minutes, GrpTRES gres/gpu[:type] = the cap. No quota: no limits."""
+    from accounting.selectors import quotas_effective
+    from portal.slurm import AssociationLimits
+
+    quotas = quotas_effective(team=team, at=at).values()
+    return AssociationLimits(
+        account=team.slurm_account,
+        grp_tres_mins={q.slurm_tres: int(Decimal(q.gpu_hours) * 60) for q in quotas},
+        grp_tres={q.slurm_tres: q.max_gpus for q in quotas if q.max_gpus is not None},
+    )
+
+
+def _managed(limits: dict) -> dict:
+    return {k: v for k, v in (limits or {}).items() if k == "gres/gpu" or k.startswith("gres/gpu:")}
+
+
+def _quota_teams() -> list[Team]:
+    """Teams that have (or had) an approved quota: the accounts whose GPU limits the portal owns."""
+    Quota, QuotaState, _ = _quota_models()
+    ids = Quota.objects.filter(state__in=[QuotaState.APPROVED, QuotaState.SUPERSEDED, QuotaState.CANCELLED],
+                               approved_at__isnull=False).values("team_id")  # fmt: skip
+    return list(Team.objects.filter(pk__in=ids).order_by("slug"))
+
+
+def _drift_of(team: Team, gateway) -> tuple[object, list[str]]:
+    expected = quota_expected_limits(team=team)
+    actual = gateway.association_limits_get(team.slurm_account)
+    lines = []
+    for label, want, have in (
+        ("GrpTRESMins", expected.grp_tres_mins, _managed(actual.grp_tres_mins)),
+        ("GrpTRES", expected.grp_tres, _managed(actual.grp_tres)),
+    ):
+        for key in sorted(set(want) | set(have)):
+            if want.get(key) != have.get(key):
+                lines.append(
+                    f"quota limits of account {team.slurm_account}: {label} {key} is "
+                    f"{have.get(key, 'unset')} in Slurm, the portal expects {want.get(key, 'unset')}"
+                )
+    return expected, lines
+
+
+def quota_limit_drift() -> list[str]:
+    """Differences between the limits the portal's quotas call for and the associations Slurm holds,
+    for every team with a quota (one association_limits_get per team). For slurm_reconcile."""
+    gateway = get_gateway()
+    lines = []
+    for team in _quota_teams():
+        lines.extend(_drift_of(team, gateway)[1])
+    return lines
+
+
+def quota_limits_apply(*, teams: list[Team] | None = None, force: bool = False) -> list[str]:
+    """Set the expected limits on every team's account that drifted (``force``: on all of them).
+    Returns what was fixed. Idempotent (sacctmgr modify to the same values)."""
+    Quota, QuotaState, _ = _quota_models()
+    gateway = get_gateway()
+    fixed = []
+    for team in teams if teams is not None else _quota_teams():
+        expected, lines = _drift_of(team, gateway)
+        if lines or force:
+            gateway.association_limits_set(expected)
+            fixed.extend(f"fixed: {line}" for line in lines)
+        Quota.objects.filter(team=team, state=QuotaState.APPROVED).update(slurm_mirrored_at=timezone.now())
+    return fixed
+
+
+def quota_period_rollover(*, at: dt.datetime | None = None) -> list[str]:
+    """At a new period: reset the Slurm usage of each quota team's account (its GrpTRESMins count from
+    0 again) and mirror the new period's limits. The period of a team is that of its any-type quota in
+    force (or the earliest-starting typed one); a team seen for the first time is only recorded (its
+    Slurm usage of the running period stays). The cluster's PriorityUsageResetPeriod=MONTHLY resets
+    usage at each calendar month too; this covers non-calendar periods and a missed reset. Idempotent:
+    the last period reset per account is kept in SyncStatus(kind="quota-rollover")."""
+    from accounting.selectors import quotas_effective
+
+    gateway = get_gateway()
+    status, _ = SyncStatus.objects.get_or_create(kind=ROLLOVER_KIND)
+    seen = dict(status.data.get("accounts", {}))
+    effective = quotas_effective(at=at)
+    starts: dict[int, dt.date] = {}
+    for (team_id, gpu_type), quota in effective.items():
+        if gpu_type == "" or team_id not in starts:
+            starts[team_id] = quota.period_start if gpu_type == "" else min(starts.get(team_id, quota.period_start), quota.period_start)
+    done = []
+    for team in _quota_teams():
+        period = starts.get(team.pk)
+        key = period.isoformat() if period else ""
+        previous = seen.get(team.slurm_account)
+        if period and previous is not None and previous != key:
+            gateway.account_usage_reset(team.slurm_account)
+            done.append(f"reset usage of account {team.slurm_account} for the period from {key}")
+        seen[team.slurm_account] = key
+    done.extend(quota_limits_apply())
+    SyncStatus.objects.filter(pk=status.pk).update(data={**status.data, "accounts": seen}, last_success_at=timezone.now(),
+                                                   last_attempt_at=timezone.now())  # fmt: skip
+    return done
+
+
+# ---------------------------------------------------------------- alerts
+
+
+def budget_alerts_check(*, team: Team | None = None, at: dt.datetime | None = None) -> list:
+    """Record a BudgetAlert for each quota in force whose consumption (used + booked: what is really
+    spent, not what unfinished jobs hold) reached 80 % / 100 % of its budget, once per (quota,
+    threshold) — the unique constraint decides between concurrent checks — and deliver it (email to
+    the team's managers, webhook) after commit. Called after every usage ingest. Returns new alerts."""
+    from django.db import IntegrityError
+
+    from accounting.selectors import budget_rows, quotas_effective
+
+    _, _, BudgetAlert = _quota_models()
+    quotas = list(quotas_effective(team=team, at=at).values())
+    if not quotas:
+        return []
+    existing = set(BudgetAlert.objects.filter(quota__in=quotas).values_list("quota_id", "threshold"))
+    created = []
+    for row in budget_rows(quotas, at=at, with_held=False):
+        budget = Decimal(row["budget"])
+        if budget <= 0:
+            continue
+        for threshold in QUOTA_ALERT_THRESHOLDS:
+            if row["consumed"] * 100 < budget * threshold or (row["quota"].pk, threshold) in existing:
+                continue
+            try:
+                with transaction.atomic():
+                    alert = BudgetAlert.objects.create(
+                        quota=row["quota"], threshold=threshold, consumed_gpu_hours=_two_places(row["consumed"]),
+                        budget_gpu_hours=budget,
+                    )  # fmt: skip
+                    audit_record(actor=None, action="quota.alert", target=row["quota"], team=row["team"],
+                                 data={"threshold": threshold, "consumed": str(alert.consumed_gpu_hours)})  # fmt: skip
+            except IntegrityError:
+                continue  # another check recorded it first
+            created.append(alert)
+            transaction.on_commit(lambda pk=alert.pk: _enqueue_alert(pk))
+    return created
+
+
+def _two_places(value) -> Decimal:
+    return Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP)
+
+
+def _enqueue_alert(alert_id: int) -> None:
+    from kombu.exceptions import OperationalError as BrokerError
+
+    from accounting.tasks import budget_alert_deliver_task
+
+    try:
+        budget_alert_deliver_task.delay(alert_id)
+    except BrokerError as exc:
+        logger.warning("budget alert %s not enqueued (broker unavailable: %s)", alert_id, exc)
+
+
+def budget_alert_payload(alert) -> dict:
+    quota = alert.quota
+    return {
+        "event": "budget.threshold",
+        "team": quota.team.slug,
+        "gpu_type": quota.gpu_type,
+        "period": quota.period_label,
+        "period_start": quota.period_start.isoformat(),
+        "period_end": quota.period_end.isoformat(),
+        "threshold_percent": alert.threshold,
+        "budget_gpu_hours": str(alert.budget_gpu_hours),
+        "consumed_gpu_hours": str(alert.consumed_gpu_hours),
+        "quota_id": quota.pk,
+        "at": alert.created_at.isoformat(),
+    }
+
+
+def budget_alert_email(*, alert_id: int) -> bool:
+    """Email the team's managers once (claimed by a conditional update). Returns True when sent."""
+    from django.core.mail import send_mail
+
+    from portal.models import Membership, Role
+
+    _, _, BudgetAlert = _quota_models()
+    if BudgetAlert.objects.filter(pk=alert_id, emailed_at__isnull=True).update(emailed_at=timezone.now()) != 1:
+        return False
+    alert = BudgetAlert.objects.select_related("quota__team").get(pk=alert_id)
+    quota, team = alert.quota, alert.quota.team
+    recipients = sorted(
+        set(Membership.objects.filter(team=team, role=Role.MANAGER).exclude(user__email="").values_list("user__email", flat=True))
+    )
+    if not recipients:
+        return False
+    kind = f"{quota.gpu_type} " if quota.gpu_type else ""
+    subject = f"[gpuportal] {team.slug} reached {alert.threshold}% of its {kind}GPU budget for {quota.period_label}"
+    body = (
+        f"Team {team.name} has consumed {alert.consumed_gpu_hours} of its {alert.budget_gpu_hours} {kind}GPU-hours "
+        f"for {quota.period_label} ({alert.threshold}% threshold).\n\n"
+        f"Budget page: /accounting/budget/?team={team.slug}\nRequest more: {QUOTA_PAGE}\n"
+    )
+    try:
+        send_mail(subject, body, None, recipients)
+    except Exception:
+        BudgetAlert.objects.filter(pk=alert_id).update(emailed_at=None)  # let a retry send it
+        raise
+    return True
+
+
+def budget_alert_webhook(*, alert_id: int) -> bool:
+    """POST the alert as JSON to the team's alert_webhook_url (if any). Raises on failure (the task
+    retries with backoff); does nothing once delivered."""
+    import json
+    import urllib.request
+
+    _, _, BudgetAlert = _quota_models()
+    alert = BudgetAlert.objects.select_related("quota__team").get(pk=alert_id)
+    url = alert.quota.team.alert_webhook_url
+    if not url or alert.webhook_delivered_at is not None:
+        return False
+    data = json.dumps(budget_alert_payload(alert)).encode()
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json",
+                                                                          "User-Agent": "gpuportal"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:  # an http(s) URLField
+            response.read(1024)
+    except Exception as exc:
+        BudgetAlert.objects.filter(pk=alert_id).update(webhook_error=str(exc)[:2000])
+        raise
+    BudgetAlert.objects.filter(pk=alert_id).update(webhook_delivered_at=timezone.now(), webhook_error="")
+    return True

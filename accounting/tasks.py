@@ -9,7 +9,7 @@ import logging
 
 from celery import shared_task
 
-from portal.slurm import SlurmError
+from portal.slurm import SlurmError, SlurmUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,18 @@ def usage_ingest_task() -> dict | None:
     except SlurmError as exc:
         logger.warning("usage ingest: Slurm error: %s", exc)
         return None
+    _budget_alerts_after_ingest()
     return {"read": result.read, "written": result.written, "slices": result.slices, "seconds": result.seconds}
+
+
+def _budget_alerts_after_ingest() -> None:
+    """Budget thresholds are crossed by new usage: check them after each ingest (never fails the ingest)."""
+    from accounting.services import budget_alerts_check
+
+    try:
+        budget_alerts_check()
+    except Exception:
+        logger.exception("budget alerts check failed")
 
 
 @shared_task(
@@ -42,3 +53,96 @@ def usage_reprice_task(gpu_type: str, since: str) -> int:
     from accounting.services import usage_reprice
 
     return usage_reprice(gpu_type=gpu_type, since=dt.date.fromisoformat(since))
+
+
+# ---------------------------------------------------------------- bookings
+
+
+@shared_task(
+    acks_late=True, ignore_result=True, autoretry_for=(SlurmUnavailable,), retry_backoff=5, retry_backoff_max=120,
+    max_retries=8, soft_time_limit=50, time_limit=80,
+)  # fmt: skip
+def booking_reserve_task(booking_id: str) -> str:
+    """Create the Slurm reservation of an approved booking; retried while Slurm is unavailable."""
+    from accounting.services import booking_reserve_run
+
+    return booking_reserve_run(booking_id)
+
+
+@shared_task(
+    acks_late=True, ignore_result=True, autoretry_for=(SlurmUnavailable,), retry_backoff=5, retry_backoff_max=120,
+    max_retries=8, soft_time_limit=50, time_limit=80,
+)  # fmt: skip
+def booking_unreserve_task(booking_id: str) -> str:
+    """Delete the Slurm reservation of a cancelled booking; retried while Slurm is unavailable."""
+    from accounting.services import booking_unreserve_run
+
+    return booking_unreserve_run(booking_id)
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=80)
+def booking_cleanup_task() -> dict | None:
+    """Periodic (portal/celery.py, booking-cleanup): reservations of cancelled/ended bookings still in
+    Slurm are deleted; lost creations and deletions are re-enqueued."""
+    from accounting.services import booking_cleanup
+
+    try:
+        return booking_cleanup()
+    except SlurmError as exc:
+        logger.warning("booking cleanup: Slurm error: %s", exc)
+        return None
+
+
+# ---------------------------------------------------------------- quotas
+
+
+@shared_task(
+    acks_late=True, ignore_result=True, autoretry_for=(SlurmError,), retry_backoff=5, retry_backoff_max=300,
+    max_retries=8, soft_time_limit=60, time_limit=90,
+)  # fmt: skip
+def quota_mirror_task(team_id: int) -> list[str]:
+    """Set the team's account limits (GrpTRESMins / GrpTRES) to what its quotas in force call for.
+    Idempotent: sacctmgr modify to the same values; the roll-over task mends what it misses."""
+    from accounting.services import quota_limits_apply
+    from portal.models import Team
+
+    team = Team.objects.filter(pk=team_id).first()
+    if team is None:
+        return []
+    return quota_limits_apply(teams=[team], force=True)
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=120, time_limit=180)
+def quota_rollover_task() -> list[str] | None:
+    """Periodic (portal/celery.py): at a new period reset each quota team's Slurm usage and mirror the
+    new limits; also mends limit drift. A Slurm failure waits for the next beat."""
+    from accounting.services import quota_period_rollover
+
+    try:
+        return quota_period_rollover()
+    except SlurmError as exc:
+        logger.warning("quota roll-over: Slurm error: %s", exc)
+        return None
+
+
+@shared_task(
+    acks_late=True, ignore_result=True, autoretry_for=(OSError,), retry_backoff=10, max_retries=5,
+    soft_time_limit=30, time_limit=60,
+)  # fmt: skip
+def budget_alert_deliver_task(alert_id: int) -> None:
+    """Email a budget alert to the team's managers (once), then hand the webhook to its own task."""
+    from accounting.services import budget_alert_email
+
+    budget_alert_email(alert_id=alert_id)
+    budget_alert_webhook_task.delay(alert_id)
+
+
+@shared_task(
+    acks_late=True, ignore_result=True, autoretry_for=(Exception,), retry_backoff=10, retry_backoff_max=600,
+    max_retries=6, soft_time_limit=30, time_limit=60,
+)  # fmt: skip
+def budget_alert_webhook_task(alert_id: int) -> None:
+    """POST the alert to the team's webhook; retried with backoff (urllib errors), once delivered a no-op."""
+    from accounting.services import budget_alert_webhook
+
+    budget_alert_webhook(alert_id=alert_id)

@@ -131,3 +131,237 @@ def invoice_pdf_view(request, slug: str, month: str):
     response = HttpResponse(invoice_pdf(invoice(team=team, month=first)), content_type="application/pdf")
     response["Content-Disposition"] = f'inline; filename="invoice-{team.slug}-{first:%Y-%m}.pdf"'
     return response
+
+
+# ---------------------------------------------------------------- bookings
+
+
+def _week_start(value: str | None) -> dt.date:
+    today = timezone.localdate()
+    try:
+        day = dt.date.fromisoformat(value) if value else today
+    except ValueError:
+        day = today
+    return day - dt.timedelta(days=day.weekday())
+
+
+def _calendar(week: dt.date) -> dict:
+    """A week as days × hours per GPU type: each cell the fewest free GPUs in that hour (from
+    accounting.selectors.booking_availability), as a share of capacity for its colour."""
+    from accounting.selectors import booking_availability
+
+    zone = timezone.get_current_timezone()
+    start = dt.datetime.combine(week, dt.time(0), tzinfo=zone)
+    end = start + dt.timedelta(days=7)
+    now = timezone.now()
+    types = []
+    for row in booking_availability(start=start, end=end):
+        steps = row["steps"]
+        days = []
+        for d in range(7):
+            cells = []
+            for h in range(24):
+                a = dt.datetime.combine(week + dt.timedelta(days=d), dt.time(h), tzinfo=zone)
+                b = a + dt.timedelta(hours=1)
+                free = min((s["free"] for s in steps if s["start"] < b and s["end"] > a), default=row["capacity"])
+                level = "full" if free == 0 else ("some" if free < row["capacity"] else "free")
+                cells.append({"at": a, "free": free, "level": level, "past": b <= now})
+            days.append({"date": week + dt.timedelta(days=d), "cells": cells})
+        types.append({**row, "days": days})
+    return {"week": week, "prev": week - dt.timedelta(days=7), "next": week + dt.timedelta(days=7),
+            "types": types, "hours": range(24), "zone": timezone.get_current_timezone_name()}  # fmt: skip
+
+
+@login_required
+def booking_list(request):
+    """The bookings calendar: free GPUs per type over a week (htmx changes the week), the team's
+    bookings with cancel/approve/reject buttons, and the booking form (managers and admins)."""
+    from accounting.forms import BookingForm
+    from accounting.selectors import booking_availability, bookings_visible_to
+    from accounting.services import booking_create, bookings_whole_nodes
+    from portal.selectors import teams_managed_by
+
+    week = _week_start(request.GET.get("week"))
+    calendar = _calendar(week)
+    if request.headers.get("HX-Request") and request.method == "GET":
+        return render(request, "partials/accounting_booking_calendar.html", {"calendar": calendar})
+    teams = teams_managed_by(request.user).filter(active=True).order_by("name")
+    now = timezone.now()
+    capacity = booking_availability(start=now, end=now + dt.timedelta(minutes=1))
+    gpu_types = [row["gpu_type"] for row in capacity]
+    per_node = min((row["gpus_per_node"] for row in capacity), default=None) if bookings_whole_nodes() else None
+    form = None
+    if teams.exists():
+        start = (timezone.localtime(now) + dt.timedelta(minutes=5)).replace(second=0, microsecond=0)
+        form = BookingForm(teams=teams, gpu_types=gpu_types, gpus_per_node=per_node,
+                           initial={"start": start, "end": start + dt.timedelta(hours=2)})  # fmt: skip
+    if request.method == "POST":
+        if form is None:
+            raise PermissionDenied("Only team managers and admins book GPUs.")
+        form = BookingForm(request.POST, teams=teams, gpu_types=gpu_types, gpus_per_node=per_node)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                booking = booking_create(team=data["team"], gpu_type=data["gpu_type"], gpus=data["gpus"], start=data["start"],
+                                         end=data["end"], note=data["note"], actor=request.user, request=request)  # fmt: skip
+            except ApplicationError as exc:
+                form_add_application_error(form, exc)
+            else:
+                if booking.status == "approved":
+                    messages.success(request, f"Booked: {booking.gpus} × {booking.gpu_type}; reservation {booking.reservation_name}.")
+                else:
+                    messages.info(request, f"Requested {booking.gpu_hours} GPU-hours: an admin will approve it.")
+                return redirect(f"{request.path}?week={_week_start(timezone.localtime(booking.start).date().isoformat())}")
+    bookings = bookings_visible_to(request.user).filter(end__gt=now - dt.timedelta(days=7)).order_by("start")[:200]
+    managed = set(teams.values_list("pk", flat=True))
+    return render(request, "accounting/booking_list.html", {
+        "calendar": calendar, "form": form, "bookings": bookings, "managed": managed, "now": now,
+        "is_admin": is_admin(request.user), "auto_approve": settings.BOOKING_AUTO_APPROVE_GPU_HOURS,
+        "charge_mode": settings.BOOKING_CHARGE_MODE,
+    }, status=400 if request.method == "POST" else 200)  # fmt: skip
+
+
+def _booking_action(request, booking_id, action):
+    from accounting.selectors import bookings_visible_to
+    from accounting.services import booking_approve, booking_cancel, booking_reject
+
+    if request.method != "POST":
+        from django.http import HttpResponseNotAllowed
+
+        return HttpResponseNotAllowed(["POST"])
+    booking = bookings_visible_to(request.user).filter(pk=booking_id).first()
+    if booking is None:
+        raise Http404
+    note = (request.POST.get("note") or "")[:500]
+    try:
+        if action == "cancel":
+            booking_cancel(booking=booking, actor=request.user, request=request)
+        elif action == "approve":
+            booking_approve(booking=booking, actor=request.user, note=note, request=request)
+        else:
+            booking_reject(booking=booking, actor=request.user, note=note, request=request)
+    except ApplicationError as exc:
+        if exc.status_code == 403:
+            raise PermissionDenied(exc.message) from exc
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Booking {booking.reservation_name}: {action} done.")
+    return redirect("accounting:bookings")
+
+
+@login_required
+def booking_cancel_view(request, booking_id):
+    return _booking_action(request, booking_id, "cancel")
+
+
+@login_required
+def booking_approve_view(request, booking_id):
+    return _booking_action(request, booking_id, "approve")
+
+
+@login_required
+def booking_reject_view(request, booking_id):
+    return _booking_action(request, booking_id, "reject")
+
+
+# ---------------------------------------------------------------- quotas and budgets
+
+
+@login_required
+def quota_list(request):
+    """Quotas of the teams the user sees (history included), the request form (managers of a team;
+    admins) and approve/reject buttons (admins)."""
+    from django.core.paginator import Paginator
+
+    from accounting.forms import QuotaRequestForm
+    from accounting.selectors import quotas_visible_to
+    from accounting.services import quota_request
+    from portal.models import NodeInfo
+    from portal.selectors import teams_managed_by
+
+    teams = teams_managed_by(request.user).filter(active=True).order_by("name")
+    gpu_types = sorted(set(NodeInfo.objects.exclude(gpu_type="").values_list("gpu_type", flat=True)))
+    form = QuotaRequestForm(teams=teams, gpu_types=gpu_types) if teams.exists() else None
+    if request.method == "POST":
+        if form is None:
+            raise PermissionDenied("Only team managers and admins request quotas.")
+        form = QuotaRequestForm(request.POST, teams=teams, gpu_types=gpu_types)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                quota = quota_request(
+                    team=data["team"], user=request.user, gpu_hours=data["gpu_hours"], gpu_type=data["gpu_type"],
+                    max_gpus=data["max_gpus"], period_start=data["period_start"], period_end=data["period_end"],
+                    justification=data["justification"], request=request,
+                )  # fmt: skip
+            except ApplicationError as exc:
+                form_add_application_error(form, exc)
+            else:
+                messages.success(request, f"Quota requested: {quota.gpu_hours} GPU-h for {quota.team.slug} in {quota.period_label}.")
+                return redirect("accounting:quotas")
+    queryset = quotas_visible_to(request.user).order_by("-period_start", "-requested_at", "-pk")
+    if request.GET.get("state"):
+        queryset = queryset.filter(state=request.GET["state"])
+    page = Paginator(queryset, 50).get_page(request.GET.get("page"))
+    return render(request, "accounting/quota_list.html",
+                  {"page": page, "form": form, "is_admin": is_admin(request.user), "billing_tz": settings.TIME_ZONE},
+                  status=400 if request.method == "POST" else 200)  # fmt: skip
+
+
+def _quota_decision(request, quota_id: int, decide):
+    from accounting.forms import QuotaDecisionForm
+    from accounting.selectors import quotas_visible_to
+
+    if request.method != "POST":
+        from django.http import HttpResponseNotAllowed
+
+        return HttpResponseNotAllowed(["POST"])
+    quota = get_object_or_404(quotas_visible_to(request.user), pk=quota_id)
+    if not is_admin(request.user):
+        raise PermissionDenied("Only admins decide on quotas.")
+    form = QuotaDecisionForm(request.POST)
+    comment = form.cleaned_data["comment"] if form.is_valid() else ""
+    try:
+        quota = decide(quota=quota, user=request.user, comment=comment, request=request)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Quota {quota.pk} ({quota.team.slug}, {quota.period_label}) {quota.get_state_display().lower()}.")
+    return redirect("accounting:quotas")
+
+
+@login_required
+def quota_approve_view(request, quota_id: int):
+    from accounting.services import quota_approve
+
+    return _quota_decision(request, quota_id, quota_approve)
+
+
+@login_required
+def quota_reject_view(request, quota_id: int):
+    from accounting.services import quota_reject
+
+    return _quota_decision(request, quota_id, quota_reject)
+
+
+@login_required
+def budget(request):
+    """A team's GPU budget this period: budget, used, held, booked, remaining per GPU type, and a
+    burn-down chart (GPU-hours left per day against the ideal straight line)."""
+    from accounting.apis import team_budget_data
+    from accounting.selectors import budget_burndown
+    from portal.selectors import teams_visible_to
+
+    teams = list(teams_visible_to(request.user).order_by("name"))
+    if not teams:
+        raise Http404("No team.")
+    slug = request.GET.get("team")
+    team = next((t for t in teams if t.slug == slug), None) if slug else teams[0]
+    if team is None:
+        raise Http404("No such team.")
+    data = team_budget_data(team)
+    head = next((r for r in data["rows"] if not r["gpu_type"]), data["rows"][0] if data["rows"] else None)
+    chart = budget_burndown(quota=head["quota"]) if head else None
+    return render(request, "accounting/budget.html",
+                  {"teams": teams, "team": team, "data": data, "head": head, "chart": chart,
+                   "billing_tz": settings.TIME_ZONE})  # fmt: skip

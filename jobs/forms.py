@@ -63,6 +63,23 @@ def format_minutes(minutes: int | None) -> str:
     return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours}:{mins:02d}:00"
 
 
+def _booking_choices(user) -> list[tuple[str, str]]:
+    """The user's teams' usable bookings (accounting.selectors.bookings_usable_by); [] without the app."""
+    try:
+        from accounting.selectors import bookings_usable_by
+    except ImportError:
+        return []
+    from django.utils import timezone
+
+    def local(value):
+        return timezone.localtime(value).strftime("%Y-%m-%d %H:%M")
+
+    return [
+        (str(b.pk), f"{b.team.slug}: {b.gpus} × {b.gpu_type}, {local(b.start)} – {local(b.end)} ({b.reservation_name})")
+        for b in bookings_usable_by(user)
+    ]
+
+
 class JobForm(forms.Form):
     """The submission form. Partition and GPU type choices come from the synced inventory
     (``cluster_summary()``), teams from ``teams_user_can_submit_to``."""
@@ -84,6 +101,11 @@ class JobForm(forms.Form):
     workdir = forms.CharField(max_length=1024, required=False, label="Working directory", help_text="Absolute path; empty: the site default.")
     environment = EnvironmentField(required=False, help_text=ENV_HELP)
     idempotency_key = forms.CharField(widget=forms.HiddenInput, required=False, max_length=255)
+    booking = forms.ChoiceField(
+        choices=(), required=False, label="Run in booking",
+        help_text="A booking of the team (approved, not ended): the job runs in its Slurm reservation. "
+        "Use the booking's GPU type and end before the booking does.",
+    )  # fmt: skip
 
     def __init__(self, *args, user, summary: dict, **kwargs):
         super().__init__(*args, **kwargs)
@@ -99,6 +121,7 @@ class JobForm(forms.Form):
         self.fields["partition"].initial = default
         types = sorted({t for p in partitions for t in p["gpu_types"]})
         self.fields["gpu_type"].choices = [("", "any type")] + [(t, t) for t in types]
+        self.fields["booking"].choices = [("", "none (shared queue)")] + _booking_choices(user)
         if not self.is_bound and not self.initial.get("idempotency_key"):
             self.initial["idempotency_key"] = uuid.uuid4().hex
 

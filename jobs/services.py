@@ -330,14 +330,15 @@ def job_quote(
     return _quote_for(spec, at=at)
 
 
-def _check_budget(team: Team, estimate: JobQuote) -> None:
-    """Hook for the quotas issue: ``accounting.services.budget_hold_check(team=, estimate=)`` raises
-    an ApplicationError (409) when the job does not fit the team's budget. No-op while absent."""
+def _check_budget(team: Team, estimate: JobQuote, booking_id: uuid.UUID | None = None) -> None:
+    """Hook for the quotas issue: ``accounting.services.budget_hold_check(team=, estimate=, booking_id=)``
+    raises an ApplicationError (409) when the job does not fit the team's budget. No-op while absent.
+    Must run inside job_submit's transaction (it locks the team row until the job is committed)."""
     try:
         from accounting.services import budget_hold_check
     except ImportError:
         return
-    budget_hold_check(team=team, estimate=estimate)
+    budget_hold_check(team=team, estimate=estimate, booking_id=booking_id)
 
 
 # ---------------------------------------------------------------- submit
@@ -365,6 +366,26 @@ def _team_for_submit(*, user, team: Team | None) -> Team:
     if not team.active:
         raise ApplicationError(f"Team {team.name} is inactive.", errors={"team": [f"Team {team.name} is inactive."]})
     return team
+
+
+def _check_booking(booking_id: uuid.UUID, *, team: Team, spec: _Spec) -> None:
+    """The job may run in the booking (accounting.selectors.booking_check_for_job raises otherwise)."""
+    from accounting.selectors import booking_check_for_job
+
+    booking_check_for_job(booking_id=booking_id, team=team, gpu_type=spec.gpu_type, gpus=spec.gpus,
+                          time_limit_minutes=spec.time_limit_minutes)  # fmt: skip
+
+
+def _booking_reservation(job: Job) -> str:
+    """The Slurm reservation of the job's booking; SlurmRejected when the booking lost it meanwhile."""
+    if job.booking_id is None:
+        return ""
+    from accounting.models import Booking, BookingStatus, ReservationState
+
+    booking = Booking.objects.filter(pk=job.booking_id).only("status", "reservation_state", "reservation_name").first()
+    if booking is None or booking.status != BookingStatus.APPROVED or booking.reservation_state != ReservationState.ACTIVE:
+        raise SlurmRejected("The job's booking was cancelled or its reservation is gone.")
+    return booking.reservation_name
 
 
 def _booking_id(booking: Any) -> uuid.UUID | None:
@@ -429,8 +450,9 @@ def job_submit(
         workdir=workdir, environment=environment,
     )  # fmt: skip
     booking_id = _booking_id(booking)
+    if booking_id is not None:
+        _check_booking(booking_id, team=team, spec=spec)
     quote = _quote_for(spec)
-    _check_budget(team, quote)
 
     job = Job(
         team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
@@ -442,6 +464,9 @@ def job_submit(
     )  # fmt: skip
     try:
         with transaction.atomic():
+            # in the transaction that inserts the job: the budget check locks the team row, so the
+            # next submission for the team waits and then sees this job's hold
+            _check_budget(team, quote, booking_id)
             job.save(force_insert=True)
             JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
             audit_record(
@@ -551,6 +576,7 @@ def _spec_for(job: Job) -> JobSpec:
         stderr=pattern.format(workdir=job.workdir, slurm_job_id="%j", stream="err"),
         environment=dict(job.environment),
         comment=job.slurm_tag,
+        reservation=_booking_reservation(job),
         uid=uid,
         gid=gid,
     )

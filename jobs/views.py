@@ -205,6 +205,7 @@ def job_new(request):
                     team=form.cleaned_data["team"],
                     idempotency_key=form.cleaned_data["idempotency_key"],
                     request=request,
+                    booking=form.cleaned_data.get("booking") or None,
                     **form.job_kwargs(),
                 )
             except ApplicationError as exc:

@@ -22,6 +22,9 @@ def _beat_schedule() -> dict:
         "jobs-sync": {"task": "jobs.tasks.jobs_sync_task", "schedule": sync},
         "jobs-sweep-accepted": {"task": "jobs.tasks.jobs_sweep_task", "schedule": 15.0},
         "usage-ingest": {"task": "accounting.tasks.usage_ingest_task", "schedule": 60.0},
+        # quota period roll-over (Slurm usage reset + new limits) and limit drift repair
+        "quota-rollover": {"task": "accounting.tasks.quota_rollover_task", "schedule": 300.0},
+        "booking-cleanup": {"task": "accounting.tasks.booking_cleanup_task", "schedule": 60.0},
     }
 
 

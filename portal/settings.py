@@ -163,6 +163,9 @@ JOB_SYNC_INTERVAL_SECONDS = env.float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=
 
 # Accounting
 DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")
+# Quotas (accounting.services.budget_hold_check): a team without an approved quota for the current
+# period is "blocked" (jobs refused with a 409 asking for a quota) or "unlimited".
+QUOTA_NO_QUOTA_POLICY = env.choice("QUOTA_NO_QUOTA_POLICY", "blocked", ("blocked", "unlimited"))
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -212,6 +215,14 @@ CLOUD_GPU_HOUR_PRICES = env.str("CLOUD_GPU_HOUR_PRICES", "a100=8,h100=20")
 CLUSTER_PURCHASE_COST = env.float("CLUSTER_PURCHASE_COST", 1800000.0, minimum=0)  # DEFAULT_CURRENCY
 CLUSTER_DEPRECIATION_MONTHS = env.int("CLUSTER_DEPRECIATION_MONTHS", 48, minimum=1)
 CLUSTER_MONTHLY_OPEX = env.float("CLUSTER_MONTHLY_OPEX", 20000.0, minimum=0)  # power, cooling, staff share
+
+# Bookings (accounting.services.booking_create): bookings up to this many GPU-hours are approved at
+# once, larger ones wait for an admin; "reserved" charges every reserved GPU-hour (usage inside the
+# booking's reservation is then free), "used" charges only usage (the booking itself costs nothing).
+BOOKING_AUTO_APPROVE_GPU_HOURS = env.int("BOOKING_AUTO_APPROVE_GPU_HOURS", 32, minimum=0)
+BOOKING_CHARGE_MODE = env.choice("BOOKING_CHARGE_MODE", "reserved", ("reserved", "used"))
+BOOKING_MAX_DAYS = env.int("BOOKING_MAX_DAYS", 31, minimum=1)
+BOOKING_MIN_MINUTES = env.int("BOOKING_MIN_MINUTES", 10, minimum=1)
 
 # Metrics: GET /metrics for Prometheus (portal.metrics). Every configured check must pass: the
 # bearer token when set, REMOTE_ADDR in the allow-list when it is not empty (proxied requests are

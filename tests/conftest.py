@@ -20,7 +20,7 @@ from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
 from portal.models import Role
-from tests.factories import MembershipFactory, TeamFactory, UserFactory
+from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFactory
 from tests.support import skip_unless_ci
 
 
@@ -88,6 +88,12 @@ class World:
         MembershipFactory(team=self.vision, user=self.bob, role=Role.MANAGER)
         MembershipFactory(team=self.nlp, user=self.carol, role=Role.MEMBER)
         MembershipFactory(team=self.nlp, user=self.dave, role=Role.MANAGER)
+        # generous approved GPU quotas (QUOTA_NO_QUOTA_POLICY=blocked refuses jobs of teams without
+        # one), from a year ago to a year ahead; tests of quotas approve newer ones, which win
+        start, end = _world_quota_period()
+        for team in (self.vision, self.nlp):
+            QuotaFactory(team=team, gpu_hours=1_000_000, period_start=start, period_end=end,
+                         justification="fixture world")  # fmt: skip
 
     def user_for(self, role: str):
         """The user playing a role of the permission matrix, relative to team vision."""
@@ -99,6 +105,13 @@ class World:
             "admin": self.admin,
             "finance": self.finn,
         }[role]
+
+
+def _world_quota_period():
+    from accounting.selectors import current_month
+
+    first, _ = current_month()
+    return first.replace(year=first.year - 1), first.replace(year=first.year + 1)
 
 
 @pytest.fixture

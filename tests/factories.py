@@ -39,3 +39,25 @@ class MembershipFactory(factory.django.DjangoModelFactory):
     team = factory.SubFactory(TeamFactory)
     user = factory.SubFactory(UserFactory)
     role = Role.MEMBER
+
+
+class QuotaFactory(factory.django.DjangoModelFactory):
+    """An APPROVED any-type quota for the current calendar month (billing time zone) unless told."""
+
+    class Meta:
+        model = "accounting.Quota"
+
+    team = factory.SubFactory(TeamFactory)
+    gpu_type = ""
+    period_start = factory.LazyFunction(lambda: _month()[0])
+    period_end = factory.LazyFunction(lambda: _month()[1])
+    gpu_hours = 1000
+    state = "approved"
+    justification = "test quota"
+    approved_at = factory.LazyFunction(lambda: __import__("django.utils.timezone", fromlist=["now"]).now())
+
+
+def _month():
+    from accounting.selectors import current_month
+
+    return current_month()

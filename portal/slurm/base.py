@@ -64,6 +64,12 @@ class SlurmGateway(abc.ABC):
         ...
 
     # Reservations
+    @property
+    def reservations_support_gpu_counts(self) -> bool:
+        """True when reservation_create accepts ``tres={"gres/gpu:TYPE": N}``; False when only whole
+        nodes can be reserved (Slurm 22.05). Backends answer from their version quirks."""
+        return False
+
     @abc.abstractmethod
     def reservation_create(self, spec: ReservationSpec) -> str:
         """Create a reservation; returns its name."""

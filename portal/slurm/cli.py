@@ -514,6 +514,10 @@ class CliGateway(SlurmGateway):
 
     # -- reservations ----------------------------------------------------------------------------
 
+    @property
+    def reservations_support_gpu_counts(self) -> bool:
+        return self._quirks.reservation_gpu_tres
+
     def reservation_argv(self, spec: ReservationSpec) -> list[str]:
         check_text(spec.name, "Reservation name")
         argv = [

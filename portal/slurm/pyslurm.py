@@ -337,6 +337,10 @@ class PyslurmGateway(SlurmGateway):
 
     # -- reservations ----------------------------------------------------------------------------
 
+    @property
+    def reservations_support_gpu_counts(self) -> bool:
+        return True  # pyslurm 25.11 builds only against Slurm 25.11, which reserves GPU counts
+
     def reservation_object(self, spec: ReservationSpec) -> Any:
         check_text(spec.name, "Reservation name")
         kwargs: dict[str, Any] = {

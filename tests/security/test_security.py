@@ -118,6 +118,7 @@ FORMS = {
     "/jobs/new/": {"team": "vision", "name": "x", "script": "true", "gpus": "1"},
     "/jobs/new/quote/": {"gpus": "1"},
     "/jobs/templates/new/": {"template_name": "t", "template_scope": "personal"},
+    "/accounting/quotas/": {"team": "vision", "gpu_hours": "10", "justification": "x"},
 }
 
 
@@ -130,6 +131,7 @@ def test_every_form_refuses_a_post_without_csrf_token(world, relays):
         f"/jobs/templates/{template.pk}/delete/": {},
         f"/jobs/{job.pk}/cancel/": {},
         f"/jobs/{job.pk}/save-template/": {"template_name": "t2", "template_scope": "personal"},
+        **_quota_forms(world),
     }
     client = page_as(world.alice, enforce_csrf_checks=True)
     refused = {url: client.post(url, data).status_code for url, data in forms.items()}
@@ -142,10 +144,18 @@ def test_every_form_refuses_a_post_without_csrf_token(world, relays):
     assert job.cancel_requested_at is None and JobTemplate.objects.filter(pk=template.pk).exists()
 
 
+def _quota_forms(world) -> dict:
+    from accounting.services import quota_request
+
+    quota = quota_request(team=world.vision, user=world.bob, gpu_hours=10, justification="x")
+    return {f"/accounting/quotas/{quota.pk}/approve/": {}, f"/accounting/quotas/{quota.pk}/reject/": {"comment": "no"}}
+
+
 def test_every_page_post_route_is_covered_by_the_csrf_test():
     """New page routes that accept POST must be added to FORMS (or to the test's object forms)."""
     page_posts = {"login", "logout", "token-list", "token-revoke", "jobs:new", "jobs:quote", "jobs:template-create",
-                  "jobs:template-delete", "jobs:cancel", "jobs:save-template"}  # fmt: skip
+                  "jobs:template-delete", "jobs:cancel", "jobs:save-template",
+                  "accounting:quotas", "accounting:quota-approve", "accounting:quota-reject"}  # fmt: skip
     from tests.security.test_url_matrix import MATRIX
 
     posting = {name for name, reqs in MATRIX.items() if any(r.method == "POST" for r in reqs) and not name.startswith("api-")}

@@ -44,6 +44,24 @@ class Objects:
         )
         self.token, _ = api_token_create(user=world.alice, name="alice's token")
         sync_record_success("cluster")  # /healthz: a recent cluster read
+        self.booking = make_booking(world.vision, world.bob)
+
+
+def make_booking(team, user):
+    """A REQUESTED vision booking of one a100 node tomorrow (no Slurm reservation), on an a100 node."""
+    import datetime as dt
+    import uuid
+
+    from django.utils import timezone
+
+    from accounting.models import Booking
+    from portal.models import NodeInfo
+
+    NodeInfo.objects.get_or_create(name="a100-01", defaults={"state": "IDLE", "gpu_type": "a100", "gpus_total": 4, "seen_at": timezone.now()})
+    start = timezone.now() + dt.timedelta(days=1)
+    booking_id = uuid.uuid4()
+    return Booking.objects.create(id=booking_id, team=team, gpu_type="a100", gpus=4, start=start, end=start + dt.timedelta(hours=1),
+                                  created_by=user, reservation_name=Booking.reservation_name_for(booking_id))  # fmt: skip
 
 
 def make_job(team, user, **overrides) -> Job:
@@ -127,7 +145,52 @@ MATRIX: dict[str, list[Req]] = {
     ],
     "api-team-usage": [Req("GET", lambda o: "/api/v1/teams/vision/usage/", (401, 404, 200, 200, 200, 200))],
     "admin:index": [Req("GET", lambda o: "/admin/", (302, 302, 302, 302, 200, 302))],
+    # bookings: every signed-in user sees the calendar (and their teams' bookings); the team's managers
+    # and admins book and cancel; admins approve and reject
+    "accounting:bookings": [Req("GET", lambda o: "/accounting/bookings/", LOGIN_THEN_200)],
+    "accounting:booking-cancel": [Req("POST", lambda o: f"/accounting/bookings/{o.booking.pk}/cancel/", (302, 404, 403, 302, 302, 403))],
+    "accounting:booking-approve": [Req("POST", lambda o: f"/accounting/bookings/{o.booking.pk}/approve/", (302, 404, 403, 403, 302, 403))],
+    "accounting:booking-reject": [Req("POST", lambda o: f"/accounting/bookings/{o.booking.pk}/reject/", (302, 404, 403, 403, 302, 403))],
+    "api-booking-list": [
+        Req("GET", lambda o: "/api/v1/bookings/", API_LOGIN_THEN_200),
+        Req("POST", lambda o: "/api/v1/bookings/", (401, 400, 403, 201, 201, 403), data={
+            "team": "vision", "gpu_type": "a100", "gpus": 4, "start": "2099-01-05T09:00:00Z", "end": "2099-01-05T10:00:00Z"}),
+    ],
+    "api-booking-availability": [Req("GET", lambda o: "/api/v1/bookings/availability/?gpu_type=a100", API_LOGIN_THEN_200)],
+    "api-booking-cancel": [Req("POST", lambda o: f"/api/v1/bookings/{o.booking.pk}/cancel/", (401, 404, 403, 200, 200, 403))],
+    "api-booking-approve": [Req("POST", lambda o: f"/api/v1/bookings/{o.booking.pk}/approve/", (401, 404, 403, 403, 200, 403))],
+    "api-booking-reject": [Req("POST", lambda o: f"/api/v1/bookings/{o.booking.pk}/reject/", (401, 404, 403, 403, 200, 403))],
+    # quotas: everyone signed in sees the list (their teams' quotas); the team's managers and admins
+    # request; admins approve and reject (a fresh REQUESTED vision quota per request); a team's
+    # budget for its members, admins and finance (404 to others)
+    "accounting:quotas": [
+        Req("GET", lambda o: "/accounting/quotas/", LOGIN_THEN_200),
+        Req("POST", lambda o: "/accounting/quotas/", (302, 403, 403, 302, 302, 403),
+            data={"team": "vision", "gpu_hours": "10", "justification": "matrix"}),
+    ],
+    "accounting:quota-approve": [Req("POST", lambda o: f"/accounting/quotas/{requested_quota(o).pk}/approve/", (302, 404, 403, 403, 302, 403))],
+    "accounting:quota-reject": [
+        Req("POST", lambda o: f"/accounting/quotas/{requested_quota(o).pk}/reject/", (302, 404, 403, 403, 302, 403), data={"comment": "no"})
+    ],
+    "accounting:budget": [Req("GET", lambda o: "/accounting/budget/?team=vision", (302, 404, 200, 200, 200, 200))],
+    "api-quota-list": [
+        Req("GET", lambda o: "/api/v1/quotas/", API_LOGIN_THEN_200),
+        Req("POST", lambda o: "/api/v1/quotas/", (401, 400, 403, 201, 201, 403),
+            data={"team": "vision", "gpu_hours": "10", "justification": "matrix"}),
+    ],
+    "api-quota-approve": [Req("POST", lambda o: f"/api/v1/quotas/{requested_quota(o).pk}/approve/", (401, 404, 403, 403, 200, 403))],
+    "api-quota-reject": [
+        Req("POST", lambda o: f"/api/v1/quotas/{requested_quota(o).pk}/reject/", (401, 404, 403, 403, 200, 403), data={"comment": "no"})
+    ],
+    "api-team-budget": [Req("GET", lambda o: "/api/v1/teams/vision/budget/", (401, 404, 200, 200, 200, 200))],
 }
+
+
+def requested_quota(o):
+    """A fresh REQUESTED quota of team vision (requested by its manager bob)."""
+    from accounting.services import quota_request
+
+    return quota_request(team=o.world.vision, user=o.world.bob, gpu_hours=10, justification="matrix")
 
 # URLs of apps in flux: the accounting and quotas engineers add their entries to MATRIX.
 PENDING: set[str] = set()

@@ -35,6 +35,9 @@ class Command(BaseCommand):
             except SlurmError as exc:
                 raise CommandError(f"Slurm: {exc}") from exc
             self.stdout.write(self.style.SUCCESS(f"Applied {len(actions)} fix(es)."))
+        if apply and extra:
+            fixed = _limit_apply()
+            self.stdout.write(self.style.SUCCESS(f"Applied {len(fixed)} limit fix(es)."))
 
 
 def _limit_drift_lines() -> list[str]:
@@ -44,3 +47,13 @@ def _limit_drift_lines() -> list[str]:
     except ImportError:
         return []
     return quota_limit_drift()
+
+
+def _limit_apply() -> list[str]:
+    """Set the limits the portal's quotas call for where Slurm drifted (accounting app)."""
+    from accounting.services import quota_limits_apply
+
+    try:
+        return quota_limits_apply()
+    except SlurmError as exc:
+        raise CommandError(f"Slurm: {exc}") from exc

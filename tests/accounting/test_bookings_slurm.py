@@ -1,0 +1,107 @@
+"""Bookings against the real local cluster (Slurm 22.05: whole-node reservations). A fresh random
+team/account and Unix user, a 10-minute window starting now, reservations deleted in teardown."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import uuid
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from accounting.models import BookingStatus, ReservationState
+from accounting.services import booking_cancel, booking_create
+from jobs.choices import JobState
+from jobs.models import Job
+from jobs.services import job_submit
+from portal.exceptions import Conflict
+from portal.models import Role
+from portal.slurm import get_gateway
+from tests.factories import MembershipFactory, TeamFactory, UserFactory
+from tests.support import wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
+
+
+def slurm(*argv: str) -> str:
+    env = {**os.environ, **({"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {})}
+    return subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=30, check=False).stdout
+
+
+@pytest.fixture
+def fresh_team(cluster):
+    from portal.services import team_mirror
+    from portal.unix import unix_user_ensure
+
+    suffix = uuid.uuid4().hex[:6]
+    team = TeamFactory(slug=f"bk{suffix}", name=f"Booking {suffix}", slurm_account=f"bk{suffix}")
+    manager = UserFactory(username=f"bkm{suffix}")
+    MembershipFactory(team=team, user=manager, role=Role.MANAGER)
+    unix_user_ensure(manager.username)
+    team_mirror(team=team)
+    created: list[str] = []
+    yield team, manager, created
+    slurm("scancel", "-A", team.slurm_account)  # a reservation with jobs in it cannot be deleted
+    for name in created:
+        wait_for(lambda: _deleted(name), timeout=30, interval=0.5)
+
+
+def _deleted(name: str) -> bool:
+    from portal.slurm import SlurmRejected
+
+    try:
+        get_gateway().reservation_delete(name)
+    except SlurmRejected:
+        return False
+    return True
+
+
+def test_booking_becomes_a_reservation_jobs_run_in_it_and_cancel_removes_it(fresh_team, django_capture_on_commit_callbacks):
+    team, manager, created = fresh_team
+    start = timezone.now()
+    end = start + dt.timedelta(minutes=10)
+    with django_capture_on_commit_callbacks(execute=True):
+        booking = booking_create(team=team, gpu_type="a100", gpus=4, start=start, end=end, actor=manager)
+    created.append(booking.reservation_name)
+    booking.refresh_from_db()
+    assert booking.status == BookingStatus.APPROVED
+    assert booking.reservation_state == ReservationState.ACTIVE, booking.reservation_error
+    assert len(booking.nodes) == 1
+
+    shown = slurm("scontrol", "show", "reservation", booking.reservation_name, "-o")
+    assert f"ReservationName={booking.reservation_name}" in shown
+    assert f"Accounts={team.slurm_account}" in shown and f"Nodes={booking.nodes[0]}" in shown
+    assert booking.reservation_name in {r.name for r in get_gateway().reservation_list()}
+
+    # a conflicting booking (more a100 GPUs than are left in the window) is refused
+    with pytest.raises(Conflict) as info:
+        booking_create(team=team, gpu_type="a100", gpus=8, start=start, end=end, actor=manager)
+    assert "a100: 4 of 8 GPUs already booked" in info.value.message
+
+    with django_capture_on_commit_callbacks(execute=True):
+        job, _ = job_submit(user=manager, team=team, name="in-booking", script="#!/bin/bash\nsleep 4\n",
+                            partition="gpu", gpu_type="a100", gpus=4, time_limit_minutes=5, booking=booking.pk)  # fmt: skip
+    job.refresh_from_db()
+    assert job.slurm_job_id, job.last_relay_error
+    # squeue shows the reservation while the job runs (on the booked node)
+    running = wait_for(lambda: (out if (out := slurm("squeue", "-h", "-j", str(job.slurm_job_id), "-o", "%T|%v|%N").strip()).startswith("RUNNING") else None), timeout=30, interval=0.2)
+    assert running.split("|")[1:] == [booking.reservation_name, booking.nodes[0]], running
+
+    def finished():
+        out = slurm("sacct", "-j", str(job.slurm_job_id), "-X", "-n", "-P", "-o", "State,ReservationId,NodeList")
+        return out.strip() if out.startswith("COMPLETED") else None
+
+    # sacct 22.05 leaves the Reservation name empty but keeps the reservation's id (sacctmgr show reservation)
+    state, reservation_id, nodes = wait_for(finished, timeout=60, interval=0.5).split("|")[:3]
+    ids = dict(line.split("|")[:2] for line in slurm("sacctmgr", "-n", "-P", "show", "reservation", "format=Name,Id").splitlines() if "|" in line)
+    assert reservation_id == ids[booking.reservation_name] and nodes == booking.nodes[0]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        booking_cancel(booking=booking, actor=manager)
+    booking.refresh_from_db()
+    assert booking.reservation_state == ReservationState.DELETED
+    assert booking.reservation_name not in slurm("scontrol", "show", "reservation", "-o")
+    assert booking.reservation_name not in {r.name for r in get_gateway().reservation_list()}

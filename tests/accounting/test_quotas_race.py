@@ -1,0 +1,64 @@
+"""The budget check under concurrency: 50 parallel submissions (threads, each its own database
+connection, transactional database) against a budget that fits exactly 10 — exactly 10 accepted."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from accounting.selectors import billing_date
+from jobs.models import Job
+from jobs.services import job_submit
+from portal.exceptions import Conflict
+from portal.models import NodeInfo, PartitionInfo
+from tests.factories import QuotaFactory
+
+N = 50
+FITS = 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(world, monkeypatch, capsys):
+    from jobs import tasks
+
+    monkeypatch.setattr(tasks.job_relay, "delay", lambda job_id: None)
+    now = timezone.now()
+    PartitionInfo.objects.create(name="gpu", is_default=True, state="UP", default_time_minutes=60, max_time_minutes=4320,
+                                 node_names=["a100-01"], seen_at=now)  # fmt: skip
+    NodeInfo.objects.create(name="a100-01", state="IDLE", partitions=["gpu"], gpu_type="a100", gpus_total=4,
+                            cpus_total=32, memory_mb=256000, seen_at=now)  # fmt: skip
+    today = billing_date(now)
+    # each job: 2 GPUs × 30 min = 1 GPU-h; the budget: 10 GPU-h
+    QuotaFactory(team=world.vision, gpu_hours=FITS, period_start=today - dt.timedelta(days=1),
+                 period_end=today + dt.timedelta(days=2))  # fmt: skip
+    barrier = threading.Barrier(N)
+
+    def submit(n):
+        try:
+            barrier.wait()
+            try:
+                job_submit(user=world.alice, team=world.vision, name=f"race-{n}", script="true", partition="gpu",
+                           gpu_type="a100", gpus=2, time_limit_minutes=30)  # fmt: skip
+                return "accepted"
+            except Conflict as exc:
+                assert "GPU-h left for vision" in exc.message
+                return "refused"
+        finally:
+            connection.close()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=N) as pool:
+        results = list(pool.map(submit, range(N)))
+    seconds = time.monotonic() - started
+    assert results.count("accepted") == FITS
+    assert results.count("refused") == N - FITS
+    assert Job.objects.count() == FITS
+    with capsys.disabled():
+        print(f"\n[quota race] {N} parallel submissions: {results.count('accepted')} accepted, "
+              f"{results.count('refused')} refused in {seconds:.2f} s")
