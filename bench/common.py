@@ -176,11 +176,32 @@ def world(*, slurm: bool = True) -> World:
             membership_set(team=team, user=user)
     if slurm:
         team_mirror(team=team)
+    _unlimited_quota(team)
     ApiToken.objects.filter(user=user).delete()
     _, key = api_token_create(user=user, name="bench")
     os.makedirs(BENCH_WORKDIR, exist_ok=True)
     os.chmod(BENCH_WORKDIR, 0o1777)
     return World(team=team, user=user, token=key, uid=uid, gid=gid)
+
+
+def _unlimited_quota(team) -> None:
+    """An approved quota far larger than any benchmark, so submissions measure the portal, not the budget
+    check's refusal (the check itself still runs). Stored directly: not mirrored to Slurm limits."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from accounting.models import Quota, QuotaState
+
+    today = timezone.localdate()
+    Quota.objects.get_or_create(
+        team=team,
+        gpu_type="",
+        period_start=today - dt.timedelta(days=366),
+        period_end=today + dt.timedelta(days=366),
+        state=QuotaState.APPROVED,
+        defaults={"gpu_hours": 10**8, "approved_at": timezone.now(), "justification": "benchmarks"},
+    )
 
 
 # ---------------------------------------------------------------- Slurm: bench jobs

@@ -217,7 +217,9 @@ def celery_worker_process(django_db_setup, django_db_blocker):
         "CELERY_TASK_ALWAYS_EAGER": "0",
         "DJANGO_SETTINGS_MODULE": "portal.settings",
     }
-    log = open(ROOT / ".run" / "test-celery-worker.log", "w") if (ROOT / ".run").is_dir() else subprocess.DEVNULL
+    (ROOT / ".run").mkdir(exist_ok=True)
+    log_path = ROOT / ".run" / f"test-celery-worker-{os.getpid()}.log"
+    log = open(log_path, "w")
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", WORKER_QUEUE, "--pool=prefork",
@@ -230,15 +232,15 @@ def celery_worker_process(django_db_setup, django_db_blocker):
         from portal.celery import app
 
         _use_broker(WORKER_BROKER_URL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded 2-core machine takes a while to import Django + Celery
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                pytest.fail(f"celery worker exited with {proc.returncode}")
+                pytest.fail(f"celery worker exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
             replies = app.control.ping(destination=[f"jobs-tests-{os.getpid()}@{os.uname().nodename}"], timeout=0.5)
             if replies:
                 break
         else:
-            pytest.fail("celery worker did not answer within 30 s")
+            pytest.fail(f"celery worker did not answer within 90 s:\n{log_path.read_text()[-3000:]}")
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -247,8 +249,7 @@ def celery_worker_process(django_db_setup, django_db_blocker):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-        if log is not subprocess.DEVNULL:
-            log.close()
+        log.close()
 
 
 @pytest.fixture
