@@ -674,6 +674,75 @@ def _validate_booking_input(*, team: Team | None, gpu_type: str, gpus, start, en
     return gpu_type, gpus
 
 
+def _lock_team(team: Team | None) -> None:
+    """Lock the team row until the transaction ends: the first lock of booking_create/booking_approve,
+    taken in the same order as budget_hold_check (team, then anything else), so that a booking and a
+    job submission of one team are serialised and never both spend the last of its budget."""
+    if team is not None:
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+
+
+def _booking_budget_check(*, team: Team, gpu_type: str, gpus: int, start: dt.datetime, end: dt.datetime,
+                          now: dt.datetime) -> None:  # fmt: skip
+    """Refuse (Conflict, 409, with the figures) a booking whose reserved GPU-hours do not fit the
+    team's budget. When bookings are charged by their reserved hours (BOOKING_CHARGE_MODE=reserved),
+    an approved booking's GPU-hours count as "booked" against every quota that applies — the any-type
+    quota and its GPU type's — each for the part of the window inside the quota's period
+    (accounting.selectors.budget_rows). The quotas in force at the start, and at each quota period
+    boundary inside the window, are checked. Without an applicable quota at the start,
+    QUOTA_NO_QUOTA_POLICY decides, as for jobs — unless the team has a quota now and the booking
+    starts on a later day whose period has none yet (a manager books next month before its quota
+    is approved). Call under the team row lock (_lock_team)."""
+    from accounting.models import Quota, QuotaState
+    from accounting.selectors import billing_date, billing_midnight, budget_rows, quotas_effective
+
+    if _setting("BOOKING_CHARGE_MODE", "reserved") != "reserved":
+        return  # only use is charged: jobs in the booking meet the budget when they are submitted
+    points = {start}
+    bounds = Quota.objects.filter(team=team, state=QuotaState.APPROVED, period_start__lte=billing_date(end),
+                                  period_end__gt=billing_date(start)).values_list("period_start", "period_end")  # fmt: skip
+    for first, last in bounds:
+        for day in (first, last):
+            if start < (moment := billing_midnight(day)) < end:
+                points.add(moment)
+    def in_force_at(moment):
+        return [q for (_, kind), q in quotas_effective(team=team, at=moment).items() if kind in ("", gpu_type)]
+
+    applicable: dict[int, object] = {}
+    for moment in sorted(points):
+        in_force = in_force_at(moment)
+        if moment == start and not in_force:
+            if _setting("QUOTA_NO_QUOTA_POLICY", "blocked") == "unlimited":
+                return
+            if billing_date(start) > billing_date(now) and in_force_at(now):
+                # budgeted now, no quota yet for the booking's (later) period: nothing to check it
+                # against; its hours count as booked against the quota approved for that period
+                continue
+            message = (
+                f"{team.slug} has no approved GPU quota covering {gpu_type} GPUs on {billing_date(start):%Y-%m-%d}: "
+                f"a team manager can request one at {QUOTA_PAGE}"
+            )
+            raise Conflict(message, errors={"team": [message]})
+        applicable.update((q.pk, q) for q in in_force)
+    for row in budget_rows(sorted(applicable.values(), key=lambda q: (q.period_start, q.gpu_type)), at=now):
+        quota = row["quota"]
+        lo = max(start, billing_midnight(quota.period_start))
+        hi = min(end, billing_midnight(quota.period_end))
+        if hi <= lo:
+            continue
+        needs = Decimal(gpus * int((hi - lo).total_seconds())) / HOUR
+        if needs > row["remaining"]:
+            kind = f"{row['gpu_type']} " if row["gpu_type"] else ""
+            left = max(row["remaining"], Decimal(0))
+            message = (
+                f"Over budget: the booking needs {_gh(needs)} GPU-h; {_gh(left)} of {_gh(row['budget'])} {kind}GPU-h "
+                f"left for {team.slug} in {row['period_label']} (used {_gh(row['used'])}, held by unfinished jobs "
+                f"{_gh(row['held'])}, booked {_gh(row['booked'])})."
+            )
+            hint = f"The booking needs {_gh(needs)} GPU-h (GPUs × window); {_gh(left)} {kind}GPU-h are left."
+            raise Conflict(message, errors={"gpus": [hint], "end": ["Book fewer GPUs or a shorter window."]})
+
+
 def _enqueue_booking_task(task_name: str, booking_id) -> None:
     from accounting import tasks
 
@@ -718,8 +787,11 @@ def booking_create(
     )  # fmt: skip
     auto = is_admin(actor) or booking.gpu_hours <= Decimal(settings.BOOKING_AUTO_APPROVE_GPU_HOURS)
     with transaction.atomic():
+        # lock order: the team row (as budget_hold_check does for job submissions), then the type
+        _lock_team(team)
         _booking_lock(gpu_type)
         nodes = _capacity_check(gpu_type=gpu_type, gpus=gpus, start=start, end=end)
+        _booking_budget_check(team=team, gpu_type=gpu_type, gpus=gpus, start=start, end=end, now=now)
         if auto:
             booking.status = BookingStatus.APPROVED
             booking.auto_approved = True
@@ -755,6 +827,9 @@ def booking_approve(*, booking, actor, note: str = "", request=None, now: dt.dat
         raise ApplicationError("Only admins approve bookings.", status_code=403)
     now = now or timezone.now()
     with transaction.atomic():
+        # lock order: the team row (as budget_hold_check does for job submissions), then the type,
+        # then the booking row
+        _lock_team(booking.team)
         _booking_lock(booking.gpu_type)
         booking = _locked_booking(booking.pk)
         if booking.status != BookingStatus.REQUESTED:
@@ -762,8 +837,11 @@ def booking_approve(*, booking, actor, note: str = "", request=None, now: dt.dat
                            errors={"status": [booking.status]})  # fmt: skip
         if booking.end <= now:
             raise Conflict("The booking's window has passed.", errors={"end": ["The window has passed."]})
-        nodes = _capacity_check(gpu_type=booking.gpu_type, gpus=booking.gpus, start=max(booking.start, now), end=booking.end,
+        start = max(booking.start, now)
+        nodes = _capacity_check(gpu_type=booking.gpu_type, gpus=booking.gpus, start=start, end=booking.end,
                                 exclude=booking.pk)  # fmt: skip
+        _booking_budget_check(team=booking.team, gpu_type=booking.gpu_type, gpus=booking.gpus, start=booking.start,
+                              end=booking.end, now=now)  # fmt: skip
         booking.status = BookingStatus.APPROVED
         booking.approved_at = booking.decided_at = now
         booking.decided_by = actor

@@ -194,6 +194,9 @@ def _use_broker(url: str) -> None:
     Celery's private attributes; the same reset Celery does after a fork)."""
     from portal.celery import app
 
+    # Celery's Settings.broker_url prefers the CELERY_BROKER_URL environment variable (which
+    # `make test` exports) to the configured value: change both.
+    os.environ["CELERY_BROKER_URL"] = url
     app.conf.broker_url = url
     app._pool = None
     app.amqp._producer_pool = None

@@ -20,7 +20,7 @@ from jobs.services import job_submit
 from portal.exceptions import Conflict
 from portal.models import Role
 from portal.slurm import get_gateway
-from tests.factories import MembershipFactory, TeamFactory, UserFactory
+from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFactory
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
@@ -40,6 +40,7 @@ def fresh_team(cluster):
     team = TeamFactory(slug=f"bk{suffix}", name=f"Booking {suffix}", slurm_account=f"bk{suffix}")
     manager = UserFactory(username=f"bkm{suffix}")
     MembershipFactory(team=team, user=manager, role=Role.MANAGER)
+    QuotaFactory(team=team, gpu_hours=1000)  # bookings count against the budget (QUOTA_NO_QUOTA_POLICY=blocked)
     unix_user_ensure(manager.username)
     team_mirror(team=team)
     created: list[str] = []

@@ -1,7 +1,8 @@
 """The portal in a real browser (Debian's Chromium through Playwright): log in through the form,
 submit a job and watch the htmx estimate, watch it reach COMPLETED without reloading, read its
 output, cancel a sleeping job from its page, download the cost report's CSV, the core pages without
-JavaScript; a screenshot of each main page under test-artifacts/screenshots/.
+JavaScript, book a whole GPU node on the bookings calendar and cancel it; a screenshot of each main
+page under test-artifacts/screenshots/.
 
 Against the live server, the real Celery worker, the local Slurm cluster and a sync loop standing in
 for beat (tests/browser/conftest.py)."""
@@ -14,7 +15,6 @@ import re
 from pathlib import Path
 
 import pytest
-from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 
 from jobs.choices import JobState
 from jobs.models import Job
@@ -252,31 +252,113 @@ def test_core_pages_work_without_javascript(portal, browsing):
     browsing.assert_clean()
 
 
-def _bookings_url() -> str | None:
-    for name in ("accounting:bookings", "accounting:booking-list", "bookings:list"):
+BOOKING_RESERVED_TIMEOUT_S = 60  # the real worker makes the Slurm reservation after commit
+
+
+@pytest.fixture
+def booking_leftovers():
+    """Reservations of bookings the test made: deleted afterwards whatever happened (the cluster is
+    shared); any booking of the test still approved is cancelled first so the sweeper leaves it be."""
+    from accounting.models import Booking, BookingStatus, ReservationState
+    from portal.slurm import SlurmError, get_gateway
+
+    yield
+    names = list(Booking.objects.values_list("reservation_name", flat=True))
+    Booking.objects.filter(status__in=[BookingStatus.APPROVED, BookingStatus.REQUESTED]).update(
+        status=BookingStatus.CANCELLED, reservation_state=ReservationState.DELETED
+    )
+    for name in names:
         try:
-            return reverse(name)
-        except NoReverseMatch:
-            continue
-    try:
-        resolve("/accounting/bookings/")
-    except Resolver404:
-        return None
-    return "/accounting/bookings/"
+            get_gateway().reservation_delete(name)
+        except SlurmError:
+            pass
 
 
-@pytest.mark.xfail(
-    reason="bookings page not built yet (the bookings issue); write this test when it lands", strict=False
-)
-def test_manager_books_gpus_on_the_calendar_placeholder(world, browsing):
-    """Placeholder: xfails while no bookings page resolves; once one does, it shows as XPASS in the
-    summary — then replace it with the real booking flow and drop the xfail."""
-    url = _bookings_url()
-    assert url, "no bookings URL resolves"
+def _booking_row(page, booking):
+    return page.locator(f'#booking-table tr[data-booking="{booking.pk}"]')
+
+
+def test_manager_books_gpus_on_the_calendar_and_cancels(portal, browsing, booking_leftovers, settings):
+    """bob books a whole a100 node (4 GPUs × 30 min = 2 GPU-h: approved at once) a few minutes from
+    now, sees the reservation made in Slurm by the real worker, cancels it, and it is gone."""
+    import datetime as dt
+    import time
+
+    from django.utils import timezone
+
+    from accounting.models import Booking, BookingStatus, ReservationState
+    from portal.slurm import get_gateway
+
+    settings.TIME_ZONE = "UTC"  # the browser's time zone too (tests/browser/conftest.py)
     page = browsing.page()
     log_in(page, "bob")
-    page.goto(url)
-    expect(page.get_by_role("heading", name=re.compile("Booking", re.IGNORECASE))).to_be_visible(
-        timeout=5_000
-    )
-    # TODO(bookings): pick GPUs and a slot on the calendar, book, see the booking on the calendar
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Bookings").click()
+    expect(page.get_by_role("heading", name="GPU bookings")).to_be_visible()
+    calendar = page.locator("#booking-calendar")
+    expect(calendar.locator('table[data-gpu-type="a100"]')).to_be_visible()
+    this_week = calendar.get_by_text(re.compile(r"Week of \d{4}-\d{2}-\d{2}")).inner_text()
+
+    # next week through htmx: the calendar fragment is swapped, the page is not reloaded
+    page.evaluate("window.__notReloaded = true")
+    with page.expect_response(lambda r: "week=" in r.url and r.request.headers.get("hx-request") == "true") as swap:
+        calendar.get_by_role("link", name="next week →").click()
+    assert swap.value.status == 200
+    expect(calendar.get_by_text(re.compile(r"Week of "))).not_to_have_text(this_week)
+    monday = dt.date.fromisoformat(this_week.removeprefix("Week of ")) + dt.timedelta(days=7)
+    expect(page.locator("#booking-calendar")).to_contain_text(f"Week of {monday:%Y-%m-%d}")
+    expect(page.locator("#booking-calendar table.cal")).not_to_have_count(0)
+    assert page.evaluate("window.__notReloaded") is True
+    expect(page.locator("#booking-form")).to_be_visible()  # the rest of the page stayed
+
+    # book 4 a100 GPUs (one whole node) from now + 5 min for 30 min
+    start = (timezone.now() + dt.timedelta(minutes=5)).replace(second=0, microsecond=0)
+    end = start + dt.timedelta(minutes=30)
+    form = page.locator("#booking-form")
+    form.get_by_label("Team").select_option("vision")
+    form.get_by_label("GPU type").select_option("a100")
+    form.get_by_label("GPUs").fill("4")
+    form.get_by_label("Start").fill(f"{start:%Y-%m-%dT%H:%M}")
+    form.get_by_label("End").fill(f"{end:%Y-%m-%dT%H:%M}")
+    form.get_by_label("Note").fill("browser booking")
+    form.get_by_role("button", name="Book").click()
+    expect(page.get_by_role("status")).to_contain_text("Booked: 4 × a100")
+    booking = Booking.objects.get(note="browser booking")
+    assert (booking.team, booking.gpus, booking.gpu_type, booking.status, booking.start, booking.end) == (
+        portal.vision, 4, "a100", BookingStatus.APPROVED, start, end)  # fmt: skip
+    row = _booking_row(page, booking)
+    expect(row).to_contain_text("Approved")
+    expect(row).to_contain_text(booking.reservation_name)
+    expect(row).to_contain_text("2.00")  # GPU-hours
+
+    # the real worker makes the reservation: reload the page (bounded) until it says so
+    deadline = time.monotonic() + BOOKING_RESERVED_TIMEOUT_S
+    while ReservationState.ACTIVE.label not in row.inner_text() and time.monotonic() < deadline:
+        page.wait_for_timeout(1000)
+        page.reload()
+    expect(row).to_contain_text(ReservationState.ACTIVE.label, timeout=1_000)
+    booking.refresh_from_db()
+    assert booking.reservation_state == ReservationState.ACTIVE, booking.reservation_error
+    assert len(booking.nodes) == 1 and booking.nodes[0].startswith("a100-")
+    expect(row).to_contain_text(booking.nodes[0])
+    reservation = next(r for r in get_gateway().reservation_list() if r.name == booking.reservation_name)
+    assert "vision" in reservation.accounts
+    screenshot(page, "bookings")
+
+    row.get_by_role("button", name="Cancel").click()
+    expect(page.get_by_role("status")).to_contain_text(f"Booking {booking.reservation_name}: cancel done.")
+    expect(row).to_contain_text("Cancelled")
+    expect(row.get_by_role("button")).to_have_count(0)
+    booking.refresh_from_db()
+    assert (booking.status, booking.cancelled_by) == (BookingStatus.CANCELLED, portal.bob)
+    deadline = time.monotonic() + BOOKING_RESERVED_TIMEOUT_S
+    while time.monotonic() < deadline:
+        booking.refresh_from_db()
+        if booking.reservation_state == ReservationState.DELETED:
+            break
+        time.sleep(0.5)
+    assert booking.reservation_state == ReservationState.DELETED, booking.reservation_error
+    assert booking.reservation_name not in {r.name for r in get_gateway().reservation_list()}
+    page.reload()
+    expect(row).to_contain_text(ReservationState.DELETED.label)
+    screenshot(page, "bookings-cancelled")
+    browsing.assert_clean()

@@ -132,6 +132,7 @@ def test_every_form_refuses_a_post_without_csrf_token(world, relays):
         f"/jobs/{job.pk}/cancel/": {},
         f"/jobs/{job.pk}/save-template/": {"template_name": "t2", "template_scope": "personal"},
         **_quota_forms(world),
+        **_booking_forms(world),
     }
     client = page_as(world.alice, enforce_csrf_checks=True)
     refused = {url: client.post(url, data).status_code for url, data in forms.items()}
@@ -151,11 +152,48 @@ def _quota_forms(world) -> dict:
     return {f"/accounting/quotas/{quota.pk}/approve/": {}, f"/accounting/quotas/{quota.pk}/reject/": {"comment": "no"}}
 
 
+def _booking_forms(world) -> dict:
+    """The bookings page's form (as a manager, so that only the CSRF check can refuse it) and the
+    buttons of a requested booking of the manager's team."""
+    from tests.security.test_url_matrix import make_booking
+
+    booking = make_booking(world.vision, world.bob)
+    start = booking.start.strftime("%Y-%m-%dT%H:%M")
+    return {
+        "/accounting/bookings/": {"team": "vision", "gpu_type": "a100", "gpus": "4", "start": start, "end": start},
+        f"/accounting/bookings/{booking.pk}/cancel/": {},
+        f"/accounting/bookings/{booking.pk}/approve/": {"note": "x"},
+        f"/accounting/bookings/{booking.pk}/reject/": {"note": "x"},
+    }
+
+
+def test_booking_forms_refuse_a_post_without_csrf_token_even_for_an_admin(world):
+    """As alice every booking route would be refused anyway (403 by role); an admin may do all of
+    them, so only the CSRF check can stop these posts — and the booking must not change."""
+    from accounting.models import Booking, BookingStatus
+
+    forms = _booking_forms(world)
+    client = page_as(world.admin, enforce_csrf_checks=True)
+    for url, data in forms.items():
+        response = client.post(url, data)
+        assert response.status_code == 403 and b"CSRF verification failed" in response.content, url
+    assert Booking.objects.get().status == BookingStatus.REQUESTED and Booking.objects.count() == 1
+    client.get("/accounting/bookings/")
+    token = client.cookies["csrftoken"].value
+    booking = Booking.objects.get()
+    ok = client.post(f"/accounting/bookings/{booking.pk}/reject/", {"note": "x", "csrfmiddlewaretoken": token})
+    assert ok.status_code == 302
+    booking.refresh_from_db()
+    assert booking.status == BookingStatus.REJECTED
+
+
 def test_every_page_post_route_is_covered_by_the_csrf_test():
     """New page routes that accept POST must be added to FORMS (or to the test's object forms)."""
     page_posts = {"login", "logout", "token-list", "token-revoke", "jobs:new", "jobs:quote", "jobs:template-create",
                   "jobs:template-delete", "jobs:cancel", "jobs:save-template",
-                  "accounting:quotas", "accounting:quota-approve", "accounting:quota-reject"}  # fmt: skip
+                  "accounting:quotas", "accounting:quota-approve", "accounting:quota-reject",
+                  "accounting:bookings", "accounting:booking-cancel", "accounting:booking-approve",
+                  "accounting:booking-reject"}  # fmt: skip
     from tests.security.test_url_matrix import MATRIX
 
     posting = {name for name, reqs in MATRIX.items() if any(r.method == "POST" for r in reqs) and not name.startswith("api-")}
