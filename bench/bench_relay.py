@@ -8,8 +8,10 @@ Each round submits the same trivial job (``true``, 1 GPU, partition debug, 1 min
   portal  N POSTs to gunicorn (4 client threads), Celery worker(s) relay them; the round ends when
           every job has its Slurm id (the last ``submitted_at``).
 Then the profile: the relay service run in this process for a few jobs, timed by phase (sbatch,
-database, the rest), and a prototype batched relay (bench-only) to show what batching and parallel
-sbatch would give. Bench jobs are cancelled after every round; the bench account is capped at 2
+database, the rest), and the batched relay (jobs.services.job_relay_batch_run) in-process.
+  batch   the same N jobs as ``POST /api/v1/jobs/batch/`` arrays (``--batch``, default N/10 within
+          10–100, from the same client threads): one batched relay task per request (one claim, 4 sbatch at a time,
+          one bulk write). Bench jobs are cancelled after every round; the bench account is capped at 2
 running GPUs so the shared cluster stays usable."""
 
 from __future__ import annotations
@@ -87,10 +89,13 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
 
 
 def post_jobs(
-    token: str, n: int, name: str, *, threads: int = CLIENT_THREADS
+    token: str, n: int, name: str, *, threads: int = CLIENT_THREADS, batch: int = 0
 ) -> tuple[float, list[float], int]:
-    """POST n jobs from ``threads`` keep-alive clients. Returns (seconds, latencies, errors)."""
-    counter = iter(range(n))
+    """POST n jobs from ``threads`` keep-alive clients: one job per POST to /api/v1/jobs/, or with
+    ``batch`` > 0 arrays of up to ``batch`` jobs to /api/v1/jobs/batch/. Returns (seconds, latencies
+    per request, errors)."""
+    sizes = [min(batch, n - i) for i in range(0, n, batch)] if batch else [0] * n
+    counter = iter(sizes)
     lock = threading.Lock()
     latencies: list[float] = []
     errors = [0]
@@ -100,9 +105,13 @@ def post_jobs(
         try:
             while True:
                 with lock:
-                    if next(counter, None) is None:
+                    size = next(counter, None)
+                    if size is None:
                         return
-                status, body, seconds = api.request("POST", "/api/v1/jobs/", job_body(name))
+                if size:
+                    status, body, seconds = api.request("POST", "/api/v1/jobs/batch/", [job_body(name)] * size)
+                else:
+                    status, body, seconds = api.request("POST", "/api/v1/jobs/", job_body(name))
                 with lock:
                     latencies.append(seconds)
                     if status != 201:
@@ -113,7 +122,7 @@ def post_jobs(
             api.close()
 
     began = time.perf_counter()
-    workers = [threading.Thread(target=client) for _ in range(threads)]
+    workers = [threading.Thread(target=client) for _ in range(min(threads, len(sizes)))]
     for w in workers:
         w.start()
     for w in workers:
@@ -121,15 +130,16 @@ def post_jobs(
     return time.perf_counter() - began, latencies, errors[0]
 
 
-def portal_round(world, n: int, name: str, *, timeout: float) -> dict:
-    """POST n jobs and wait until all have a Slurm id (or failed). Times from the database clock."""
+def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0) -> dict:
+    """POST n jobs (one per request, or ``batch`` per request to the batch API) and wait until all
+    have a Slurm id (or failed). Times from the database clock."""
     from django.db.models import Max
 
     from jobs.choices import JobState
     from jobs.models import Job
 
     start = dt.datetime.now(dt.UTC)
-    post_seconds, post_latencies, errors = post_jobs(world.token, n, name)
+    post_seconds, post_latencies, errors = post_jobs(world.token, n, name, batch=batch)
     deadline = time.monotonic() + timeout
     jobs = Job.objects.filter(name=name)
     while time.monotonic() < deadline:
@@ -305,103 +315,48 @@ def relay_only(world, n: int, *, concurrency: int) -> float:
     return done.count() / (last - start).total_seconds() if last else float("nan")
 
 
-# ---------------------------------------------------------------- prototype: batched relay (bench only)
+# ---------------------------------------------------------------- batched relay in-process
 
 
-def relay_batch(job_ids: list, *, threads: int = 4) -> dict:
-    """What a batched relay task could do (a proposal, not the portal's code): claim all the jobs
-    with ONE conditional UPDATE, read them with ONE query, run sbatch ``threads`` at a time, record
-    every id with ONE conditional bulk UPDATE and ONE bulk INSERT of events. Same guarantees as
-    job_relay_run for first attempts (tag in the comment, claim token, ACCEPTED-only writes);
-    retries of a job (relay_attempts > 1) would still go through job_relay_run's find-by-tag path."""
-    from django.conf import settings
-    from django.db import transaction
-    from django.db.models import F
-    from django.utils import timezone
-
-    from jobs import services
-    from jobs.choices import JobState
-    from jobs.models import Job, JobEvent
-    from portal.slurm import SlurmError, get_gateway
-
-    token = uuid.uuid4()
-    Job.objects.filter(
-        services._lease_free(), pk__in=job_ids, state=JobState.ACCEPTED, slurm_job_id__isnull=True
-    ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
-    jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile"))
-    gateway = get_gateway()
-
-    def submit(job):
-        try:
-            spec = services._spec_for(job)
-            return job, spec.uid, gateway.submit(spec), None
-        except SlurmError as exc:
-            return job, None, None, exc
-
-    with ThreadPoolExecutor(threads) as pool:
-        results = list(pool.map(submit, jobs))
-    now = timezone.now()
-    done, failed = [], 0
-    for job, uid, slurm_id, error in results:
-        if error is not None:
-            failed += 1  # the real task would record SUBMIT_FAILED or release the claim for a retry
-            continue
-        job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = (
-            slurm_id,
-            settings.SLURM_CLUSTER,
-            JobState.PENDING,
-            now,
-        )
-        job.relay_token, job.relay_started_at, job.unix_uid = None, None, uid
-        done.append(job)
-    with transaction.atomic():
-        Job.objects.filter(state=JobState.ACCEPTED, relay_token=token).bulk_update(
-            done,
-            [
-                "slurm_job_id",
-                "slurm_cluster",
-                "state",
-                "submitted_at",
-                "relay_token",
-                "relay_started_at",
-                "unix_uid",
-            ],
-        )
-        JobEvent.objects.bulk_create(
-            [JobEvent(job=j, state=JobState.PENDING, reason="Submitted to Slurm", at=now) for j in done]
-        )
-    return {"submitted": len(done), "failed": failed}
-
-
-def prototype_batched(world, n: int, section: common.Section, *, threads: int = 4) -> float:
+def batched_in_process(world, n: int, section: common.Section, *, threads: int = 4) -> float:
+    """The portal's batched relay (jobs.services.job_relay_batch_run) in this process, in batches of
+    at most MAX_BATCH_JOBS (what one batch POST enqueues)."""
     from django.db import connection
+
+    from jobs.services import MAX_BATCH_JOBS, job_relay_batch_run
 
     ids = _accepted_jobs(world, n, "relay-batched")
     timer = QueryTimer()
+    submitted = 0
     began = time.perf_counter()
     with connection.execute_wrapper(timer):
-        result = relay_batch(ids, threads=threads)
+        for start in range(0, len(ids), MAX_BATCH_JOBS):
+            submitted += job_relay_batch_run(ids[start : start + MAX_BATCH_JOBS], threads=threads)["submitted"]
     seconds = time.perf_counter() - began
-    section.add(f"prototype batched relay ({threads} sbatch at a time), in-process", result["submitted"] / seconds, "jobs/s",
-                f"{n} jobs, one batch; {timer.count} queries in all", "bench/bench_relay.py relay_batch")  # fmt: skip
-    return result["submitted"] / seconds
+    batches = -(-len(ids) // MAX_BATCH_JOBS)
+    section.add(f"batched relay ({threads} sbatch at a time), in-process", submitted / seconds, "jobs/s",
+                f"{n} jobs in {batches} batch(es); {timer.count} queries in all", "jobs.services.job_relay_batch_run")  # fmt: skip
+    return submitted / seconds
 
 
 # ---------------------------------------------------------------- run
 
 
 def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = None, concurrency: int = 2,
-        web_workers: int = 3) -> common.Section:  # fmt: skip
+        web_workers: int = 3, batch: int | None = None) -> common.Section:  # fmt: skip
     n = jobs or (40 if quick else 500)
     rounds = rounds or (2 if quick else 3)
     profile_n = 20 if quick else 100
+    # default: about 10 requests of 10–100 jobs (500 jobs: 10 POSTs of 50), so relays overlap the POSTs
+    batch_size = batch or max(1, min(100, max(10, -(-n // 10)), n))
     section = common.Section(
         "Relay: POST /api/v1/jobs/ to Slurm id, against a plain sbatch loop",
         method=(
             f"{rounds} rounds; each: {n} × `sbatch` in a plain loop (same argv and script as the gateway, "
             f"--uid/--gid of the bench user), then {n} × `POST /api/v1/jobs/` from {CLIENT_THREADS} keep-alive client "
             f"threads to gunicorn ({web_workers} gthread workers × 2 threads) with one Celery worker "
-            f"(prefork, concurrency {concurrency}); portal time = first POST to the last `submitted_at`. "
+            f"(prefork, concurrency {concurrency}); portal time = first POST to the last `submitted_at`; then the same "
+            f"{n} jobs as arrays of {batch_size} to `POST /api/v1/jobs/batch/` (one batched relay task per request). "
             f"Job: `{SCRIPT.strip()}`, 1 GPU, partition {PARTITION}, {TIME_LIMIT} min; the bench account is capped "
             f"at 2 running GPUs (GrpTRES) and its jobs are cancelled after each round. Figures are medians over rounds."
         ),
@@ -414,6 +369,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
     common.broker_purge()
     web = worker = None
     raw_rates, portal_rates, ratios, accept_rates = [], [], [], []
+    batch_rates, batch_ratios, batch_accept = [], [], []
     latencies: list[float] = []
     try:
         web = common.start_gunicorn(workers=web_workers, threads=2, THROTTLE_SUBMIT="1000000/min")
@@ -438,11 +394,26 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
             latencies += result["relay_latencies"]
             print(f"  round {r}: raw {raw:.1f} jobs/s, portal {portal:.1f} jobs/s (ratio {portal / raw:.2f}), "
                   f"POSTs accepted at {n / result['post_seconds']:.1f}/s", flush=True)  # fmt: skip
+            result = portal_round(world, n, f"relay-b{r}", timeout=max(120, n), batch=batch_size)
+            common.drain_cluster()
+            if result["relayed"] != n or result["failed"] or result["post_errors"]:
+                section.note(f"batch round {r}: {result['relayed']}/{n} relayed, {result['failed']} SUBMIT_FAILED, "
+                             f"{result['post_errors']} POST errors")  # fmt: skip
+            batch = result["relayed"] / result["seconds"]
+            batch_rates.append(batch)
+            batch_ratios.append(batch / raw)
+            batch_accept.append(n / result["post_seconds"])
+            print(f"  round {r}: batch API {batch:.1f} jobs/s (ratio {batch / raw:.2f}), "
+                  f"jobs accepted at {n / result['post_seconds']:.1f}/s", flush=True)  # fmt: skip
         runs = f"median of {rounds} rounds of {n} jobs"
         section.add("raw sbatch loop", common.median(raw_rates), "jobs/s", runs)
         section.add("portal (POST → Slurm id)", common.median(portal_rates), "jobs/s", runs)
         section.add("ratio portal / raw", common.median(ratios), "", runs + " (target ≥ 1.0)")
         section.add("POSTs accepted (API side alone)", common.median(accept_rates), "jobs/s", runs)
+        batch_runs = f"{runs}; {-(-n // batch_size)} POSTs of ≤ {batch_size} to /api/v1/jobs/batch/"
+        section.add("portal, batch API (POST batch → Slurm id)", common.median(batch_rates), "jobs/s", batch_runs)
+        section.add("ratio portal batch / raw", common.median(batch_ratios), "", batch_runs + " (target ≥ 1.0)")
+        section.add("jobs accepted by the batch API (API side alone)", common.median(batch_accept), "jobs/s", batch_runs)
         section.add(
             "accepted → Slurm id, median", common.median(latencies), "s", f"{len(latencies)} jobs, all rounds"
         )
@@ -483,13 +454,14 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
             f"1 run of {n} jobs",
         )
         common.drain_cluster()
-        batched = prototype_batched(world, n, section)
+        batched = batched_in_process(world, n, section)
         common.drain_cluster()
         section.note(
             f"End to end the portal cannot beat its slowest stage: the API accepted {common.median(accept_rates):.1f} POSTs/s, "
             f"the relay alone did {relay_rates[concurrency]:.1f} jobs/s through Celery at concurrency {concurrency}, while "
             f"raw sbatch ran {common.median(raw_rates):.1f}/s sequentially and {par:.1f}/s 4 at a time; the batched "
-            f"prototype (one claim, parallel sbatch, one bulk write) relayed {batched:.1f} jobs/s."
+            f"relay in-process (one claim, parallel sbatch, one bulk write) relayed {batched:.1f} jobs/s, and the "
+            f"batch API end to end {common.median(batch_rates):.1f} jobs/s (ratio {common.median(batch_ratios):.2f})."
         )
     finally:
         for service in (worker, web):
@@ -508,6 +480,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker processes (default 2)")
     parser.add_argument("--web-workers", type=int, default=3, help="gunicorn workers (default 3)")
+    parser.add_argument("--batch", type=int, help="jobs per POST /api/v1/jobs/batch/ (default: n/10, 10–100)")
     args = parser.parse_args()
     common.setup()
     run(
@@ -516,6 +489,7 @@ def main() -> None:
         rounds=args.rounds,
         concurrency=args.concurrency,
         web_workers=args.web_workers,
+        batch=args.batch,
     )
 
 

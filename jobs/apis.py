@@ -28,9 +28,11 @@ from jobs.selectors import (
     jobs_visible_to,
 )
 from jobs.services import (
+    MAX_BATCH_JOBS,
     job_cancel,
     job_quote,
     job_submit,
+    job_submit_batch,
     job_template_create,
     job_template_delete,
     request_fingerprint,
@@ -165,6 +167,85 @@ class JobCollectionApi(ListAPIView):
         )
         return Response(
             JobSummaryOutputSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+
+class JobBatchSubmitApi(APIView):
+    """POST: submit up to MAX_BATCH_JOBS jobs of one team at once (all or none)."""
+
+    class JobBatchItemInputSerializer(serializers.Serializer):
+        """One job of a batch: the fields of a single submit (team included)."""
+
+        team = serializers.CharField(help_text="Team slug (the same for every job of the batch).")
+        name = serializers.CharField(allow_blank=True)
+        script = serializers.CharField(allow_blank=True, trim_whitespace=False)
+        partition = serializers.CharField(allow_blank=True, required=False, default="")
+        gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
+        gpus = serializers.IntegerField()
+        nodes = serializers.IntegerField(required=False, default=1)
+        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
+        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        booking = serializers.UUIDField(required=False, allow_null=True, default=None)
+        workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+        environment = serializers.DictField(
+            child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
+        )
+
+    def get_throttles(self):
+        return [SubmitRateThrottle()]
+
+    @extend_schema(
+        summary="Submit a batch of jobs",
+        description=f"A JSON array of 1–{MAX_BATCH_JOBS} job specs (the body of a single submit), all for the "
+        "same team. All or none: a 400 names the failing jobs by index (`errors: {\"3\": {\"gpus\": [...]}}`). "
+        "The budget is checked for the sum. `Idempotency-Key` covers the whole batch (same key and body: the same "
+        "jobs, 200; another body: 409). The jobs are relayed to Slurm together.",
+        request=JobBatchItemInputSerializer(many=True),
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
+        responses={201: JobSummaryOutputSerializer(many=True), 200: JobSummaryOutputSerializer(many=True)},
+    )
+    def post(self, request):
+        from portal.exceptions import ApplicationError
+
+        body = request.data
+        if not isinstance(body, list) or not body:
+            raise ApplicationError("Give a non-empty JSON array of jobs.", errors={"jobs": ["Give a non-empty JSON array of jobs."]})
+        if len(body) > MAX_BATCH_JOBS:
+            raise ApplicationError(
+                f"At most {MAX_BATCH_JOBS} jobs per batch.", errors={"jobs": [f"At most {MAX_BATCH_JOBS} jobs per batch."]}
+            )
+        items, errors = [], {}
+        for index, item in enumerate(body):
+            serializer = self.JobBatchItemInputSerializer(data=item)
+            if serializer.is_valid():
+                items.append(dict(serializer.validated_data))
+            else:
+                errors[str(index)] = {k: [str(m) for m in v] if isinstance(v, list) else [str(v)] for k, v in serializer.errors.items()}
+        if errors:
+            first_index = next(iter(errors))
+            first = next(iter(errors[first_index].values()))[0]
+            exc = ApplicationError(f"Job {first_index} of the batch cannot be submitted: {first}")
+            exc.errors = errors
+            raise exc
+        teams = {item.pop("team") for item in items}
+        if len(teams) != 1:
+            raise ApplicationError(
+                "All jobs of a batch must be for the same team.", errors={"team": ["All jobs of a batch must be for the same team."]}
+            )
+        slug = teams.pop()
+        fingerprint = request_fingerprint({"team": slug, "batch": items})  # the body as understood
+        jobs, created = job_submit_batch(
+            user=request.user,
+            team=_team_by_slug(slug),
+            jobs=items,
+            idempotency_key=request.headers.get("Idempotency-Key"),
+            fingerprint=fingerprint,
+            request=request,
+        )
+        return Response(
+            JobSummaryOutputSerializer(jobs, many=True).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
 
@@ -325,6 +406,7 @@ class JobTemplateDetailApi(APIView):
 
 
 __all__ = [
+    "JobBatchSubmitApi",
     "JobCancelApi",
     "JobCollectionApi",
     "JobDetailApi",

@@ -148,9 +148,12 @@ def _validate_spec(
     workdir: str | None,
     environment: dict | None,
     check_script: bool = True,
+    cache: dict | None = None,
 ) -> _Spec:
     """Check a job spec against the rules and the synced cluster inventory. Collects every field's
-    problem and raises one ApplicationError naming the fields. Returns the normalised spec."""
+    problem and raises one ApplicationError naming the fields. Returns the normalised spec.
+    ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition."""
+    cache = {} if cache is None else cache
     errors: dict[str, list[str]] = {}
 
     # name
@@ -216,10 +219,14 @@ def _validate_spec(
     gpu_type = (gpu_type or "").strip()
     partition = (partition or "").strip()
     capacity = None
-    if not PartitionInfo.objects.exists():
+    if "inventory" not in cache:
+        cache["inventory"] = PartitionInfo.objects.exists()
+    if not cache["inventory"]:
         errors["partition"] = ["The cluster inventory has not been read yet; try again in a minute."]
     else:
-        capacity = partition_capacity(partition)
+        if ("partition", partition) not in cache:
+            cache[("partition", partition)] = partition_capacity(partition)
+        capacity = cache[("partition", partition)]
         if capacity is None:
             errors["partition"] = [f"No such partition: {partition!r}." if partition else "The cluster has no default partition."]
     if capacity is not None:
@@ -291,11 +298,19 @@ def _price_of(*, gpu_type: str, partition: str, at: dt.datetime) -> tuple[Decima
     return gpu_hour_price(gpu_type=gpu_type, partition=partition, at=at)
 
 
-def _quote_for(spec: _Spec, *, at: dt.datetime | None = None) -> JobQuote:
+def _quote_for(spec: _Spec, *, at: dt.datetime | None = None, cache: dict | None = None) -> JobQuote:
+    """``cache``: a dict kept across the specs of one batch (prices read once per type and partition)."""
     at = at or timezone.now()
+    cache = {} if cache is None else cache
+
+    def price_of(gpu_type: str) -> tuple[Decimal, str] | None:
+        if ("price", gpu_type, spec.partition) not in cache:
+            cache[("price", gpu_type, spec.partition)] = _price_of(gpu_type=gpu_type, partition=spec.partition, at=at)
+        return cache[("price", gpu_type, spec.partition)]
+
     gpu_hours = (Decimal(spec.gpus) * Decimal(spec.time_limit_minutes) / Decimal(60)).quantize(TWO_PLACES, ROUND_HALF_UP)
     types = [spec.gpu_type] if spec.gpu_type else spec.capacity.gpu_types
-    priced = [(t, p) for t in types if (p := _price_of(gpu_type=t, partition=spec.partition, at=at)) is not None]
+    priced = [(t, p) for t in types if (p := price_of(t)) is not None]
     if not priced:
         note = "No GPU-hour rate is set for this GPU type; cost unknown."
         return JobQuote(gpu_hours, spec.gpu_type, False, None, None, "", note)
@@ -486,6 +501,146 @@ def job_submit(
     return job, True
 
 
+MAX_BATCH_JOBS = 100
+
+
+def _batch_key(key: str, index: int) -> str:
+    """The idempotency key stored on job ``index`` of a batch: the client's key on the first job, a
+    hash of it with the index on the others (a space: never a client key, and at most 255 chars)."""
+    if index == 0:
+        return key
+    return f"{hashlib.sha256(key.encode()).hexdigest()} {index}"
+
+
+def _idempotent_replay_batch(*, user, key: str, fingerprint: str) -> list[Job] | None:
+    """The jobs an earlier batch with this key created (in the batch's order), or None; Conflict if
+    the request differs (also when the key was used for a single job)."""
+    keys = [_batch_key(key, i) for i in range(MAX_BATCH_JOBS)]
+    jobs = list(Job.objects.filter(submitter=user, idempotency_key__in=keys).select_related("team", "submitter"))
+    if not jobs:
+        return None
+    first = next((j for j in jobs if j.idempotency_key == key), jobs[0])
+    if first.request_fingerprint != fingerprint:
+        raise Conflict(
+            "This Idempotency-Key was already used for a different request.",
+            errors={"idempotency_key": [f"Already used for job {first.pk} with a different request body."]},
+        )
+    order = {k: i for i, k in enumerate(keys)}
+    return sorted(jobs, key=lambda j: order[j.idempotency_key])
+
+
+def job_submit_batch(
+    *,
+    user,
+    team: Team | None,
+    jobs: list[dict],
+    idempotency_key: str | None = None,
+    fingerprint: str | None = None,
+    request=None,
+) -> tuple[list[Job], bool]:
+    """Validate and store up to MAX_BATCH_JOBS jobs of one team at once (all or none).
+
+    ``jobs``: dicts with job_submit's spec fields (name, script, partition, gpu_type, gpus, nodes,
+    cpus_per_gpu, memory_gb, time_limit_minutes, workdir, environment, booking). Every spec is
+    checked with the same validation as job_submit; the errors come back keyed by the spec's index
+    (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget is checked for the sum of the
+    estimates under the team row lock (one check per GPU type priced, each seeing the jobs of the
+    previous ones as held), then the jobs are bulk-inserted with their ACCEPTED events and one audit
+    event ``job.submit_batch``; ONE ``job_relay_batch`` is enqueued on commit.
+    Returns (jobs in the given order, created). ``idempotency_key`` covers the whole batch."""
+    if not isinstance(jobs, list) or not jobs:
+        raise ApplicationError("Give a non-empty list of jobs.", errors={"jobs": ["Give a non-empty list of jobs."]})
+    if len(jobs) > MAX_BATCH_JOBS:
+        raise ApplicationError(
+            f"At most {MAX_BATCH_JOBS} jobs per batch.", errors={"jobs": [f"At most {MAX_BATCH_JOBS} jobs per batch."]}
+        )
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+        raise ApplicationError(
+            "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
+        )
+    if fingerprint is None:
+        fingerprint = request_fingerprint(
+            {"team": team.pk if team else None, "batch": [{**item, "booking": str(getattr(item.get("booking"), "pk", item.get("booking")) or "")} for item in jobs]}
+        )
+    if idempotency_key is not None:
+        replay = _idempotent_replay_batch(user=user, key=idempotency_key, fingerprint=fingerprint)
+        if replay is not None:
+            return replay, False
+
+    team = _team_for_submit(user=user, team=team)
+    errors: dict[str, dict] = {}
+    prepared = []
+    cache: dict = {}  # inventory and prices, read once for the whole batch
+    at = timezone.now()
+    for index, item in enumerate(jobs):
+        try:
+            spec = _validate_spec(
+                name=item.get("name"), script=item.get("script"), partition=item.get("partition"),
+                gpu_type=item.get("gpu_type"), gpus=item.get("gpus"), nodes=item.get("nodes"),
+                cpus_per_gpu=item.get("cpus_per_gpu"), memory_gb=item.get("memory_gb"),
+                time_limit_minutes=item.get("time_limit_minutes"), workdir=item.get("workdir"),
+                environment=item.get("environment"), cache=cache,
+            )  # fmt: skip
+            booking_id = _booking_id(item.get("booking"))
+            if booking_id is not None:
+                _check_booking(booking_id, team=team, spec=spec)
+        except ApplicationError as exc:
+            errors[str(index)] = exc.errors or {"non_field_errors": [exc.message]}
+            continue
+        prepared.append((spec, booking_id, _quote_for(spec, at=at, cache=cache)))
+    if errors:
+        first_index = next(iter(errors))
+        first = next(iter(errors[first_index].values()))[0]
+        exc = ApplicationError(f"Job {first_index} of the batch cannot be submitted: {first}")
+        exc.errors = errors  # keyed by index: {"3": {"gpus": [...]}}
+        raise exc
+
+    rows = []
+    for index, (spec, booking_id, quote) in enumerate(prepared):
+        rows.append(Job(
+            team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
+            gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
+            memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
+            environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
+            estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost, currency=quote.currency,
+            idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index),
+            request_fingerprint=fingerprint,
+        ))  # fmt: skip
+    # One budget check per kind of estimate (GPU type priced, assumed or not, booking), for the sum
+    # of its jobs; the jobs of a group are inserted before the next group's check, so that check
+    # sees them as held (the same transaction, under the same team lock).
+    groups: dict[tuple, list[int]] = {}
+    for index, (_spec, booking_id, quote) in enumerate(prepared):
+        groups.setdefault((quote.gpu_type, quote.gpu_type_assumed, booking_id), []).append(index)
+    try:
+        with transaction.atomic():
+            for indexes in groups.values():
+                quotes = [prepared[i][2] for i in indexes]
+                total = JobQuote(
+                    sum((q.gpu_hours for q in quotes), Decimal(0)), quotes[0].gpu_type, quotes[0].gpu_type_assumed,
+                    quotes[0].price_per_gpu_hour, None, quotes[0].currency, "",
+                )  # fmt: skip
+                _check_budget(team, total, prepared[indexes[0]][1])
+                Job.objects.bulk_create([rows[i] for i in indexes])
+            JobEvent.objects.bulk_create(
+                [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
+            )
+            audit_record(
+                actor=user, action="job.submit_batch", target=rows[0], team=team, request=request,
+                data={"count": len(rows), "jobs": [str(job.pk) for job in rows],
+                      "gpus": sum(job.gpus for job in rows)},
+            )  # fmt: skip
+            _enqueue_relay_batch([job.pk for job in rows])
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        replay = _idempotent_replay_batch(user=user, key=idempotency_key, fingerprint=fingerprint)
+        if replay is None:
+            raise
+        return replay, False
+    return rows, True
+
+
 def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:
     """The job an earlier request with this key created, or None; Conflict if the request differs."""
     job = Job.objects.filter(submitter=user, idempotency_key=key).select_related("team").first()
@@ -515,6 +670,20 @@ def _enqueue_relay(job_id) -> None:
     from jobs.tasks import job_relay
 
     transaction.on_commit(lambda: _publish(job_relay, job_id))
+
+
+def _enqueue_relay_batch(job_ids: list) -> None:
+    from kombu.exceptions import OperationalError as BrokerError
+
+    from jobs.tasks import job_relay_batch
+
+    def publish():
+        try:
+            job_relay_batch.delay([str(job_id) for job_id in job_ids])
+        except BrokerError as exc:
+            logger.warning("%d jobs: batched relay not enqueued (broker unavailable: %s); the sweeper will retry", len(job_ids), exc)
+
+    transaction.on_commit(publish)
 
 
 def _enqueue_cancel_relay(job_id) -> None:
@@ -669,6 +838,150 @@ def _submit_failed(job: Job, token: uuid.UUID, message: str) -> None:
         )  # fmt: skip
         if done:
             JobEvent.objects.create(job=job, state=JobState.SUBMIT_FAILED, reason=message[:1024], at=now)
+
+
+RELAY_BATCH_THREADS = 4
+# A batched relay stops starting sbatch calls after this long (the rest is released for the retry),
+# well inside RELAY_SOFT_TIME_LIMIT and the lease.
+RELAY_BATCH_SUBMIT_SECONDS = 40
+
+
+def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) -> dict:
+    """Send many ACCEPTED jobs to Slurm, each exactly once. What the ``job_relay_batch`` task does.
+
+    Same rules as job_relay_run, in a constant number of queries:
+    1. ONE conditional UPDATE claims every job among ``job_ids`` that is ACCEPTED, has no Slurm id
+       and no live lease (one token for the run; relay_attempts + 1). Jobs not claimed are left to
+       their current holder, the sweeper or the single relay.
+    2. ONE query reads the claimed jobs. Their sbatch calls run ``threads`` at a time (Slurm is
+       called outside any transaction); a job claimed before (relay_attempts > 1) is first looked up
+       by its tag (find_by_comment) and adopted if an interrupted run submitted it already. A job
+       whose cancel was requested and that Slurm never saw is cancelled in the portal.
+    3. ONE transaction records the outcomes: the still-claimed rows are locked (conditional on the
+       token, ACCEPTED, no Slurm id), ONE bulk UPDATE writes PENDING + Slurm id / SUBMIT_FAILED with
+       Slurm's message (SlurmRejected: that job only) / CANCELLED, ONE bulk INSERT adds the events.
+    4. SlurmUnavailable for some jobs: their claims are released (one UPDATE) and SlurmUnavailable is
+       raised after the others are recorded, for the task to retry with backoff (the retry claims
+       only the jobs still ACCEPTED).
+    Returns counts by outcome."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    token = uuid.uuid4()
+    claimed = Job.objects.filter(
+        _lease_free(), pk__in=list(job_ids), state=JobState.ACCEPTED, slurm_job_id__isnull=True
+    ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
+    result = {"claimed": claimed, "not_claimed": len(set(map(str, job_ids))) - claimed, "submitted": 0, "adopted": 0,
+              "submit_failed": 0, "cancelled": 0, "unavailable": 0, "already_recorded": 0}  # fmt: skip
+    if not claimed:
+        return result
+    jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile"))
+    gateway = get_gateway()
+
+    # Specs in this thread (a booked job's reservation is a query); Slurm calls in the pool.
+    outcomes: dict[Any, tuple[str, Any]] = {}  # job pk -> (kind, slurm id or message)
+    todo = []
+    for job in jobs:
+        try:
+            spec = _spec_for(job)
+        except SlurmRejected as exc:
+            outcomes[job.pk] = ("rejected", exc.message)
+            continue
+        job.unix_uid = spec.uid
+        todo.append((job, spec))
+
+    deadline = time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS
+    unavailable = []  # set once Slurm does not answer: the remaining jobs are not tried
+
+    def relay_one(item):
+        job, spec = item
+        if unavailable or time.monotonic() > deadline:
+            return job.pk, ("unavailable", unavailable[0] if unavailable else "batch time budget spent")
+        try:
+            existing = gateway.find_by_comment(job.slurm_tag) if job.relay_attempts > 1 else None
+            if existing is not None:
+                return job.pk, ("adopted", existing)
+            if job.cancel_requested_at is not None:
+                return job.pk, ("cancel", None)
+            return job.pk, ("submitted", gateway.submit(spec))
+        except SlurmRejected as exc:
+            return job.pk, ("rejected", exc.message)
+        except SlurmUnavailable as exc:
+            unavailable.append(exc.message)
+            return job.pk, ("unavailable", exc.message)
+
+    with ThreadPoolExecutor(max(1, min(threads, len(todo) or 1))) as pool:
+        outcomes.update(pool.map(relay_one, todo))
+
+    now = timezone.now()
+    by_pk = {job.pk: job for job in jobs}
+    events, updates, slurm_ids = [], [], {}
+    released = [pk for pk, (kind, _) in outcomes.items() if kind == "unavailable"]
+    with transaction.atomic():
+        held = set(
+            Job.objects.select_for_update()
+            .filter(pk__in=[pk for pk in outcomes if pk not in released], relay_token=token,
+                    state=JobState.ACCEPTED, slurm_job_id__isnull=True)
+            .values_list("pk", flat=True)
+        )  # fmt: skip
+        for pk, (kind, value) in outcomes.items():
+            if kind == "unavailable":
+                continue
+            if kind in ("submitted", "adopted"):
+                slurm_ids[pk] = value
+            if pk not in held:
+                if kind in ("submitted", "adopted"):
+                    result["already_recorded"] += 1
+                continue
+            job = by_pk[pk]
+            job.relay_token = job.relay_started_at = None
+            if kind in ("submitted", "adopted"):
+                job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = value, settings.SLURM_CLUSTER, JobState.PENDING, now
+                job.last_relay_error = ""
+                reason = "Submitted to Slurm" if kind == "submitted" else "Found in Slurm by its tag after an interrupted relay"
+                result[kind] += 1
+            elif kind == "rejected":
+                job.state, job.state_reason, job.last_relay_error, job.ended_at = (
+                    JobState.SUBMIT_FAILED, value[:1024], value[:4000], now
+                )
+                reason = value[:1024]
+                result["submit_failed"] += 1
+            else:  # cancel requested and Slurm never saw the job
+                job.state, job.state_reason, job.ended_at = JobState.CANCELLED, "Cancelled before it reached Slurm", now
+                reason = "Cancelled before it reached Slurm"
+                result["cancelled"] += 1
+            updates.append(job)
+            events.append(JobEvent(job=job, state=job.state, reason=reason, at=now))
+        if updates:
+            Job.objects.filter(relay_token=token, state=JobState.ACCEPTED).bulk_update(
+                updates,
+                ["slurm_job_id", "slurm_cluster", "state", "submitted_at", "relay_token", "relay_started_at",
+                 "last_relay_error", "unix_uid", "state_reason", "ended_at"],
+            )  # fmt: skip
+            JobEvent.objects.bulk_create(events)
+    if released:
+        Job.objects.filter(pk__in=released, relay_token=token).update(
+            relay_token=None, relay_started_at=None, last_relay_error=f"Slurm unavailable: {unavailable[0] if unavailable else 'time budget'}"[:4000]
+        )
+        result["unavailable"] = len(released)
+
+    # Submitted but recorded by someone else (the sync adopting it by its tag): a different id there
+    # would be a duplicate (never expected) and is cancelled, as job_relay_run does.
+    lost = {pk: sid for pk, sid in slurm_ids.items() if pk not in held}
+    if lost:
+        for pk, recorded in Job.objects.filter(pk__in=list(lost)).values_list("pk", "slurm_job_id"):
+            if recorded not in (None, lost[pk]):
+                logger.error("job %s: duplicate Slurm job %s cancelled (kept %s)", pk, lost[pk], recorded)
+                gateway.cancel(lost[pk])
+    # Cancels asked while we were submitting: pass them on now.
+    recorded_ids = [job.pk for job in updates if job.state == JobState.PENDING]
+    if recorded_ids:
+        from jobs.tasks import job_cancel_relay
+
+        for pk in Job.objects.filter(pk__in=recorded_ids, cancel_requested_at__isnull=False).values_list("pk", flat=True):
+            job_cancel_relay.delay(str(pk))
+    if released:
+        raise SlurmUnavailable(f"{len(released)} of {len(jobs)} jobs not relayed: {unavailable[0] if unavailable else 'time budget spent'}")
+    return result
 
 
 # ---------------------------------------------------------------- cancel

@@ -47,6 +47,27 @@ def job_relay(self, job_id: str) -> str:
     soft_time_limit=services.RELAY_SOFT_TIME_LIMIT,
     time_limit=services.RELAY_HARD_TIME_LIMIT,
 )
+def job_relay_batch(self, job_ids: list[str]) -> dict:
+    """Send many ACCEPTED jobs to Slurm, each exactly once (see services.job_relay_batch_run): one
+    claim, sbatch calls a few at a time, one bulk write. Slurm unavailable for some: those claims are
+    released and the task retries (the retry takes only the jobs still ACCEPTED). Jobs left ACCEPTED
+    after the last retry are the sweeper's."""
+    outcome = services.job_relay_batch_run(job_ids)
+    logger.info("job relay batch of %d: %s", len(job_ids), outcome)
+    return outcome
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    autoretry_for=(SlurmUnavailable,),
+    retry_backoff=1,
+    retry_backoff_max=RELAY_BACKOFF_CAP_SECONDS,
+    retry_jitter=True,
+    max_retries=RELAY_MAX_RETRIES,
+    soft_time_limit=services.RELAY_SOFT_TIME_LIMIT,
+    time_limit=services.RELAY_HARD_TIME_LIMIT,
+)
 def job_cancel_relay(self, job_id: str) -> str:
     """Pass a requested cancel on to Slurm (scancel; repeating it is harmless)."""
     outcome = services.job_cancel_relay_run(job_id)

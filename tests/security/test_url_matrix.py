@@ -120,6 +120,8 @@ MATRIX: dict[str, list[Req]] = {
         Req("POST", lambda o: "/api/v1/jobs/", (401, 400, 400, 400, 400, 400)),  # empty body: invalid for all
     ],
     "api-job-quote": [Req("POST", lambda o: "/api/v1/jobs/quote/", (401, 400, 400, 400, 400, 400))],
+    # an empty batch is refused whoever asks (400); who may submit for which team is tested in tests/jobs/test_batch.py
+    "api-job-batch": [Req("POST", lambda o: "/api/v1/jobs/batch/", (401, 400, 400, 400, 400, 400))],
     "api-job-detail": [Req("GET", lambda o: f"/api/v1/jobs/{o.job.pk}/", (401, 404, 200, 200, 200, 404))],
     "api-job-cancel": [Req("POST", lambda o: f"/api/v1/jobs/{o.job.pk}/cancel/", (401, 404, 200, 200, 200, 404))],
     "api-job-output": [Req("GET", lambda o: f"/api/v1/jobs/{o.job.pk}/output/", (401, 404, 200, 200, 200, 404))],

@@ -1,0 +1,223 @@
+"""Batch submission (POST /api/v1/jobs/batch/) and the batched relay (job_relay_batch_run): all or
+none with errors by index, one budget check and one relay message, idempotent replays; the relay
+submits each job exactly once on the real cluster, records a rejection for that job only, adopts
+after a crash, in a number of queries that does not grow with the batch."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from django.utils import timezone
+
+from jobs import services
+from jobs.choices import JobState
+from jobs.models import Job, JobEvent
+from jobs.services import job_relay_batch_run, job_submit_batch
+from portal.models import AuditEvent
+from portal.slurm import get_gateway
+from tests.support import job_payload
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def batch_relays(monkeypatch):
+    """Record batched relay enqueues instead of running them."""
+    from jobs import tasks
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(tasks.job_relay_batch, "delay", lambda job_ids: calls.append(list(job_ids)))
+    return calls
+
+
+def _client(api_client_for):
+    return api_client_for("member")  # alice, member of vision
+
+
+# ---------------------------------------------------------------- the API
+
+
+def test_batch_submit_creates_all_jobs_with_one_relay_and_one_audit_event(
+    api_client_for, inventory, relays, batch_relays, django_capture_on_commit_callbacks
+):
+    body = [job_payload(name=f"b-{i}", gpus=1) for i in range(5)]
+    with django_capture_on_commit_callbacks(execute=True):
+        response = _client(api_client_for).post("/api/v1/jobs/batch/", body, format="json")
+    assert response.status_code == 201, response.json()
+    rows = response.json()
+    assert [r["name"] for r in rows] == [f"b-{i}" for i in range(5)]
+    assert {r["state"] for r in rows} == {"ACCEPTED"}
+    assert Job.objects.count() == 5 and JobEvent.objects.filter(state=JobState.ACCEPTED).count() == 5
+    assert batch_relays == [[r["id"] for r in rows]] and relays["relay"] == []
+    audit = AuditEvent.objects.filter(action="job.submit_batch")
+    assert audit.count() == 1 and audit.get().data["count"] == 5
+
+
+def test_batch_validation_errors_are_keyed_by_index_and_nothing_is_stored(api_client_for, inventory, batch_relays):
+    client = _client(api_client_for)
+    # rules and inventory (the single submit's validation, per job)
+    body = [job_payload(name="ok"), job_payload(gpus=99), job_payload(name="ok2"), job_payload(partition="nope", name="a b")]
+    response = client.post("/api/v1/jobs/batch/", body, format="json")
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    assert set(errors) == {"1", "3"}
+    assert "gpus" in errors["1"] and set(errors["3"]) == {"partition", "name"}
+    # the input types (checked first, as for a single submit)
+    response = client.post("/api/v1/jobs/batch/", [job_payload(), job_payload(gpus="x")], format="json")
+    assert response.status_code == 400 and set(response.json()["errors"]) == {"1"} and "gpus" in response.json()["errors"]["1"]
+    assert Job.objects.count() == 0 and batch_relays == []
+
+
+def test_batch_of_two_teams_or_too_many_or_not_a_list_is_400(api_client_for, inventory, batch_relays):
+    client = _client(api_client_for)
+    two = client.post("/api/v1/jobs/batch/", [job_payload(), job_payload(team="nlp")], format="json")
+    assert two.status_code == 400 and "team" in two.json()["errors"]
+    many = client.post("/api/v1/jobs/batch/", [job_payload()] * 101, format="json")
+    assert many.status_code == 400 and "jobs" in many.json()["errors"]
+    single = client.post("/api/v1/jobs/batch/", job_payload(), format="json")
+    assert single.status_code == 400
+    assert Job.objects.count() == 0
+
+
+def test_batch_idempotent_replay_returns_the_same_jobs_and_another_body_is_409(api_client_for, inventory, relays, batch_relays):
+    client = _client(api_client_for)
+    body = [job_payload(name=f"i-{i}", gpus=1) for i in range(3)]
+    first = client.post("/api/v1/jobs/batch/", body, format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
+    again = client.post("/api/v1/jobs/batch/", body, format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert [r["id"] for r in again.json()] == [r["id"] for r in first.json()]
+    other = client.post("/api/v1/jobs/batch/", body[:2], format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
+    assert other.status_code == 409
+    single = client.post("/api/v1/jobs/", job_payload(), format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
+    assert single.status_code == 409
+    assert Job.objects.count() == 3
+
+
+def test_batch_budget_is_checked_once_for_the_sum(world, inventory, batch_relays, monkeypatch):
+    seen = []
+    monkeypatch.setattr(services, "_check_budget", lambda team, quote, booking_id=None: seen.append(quote.gpu_hours))
+    jobs, created = job_submit_batch(
+        user=world.alice, team=world.vision,
+        jobs=[{"name": f"s-{i}", "script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 2, "time_limit_minutes": 30} for i in range(4)],
+    )  # fmt: skip
+    assert created and len(jobs) == 4
+    assert seen == [4]  # 4 jobs × 2 GPUs × 0.5 h, in one check
+
+
+# ---------------------------------------------------------------- the batched relay
+
+
+def _accepted(world, n: int, *, script="#!/bin/bash\nsleep 60\n") -> list[Job]:
+    jobs, _ = job_submit_batch(
+        user=world.alice, team=world.vision,
+        jobs=[{"name": f"rb-{i}", "script": script, "partition": "debug", "gpus": 1, "time_limit_minutes": 2} for i in range(n)],
+    )  # fmt: skip
+    return jobs
+
+
+def _tag_counts(jobs) -> Counter:
+    tags = {j.slurm_tag for j in jobs}
+    return Counter(e.comment for e in get_gateway().queue() if e.comment in tags)
+
+
+def _cancel_all(jobs) -> None:
+    for slurm_id in Job.objects.filter(pk__in=[j.pk for j in jobs], slurm_job_id__isnull=False).values_list("slurm_job_id", flat=True):
+        get_gateway().cancel(slurm_id)
+
+
+@pytest.mark.slurm
+def test_batched_relay_submits_each_job_exactly_once(cluster, batch_relays):
+    jobs = _accepted(cluster, 12)
+    try:
+        result = job_relay_batch_run([str(j.pk) for j in jobs])
+        again = job_relay_batch_run([str(j.pk) for j in jobs])  # a redelivery does nothing
+        assert result["submitted"] == 12 and again["claimed"] == 0
+        rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
+        assert {r.state for r in rows} == {JobState.PENDING} and all(r.slurm_job_id for r in rows)
+        assert all(r.relay_token is None and r.relay_attempts == 1 for r in rows)
+        counts = _tag_counts(jobs)
+        assert len(counts) == 12 and set(counts.values()) == {1}
+        assert JobEvent.objects.filter(job__in=jobs, state=JobState.PENDING).count() == 12
+    finally:
+        _cancel_all(jobs)
+
+
+@pytest.mark.slurm
+def test_batched_relay_records_a_rejection_for_that_job_only(cluster, batch_relays):
+    jobs = _accepted(cluster, 4)
+    bad = jobs[2]
+    Job.objects.filter(pk=bad.pk).update(partition="no-such-partition")  # Slurm refuses this one
+    try:
+        result = job_relay_batch_run([str(j.pk) for j in jobs])
+        assert (result["submitted"], result["submit_failed"]) == (3, 1)
+        bad.refresh_from_db()
+        assert bad.state == JobState.SUBMIT_FAILED and bad.slurm_job_id is None
+        assert "partition" in bad.state_reason.lower() and bad.last_relay_error
+        assert JobEvent.objects.filter(job=bad, state=JobState.SUBMIT_FAILED).count() == 1
+        others = Job.objects.filter(pk__in=[j.pk for j in jobs if j.pk != bad.pk])
+        assert {o.state for o in others} == {JobState.PENDING}
+    finally:
+        _cancel_all(jobs)
+
+
+@pytest.mark.slurm
+def test_batched_relay_after_a_crash_following_sbatch_adopts_instead_of_duplicating(cluster, batch_relays):
+    jobs = _accepted(cluster, 3)
+    crashed = jobs[0]
+    # The crashed run: it claimed the job (attempt 1), sbatch succeeded, it died before the write.
+    assert services._claim(crashed.pk) is not None
+    row = Job.objects.select_related("team", "submitter__profile").get(pk=crashed.pk)
+    first_id = get_gateway().submit(services._spec_for(row))
+    expired = timezone.now() - timezone.timedelta(seconds=services.RELAY_LEASE_SECONDS + 1)
+    Job.objects.filter(pk=crashed.pk).update(relay_started_at=expired)
+    try:
+        result = job_relay_batch_run([str(j.pk) for j in jobs])
+        assert (result["adopted"], result["submitted"]) == (1, 2)
+        crashed.refresh_from_db()
+        assert (crashed.slurm_job_id, crashed.state, crashed.relay_attempts) == (first_id, JobState.PENDING, 2)
+        counts = _tag_counts(jobs)
+        assert len(counts) == 3 and set(counts.values()) == {1}
+    finally:
+        _cancel_all(jobs)
+        get_gateway().cancel(first_id)
+
+
+def test_batched_relay_query_count_does_not_grow_with_the_batch(world, inventory, batch_relays, monkeypatch, settings, django_assert_max_num_queries):
+    # A fake submit only for this count: the queries are the subject, not Slurm.
+    settings.SLURM_SUBMIT_AS_USER = False
+    gateway = get_gateway()
+    ids = iter(range(900_000, 901_000))
+    monkeypatch.setattr(type(gateway), "submit", lambda self, spec: next(ids))
+    monkeypatch.setattr(services, "get_gateway", lambda: gateway)
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def batch(n):
+        jobs, _ = job_submit_batch(
+            user=world.alice, team=world.vision,
+            jobs=[{"name": f"q-{i}", "script": "true", "partition": "gpu", "gpus": 1, "time_limit_minutes": 5} for i in range(n)],
+        )  # fmt: skip
+        return [str(j.pk) for j in jobs]
+
+    small = batch(2)
+    with CaptureQueriesContext(connection) as captured:
+        assert job_relay_batch_run(small)["submitted"] == 2
+    large = batch(20)
+    with django_assert_max_num_queries(len(captured.captured_queries)):
+        assert job_relay_batch_run(large)["submitted"] == 20
+    assert Job.objects.filter(pk__in=large, state=JobState.PENDING).count() == 20
+
+
+def test_batch_submit_reads_the_inventory_once_per_batch(world, inventory, batch_relays, django_assert_max_num_queries):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def batch(n):
+        return [{"name": f"c-{i}", "script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 1, "time_limit_minutes": 5} for i in range(n)]
+
+    with CaptureQueriesContext(connection) as captured:
+        job_submit_batch(user=world.alice, team=world.vision, jobs=batch(2))
+    with django_assert_max_num_queries(len(captured.captured_queries)):
+        job_submit_batch(user=world.alice, team=world.vision, jobs=batch(20))
+    assert Job.objects.count() == 22
