@@ -30,17 +30,6 @@ def inventory(db):
         )  # fmt: skip
 
 
-@pytest.fixture
-def relays(monkeypatch):
-    """Record relay/cancel enqueues instead of running them (unit tests never reach Slurm)."""
-    from jobs import tasks
-
-    calls: dict[str, list[str]] = {"relay": [], "cancel": []}
-    monkeypatch.setattr(tasks.job_relay, "delay", lambda job_id: calls["relay"].append(job_id))
-    monkeypatch.setattr(tasks.job_cancel_relay, "delay", lambda job_id: calls["cancel"].append(job_id))
-    return calls
-
-
 # ---------------------------------------------------------------- the real gateway, counted
 
 
