@@ -18,7 +18,6 @@ from accounting.selectors import booked_gpu_hours, booking_charges
 from accounting.services import booking_approve, booking_cancel, booking_create
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import AuditEvent, NodeInfo, PartitionInfo
-from tests.jobs.conftest import relays  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
 
