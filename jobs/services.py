@@ -1190,6 +1190,7 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
         }
         to_update: list[Job] = []
         events: list[JobEvent] = []
+        ended: list[str] = []
         update_fields: set[str] = set()
         for job_id, values in planned.items():
             current = fresh.get(job_id)
@@ -1210,10 +1211,54 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
             to_update.append(current)
             if "state" in values:
                 events.append(JobEvent(job_id=job_id, state=values["state"], reason=values.get("state_reason", ""), at=now))
+                if values["state"] in TERMINAL_STATES:
+                    ended.append(str(job_id))
         if to_update:
             Job.objects.filter(state__in=LIVE_STATES).bulk_update(to_update, sorted(update_fields), batch_size=1000)
             JobEvent.objects.bulk_create(events, batch_size=1000)
+        if ended:
+            transaction.on_commit(lambda: _enqueue_job_end_notices(ended))
     return len(to_update)
+
+
+def _enqueue_job_end_notices(job_ids: list[str]) -> None:
+    """One task per sync cycle for all jobs that ended in it; a broker error only loses the emails."""
+    from jobs.tasks import job_end_notify
+
+    try:
+        job_end_notify.delay(job_ids)
+    except Exception:  # noqa: BLE001 — a notice is not worth failing the sync for
+        logger.warning("could not enqueue job-end notices for %d job(s)", len(job_ids), exc_info=True)
+
+
+def job_end_notify_send(*, job_ids: list[str]) -> int:
+    """Email the submitters who opted in (Profile.notify_job_end) that their jobs ended. Two queries
+    and one SMTP connection for the whole batch; returns the number of emails sent."""
+    from django.core.mail import send_mass_mail
+
+    jobs = list(
+        Job.objects.filter(pk__in=job_ids, state__in=TERMINAL_STATES, submitter__profile__notify_job_end=True)
+        .exclude(submitter__email="")
+        .select_related("submitter", "team")
+        .only("id", "name", "state", "state_reason", "exit_code", "slurm_job_id", "started_at", "ended_at",
+              "estimated_gpu_hours", "submitter__email", "submitter__username", "team__name")
+    )  # fmt: skip
+    messages = []
+    for job in jobs:
+        elapsed = ""
+        if job.started_at and job.ended_at:
+            elapsed = f"Ran for {job.ended_at - job.started_at}.\n"
+        body = (
+            f"Your job {job.name} (team {job.team.name}, Slurm job {job.slurm_job_id}) ended: {job.state}"
+            + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")
+            + ".\n"
+            + (f"Reason: {job.state_reason}\n" if job.state_reason else "")
+            + elapsed
+            + f"\nDetails and output: /jobs/{job.pk}/\n"
+            + "You get this email because job-end emails are on in your profile (/account/profile/).\n"
+        )
+        messages.append((f"[gpuportal] {job.name}: {job.state}", body, settings.DEFAULT_FROM_EMAIL, [job.submitter.email]))
+    return send_mass_mail(messages, fail_silently=False) if messages else 0
 
 
 # ---------------------------------------------------------------- sweeper

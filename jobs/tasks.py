@@ -94,3 +94,13 @@ def jobs_sync_task() -> dict:
 def jobs_sweep_task() -> dict:
     """Re-enqueue relays of jobs stuck in ACCEPTED and cancels not yet passed on to Slurm."""
     return services.jobs_sweep()
+
+
+@shared_task(bind=True, ignore_result=True, max_retries=3, default_retry_delay=60, soft_time_limit=50, time_limit=60)
+def job_end_notify(self, job_ids: list[str]) -> int:
+    """Email opted-in submitters that their jobs ended (one task per sync cycle). Not acks_late: a
+    redelivery after a crash could send the same email twice, a lost notice is the lesser harm."""
+    try:
+        return services.job_end_notify_send(job_ids=job_ids)
+    except OSError as exc:  # SMTP unreachable
+        raise self.retry(exc=exc) from exc

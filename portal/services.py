@@ -80,6 +80,14 @@ def profile_ensure(*, user) -> Profile:
     return profile
 
 
+def profile_update(*, user, time_zone: str, notify_job_end: bool) -> Profile:
+    """Save the user's own settings (the time zone is validated by the form: an IANA name or empty)."""
+    profile = profile_ensure(user=user)
+    Profile.objects.filter(pk=profile.pk).update(time_zone=time_zone, notify_job_end=notify_job_end)
+    profile.refresh_from_db()
+    return profile
+
+
 # ---------------------------------------------------------------- Slurm associations
 
 

@@ -22,6 +22,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("account/profile/", views.profile, name="profile"),
     path("account/tokens/", views.token_list, name="token-list"),
     path("account/tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("jobs/", include("jobs.urls")),

@@ -79,3 +79,23 @@ def token_revoke(request, pk: int):
     api_token_revoke(token=token)
     messages.success(request, f"Token “{token.name}” revoked.")
     return redirect("token-list")
+
+
+@login_required
+def profile(request):
+    """The user's own settings: Unix user name (read-only here), time zone, job-end emails."""
+    from portal.forms import ProfileForm
+    from portal.services import profile_ensure, profile_update
+
+    current = profile_ensure(user=request.user)
+    if request.method == "POST":
+        form = ProfileForm(request.POST)
+        if form.is_valid():
+            profile_update(user=request.user, **form.cleaned_data)
+            messages.success(request, "Profile saved.")
+            return redirect("profile")
+        status = 400
+    else:
+        form = ProfileForm(initial={"time_zone": current.time_zone, "notify_job_end": current.notify_job_end})
+        status = 200
+    return render(request, "portal/profile.html", {"form": form, "profile": current}, status=status)

@@ -115,6 +115,7 @@ FORMS = {
     "/login/": {"username": "alice", "password": "pw-for-tests"},
     "/logout/": {},
     "/account/tokens/": {"name": "new"},
+    "/account/profile/": {"time_zone": "Asia/Shanghai", "notify_job_end": "on"},
     "/jobs/new/": {"team": "vision", "name": "x", "script": "true", "gpus": "1"},
     "/jobs/new/quote/": {"gpus": "1"},
     "/jobs/templates/new/": {"template_name": "t", "template_scope": "personal"},
@@ -189,7 +190,7 @@ def test_booking_forms_refuse_a_post_without_csrf_token_even_for_an_admin(world)
 
 def test_every_page_post_route_is_covered_by_the_csrf_test():
     """New page routes that accept POST must be added to FORMS (or to the test's object forms)."""
-    page_posts = {"login", "logout", "token-list", "token-revoke", "jobs:new", "jobs:quote", "jobs:template-create",
+    page_posts = {"login", "logout", "token-list", "token-revoke", "profile", "jobs:new", "jobs:quote", "jobs:template-create",
                   "jobs:template-delete", "jobs:cancel", "jobs:save-template",
                   "accounting:quotas", "accounting:quota-approve", "accounting:quota-reject",
                   "accounting:bookings", "accounting:booking-cancel", "accounting:booking-approve",

@@ -93,6 +93,7 @@ MATRIX: dict[str, list[Req]] = {
         Req("GET", lambda o: "/teams/nlp/", (302, 404, 404, 404, 200, 200)),
     ],
     "token-list": [Req("GET", lambda o: "/account/tokens/", LOGIN_THEN_200)],
+    "profile": [Req("GET", lambda o: "/account/profile/", LOGIN_THEN_200), Req("POST", lambda o: "/account/profile/", (302,) * 6)],
     "token-revoke": [Req("POST", lambda o: f"/account/tokens/{o.token.pk}/revoke/", (302, 404, 302, 404, 404, 404))],
     # job pages
     "jobs:list": [Req("GET", lambda o: "/jobs/", LOGIN_THEN_200)],
