@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import uuid
 from decimal import Decimal
 
 import pytest
@@ -247,7 +246,7 @@ def test_reserved_mode_charges_the_booking_not_the_usage_inside(world, inventory
     from accounting.models import Rate
 
     Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal("10"), effective_from=dt.date(2020, 1, 1))
-    booking = book(world, day_at(9), day_at(11))
+    book(world, day_at(9), day_at(11))
     (line,) = booking_charges(start_at=day_at(0), end_at=day_at(23), team=world.vision)
     assert line["gpu_hours"] == Decimal("8.00") and line["cost"] == Decimal("80.00")
     settings.BOOKING_CHARGE_MODE = "used"

@@ -14,8 +14,6 @@ from django.utils import timezone
 
 from accounting.models import BookingStatus, ReservationState
 from accounting.services import booking_cancel, booking_create
-from jobs.choices import JobState
-from jobs.models import Job
 from jobs.services import job_submit
 from portal.exceptions import Conflict
 from portal.models import Role
