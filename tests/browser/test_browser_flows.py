@@ -197,10 +197,20 @@ def test_finance_and_admin_read_the_cost_report_and_download_its_csv(usage, brow
     browsing.assert_clean()
 
 
-def test_member_creates_an_api_token(world, browsing):
+def test_member_sets_her_profile_and_creates_an_api_token(world, browsing):
     page = browsing.page()
     log_in(page, "alice")
     page.get_by_role("link", name="alice").click()
+    expect(page.get_by_role("heading", name="Your profile")).to_be_visible()
+    page.get_by_label("Time zone").fill("Asia/Shanghai")
+    page.get_by_label("Email me when my jobs end").check()
+    page.get_by_role("button", name="Save").click()
+    expect(page.get_by_text("Profile saved.")).to_be_visible()
+    from portal.models import Profile
+
+    assert Profile.objects.filter(user=world.alice, time_zone="Asia/Shanghai", notify_job_end=True).exists()
+    screenshot(page, "profile")
+    page.get_by_role("link", name="manage them here").click()
     expect(page.get_by_role("heading", name="API tokens")).to_be_visible()
     page.get_by_label("New token name").fill("laptop")
     page.get_by_role("button", name="Create token").click()
