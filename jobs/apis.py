@@ -173,24 +173,8 @@ class JobCollectionApi(ListAPIView):
 class JobBatchSubmitApi(APIView):
     """POST: submit up to MAX_BATCH_JOBS jobs of one team at once (all or none)."""
 
-    class JobBatchItemInputSerializer(serializers.Serializer):
-        """One job of a batch: the fields of a single submit (team included)."""
-
-        team = serializers.CharField(help_text="Team slug (the same for every job of the batch).")
-        name = serializers.CharField(allow_blank=True)
-        script = serializers.CharField(allow_blank=True, trim_whitespace=False)
-        partition = serializers.CharField(allow_blank=True, required=False, default="")
-        gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField()
-        nodes = serializers.IntegerField(required=False, default=1)
-        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
-        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
-        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        booking = serializers.UUIDField(required=False, allow_null=True, default=None)
-        workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
-        environment = serializers.DictField(
-            child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
-        )
+    class JobBatchItemInputSerializer(JobCollectionApi.JobSubmitInputSerializer):
+        """One job of a batch: the fields of a single submit (team included, the same for every job)."""
 
     def get_throttles(self):
         return [SubmitRateThrottle()]

@@ -300,6 +300,32 @@ def real_worker(celery_worker_process, transactional_db, settings):
     _use_broker(saved[1])
 
 
+@pytest.fixture
+def jobs_sync_loop(real_worker):
+    """Celery beat does not run in tests: call jobs_sync() every second while the test runs, in a
+    thread with its own database connection (closed at the end)."""
+    import threading
+
+    from django.db import connection
+
+    from jobs.services import jobs_sync
+
+    stop = threading.Event()
+
+    def loop():
+        try:
+            while not stop.wait(1.0):
+                jobs_sync()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=loop, name="jobs-sync-loop", daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join(timeout=30)
+
+
 # ---------------------------------------------------------------- transactional tests
 
 

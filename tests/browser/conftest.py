@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import threading
 from decimal import Decimal
 from urllib.parse import urlsplit
 
@@ -106,28 +105,6 @@ def browsing(chromium, live_server):
     session.close()
 
 
-@pytest.fixture
-def jobs_sync_loop(real_worker):
-    """Celery beat does not run in tests: call jobs_sync() every second while the test runs (the
-    same stand-in as tests/cli/test_cli_end_to_end.py's)."""
-    from django.db import connection
-
-    from jobs.services import jobs_sync
-
-    stop = threading.Event()
-
-    def loop():
-        try:
-            while not stop.wait(1.0):
-                jobs_sync()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=loop, name="browser-jobs-sync-loop", daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join(timeout=30)
 
 
 A100_PRICE = Decimal(8)

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -24,27 +23,6 @@ echo CUDA=$CUDA_VISIBLE_DEVICES
 """
 
 
-@pytest.fixture
-def jobs_sync_loop(real_worker):
-    """Celery beat does not run in tests: call jobs_sync() every second while the test runs."""
-    from django.db import connection
-
-    from jobs.services import jobs_sync
-
-    stop = threading.Event()
-
-    def loop():
-        try:
-            while not stop.wait(1.0):
-                jobs_sync()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=loop, name="jobs-sync-loop", daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join(timeout=30)
 
 
 def run_cli(args: list[str], *, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
