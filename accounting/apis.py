@@ -197,16 +197,12 @@ class BookingCollectionApi(ListAPIView):
     @extend_schema(summary="Book GPUs", request=BookingCreateInputSerializer, responses={201: BookingOutputSerializer})
     def post(self, request, *args, **kwargs):
         from accounting.services import booking_create
-        from portal.selectors import teams_visible_to
+        from portal.selectors import team_visible_or_error
 
         serializer = self.BookingCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        team = teams_visible_to(request.user).filter(slug=data["team"]).first()
-        if team is None:
-            from portal.exceptions import ApplicationError
-
-            raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+        team = team_visible_or_error(request.user, data["team"])
         booking = booking_create(
             team=team, gpu_type=data["gpu_type"], gpus=data["gpus"], start=data["start"], end=data["end"],
             note=data["note"], actor=request.user, request=request,
@@ -380,15 +376,12 @@ class QuotaCollectionApi(ListAPIView):
     @extend_schema(summary="Request a GPU quota", request=QuotaCreateInputSerializer, responses={201: QuotaOutputSerializer})
     def post(self, request, *args, **kwargs):
         from accounting.services import quota_request
-        from portal.exceptions import ApplicationError
-        from portal.selectors import teams_visible_to
+        from portal.selectors import team_visible_or_error
 
         serializer = self.QuotaCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        team = teams_visible_to(request.user).filter(slug=data["team"]).first()
-        if team is None:
-            raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+        team = team_visible_or_error(request.user, data["team"])
         quota = quota_request(
             team=team, user=request.user, gpu_hours=data["gpu_hours"], gpu_type=data["gpu_type"],
             max_gpus=data["max_gpus"], period_start=data["period_start"], period_end=data["period_end"],

@@ -16,18 +16,22 @@ logger = logging.getLogger(__name__)
 RELAY_MAX_RETRIES = 10
 RELAY_BACKOFF_CAP_SECONDS = 60
 
+# Every task that talks to Slurm for a job (relay, batch relay, cancel): retried with backoff while
+# Slurm is unavailable, redelivered if a worker dies (acks_late), bounded in time.
+RELAY_TASK_OPTIONS = {
+    "bind": True,
+    "acks_late": True,
+    "autoretry_for": (SlurmUnavailable,),
+    "retry_backoff": 1,  # 1, 2, 4, … s
+    "retry_backoff_max": RELAY_BACKOFF_CAP_SECONDS,
+    "retry_jitter": True,
+    "max_retries": RELAY_MAX_RETRIES,
+    "soft_time_limit": services.RELAY_SOFT_TIME_LIMIT,
+    "time_limit": services.RELAY_HARD_TIME_LIMIT,  # < RELAY_LEASE_SECONDS: an expired claim means a dead relay
+}
 
-@shared_task(
-    bind=True,
-    acks_late=True,
-    autoretry_for=(SlurmUnavailable,),
-    retry_backoff=1,  # 1, 2, 4, … s
-    retry_backoff_max=RELAY_BACKOFF_CAP_SECONDS,
-    retry_jitter=True,
-    max_retries=RELAY_MAX_RETRIES,
-    soft_time_limit=services.RELAY_SOFT_TIME_LIMIT,
-    time_limit=services.RELAY_HARD_TIME_LIMIT,  # < RELAY_LEASE_SECONDS: an expired claim means a dead relay
-)
+
+@shared_task(**RELAY_TASK_OPTIONS)
 def job_relay(self, job_id: str) -> str:
     """Send an ACCEPTED job to Slurm exactly once (see services.job_relay_run). After the last retry
     the job stays ACCEPTED and the sweeper tries again later."""
@@ -36,17 +40,7 @@ def job_relay(self, job_id: str) -> str:
     return outcome
 
 
-@shared_task(
-    bind=True,
-    acks_late=True,
-    autoretry_for=(SlurmUnavailable,),
-    retry_backoff=1,
-    retry_backoff_max=RELAY_BACKOFF_CAP_SECONDS,
-    retry_jitter=True,
-    max_retries=RELAY_MAX_RETRIES,
-    soft_time_limit=services.RELAY_SOFT_TIME_LIMIT,
-    time_limit=services.RELAY_HARD_TIME_LIMIT,
-)
+@shared_task(**RELAY_TASK_OPTIONS)
 def job_relay_batch(self, job_ids: list[str]) -> dict:
     """Send many ACCEPTED jobs to Slurm, each exactly once (see services.job_relay_batch_run): one
     claim, sbatch calls a few at a time, one bulk write. Slurm unavailable for some: those claims are
@@ -57,17 +51,7 @@ def job_relay_batch(self, job_ids: list[str]) -> dict:
     return outcome
 
 
-@shared_task(
-    bind=True,
-    acks_late=True,
-    autoretry_for=(SlurmUnavailable,),
-    retry_backoff=1,
-    retry_backoff_max=RELAY_BACKOFF_CAP_SECONDS,
-    retry_jitter=True,
-    max_retries=RELAY_MAX_RETRIES,
-    soft_time_limit=services.RELAY_SOFT_TIME_LIMIT,
-    time_limit=services.RELAY_HARD_TIME_LIMIT,
-)
+@shared_task(**RELAY_TASK_OPTIONS)
 def job_cancel_relay(self, job_id: str) -> str:
     """Pass a requested cancel on to Slurm (scancel; repeating it is harmless)."""
     outcome = services.job_cancel_relay_run(job_id)

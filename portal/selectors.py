@@ -19,6 +19,17 @@ def teams_visible_to(user) -> QuerySet[Team]:
     return Team.objects.filter(memberships__user=user).distinct()
 
 
+def team_visible_or_error(user, slug: str) -> Team:
+    """The team a command names, if the user may see it; otherwise the same 400 as for a slug that
+    does not exist ("No such team."), so nothing leaks about other teams."""
+    from portal.exceptions import ApplicationError
+
+    team = teams_visible_to(user).filter(slug=slug).first()
+    if team is None:
+        raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+    return team
+
+
 def teams_user_can_submit_to(user) -> QuerySet[Team]:
     """Active teams the user is a member of (admins too only through membership: jobs run as a member)."""
     if not user.is_authenticated:

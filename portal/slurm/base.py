@@ -19,6 +19,10 @@ from .types import (
 )
 
 
+# How far back a retried relay looks for a job that already carries its tag.
+FIND_BY_COMMENT_DAYS = 7
+
+
 class SlurmGateway(abc.ABC):
     """One cluster. Every method either returns typed values or raises ``SlurmUnavailable`` /
     ``SlurmRejected``; each method is one round trip to Slurm (never one per job)."""
@@ -50,9 +54,19 @@ class SlurmGateway(abc.ABC):
     def accounting(self, start: dt.datetime, end: dt.datetime) -> list[AccountingRecord]:
         """Every job allocation (all users) that was eligible/running/ended in [start, end]; one call."""
 
-    @abc.abstractmethod
     def find_by_comment(self, comment: str) -> int | None:
-        """Job id of a job carrying this comment (queue first, then recent accounting), or None."""
+        """Job id of a job carrying this comment, or None: the queue first (one call), and only on a
+        miss the accounting of the last FIND_BY_COMMENT_DAYS days (one more call)."""
+        if not comment:
+            return None
+        for entry in self.queue():
+            if entry.comment == comment:
+                return entry.job_id
+        now = dt.datetime.now(dt.UTC)
+        for record in self.accounting(now - dt.timedelta(days=FIND_BY_COMMENT_DAYS), now):
+            if record.comment == comment:
+                return record.job_id
+        return None
 
     # Inventory
     @abc.abstractmethod

@@ -62,7 +62,6 @@ SACCT_FIELDS = (
 )  # fmt: skip
 
 # How far back find_by_comment() looks in accounting once the job left the controller.
-FIND_BY_COMMENT_DAYS = 7
 
 # Keys of GrpTRES/GrpTRESMins the portal manages (and clears when absent).
 _MANAGED_TRES_RE = re.compile(r"^gres/gpu(:[^=,]+)?$")
@@ -491,18 +490,6 @@ class CliGateway(SlurmGateway):
         if self.cluster:
             argv += ["-M", self.cluster]
         return parse_sacct(self._run(argv))
-
-    def find_by_comment(self, comment: str) -> int | None:
-        if not comment:
-            return None
-        for entry in self.queue():
-            if entry.comment == comment:
-                return entry.job_id
-        now = dt.datetime.now(dt.UTC)
-        for record in self.accounting(now - dt.timedelta(days=FIND_BY_COMMENT_DAYS), now):
-            if record.comment == comment:
-                return record.job_id
-        return None
 
     # -- inventory -------------------------------------------------------------------------------
 

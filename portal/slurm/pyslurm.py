@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from . import parsing
 from .base import SlurmGateway
-from .cli import FIND_BY_COMMENT_DAYS, CliGateway, check_text, render_script
+from .cli import CliGateway, check_text, render_script
 from .types import (
     AccountingRecord,
     Association,
@@ -277,18 +277,6 @@ class PyslurmGateway(SlurmGateway):
     def accounting(self, start: dt.datetime, end: dt.datetime) -> list[AccountingRecord]:
         # pyslurm.db.Job lacks AllocTRES/ReqTRES in 25.11: sacct it is.
         return self._cli.accounting(start, end)
-
-    def find_by_comment(self, comment: str) -> int | None:
-        if not comment:
-            return None
-        for entry in self.queue():
-            if entry.comment == comment:
-                return entry.job_id
-        now = dt.datetime.now(dt.UTC)
-        for record in self.accounting(now - dt.timedelta(days=FIND_BY_COMMENT_DAYS), now):
-            if record.comment == comment:
-                return record.job_id
-        return None
 
     # -- inventory -------------------------------------------------------------------------------
 
