@@ -91,7 +91,9 @@ def test_booking_becomes_a_reservation_jobs_run_in_it_and_cancel_removes_it(fres
 
     def finished():
         out = slurm("sacct", "-j", str(job.slurm_job_id), "-X", "-n", "-P", "-o", "State,ReservationId,NodeList")
-        return out.strip() if out.startswith("COMPLETED") else None
+        fields = out.strip().split("|")
+        # right after the end, slurmdbd may not have filled every field yet: wait for the id too
+        return out.strip() if fields[0] == "COMPLETED" and len(fields) > 1 and fields[1] else None
 
     # sacct 22.05 leaves the Reservation name empty but keeps the reservation's id (sacctmgr show reservation)
     state, reservation_id, nodes = wait_for(finished, timeout=60, interval=0.5).split("|")[:3]
