@@ -454,16 +454,18 @@ def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[T
 def _held_hours(team_ids: Iterable[int], since: dt.datetime) -> dict[tuple[int, str], Decimal]:
     """GPU-hours held per (team id, job gpu_type): for every job not yet accounted — live (ACCEPTED,
     PENDING, RUNNING, …) or ended after ``since`` having started but without a final (non-provisional)
-    usage record yet — its estimate minus what has been ingested for it so far (never below 0). Jobs
-    inside a booking hold nothing when bookings are charged by reserved hours. One query."""
+    usage record yet (``accounted_at`` unset: the ingestion sets it) — its estimate minus what has
+    been ingested for it so far (never below 0). Jobs inside a booking hold nothing when bookings are
+    charged by reserved hours. One query, on two partial indexes (live jobs; ran but unaccounted), so
+    its cost follows the jobs in flight, not the team's history: it runs under the team lock of every
+    submission."""
     from django.apps import apps
-    from django.db.models import Exists, OuterRef, Subquery
+    from django.db.models import OuterRef, Subquery
     from django.db.models.functions import Coalesce
 
     from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 
     job_model = apps.get_model("jobs", "Job")
-    final = UsageRecord.objects.filter(portal_job_uuid=OuterRef("pk"), provisional=False)
     ingested = (
         UsageRecord.objects.filter(portal_job_uuid=OuterRef("pk"))
         .values("portal_job_uuid")
@@ -472,7 +474,7 @@ def _held_hours(team_ids: Iterable[int], since: dt.datetime) -> dict[tuple[int, 
     )
     ended = TERMINAL_STATES - {JobState.SUBMIT_FAILED}
     queryset = job_model.objects.filter(team_id__in=list(team_ids)).filter(
-        Q(state__in=LIVE_STATES) | (Q(state__in=ended, started_at__isnull=False, ended_at__gte=since) & ~Exists(final))
+        Q(state__in=LIVE_STATES) | Q(state__in=ended, started_at__isnull=False, accounted_at__isnull=True, ended_at__gte=since)
     )
     if _charge_reserved():
         queryset = queryset.filter(booking_id__isnull=True)
@@ -522,9 +524,10 @@ def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool 
             if remaining <= 0:
                 runs_out = min(billing_date(now), end - dt.timedelta(days=1))
             elif elapsed > 0 and used_h > 0 and now < end_at:
-                per_day = used_h / Decimal(elapsed)
-                out_at = now + dt.timedelta(days=float(remaining / per_day))
-                runs_out = billing_date(out_at) if out_at < end_at else None
+                days_left = remaining / (used_h / Decimal(elapsed))
+                # only a date inside the period (a large budget at a slow burn would overflow datetime)
+                if days_left < Decimal((end_at - now).total_seconds()) / 86400:
+                    runs_out = billing_date(now + dt.timedelta(days=float(days_left)))
             rows.append(
                 {
                     "quota": quota,

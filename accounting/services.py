@@ -28,6 +28,7 @@ from django.utils import timezone
 from accounting.models import Rate, UsageRecord, UsageSlice
 from accounting.selectors import billing_midnight, billing_zone
 from portal.exceptions import ApplicationError, Conflict
+from portal.db import any_of, bulk_insert_copy, bulk_upsert_copy
 from portal.models import SyncStatus, Team
 from portal.services import audit_record, sync_record_failure, sync_record_success
 from portal.slurm import AccountingRecord, SlurmError, get_gateway
@@ -246,12 +247,24 @@ def usage_records_upsert(
                 saved = _upsert(changed)
                 result.written = len(saved)
                 result.slices = _slices_replace(saved, _RateBook.load({r.gpu_type for r in saved if r.gpus}))
+            _mark_jobs_accounted({r.portal_job_uuid for r in rows if r.portal_job_uuid and not r.provisional}, now)
         if high_water_mark is not None:
             mark = (status.data or {}).get("high_water_mark")
             if not mark or dt.datetime.fromisoformat(mark) < high_water_mark:
                 data = {**(status.data or {}), "high_water_mark": high_water_mark.isoformat()}
                 SyncStatus.objects.filter(pk=status.pk).update(data=data)
     return result
+
+
+def _mark_jobs_accounted(job_uuids: set, now: dt.datetime) -> None:
+    """Portal jobs whose final usage record is now stored: their estimate stops holding budget
+    (jobs.Job.accounted_at; accounting.selectors._held_hours). One UPDATE."""
+    if not job_uuids:
+        return
+    from django.apps import apps
+
+    job_model = apps.get_model("jobs", "Job")
+    job_model.objects.filter(pk__in=any_of(job_uuids, "uuid"), accounted_at__isnull=True).update(accounted_at=now)
 
 
 def _started(record: AccountingRecord) -> bool:
@@ -364,52 +377,45 @@ def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluste
     return list(rows.values())
 
 
-def _comparable(row: UsageRecord) -> tuple:
-    values = []
-    for name in RECORD_FIELDS:
-        if name == "known_until" and row.provisional:
-            continue  # a running record's reading time always moves; its other figures decide
-        value = getattr(row, name)
-        if isinstance(value, Decimal):
-            value = value.quantize(SIX)
-        values.append(value)
-    return tuple(values)
+_KNOWN_UNTIL = RECORD_FIELDS.index("known_until")
+_PROVISIONAL = RECORD_FIELDS.index("provisional")
+
+
+def _comparable(values: tuple) -> tuple:
+    """RECORD_FIELDS' values as compared: decimals to six places, and a running record's reading
+    time left out (it always moves; its other figures decide)."""
+    out = [value.quantize(SIX) if isinstance(value, Decimal) else value for value in values]
+    if values[_PROVISIONAL]:
+        del out[_KNOWN_UNTIL]
+    return tuple(out)
 
 
 def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
-    """Rows that are new or differ from what is stored (one query)."""
+    """Rows that are new or differ from what is stored (one query, read as tuples: no model
+    instances for the stored side)."""
     clusters = {r.cluster for r in rows}
     existing = {
-        (e.cluster, e.job_id, e.submit_time): e
-        for e in UsageRecord.objects.filter(cluster__in=clusters, job_id__in={r.job_id for r in rows})
+        (cluster, job_id, submit_time): _comparable(tuple(values))
+        for cluster, job_id, submit_time, *values in UsageRecord.objects.filter(
+            cluster__in=clusters, job_id__in=any_of({r.job_id for r in rows}, "bigint")
+        ).values_list("cluster", "job_id", "submit_time", *RECORD_FIELDS)
     }
     changed = []
     for row in rows:
         old = existing.get((row.cluster, row.job_id, row.submit_time))
-        if old is None or _comparable(old) != _comparable(row):
+        if old is None or old != _comparable(tuple(getattr(row, name) for name in RECORD_FIELDS)):
             changed.append(row)
     return changed
 
 
 def _upsert(rows: list[UsageRecord]) -> list[UsageRecord]:
-    saved = UsageRecord.objects.bulk_create(
+    """Insert or update the records by (cluster, job_id, submit_time); each row gets its id."""
+    bulk_upsert_copy(
         rows,
-        batch_size=BATCH,
-        update_conflicts=True,
         unique_fields=["cluster", "job_id", "submit_time"],
         update_fields=[f.removesuffix("_id") if f in ("team_id", "user_id", "booking_id") else f for f in RECORD_FIELDS],
     )
-    missing = [r for r in saved if r.pk is None]
-    if missing:  # backends that do not return ids from an upsert
-        ids = {
-            (c, j, s): pk
-            for pk, c, j, s in UsageRecord.objects.filter(job_id__in={r.job_id for r in missing}).values_list(
-                "pk", "cluster", "job_id", "submit_time"
-            )
-        }
-        for row in missing:
-            row.pk = ids[(row.cluster, row.job_id, row.submit_time)]
-    return saved
+    return rows
 
 
 def month_starts(start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
@@ -482,13 +488,11 @@ def slice_record(record: UsageRecord, book: _RateBook) -> list[UsageSlice]:
 
 
 def _slices_replace(records: list[UsageRecord], book: _RateBook) -> int:
-    """Delete and rebuild the slices of these records: two statements per 2 000 records."""
+    """Delete and rebuild the slices of these records: one DELETE, one COPY."""
     if not records:
         return 0
     UsageSlice.objects.filter(record_id__in=[r.pk for r in records]).delete()
-    slices = [s for r in records for s in slice_record(r, book)]
-    UsageSlice.objects.bulk_create(slices, batch_size=BATCH)
-    return len(slices)
+    return bulk_insert_copy([s for r in records for s in slice_record(r, book)])
 
 
 # ---------------------------------------------------------------- bookings

@@ -9,7 +9,7 @@ Each round submits the same trivial job (``true``, 1 GPU, partition debug, 1 min
           every job has its Slurm id (the last ``submitted_at``).
 Then the profile: the relay service run in this process for a few jobs, timed by phase (sbatch,
 database, the rest), and the batched relay (jobs.services.job_relay_batch_run) in-process.
-  batch   the same N jobs as ``POST /api/v1/jobs/batch/`` arrays (``--batch``, default N/10 within
+  batch   the same N jobs as arrays to ``POST /api/v1/jobs/`` (``--batch``, default N/10 within
           10–100, from the same client threads): one batched relay task per request (one claim, 4 sbatch at a time,
           one bulk write). Bench jobs are cancelled after every round; the bench account is capped at 2
 running GPUs so the shared cluster stays usable."""
@@ -92,7 +92,7 @@ def post_jobs(
     token: str, n: int, name: str, *, threads: int = CLIENT_THREADS, batch: int = 0
 ) -> tuple[float, list[float], int]:
     """POST n jobs from ``threads`` keep-alive clients: one job per POST to /api/v1/jobs/, or with
-    ``batch`` > 0 arrays of up to ``batch`` jobs to /api/v1/jobs/batch/. Returns (seconds, latencies
+    ``batch`` > 0 arrays of up to ``batch`` jobs per POST (a batch submit). Returns (seconds, latencies
     per request, errors)."""
     sizes = [min(batch, n - i) for i in range(0, n, batch)] if batch else [0] * n
     counter = iter(sizes)
@@ -109,7 +109,7 @@ def post_jobs(
                     if size is None:
                         return
                 if size:
-                    status, body, seconds = api.request("POST", "/api/v1/jobs/batch/", [job_body(name)] * size)
+                    status, body, seconds = api.request("POST", "/api/v1/jobs/", [job_body(name)] * size)
                 else:
                     status, body, seconds = api.request("POST", "/api/v1/jobs/", job_body(name))
                 with lock:
@@ -356,7 +356,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
             f"--uid/--gid of the bench user), then {n} × `POST /api/v1/jobs/` from {CLIENT_THREADS} keep-alive client "
             f"threads to gunicorn ({web_workers} gthread workers × 2 threads) with one Celery worker "
             f"(prefork, concurrency {concurrency}); portal time = first POST to the last `submitted_at`; then the same "
-            f"{n} jobs as arrays of {batch_size} to `POST /api/v1/jobs/batch/` (one batched relay task per request). "
+            f"{n} jobs as arrays of {batch_size} to `POST /api/v1/jobs/` (a batch submit: one batched relay task per request). "
             f"Job: `{SCRIPT.strip()}`, 1 GPU, partition {PARTITION}, {TIME_LIMIT} min; the bench account is capped "
             f"at 2 running GPUs (GrpTRES) and its jobs are cancelled after each round. Figures are medians over rounds."
         ),
@@ -410,7 +410,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
         section.add("portal (POST → Slurm id)", common.median(portal_rates), "jobs/s", runs)
         section.add("ratio portal / raw", common.median(ratios), "", runs + " (target ≥ 1.0)")
         section.add("POSTs accepted (API side alone)", common.median(accept_rates), "jobs/s", runs)
-        batch_runs = f"{runs}; {-(-n // batch_size)} POSTs of ≤ {batch_size} to /api/v1/jobs/batch/"
+        batch_runs = f"{runs}; {-(-n // batch_size)} POSTs of arrays of ≤ {batch_size} jobs to /api/v1/jobs/"
         section.add("portal, batch API (POST batch → Slurm id)", common.median(batch_rates), "jobs/s", batch_runs)
         section.add("ratio portal batch / raw", common.median(batch_ratios), "", batch_runs + " (target ≥ 1.0)")
         section.add("jobs accepted by the batch API (API side alone)", common.median(batch_accept), "jobs/s", batch_runs)
@@ -480,7 +480,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker processes (default 2)")
     parser.add_argument("--web-workers", type=int, default=3, help="gunicorn workers (default 3)")
-    parser.add_argument("--batch", type=int, help="jobs per POST /api/v1/jobs/batch/ (default: n/10, 10–100)")
+    parser.add_argument("--batch", type=int, help="jobs per batch POST to /api/v1/jobs/ (default: n/10, 10–100)")
     args = parser.parse_args()
     common.setup()
     run(

@@ -1,5 +1,6 @@
-"""Accounting benchmark: cost-report speed over 1 000 000 usage rows and ingest rate of 100 000 sacct
-records. Prints figures; no thresholds.
+"""Accounting benchmark: cost-report speed over 1 000 000 usage rows, the same monthly question put
+to sreport on the real cluster, and the ingest rate of 100 000 sacct records. Prints figures; no
+thresholds.
 
     DATABASE_URL=postgres://gpuportal@127.0.0.1:5432/gpuportal_bench \
         .venv/bin/python bench/bench_reports.py [--rows 1000000] [--ingest 100000] [--runs 7]
@@ -64,7 +65,8 @@ def seed_reference():
 
 
 def load_rows(count: int) -> float:
-    """COPY ``count`` records and one slice each (jobs of 2025, 1 min – 24 h, within one month)."""
+    """COPY ``count`` records and one slice each (jobs of 2025, 1 min – 24 h, within one month), in
+    time order as the periodic ingestion appends them (a month's rows sit together on disk)."""
     from django.db import connection
 
     teams, rates = seed_reference()
@@ -76,13 +78,14 @@ def load_rows(count: int) -> float:
         raw = cursor.cursor  # psycopg cursor
         record_cols = ("id, cluster, job_id, submit_time, start_time, end_time, state, name, account, team_id, unix_user, "
                        "partition, num_nodes, comment, gpus, gpu_type, elapsed_seconds, time_limit_minutes, gpu_seconds, "
-                       "gpu_hours, requested_gpu_hours, provisional, known_until, first_seen_at")  # fmt: skip
+                       "gpu_hours, requested_gpu_hours, provisional, known_until, first_seen_at, reservation")  # fmt: skip
         slice_cols = ("record_id, period, slice_start, slice_end, cluster, account, team_id, unix_user, gpu_type, partition, "
                       "gpus, gpu_seconds, requested_gpu_seconds, rate_id, price_per_gpu_hour, cost, provisional")  # fmt: skip
         jobs = []
+        offsets = sorted(rng.randrange(0, 365 * 86400 - 90000) for _ in range(count))
         with raw.copy(f"COPY accounting_usagerecord ({record_cols}) FROM STDIN") as copy:
             for i in range(1, count + 1):
-                start = year + dt.timedelta(seconds=rng.randrange(0, 365 * 86400 - 90000))
+                start = year + dt.timedelta(seconds=offsets[i - 1])
                 seconds = rng.randrange(60, 86400)
                 month_end = dt.datetime(start.year + (start.month == 12), start.month % 12 + 1, 1, tzinfo=UTC)
                 end = min(start + dt.timedelta(seconds=seconds), month_end)
@@ -97,7 +100,7 @@ def load_rows(count: int) -> float:
                 copy.write_row((
                     i, "bench", i, start - dt.timedelta(minutes=1), start, end, "COMPLETED", "job", account, teams[account],
                     user, "gpu", 1, "", gpus, gpu_type, seconds, limit, gpu_seconds, round(gpu_seconds / 3600, 6),
-                    round(gpus * limit / 60, 6), False, end, end,
+                    round(gpus * limit / 60, 6), False, end, end, "",
                 ))  # fmt: skip
                 jobs.append((i, start, end, account, user, gpu_type, gpus, gpu_seconds, gpus * limit * 60))
         with raw.copy(f"COPY accounting_usageslice ({slice_cols}) FROM STDIN") as copy:
@@ -132,6 +135,42 @@ def time_reports(runs: int) -> None:
             times.append(time.perf_counter() - began)
         print(f"cost_report {label:<30} median {statistics.median(times) * 1000:8.1f} ms over {runs} runs "
               f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}; {len(rows)} rows)")  # fmt: skip
+
+
+def time_sreport(runs: int) -> None:
+    """The same question — GPU usage per account over a month — asked of the portal (PostgreSQL,
+    the rows above) and of sreport on the real cluster (slurmdbd's hourly roll-up of whatever the
+    local cluster ran: other data, so only the time to answer compares; sreport gives GPU-minutes,
+    no money, finished hours only)."""
+    from accounting.selectors import account_gpu_seconds, billing_midnight
+    from portal.slurm import SlurmError, get_gateway
+
+    start_at, end_at = billing_midnight(dt.date(2025, 6, 1)), billing_midnight(dt.date(2025, 7, 1))
+    account_gpu_seconds(start_at=start_at, end_at=end_at)  # warm
+    times = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        mine = account_gpu_seconds(start_at=start_at, end_at=end_at)
+        times.append(time.perf_counter() - began)
+    print(f"portal  GPU-minutes per account, one month   median {statistics.median(times) * 1000:8.1f} ms over {runs} runs "
+          f"({len(mine)} accounts, over the rows above)")  # fmt: skip
+    gateway = get_gateway()
+    end = dt.datetime.now(UTC)
+    start = end - dt.timedelta(days=30)
+    try:
+        gateway.account_gpu_minutes(start, end)  # warm
+        times = []
+        for _ in range(runs):
+            began = time.perf_counter()
+            theirs = gateway.account_gpu_minutes(start, end)
+            times.append(time.perf_counter() - began)
+        jobs = len(gateway.accounting(start, end))
+    except SlurmError as exc:
+        print(f"sreport GPU-minutes per account, 30 days     not available: {exc.message}")
+        return
+    print(f"sreport GPU-minutes per account, 30 days     median {statistics.median(times) * 1000:8.1f} ms over {runs} runs "
+          f"({len(theirs)} accounts with rolled-up usage; slurmdbd holds {jobs} jobs in the window; "
+          f"the real cluster's data, not the rows above)")  # fmt: skip
 
 
 def sacct_text(count: int) -> str:
@@ -190,6 +229,7 @@ def main() -> None:
         cursor.execute("SELECT count(*) FROM accounting_usageslice")
         print(f"usage slices in {connection.settings_dict['NAME']}: {cursor.fetchone()[0]}")
     time_reports(args.runs)
+    time_sreport(args.runs)
     time_ingest(args.ingest)
 
 

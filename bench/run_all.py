@@ -50,11 +50,12 @@ def reports_section(*, quick: bool) -> common.Section:
         section.note(
             f"bench_reports.py exited with {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
         )
+        section.failed = True
     section.note(f"took {time.monotonic() - began:.0f} s")
     return section
 
 
-def write_results(sections: list[common.Section], machine: dict, *, quick: bool, seconds: float) -> None:
+def write_results(sections: list[common.Section], machine: dict, *, quick: bool, seconds: float, path: Path = RESULTS) -> None:
     lines = [
         "# gpuportal benchmarks",
         "",
@@ -78,8 +79,8 @@ def write_results(sections: list[common.Section], machine: dict, *, quick: bool,
     ]
     for section in sections:
         lines.append(section.markdown())
-    RESULTS.write_text("\n".join(lines).rstrip() + "\n")
-    print(f"\nresults written to {RESULTS.relative_to(common.ROOT)}")
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    print(f"\nresults written to {path}")
 
 
 def main() -> None:
@@ -94,6 +95,7 @@ def main() -> None:
         default=list(ORDER),
         help=f"comma-separated subset of {','.join(ORDER)}",
     )
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the results (default bench/results.md)")
     args = parser.parse_args()
     unknown = set(args.only) - set(ORDER)
     if unknown:
@@ -132,6 +134,7 @@ def main() -> None:
                 traceback.print_exc()
                 failed = common.Section(f"{name}: failed")
                 failed.note(f"{type(exc).__name__}: {exc}")
+                failed.failed = True
                 sections.append(failed)
     finally:
         common.stop_all()
@@ -143,11 +146,14 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"! could not check the cluster for bench jobs: {exc}", file=sys.stderr)
         common.clean_workdir()
-        write_results(sections, machine, quick=args.quick, seconds=time.monotonic() - began)
+        write_results(sections, machine, quick=args.quick, seconds=time.monotonic() - began, path=args.results)
         if not args.keep_db:
             common.database_drop()
             print(f"database {common.BENCH_DB} dropped")
     print(f"done in {(time.monotonic() - began) / 60:.1f} min")
+    failed = [section.title for section in sections if section.failed]
+    if failed:  # the figures of the others are written; the exit status says some are missing
+        sys.exit(f"failed: {'; '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ from jobs import apis
 
 urlpatterns = [
     path("jobs/", apis.JobCollectionApi.as_view(), name="api-job-list"),
-    path("jobs/batch/", apis.JobBatchSubmitApi.as_view(), name="api-job-batch"),
     path("jobs/quote/", apis.JobQuoteApi.as_view(), name="api-job-quote"),
     path("jobs/<uuid:job_id>/", apis.JobDetailApi.as_view(), name="api-job-detail"),
     path("jobs/<uuid:job_id>/cancel/", apis.JobCancelApi.as_view(), name="api-job-cancel"),

@@ -37,6 +37,7 @@ from jobs.services import (
     job_template_delete,
     request_fingerprint,
 )
+from portal.exceptions import ApplicationError
 from portal.models import Team
 from portal.throttles import SubmitRateThrottle
 
@@ -114,7 +115,8 @@ class JobDetailOutputSerializer(JobSummaryOutputSerializer):
 
 class JobCollectionApi(ListAPIView):
     """GET: the jobs you may see (filters team, state, since, mine, ordering; paginated).
-    POST: submit a job (``Idempotency-Key`` header makes a retry safe)."""
+    POST: submit a job, or an array of up to MAX_BATCH_JOBS jobs of one team (all or none; relayed
+    to Slurm together). An ``Idempotency-Key`` header makes a retry safe."""
 
     serializer_class = JobSummaryOutputSerializer
     filterset_class = JobFilter
@@ -147,12 +149,23 @@ class JobCollectionApi(ListAPIView):
         return super().get(request, *args, **kwargs)
 
     @extend_schema(
-        summary="Submit a job",
-        request=JobSubmitInputSerializer,
+        summary="Submit a job, or a batch of jobs",
+        description=(
+            "The body is one job, or a JSON array of 1–%d jobs for the same team (a batch: all or none, relayed to "
+            "Slurm together; the answer is the array of jobs). A 400 for a batch names the failing jobs by index "
+            '(`errors: {"3": {"gpus": [...]}}`); the budget is checked for the sum. `Idempotency-Key` covers the '
+            "whole request: the same key and body again answer 200 with the same job(s); another body, 409." % MAX_BATCH_JOBS
+        ),
+        request={"application/json": {"oneOf": [
+            {"$ref": "#/components/schemas/JobSubmitInput"},
+            {"type": "array", "items": {"$ref": "#/components/schemas/JobSubmitInput"}, "minItems": 1, "maxItems": MAX_BATCH_JOBS},
+        ]}},  # fmt: skip
         parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
         responses={201: JobSummaryOutputSerializer, 200: JobSummaryOutputSerializer},
     )
     def post(self, request, *args, **kwargs):
+        if isinstance(request.data, list):
+            return self._post_batch(request)
         serializer = self.JobSubmitInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
@@ -169,43 +182,24 @@ class JobCollectionApi(ListAPIView):
             JobSummaryOutputSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
 
-
-class JobBatchSubmitApi(APIView):
-    """POST: submit up to MAX_BATCH_JOBS jobs of one team at once (all or none)."""
-
-    class JobBatchItemInputSerializer(JobCollectionApi.JobSubmitInputSerializer):
-        """One job of a batch: the fields of a single submit (team included, the same for every job)."""
-
-    def get_throttles(self):
-        return [SubmitRateThrottle()]
-
-    @extend_schema(
-        summary="Submit a batch of jobs",
-        description=f"A JSON array of 1–{MAX_BATCH_JOBS} job specs (the body of a single submit), all for the "
-        "same team. All or none: a 400 names the failing jobs by index (`errors: {\"3\": {\"gpus\": [...]}}`). "
-        "The budget is checked for the sum. `Idempotency-Key` covers the whole batch (same key and body: the same "
-        "jobs, 200; another body: 409). The jobs are relayed to Slurm together.",
-        request=JobBatchItemInputSerializer(many=True),
-        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
-        responses={201: JobSummaryOutputSerializer(many=True), 200: JobSummaryOutputSerializer(many=True)},
-    )
-    def post(self, request):
-        from portal.exceptions import ApplicationError
-
+    def _post_batch(self, request):
         body = request.data
-        if not isinstance(body, list) or not body:
+        if not body:
             raise ApplicationError("Give a non-empty JSON array of jobs.", errors={"jobs": ["Give a non-empty JSON array of jobs."]})
         if len(body) > MAX_BATCH_JOBS:
             raise ApplicationError(
                 f"At most {MAX_BATCH_JOBS} jobs per batch.", errors={"jobs": [f"At most {MAX_BATCH_JOBS} jobs per batch."]}
             )
+        # One serializer for every item (as a ListSerializer's child): a new one per item deep-copies
+        # its fields each time, 0.8 ms per job.
+        item_serializer = self.JobSubmitInputSerializer()
         items, errors = [], {}
         for index, item in enumerate(body):
-            serializer = self.JobBatchItemInputSerializer(data=item)
-            if serializer.is_valid():
-                items.append(dict(serializer.validated_data))
-            else:
-                errors[str(index)] = {k: [str(m) for m in v] if isinstance(v, list) else [str(v)] for k, v in serializer.errors.items()}
+            try:
+                items.append(dict(item_serializer.run_validation(item)))
+            except serializers.ValidationError as exc:
+                detail = serializers.as_serializer_error(exc)
+                errors[str(index)] = {k: [str(m) for m in v] if isinstance(v, list) else [str(v)] for k, v in detail.items()}
         if errors:
             first_index = next(iter(errors))
             first = next(iter(errors[first_index].values()))[0]
@@ -390,7 +384,6 @@ class JobTemplateDetailApi(APIView):
 
 
 __all__ = [
-    "JobBatchSubmitApi",
     "JobCancelApi",
     "JobCollectionApi",
     "JobDetailApi",

@@ -35,6 +35,7 @@ from jobs.choices import (
     transition_allowed,
 )
 from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent, JobTemplate
+from portal.db import bulk_update_values
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Membership, NodeInfo, PartitionInfo, Role, Team
 from portal.roles import is_admin
@@ -952,7 +953,8 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
             updates.append(job)
             events.append(JobEvent(job=job, state=job.state, reason=reason, at=now))
         if updates:
-            Job.objects.filter(relay_token=token, state=JobState.ACCEPTED).bulk_update(
+            bulk_update_values(
+                Job.objects.filter(relay_token=token, state=JobState.ACCEPTED),
                 updates,
                 ["slurm_job_id", "slurm_cluster", "state", "submitted_at", "relay_token", "relay_started_at",
                  "last_relay_error", "unix_uid", "state_reason", "ended_at"],
@@ -1214,7 +1216,7 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
                 if values["state"] in TERMINAL_STATES:
                     ended.append(str(job_id))
         if to_update:
-            Job.objects.filter(state__in=LIVE_STATES).bulk_update(to_update, sorted(update_fields), batch_size=1000)
+            bulk_update_values(Job.objects.filter(state__in=LIVE_STATES), to_update, sorted(update_fields))
             JobEvent.objects.bulk_create(events, batch_size=1000)
         if ended:
             transaction.on_commit(lambda: _enqueue_job_end_notices(ended))

@@ -112,6 +112,10 @@ class Env:
         except ValueError:
             raise self._fail(name, value, "a numeric port") from None
         options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        # No JIT compilation: the portal's queries are short, and PostgreSQL's cost estimate can start
+        # JIT on one that is not (the budget hold under a submission's team lock spent 404 of 643 ms
+        # compiling, bench/results.md). ?options=… in DATABASE_URL replaces this.
+        options.setdefault("options", "-c jit=off")
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": db_name,

@@ -65,9 +65,9 @@ class Client:
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         return self.request("GET", path, params=params, repeatable=True)
 
-    def post(self, path: str, body: dict | None = None, *, idempotency_key: str | None = None) -> Any:
+    def post(self, path: str, body: dict | list | None = None, *, idempotency_key: str | None = None) -> Any:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self.request("POST", path, body=body or {}, headers=headers, repeatable=bool(idempotency_key))
+        return self.request("POST", path, body={} if body is None else body, headers=headers, repeatable=bool(idempotency_key))
 
     def request(
         self,
@@ -75,7 +75,7 @@ class Client:
         path: str,
         *,
         params: dict | None = None,
-        body: dict | None = None,
+        body: dict | list | None = None,
         headers: dict[str, str] | None = None,
         repeatable: bool = False,
     ) -> Any:

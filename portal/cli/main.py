@@ -270,35 +270,62 @@ def build_submission(args, script: str, script_name: str) -> tuple[dict, list[st
     return body, notes
 
 
-def cmd_submit(args) -> int:
+BATCH_MAX = 100  # jobs per POST of an array (the API's MAX_BATCH_JOBS)
+
+
+def _read_script(path: str) -> tuple[str, str]:
     try:
-        if args.script == "-":
-            script, script_name = sys.stdin.read(), "stdin"
-        else:
-            script, script_name = Path(args.script).read_text(), Path(args.script).name
+        if path == "-":
+            return sys.stdin.read(), "stdin"
+        return Path(path).read_text(), Path(path).name
     except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"cannot read {args.script}: {exc}") from None
-    try:
-        body, notes = build_submission(args, script, script_name)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    for note in notes:
-        _err(f"warning: {note}")
+        raise CliError(f"cannot read {path}: {exc}") from None
+
+
+def cmd_submit(args) -> int:
+    scripts = args.script
+    if len(scripts) > 1 and "-" in scripts:
+        raise CliError("'-' (standard input) cannot be one of several scripts")
+    bodies = []
+    for path in scripts:
+        script, script_name = _read_script(path)
+        try:
+            body, notes = build_submission(args, script, script_name)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        prefix = f"{path}: " if len(scripts) > 1 else ""
+        for note in notes:
+            _err(f"warning: {prefix}{note}")
+        bodies.append(body)
     client = _client(args)
     key = args.idempotency_key or str(uuid.uuid4())
-    job = client.post("jobs/", body, idempotency_key=key)
+    if len(bodies) == 1:
+        jobs = [client.post("jobs/", bodies[0], idempotency_key=key)]
+    else:
+        # One POST of an array per BATCH_MAX scripts (all or none per POST; relayed together);
+        # each POST its own key, derived from one, so a retry of the whole command replays them.
+        jobs = []
+        for index, start in enumerate(range(0, len(bodies), BATCH_MAX)):
+            chunk_key = key if index == 0 else f"{key}.{index}"
+            jobs += client.post("jobs/", bodies[start : start + BATCH_MAX], idempotency_key=chunk_key)
     if args.json and not args.wait:
-        _out(json.dumps(job, indent=2))
+        _out(json.dumps(jobs[0] if len(jobs) == 1 else jobs, indent=2))
         return EXIT_OK
-    estimate = _estimate_line(job)
-    slurm = f", Slurm job {job['slurm_job_id']}" if job.get("slurm_job_id") else ""
-    _out(f"Job {job['id']} {job.get('state', 'ACCEPTED')}{slurm}" + (f" — estimated {estimate}" if estimate else ""))
+    for job in jobs:
+        estimate = _estimate_line(job)
+        slurm = f", Slurm job {job['slurm_job_id']}" if job.get("slurm_job_id") else ""
+        named = f" ({job.get('name')})" if len(jobs) > 1 else ""
+        _out(f"Job {job['id']}{named} {job.get('state', 'ACCEPTED')}{slurm}" + (f" — estimated {estimate}" if estimate else ""))
     if not args.wait:
         return EXIT_OK
-    final = wait_for_job(client, job["id"], interval=args.poll_interval, first=job)
+    finals = []
+    for job in jobs:  # one after the other: a job that ended meanwhile answers at once
+        finals.append(wait_for_job(client, job["id"], interval=args.poll_interval, first=job,
+                                   label=f"{job['id'][:8]} " if len(jobs) > 1 else ""))  # fmt: skip
     if args.json:
-        _out(json.dumps(final, indent=2))
-    return exit_code_for_state(final.get("state", ""))
+        _out(json.dumps(finals[0] if len(finals) == 1 else finals, indent=2))
+    # several jobs: the worst ending (SUBMIT_FAILED 3 > other end 2 > FAILED 1 > COMPLETED 0)
+    return max(exit_code_for_state(final.get("state", "")) for final in finals)
 
 
 def _state_line(job: dict) -> str:
@@ -314,7 +341,7 @@ def _state_line(job: dict) -> str:
     return f"{time.strftime('%H:%M:%S')} {state}" + (f" ({'; '.join(extras)})" if extras else "")
 
 
-def wait_for_job(client: Client, job_id: str, *, interval: float, first: dict | None = None) -> dict:
+def wait_for_job(client: Client, job_id: str, *, interval: float, first: dict | None = None, label: str = "") -> dict:
     """Poll until the job is terminal; print each change of state (or reason). Transient errors
     while polling are reported and polling goes on: the job runs whatever the network does."""
     last = None
@@ -323,7 +350,7 @@ def wait_for_job(client: Client, job_id: str, *, interval: float, first: dict | 
         if job is not None:
             shown = (job.get("state"), job.get("state_reason"), job.get("slurm_job_id"))
             if shown != last:
-                _out(_state_line(job))
+                _out(label + _state_line(job))
                 last = shown
             if is_terminal(job):
                 return job
@@ -487,7 +514,11 @@ def build_parser() -> argparse.ArgumentParser:
         "defaults; the options below override them.",
         cmd_submit,
     )
-    p.add_argument("script", metavar="SCRIPT", help="the batch script ('-' reads standard input)")
+    p.add_argument(
+        "script", metavar="SCRIPT", nargs="+",
+        help="the batch script ('-' reads standard input); several scripts are sent together in one request "
+        "(all or none, the options apply to each)",
+    )  # fmt: skip
     p.add_argument("--team", required=True, help="team slug (its Slurm account is charged)")
     p.add_argument("--gpus", metavar="[TYPE:]N", help="GPUs for the whole job, e.g. 2 or a100:2")
     p.add_argument("--gpu-type", help="GPU type, e.g. a100 (default: any)")
@@ -499,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem", metavar="SIZE", help="memory per node, e.g. 32G (a bare number is MiB)")
     p.add_argument("--workdir", "-D", help="working directory on the cluster")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable (repeatable)")
-    p.add_argument("--wait", action="store_true", help="wait until the job ends; the exit code tells how it ended")
+    p.add_argument("--wait", action="store_true", help="wait until the job ends (with several scripts: all of them); the exit code tells how it ended (several: the worst)")
     p.add_argument("--poll-interval", type=float, default=3.0, help="seconds between polls with --wait (default 3)")
     p.add_argument(
         "--idempotency-key",

@@ -128,3 +128,10 @@ class SlurmGateway(abc.ABC):
     @abc.abstractmethod
     def account_usage_reset(self, account: str) -> None:
         """Reset the account's raw usage (period roll-over)."""
+
+    @abc.abstractmethod
+    def account_gpu_minutes(self, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
+        """GPU-minutes per account that slurmdbd has rolled up in [start, end) (aware datetimes;
+        slurmdbd rolls up whole hours, so only finished hours count): what ``sreport cluster
+        AccountUtilizationByUser -T gres/gpu`` answers. The reconciliation compares it with the
+        portal's usage."""

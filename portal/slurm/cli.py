@@ -417,7 +417,9 @@ class CliGateway(SlurmGateway):
     def _exe(self, name: str) -> str:
         return os.path.join(self.bin_dir, name) if self.bin_dir else name
 
-    def _run(self, argv: list[str], *, stdin: str | None = None, ok_patterns: tuple[str, ...] = ()) -> str:
+    def _run(
+        self, argv: list[str], *, stdin: str | None = None, ok_patterns: tuple[str, ...] = (), env: dict[str, str] | None = None
+    ) -> str:
         """Run one Slurm command; return its stdout or raise SlurmUnavailable / SlurmRejected.
 
         ``ok_patterns``: words that make a nonzero exit an idempotent success (e.g. sacctmgr's
@@ -431,7 +433,7 @@ class CliGateway(SlurmGateway):
                 capture_output=True,
                 text=True,
                 timeout=self.timeout,
-                env=self._env,
+                env=self._env if env is None else env,
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
@@ -610,6 +612,26 @@ class CliGateway(SlurmGateway):
     def account_usage_reset(self, account: str) -> None:
         self._sacctmgr("modify", "account", "where", f"name={check_text(account, 'Account')}",
                        f"cluster={self.cluster}", "set", "RawUsage=0", ok=True)  # fmt: skip
+
+    # -- reports ---------------------------------------------------------------------------------
+
+    def account_gpu_minutes(self, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
+        argv = sreport_argv(start, end, cluster=self.cluster, sreport=self._exe("sreport"))
+        return parsing.parse_account_minutes(self._run(argv, env={**self._env, "TZ": "UTC"}))
+
+
+def sreport_argv(start: dt.datetime, end: dt.datetime, *, cluster: str = "", sreport: str = "sreport") -> list[str]:
+    """sreport's GPU-minutes per account and user in [start, end), times in UTC (the gateway runs it
+    with TZ=UTC: sreport reads Start=/End= as local times)."""
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    start, end = (t.astimezone(dt.UTC) if t.tzinfo else t for t in (start, end))
+    argv = [
+        sreport, "-n", "-P", "cluster", "AccountUtilizationByUser",
+        f"Start={start.strftime(fmt)}", f"End={end.strftime(fmt)}", "-T", "gres/gpu", "-t", "Minutes",
+    ]  # fmt: skip
+    if cluster:
+        argv.append(f"Clusters={cluster}")
+    return argv
 
 
 def is_idempotent_success(stdout: str, stderr: str, ok_patterns: tuple[str, ...]) -> bool:

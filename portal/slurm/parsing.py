@@ -30,7 +30,10 @@ def parse_time(value: str) -> dt.datetime | None:
     if value.lower() in _NONE_WORDS:
         return None
     try:
-        naive = dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
+        # exactly Slurm's "%Y-%m-%dT%H:%M:%S"; fromisoformat reads it 10 times faster than strptime
+        if len(value) != 19 or value[10] != "T":
+            raise ValueError(value)
+        naive = dt.datetime.fromisoformat(value)
     except ValueError:
         return None
     # A naive datetime's astimezone() interprets it in the machine's local zone, as Slurm printed it.
@@ -335,3 +338,22 @@ def classify_failure(*, returncode: int, stderr: str, stdout: str = "", command:
         return SlurmUnavailable(f"{command or 'Slurm command'} killed by signal {-returncode}: {message}",
                                 command=command)
     return SlurmRejected(message, command=command)
+
+
+def parse_account_minutes(output: str) -> dict[str, int]:
+    """``sreport -n -P cluster AccountUtilizationByUser -T gres/gpu -t Minutes``: rows are
+    Cluster|Account|Login|Proper Name|TRES Name|Used; account totals have an empty Login (the
+    "root" account's total, the sum over everything, is dropped)."""
+    minutes: dict[str, int] = {}
+    for line in output.splitlines():
+        parts = line.split("|")
+        if len(parts) < 6:
+            continue
+        account, login, used = parts[1].strip(), parts[2].strip(), parts[-1].strip()
+        if login or not account or account == "root":
+            continue
+        try:
+            minutes[account] = int(used)
+        except ValueError:
+            continue
+    return minutes

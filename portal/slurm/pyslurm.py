@@ -408,3 +408,6 @@ class PyslurmGateway(SlurmGateway):
 
     def account_usage_reset(self, account: str) -> None:
         self._cli.account_usage_reset(account)
+
+    def account_gpu_minutes(self, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
+        return self._cli.account_gpu_minutes(start, end)  # pyslurm 25.11 has no sreport API

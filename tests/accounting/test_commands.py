@@ -1,4 +1,4 @@
-"""ingest_usage, reconcile_usage (sreport stubbed; the real one is in test_reconcile_slurm), seed, task."""
+"""ingest_usage, reconcile_usage (the gateway's sreport answer stubbed; the real one is in test_reconcile_slurm), seed, task."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from django.core.management import CommandError, call_command
 
 from accounting.models import Rate, UsageRecord
 from accounting.services import usage_records_upsert
-from accounting.sreport import parse_account_minutes, sreport_argv
+from portal.slurm.cli import sreport_argv
+from portal.slurm.parsing import parse_account_minutes
 from tests.accounting.helpers import acct, at
 
 pytestmark = pytest.mark.django_db
@@ -54,10 +55,11 @@ def test_parse_account_minutes():
     assert parse_account_minutes(rows) == {"vision": 180}
 
 
-def test_sreport_argv_is_a_list():
-    argv = sreport_argv(dt.datetime(2026, 1, 1), dt.datetime(2026, 2, 1))
-    assert argv[1:6] == ["-n", "-P", "cluster", "AccountUtilizationByUser", "Start=2026-01-01T00:00:00"]
-    assert "-T" in argv and "gres/gpu" in argv and "Minutes" in argv
+def test_sreport_argv_is_a_list_with_utc_times():
+    shanghai = dt.timezone(dt.timedelta(hours=8))
+    argv = sreport_argv(dt.datetime(2026, 1, 1, tzinfo=shanghai), dt.datetime(2026, 2, 1, tzinfo=shanghai), cluster="c1")
+    assert argv[1:7] == ["-n", "-P", "cluster", "AccountUtilizationByUser", "Start=2025-12-31T16:00:00", "End=2026-01-31T16:00:00"]
+    assert "-T" in argv and "gres/gpu" in argv and "Minutes" in argv and argv[-1] == "Clusters=c1"
 
 
 @pytest.fixture
@@ -67,6 +69,15 @@ def january(world, settings):
     usage_records_upsert(records=[acct(start=at(2026, 1, 5), hours=2, gpus=2), acct(account="nlp", user="carol", hours=1)])
 
 
+def _stub_sreport(monkeypatch, answer):
+    """The command's gateway answers account_gpu_minutes with ``answer`` (the comparison logic alone)."""
+    class Gateway:
+        def account_gpu_minutes(self, start, end):
+            return answer(start, end)
+
+    monkeypatch.setattr("accounting.management.commands.reconcile_usage.get_gateway", lambda: Gateway())
+
+
 def test_reconcile_no_differences(january, monkeypatch):
     seen = {}
 
@@ -74,7 +85,7 @@ def test_reconcile_no_differences(january, monkeypatch):
         seen["range"] = (start, end)
         return {"vision": 240, "nlp": 60}
 
-    monkeypatch.setattr("accounting.management.commands.reconcile_usage.sreport_account_gpu_minutes", fake)
+    _stub_sreport(monkeypatch, fake)
     out = StringIO()
     call_command("reconcile_usage", "--month", "2026-01", stdout=out)
     assert "no differences" in out.getvalue()
@@ -82,10 +93,7 @@ def test_reconcile_no_differences(january, monkeypatch):
 
 
 def test_reconcile_differences_exit_1(january, monkeypatch):
-    monkeypatch.setattr(
-        "accounting.management.commands.reconcile_usage.sreport_account_gpu_minutes",
-        lambda start, end: {"vision": 200, "ghost": 5},
-    )
+    _stub_sreport(monkeypatch, lambda start, end: {"vision": 200, "ghost": 5})
     out = StringIO()
     with pytest.raises(SystemExit) as exc:
         call_command("reconcile_usage", "--month", "2026-01", stdout=out)

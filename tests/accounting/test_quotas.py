@@ -196,6 +196,21 @@ def test_running_job_holds_its_estimate_minus_what_was_ingested_so_far(world, in
     assert row["used"] > Decimal("1.9")
 
 
+def test_only_a_final_usage_record_marks_the_job_accounted(world, inventory, relays, api_client_for):
+    """Job.accounted_at, which the budget hold's index relies on: set by the ingestion when the
+    job's final record arrives, not by a running job's provisional one."""
+    quota(world.vision, 100)
+    job_id = submit(api_client_for("member"), gpus=2, time_limit_minutes=240).json()["id"]
+    start = timezone.now() - dt.timedelta(hours=1)
+    Job.objects.filter(pk=job_id).update(state=JobState.RUNNING, started_at=start)
+    usage_records_upsert(records=[acct(account="vision", start=start, hours=None, gpus=2, job_id=4242, comment=f"gpuportal:{job_id}")])
+    assert Job.objects.get(pk=job_id).accounted_at is None
+    Job.objects.filter(pk=job_id).update(state=JobState.COMPLETED, ended_at=timezone.now())
+    usage_records_upsert(records=[acct(account="vision", start=start, hours=1, gpus=2, job_id=4242, comment=f"gpuportal:{job_id}")])
+    assert UsageRecord.objects.count() == 1 and Job.objects.get(pk=job_id).accounted_at is not None
+    assert selectors.team_budget(team=world.vision)[0]["held"] == Decimal("0.00")
+
+
 def test_submission_form_shows_the_budget_error_beside_the_fields_and_keeps_input(world, inventory, relays, client_for):
     quota(world.vision, 1)
     data = {"team": "vision", "name": "big-run", "partition": "gpu", "gpu_type": "a100", "gpus": "4", "nodes": "1",
@@ -345,6 +360,16 @@ def test_budget_runs_out_date_follows_the_burn_rate(world):
     row = selectors.team_budget(team=world.vision)[0]
     expected = selectors.billing_date(timezone.now()) + dt.timedelta(days=6)
     assert abs((row["runs_out_on"] - expected).days) <= 1
+
+
+def test_a_huge_budget_at_a_slow_burn_has_no_run_out_date_and_still_takes_jobs(world, inventory, relays, api_client_for):
+    """The run-out date would lie centuries ahead (past what datetime holds): none, and no error."""
+    today = selectors.billing_date(timezone.now())
+    quota(world.vision, 10**7, period=(today - dt.timedelta(days=366), today + dt.timedelta(days=3650)))
+    used(hours=0.01, gpus=1)
+    row = selectors.team_budget(team=world.vision)[0]
+    assert row["runs_out_on"] is None and row["remaining"] > 10**6
+    assert submit(api_client_for("member"), gpus=1, time_limit_minutes=5).status_code == 201
 
 
 # ---------------------------------------------------------------- pages

@@ -218,6 +218,70 @@ def test_submit_wait_prints_state_changes_and_exits_by_final_state(fake_api, tmp
     assert "Resources" in lines[2]
 
 
+def _jobs(n, state="ACCEPTED"):
+    return [{**_job(state), "id": f"3f1c2e9a-1111-4222-8333-9444555566{i:02d}", "name": f"s{i}.sh"} for i in range(n)]
+
+
+def test_several_scripts_go_in_one_array_post_with_their_own_directives(fake_api, tmp_path, capsys):
+    paths = []
+    for i, gres in enumerate(["gpu:a100:1", "gpu:h100:2", "gpu:1"]):
+        path = tmp_path / f"s{i}.sh"
+        path.write_text(f"#!/bin/bash\n#SBATCH --gres={gres}\necho {i}\n")
+        paths.append(str(path))
+    fake_api.add("POST", "/api/v1/jobs/", 201, _jobs(3))
+
+    assert main(["submit", *paths, "--team", "vision", "--time", "30"]) == 0
+
+    (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
+    body = request["json"]
+    assert isinstance(body, list) and [b["name"] for b in body] == ["s0.sh", "s1.sh", "s2.sh"]
+    assert [(b.get("gpu_type"), b["gpus"]) for b in body] == [("a100", 1), ("h100", 2), (None, 1)]
+    assert {b["time_limit_minutes"] for b in body} == {30} and {b["team"] for b in body} == {"vision"}
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and all(f"(s{i}.sh) ACCEPTED" in line for i, line in enumerate(out))
+
+
+def test_more_scripts_than_one_batch_holds_are_split_with_derived_keys(fake_api, tmp_path, monkeypatch):
+    monkeypatch.setattr("portal.cli.main.BATCH_MAX", 2)
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"s{i}.sh"
+        path.write_text(SCRIPT)
+        paths.append(str(path))
+    fake_api.add("POST", "/api/v1/jobs/", 201, _jobs(2))
+    fake_api.add("POST", "/api/v1/jobs/", 201, _jobs(1))
+
+    assert main(["submit", *paths, "--team", "vision", "--idempotency-key", "sweep-7"]) == 0
+
+    posts = fake_api.requests_to("POST", "/api/v1/jobs/")
+    assert [len(p["json"]) for p in posts] == [2, 1]
+    assert [p["headers"]["Idempotency-Key"] for p in posts] == ["sweep-7", "sweep-7.1"]
+
+
+def test_several_scripts_wait_for_all_and_exit_with_the_worst_ending(fake_api, tmp_path, capsys):
+    jobs = _jobs(2)
+    paths = []
+    for i in range(2):
+        path = tmp_path / f"s{i}.sh"
+        path.write_text(SCRIPT)
+        paths.append(str(path))
+    fake_api.add("POST", "/api/v1/jobs/", 201, jobs)
+    fake_api.add("GET", f"/api/v1/jobs/{jobs[0]['id']}/", 200, {**jobs[0], "state": "COMPLETED", "exit_code": 0})
+    fake_api.add("GET", f"/api/v1/jobs/{jobs[1]['id']}/", 200, {**jobs[1], "state": "FAILED", "exit_code": 1})
+
+    assert main(["submit", *paths, "--team", "vision", "--wait", "--poll-interval", "0.01"]) == 1
+
+    out = capsys.readouterr().out
+    assert f"{jobs[0]['id'][:8]} " in out and "COMPLETED" in out and "FAILED" in out
+
+
+def test_standard_input_cannot_be_one_of_several_scripts(fake_api, tmp_path, capsys):
+    path = tmp_path / "a.sh"
+    path.write_text(SCRIPT)
+    assert main(["submit", str(path), "-", "--team", "vision"]) == 64
+    assert fake_api.requests == [] and "standard input" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- status, logs, cancel, quote, teams
 
 

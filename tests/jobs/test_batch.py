@@ -1,4 +1,4 @@
-"""Batch submission (POST /api/v1/jobs/batch/) and the batched relay (job_relay_batch_run): all or
+"""Batch submission (POST /api/v1/jobs/ with an array) and the batched relay (job_relay_batch_run): all or
 none with errors by index, one budget check and one relay message, idempotent replays; the relay
 submits each job exactly once on the real cluster, records a rejection for that job only, adopts
 after a crash, in a number of queries that does not grow with the batch."""
@@ -43,7 +43,7 @@ def test_batch_submit_creates_all_jobs_with_one_relay_and_one_audit_event(
 ):
     body = [job_payload(name=f"b-{i}", gpus=1) for i in range(5)]
     with django_capture_on_commit_callbacks(execute=True):
-        response = _client(api_client_for).post("/api/v1/jobs/batch/", body, format="json")
+        response = _client(api_client_for).post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 201, response.json()
     rows = response.json()
     assert [r["name"] for r in rows] == [f"b-{i}" for i in range(5)]
@@ -58,36 +58,38 @@ def test_batch_validation_errors_are_keyed_by_index_and_nothing_is_stored(api_cl
     client = _client(api_client_for)
     # rules and inventory (the single submit's validation, per job)
     body = [job_payload(name="ok"), job_payload(gpus=99), job_payload(name="ok2"), job_payload(partition="nope", name="a b")]
-    response = client.post("/api/v1/jobs/batch/", body, format="json")
+    response = client.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 400
     errors = response.json()["errors"]
     assert set(errors) == {"1", "3"}
     assert "gpus" in errors["1"] and set(errors["3"]) == {"partition", "name"}
     # the input types (checked first, as for a single submit)
-    response = client.post("/api/v1/jobs/batch/", [job_payload(), job_payload(gpus="x")], format="json")
+    response = client.post("/api/v1/jobs/", [job_payload(), job_payload(gpus="x")], format="json")
     assert response.status_code == 400 and set(response.json()["errors"]) == {"1"} and "gpus" in response.json()["errors"]["1"]
     assert Job.objects.count() == 0 and batch_relays == []
 
 
 def test_batch_of_two_teams_or_too_many_or_not_a_list_is_400(api_client_for, inventory, batch_relays):
     client = _client(api_client_for)
-    two = client.post("/api/v1/jobs/batch/", [job_payload(), job_payload(team="nlp")], format="json")
+    two = client.post("/api/v1/jobs/", [job_payload(), job_payload(team="nlp")], format="json")
     assert two.status_code == 400 and "team" in two.json()["errors"]
-    many = client.post("/api/v1/jobs/batch/", [job_payload()] * 101, format="json")
+    many = client.post("/api/v1/jobs/", [job_payload()] * 101, format="json")
     assert many.status_code == 400 and "jobs" in many.json()["errors"]
-    single = client.post("/api/v1/jobs/batch/", job_payload(), format="json")
-    assert single.status_code == 400
+    empty = client.post("/api/v1/jobs/", [], format="json")
+    assert empty.status_code == 400 and "jobs" in empty.json()["errors"]
+    scalar = client.post("/api/v1/jobs/", ["not a job"], format="json")
+    assert scalar.status_code == 400 and "non_field_errors" in scalar.json()["errors"]["0"]
     assert Job.objects.count() == 0
 
 
 def test_batch_idempotent_replay_returns_the_same_jobs_and_another_body_is_409(api_client_for, inventory, relays, batch_relays):
     client = _client(api_client_for)
     body = [job_payload(name=f"i-{i}", gpus=1) for i in range(3)]
-    first = client.post("/api/v1/jobs/batch/", body, format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
-    again = client.post("/api/v1/jobs/batch/", body, format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
+    first = client.post("/api/v1/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
+    again = client.post("/api/v1/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
     assert (first.status_code, again.status_code) == (201, 200)
     assert [r["id"] for r in again.json()] == [r["id"] for r in first.json()]
-    other = client.post("/api/v1/jobs/batch/", body[:2], format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
+    other = client.post("/api/v1/jobs/", body[:2], format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
     assert other.status_code == 409
     single = client.post("/api/v1/jobs/", job_payload(), format="json", HTTP_IDEMPOTENCY_KEY="batch-key-1")
     assert single.status_code == 409

@@ -65,6 +65,9 @@ def test_database_url_parses_postgres_and_sqlite():
     assert (pg["ENGINE"], pg["NAME"], pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"]) == (
         "django.db.backends.postgresql", "gp", "u", "p@ss", "db.example", "6543",
     )
+    assert pg["OPTIONS"] == {"options": "-c jit=off"}
+    own = Env({"DATABASE_URL": "postgres://u@h/gp?sslmode=require&options=-c%20work_mem%3D64MB"}).database("DATABASE_URL", "")
+    assert own["OPTIONS"] == {"sslmode": "require", "options": "-c work_mem=64MB"}
     assert Env({"DATABASE_URL": "sqlite:////var/lib/x.sqlite3"}).database("DATABASE_URL", "")["NAME"] == "/var/lib/x.sqlite3"
     with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
         Env({"DATABASE_URL": "postgres://host:5432/"}).database("DATABASE_URL", "")

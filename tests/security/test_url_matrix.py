@@ -32,7 +32,7 @@ class Req:
     method: str
     path: Callable[[Objects], str]  # built from the fixture objects
     expected: tuple[int, int, int, int, int, int]  # anonymous, outsider, member, manager, admin, finance
-    data: dict = field(default_factory=dict)
+    data: dict | list = field(default_factory=dict)
 
 
 class Objects:
@@ -119,10 +119,10 @@ MATRIX: dict[str, list[Req]] = {
     "api-job-list": [
         Req("GET", lambda o: "/api/v1/jobs/", API_LOGIN_THEN_200),
         Req("POST", lambda o: "/api/v1/jobs/", (401, 400, 400, 400, 400, 400)),  # empty body: invalid for all
+        Req("POST", lambda o: "/api/v1/jobs/", (401, 400, 400, 400, 400, 400), data=[]),  # an empty batch
     ],
     "api-job-quote": [Req("POST", lambda o: "/api/v1/jobs/quote/", (401, 400, 400, 400, 400, 400))],
     # an empty batch is refused whoever asks (400); who may submit for which team is tested in tests/jobs/test_batch.py
-    "api-job-batch": [Req("POST", lambda o: "/api/v1/jobs/batch/", (401, 400, 400, 400, 400, 400))],
     "api-job-detail": [Req("GET", lambda o: f"/api/v1/jobs/{o.job.pk}/", (401, 404, 200, 200, 200, 404))],
     "api-job-cancel": [Req("POST", lambda o: f"/api/v1/jobs/{o.job.pk}/cancel/", (401, 404, 200, 200, 200, 404))],
     "api-job-output": [Req("GET", lambda o: f"/api/v1/jobs/{o.job.pk}/output/", (401, 404, 200, 200, 200, 404))],

@@ -154,6 +154,17 @@ def test_nodes(gateway):
     assert totals == {"a100": 8, "h100": 4}
 
 
+def test_account_gpu_minutes_is_sreports_answer(gateway):
+    """sreport accepts the gateway's argv (a wrong one exits nonzero: SlurmRejected) and answers
+    whole GPU-minutes per known account; a window in the future has no usage."""
+    now = dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0)
+    month = gateway.account_gpu_minutes(now - dt.timedelta(days=30), now)
+    accounts = {a.account for a in gateway.associations()}
+    assert set(month) <= accounts
+    assert all(isinstance(minutes, int) and minutes >= 0 for minutes in month.values())
+    assert gateway.account_gpu_minutes(now + dt.timedelta(days=1), now + dt.timedelta(days=2)) == {}
+
+
 # --- associations ------------------------------------------------------------------------------
 
 

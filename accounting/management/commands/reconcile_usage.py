@@ -14,8 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from accounting.selectors import account_gpu_seconds, billing_midnight, next_month
-from accounting.sreport import sreport_account_gpu_minutes
-from portal.slurm import SlurmError
+from portal.slurm import SlurmError, get_gateway
 
 
 def comparable_range(month: dt.date, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
@@ -55,7 +54,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{month}: no finished hour yet; nothing to compare.")
             return
         try:
-            theirs = sreport_account_gpu_minutes(start, end)
+            theirs = get_gateway().account_gpu_minutes(start, end)
         except SlurmError as exc:
             raise CommandError(f"sreport: {exc.message}") from exc
         mine = account_gpu_seconds(start_at=start, end_at=end)

@@ -1,0 +1,145 @@
+"""portal.db: bulk_update_values (one UPDATE … FROM (VALUES …) per batch writes what bulk_update
+would — every field type the jobs use, NULLs, JSON — only on rows the queryset selects, in a number
+of queries that does not grow with the rows), COPY inserts and upserts that write what bulk_create
+would, and any_of (one array parameter for an IN list)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from jobs.choices import JobState
+from jobs.models import Job
+from portal.db import any_of, bulk_insert_copy, bulk_update_values, bulk_upsert_copy
+
+pytestmark = pytest.mark.django_db
+
+
+def _jobs(world, n, *, state=JobState.ACCEPTED):
+    return [
+        Job.objects.create(
+            team=world.vision, submitter=world.alice, name=f"b{i}", script="#!/bin/bash\ntrue\n", partition="gpu",
+            gpus=1, time_limit_minutes=5, workdir="/tmp", state=state, estimated_gpu_hours=1,
+            relay_token=uuid.uuid4(), relay_started_at=timezone.now(), environment={"A": "1"},
+        )  # fmt: skip
+        for i in range(n)
+    ]
+
+
+def test_writes_each_rows_own_values_of_every_field_type(world):
+    jobs = _jobs(world, 3)
+    at = timezone.now().replace(microsecond=123456) - dt.timedelta(hours=1)
+    for i, job in enumerate(jobs):
+        job.state = JobState.PENDING
+        job.slurm_job_id = 9_000_000_000 + i  # bigint
+        job.submitted_at = at + dt.timedelta(seconds=i)
+        job.relay_token = None  # uuid → NULL
+        job.environment = {"X": str(i), "quote": "it's \"here\""}  # jsonb
+        job.estimated_cost = Decimal("1.25") * (i + 1)  # numeric
+        job.unix_uid = 1000 + i
+        job.state_reason = "" if i else "with 'quotes' and ; semicolons"
+    fields = ["state", "slurm_job_id", "submitted_at", "relay_token", "environment", "estimated_cost", "unix_uid", "state_reason"]
+    written = bulk_update_values(Job.objects.all(), jobs, fields)
+    assert written == 3
+    for i, job in enumerate(jobs):
+        row = Job.objects.get(pk=job.pk)
+        assert row.state == JobState.PENDING
+        assert row.slurm_job_id == 9_000_000_000 + i
+        assert row.submitted_at == at + dt.timedelta(seconds=i)
+        assert row.relay_token is None
+        assert row.environment == {"X": str(i), "quote": "it's \"here\""}
+        assert row.estimated_cost == Decimal("1.25") * (i + 1)
+        assert row.unix_uid == 1000 + i
+        assert row.state_reason == ("" if i else "with 'quotes' and ; semicolons")
+        assert row.relay_started_at is not None  # a field not named is untouched
+
+
+def test_only_rows_the_queryset_selects_are_written(world):
+    live, ended = _jobs(world, 1), _jobs(world, 1, state=JobState.COMPLETED)
+    for job in live + ended:
+        job.state_reason = "changed"
+    written = bulk_update_values(Job.objects.filter(state=JobState.ACCEPTED), live + ended, ["state_reason"])
+    assert written == 1
+    assert Job.objects.get(pk=live[0].pk).state_reason == "changed"
+    assert Job.objects.get(pk=ended[0].pk).state_reason == ""
+
+
+def test_one_statement_per_batch_whatever_the_rows(world):
+    jobs = _jobs(world, 25)
+    for job in jobs:
+        job.state_reason = f"r-{job.pk}"
+    with CaptureQueriesContext(connection) as queries:
+        written = bulk_update_values(Job.objects.all(), jobs, ["state_reason"], batch_size=10)
+    assert written == 25
+    assert len(queries) == 3  # 10 + 10 + 5
+    assert all(sql["sql"].startswith('UPDATE "jobs_job"') for sql in queries.captured_queries)
+    assert {j.state_reason for j in Job.objects.all()} == {f"r-{job.pk}" for job in jobs}
+
+
+def test_no_rows_no_query_and_a_key_or_unknown_field_is_refused(world):
+    with CaptureQueriesContext(connection) as queries:
+        assert bulk_update_values(Job.objects.all(), [], ["state"]) == 0
+    assert len(queries) == 0
+    jobs = _jobs(world, 1)
+    with pytest.raises(ValueError, match="'id' is not a concrete, non-key field"):
+        bulk_update_values(Job.objects.all(), jobs, ["id"])
+    with pytest.raises(Exception, match="no field named 'nope'"):
+        bulk_update_values(Job.objects.all(), jobs, ["nope"])
+
+
+# ---------------------------------------------------------------- bulk_insert_copy, bulk_upsert_copy, any_of
+
+
+def test_copy_insert_writes_every_field_and_leaves_generated_ids_to_the_sequence(world):
+    from jobs.models import JobEvent
+
+    jobs = [
+        Job(team=world.vision, submitter=world.alice, name=f"c{i}", script="#!/bin/bash\necho 'x'\n", partition="gpu",
+            gpus=2, time_limit_minutes=5, workdir="/tmp", environment={"K": f"v{i}", "Q": "a'b\tc\nd"},
+            estimated_gpu_hours=Decimal("1.50"), estimated_cost=None)
+        for i in range(3)
+    ]  # fmt: skip
+    before = timezone.now()
+    assert bulk_insert_copy(jobs) == 3
+    for i, job in enumerate(jobs):
+        row = Job.objects.get(pk=job.pk)  # the UUID made in Python is the row's key
+        assert row.environment == {"K": f"v{i}", "Q": "a'b\tc\nd"} and row.script == "#!/bin/bash\necho 'x'\n"
+        assert (row.gpus, row.estimated_gpu_hours, row.estimated_cost) == (2, Decimal("1.50"), None)
+        assert row.created_at >= before  # auto_now_add filled in, as bulk_create does
+    events = [JobEvent(job=job, state=JobState.ACCEPTED, reason="r", at=timezone.now()) for job in jobs]
+    assert bulk_insert_copy(events) == 3
+    ids = list(JobEvent.objects.filter(job__in=jobs).values_list("id", flat=True))
+    assert len(set(ids)) == 3 and all(ids)  # BigAutoField ids from the sequence
+
+
+def test_copy_upsert_inserts_new_rows_updates_existing_ones_and_sets_each_objects_id(world):
+    from portal.models import Membership, Role
+
+    existing = Membership.objects.get(team=world.vision, user=world.alice)
+    assert existing.role == Role.MEMBER
+    rows = [
+        Membership(team=world.vision, user=world.alice, role=Role.MANAGER),  # conflicts: updated
+        Membership(team=world.nlp, user=world.alice, role=Role.MEMBER),  # new
+    ]
+    count = Membership.objects.count()
+    bulk_upsert_copy(rows, unique_fields=["team", "user"], update_fields=["role"])
+    assert Membership.objects.count() == count + 1
+    assert rows[0].pk == existing.pk and Membership.objects.get(pk=existing.pk).role == Role.MANAGER
+    assert rows[1].pk is not None and Membership.objects.get(pk=rows[1].pk).team == world.nlp
+
+
+def test_any_of_binds_one_array_parameter_and_filters_like_a_list(world):
+    jobs = _jobs(world, 3)
+    wanted = {jobs[0].pk, jobs[2].pk, uuid.uuid4()}
+    with CaptureQueriesContext(connection) as queries:
+        found = set(Job.objects.filter(pk__in=any_of(wanted, "uuid")).values_list("pk", flat=True))
+    assert found == {jobs[0].pk, jobs[2].pk}
+    assert "unnest" in queries.captured_queries[0]["sql"]
+    with pytest.raises(ValueError, match="plain SQL type"):
+        any_of([1], "bigint[]); DROP TABLE x; --")
