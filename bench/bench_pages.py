@@ -52,7 +52,7 @@ def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None
         seconds = 0.0
         for start in range(0, count, 20_000):  # in batches: memory stays small
             seconds += common.copy_jobs(history(world, min(20_000, count - start), start))
-        section.add(f"writing {count:,} jobs with COPY", count / seconds, "rows/s", "1 run")
+        section.note(f"setup: {count:,} jobs written with COPY in {seconds:.1f} s ({count / seconds:,.0f} rows/s)")
         page_client = Client()
         page_client.force_login(world.user)
         api_client = Client(HTTP_AUTHORIZATION=f"Token {world.token}")

@@ -285,9 +285,10 @@ def api_profile(world, n: int = 30) -> tuple[int, float]:
     return timer.count, common.median(times)
 
 
-def relay_only(world, n: int, *, concurrency: int) -> float:
-    """The relay alone, through Celery: n ACCEPTED jobs stored first, then n job_relay messages sent
-    at once to a worker of ``concurrency`` processes; jobs/s from the first message to the last id."""
+def relay_only(world, n: int, *, concurrency: int, runs: int) -> list[float]:
+    """The relay alone, through Celery: per run, n ACCEPTED jobs stored first, then n job_relay
+    messages sent at once to one worker of ``concurrency`` processes; jobs/s from the first message
+    to the last id. The bench jobs are cancelled between runs. Returns the rate of each run."""
     from django.db.models import Max
 
     from jobs.choices import JobState
@@ -295,48 +296,57 @@ def relay_only(world, n: int, *, concurrency: int) -> float:
     from portal.celery import app
 
     warnings.filterwarnings("ignore", message=".*send_task.*")  # the driver is eager; send_task is not
-    name = f"relay-only-c{concurrency}"
-    ids = _accepted_jobs(world, n, name)
     worker = common.start_worker(concurrency=concurrency)
+    rates = []
     try:
         for _ in range(4 * concurrency):  # warm each child (imports, database connection): ids of no job
             app.send_task("jobs.tasks.job_relay", args=[str(uuid.uuid4())])
         time.sleep(2)
-        start = dt.datetime.now(dt.UTC)
-        for job_id in ids:
-            app.send_task("jobs.tasks.job_relay", args=[str(job_id)])
-        deadline = time.monotonic() + max(120, n)
-        while time.monotonic() < deadline and Job.objects.filter(name=name, state=JobState.ACCEPTED).exists():
-            time.sleep(0.2)
+        for run in range(runs):
+            name = f"relay-only-c{concurrency}-{run}"
+            ids = _accepted_jobs(world, n, name)
+            start = dt.datetime.now(dt.UTC)
+            for job_id in ids:
+                app.send_task("jobs.tasks.job_relay", args=[str(job_id)])
+            deadline = time.monotonic() + max(120, n)
+            while time.monotonic() < deadline and Job.objects.filter(name=name, state=JobState.ACCEPTED).exists():
+                time.sleep(0.2)
+            done = Job.objects.filter(name=name, slurm_job_id__isnull=False)
+            last = done.aggregate(last=Max("submitted_at"))["last"]
+            rates.append(done.count() / (last - start).total_seconds() if last else float("nan"))
+            common.drain_cluster()
     finally:
         worker.stop()
-    done = Job.objects.filter(name=name, slurm_job_id__isnull=False)
-    last = done.aggregate(last=Max("submitted_at"))["last"]
-    return done.count() / (last - start).total_seconds() if last else float("nan")
+    return rates
 
 
 # ---------------------------------------------------------------- batched relay in-process
 
 
-def batched_in_process(world, n: int, section: common.Section, *, threads: int = 4) -> float:
+def batched_in_process(world, n: int, section: common.Section, *, runs: int, threads: int = 4) -> float:
     """The portal's batched relay (jobs.services.job_relay_batch_run) in this process, in batches of
-    at most MAX_BATCH_JOBS (what one batch POST enqueues)."""
+    at most MAX_BATCH_JOBS (what one batch POST enqueues); ``runs`` runs of n jobs, median rate."""
     from django.db import connection
 
     from jobs.services import MAX_BATCH_JOBS, job_relay_batch_run
 
-    ids = _accepted_jobs(world, n, "relay-batched")
-    timer = QueryTimer()
-    submitted = 0
-    began = time.perf_counter()
-    with connection.execute_wrapper(timer):
-        for start in range(0, len(ids), MAX_BATCH_JOBS):
-            submitted += job_relay_batch_run(ids[start : start + MAX_BATCH_JOBS], threads=threads)["submitted"]
-    seconds = time.perf_counter() - began
-    batches = -(-len(ids) // MAX_BATCH_JOBS)
-    section.add(f"batched relay ({threads} sbatch at a time), in-process", submitted / seconds, "jobs/s",
-                f"{n} jobs in {batches} batch(es); {timer.count} queries in all", "jobs.services.job_relay_batch_run")  # fmt: skip
-    return submitted / seconds
+    rates, queries = [], 0
+    for run in range(runs):
+        ids = _accepted_jobs(world, n, f"relay-batched-{run}")
+        timer = QueryTimer()
+        submitted = 0
+        began = time.perf_counter()
+        with connection.execute_wrapper(timer):
+            for start in range(0, len(ids), MAX_BATCH_JOBS):
+                submitted += job_relay_batch_run(ids[start : start + MAX_BATCH_JOBS], threads=threads)["submitted"]
+        rates.append(submitted / (time.perf_counter() - began))
+        queries = max(queries, timer.count)
+        common.drain_cluster()
+    batches = -(-n // MAX_BATCH_JOBS)
+    section.add(f"batched relay ({threads} sbatch at a time), in-process", common.median(rates), "jobs/s",
+                f"median of {runs} runs of {n} jobs in {batches} batch(es); {queries} queries per run",
+                "jobs.services.job_relay_batch_run")  # fmt: skip
+    return common.median(rates)
 
 
 # ---------------------------------------------------------------- run
@@ -441,21 +451,18 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
         common.drain_cluster()
         relay_rates = {}
         for c in sorted({concurrency, 4}):
-            rate = relay_rates[c] = relay_only(world, n, concurrency=c)
-            section.add(f"relay alone through Celery, worker concurrency {c}", rate, "jobs/s",
-                        f"1 run of {n} jobs stored first, then {n} messages")  # fmt: skip
+            rates = relay_only(world, n, concurrency=c, runs=rounds)
+            relay_rates[c] = common.median(rates)
+            section.add(f"relay alone through Celery, worker concurrency {c}", relay_rates[c], "jobs/s",
+                        f"median of {rounds} runs of {n} jobs stored first, then {n} messages")  # fmt: skip
+        par_rates = []
+        for _ in range(rounds):
+            par_rates.append(n / raw_round(world, n, threads=4))
             common.drain_cluster()
-        common.drain_cluster()
-        par = n / raw_round(world, n, threads=4)
-        section.add(
-            "raw sbatch, 4 at a time (the cluster's ceiling for parallel submitters)",
-            par,
-            "jobs/s",
-            f"1 run of {n} jobs",
-        )
-        common.drain_cluster()
-        batched = batched_in_process(world, n, section)
-        common.drain_cluster()
+        par = common.median(par_rates)
+        section.add("raw sbatch, 4 at a time (the cluster's ceiling for parallel submitters)", par, "jobs/s",
+                    f"median of {rounds} runs of {n} jobs")  # fmt: skip
+        batched = batched_in_process(world, n, section, runs=rounds)
         section.note(
             f"End to end the portal cannot beat its slowest stage: the API accepted {common.median(accept_rates):.1f} POSTs/s, "
             f"the relay alone did {relay_rates[concurrency]:.1f} jobs/s through Celery at concurrency {concurrency}, while "

@@ -85,6 +85,24 @@ def history(world, count: int, first_id: int) -> list:
     return rows
 
 
+def _wait_for_accounting(slurm_ids: set[int], *, timeout: float = 60.0) -> None:
+    """Until sacct has the final records of these jobs (slurmdbd gets them a moment after the
+    controller; the sync leaves a job that ended moments ago for the next cycle until then)."""
+    import datetime as dt
+
+    from jobs.choices import TERMINAL_STATES, state_from_slurm
+
+    deadline = time.monotonic() + timeout
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    while time.monotonic() < deadline:
+        ended = {r.job_id for r in common.gateway().accounting(start, dt.datetime.now(dt.UTC))
+                 if r.job_id in slurm_ids and state_from_slurm(r.state) in TERMINAL_STATES}  # fmt: skip
+        if ended >= slurm_ids:
+            return
+        time.sleep(0.5)
+    print(f"  ! sacct still lacks {len(slurm_ids - ended)} of the cancelled jobs after {timeout:.0f} s", file=sys.stderr)
+
+
 def time_cycles(cycles: int) -> tuple[list[float], list[int], list[int], dict]:
     """Run jobs_sync ``cycles`` times; per cycle: seconds, Slurm calls, queries. And the last stats."""
     from django.db import connection
@@ -117,6 +135,7 @@ def run(
     live = live or (100 if quick else 1000)
     sizes = sorted(sizes or ([200, 500, 1000] if quick else [1000, 5000, 10000]))
     cycles = cycles or (3 if quick else 5)
+    end_runs = 1 if quick else 3
     if sizes[0] < live:
         raise SystemExit(f"the smallest size ({sizes[0]}) must hold the {live} live jobs")
     section = common.Section(
@@ -126,7 +145,9 @@ def run(
             f"2 run and {live - 2} pend), the rest of the rows finished jobs. Per size: one cycle to settle "
             f"(states and reasons of the new rows), then {cycles} timed cycles of `jobs.services.jobs_sync()` in "
             "this process. Slurm calls counted by a wrapper around the real gateway; queries by a database "
-            "execute wrapper. The controller also holds whatever else runs on the shared cluster."
+            "execute wrapper. The controller also holds whatever else runs on the shared cluster. Then, at the "
+            f"largest size, {end_runs} cycle(s) right after every live job was cancelled (the write path: all "
+            f"{live} change state in one cycle), each with a fresh set of live jobs."
         ),
     )
     common.print_header(section.title)
@@ -139,8 +160,7 @@ def run(
     try:
         began = time.perf_counter()
         live_rows = submit_live(world, live)
-        section.add(f"submitting the {live} live jobs through the gateway (4 at a time)", live / (time.perf_counter() - began),
-                    "jobs/s", "1 run")  # fmt: skip
+        section.note(f"setup: {live} live jobs submitted through the gateway (4 at a time) in {time.perf_counter() - began:.1f} s")
         common.copy_jobs(live_rows)
         present = live
         for size in sizes:
@@ -166,6 +186,28 @@ def run(
                         f"{min(seconds) * 1000:.1f}–{max(seconds) * 1000:.1f} | {min(calls)}–{max(calls)} | "
                         f"{min(queries)}–{max(queries)} | {stats.get('changed', '?')} |")  # fmt: skip
         section.extra_md = "\n".join(rows)
+        # The write path: a cycle in which every live job has ended since the last one (scancel of
+        # all of them; squeue still lists them as CANCELLED): one bulk UPDATE, one event insert.
+        ended_seconds, ended_calls, ended_queries, ended_changed = [], [], [], []
+        for _ in range(end_runs):
+            common.drain_cluster()
+            _wait_for_accounting({job.slurm_job_id for job in live_rows})  # as 30 s later in production
+            seconds, calls, queries, stats = time_cycles(1)
+            ended_seconds += seconds
+            ended_calls += calls
+            ended_queries += queries
+            ended_changed.append(stats.get("changed", 0))
+            if len(ended_seconds) < end_runs:  # live jobs again for the next run
+                live_rows = submit_live(world, live)
+                common.copy_jobs(live_rows)
+                time_cycles(1)  # settle
+        runs = f"median of {end_runs} cycles; {min(ended_changed)}–{max(ended_changed)} jobs changed per cycle"
+        section.add(f"{sizes[-1]} jobs, all {live} live jobs ended since the last cycle: cycle time",
+                    common.median(ended_seconds) * 1000, "ms", runs)  # fmt: skip
+        section.add(f"{sizes[-1]} jobs, all {live} live jobs ended: Slurm calls per cycle", max(ended_calls), "calls",
+                    f"max of {end_runs} cycles")  # fmt: skip
+        section.add(f"{sizes[-1]} jobs, all {live} live jobs ended: queries per cycle", max(ended_queries), "queries",
+                    f"max of {end_runs} cycles")  # fmt: skip
     finally:
         common.drain_cluster()
         common.gpu_limit_set(None)
