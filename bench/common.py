@@ -513,7 +513,9 @@ def machine() -> dict[str, str]:
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=False
+            # the results file itself is always about to change: it does not make the code uncommitted
+            ["git", "status", "--porcelain", "--", ".", ":(exclude)bench/results.md"],
+            cwd=ROOT, capture_output=True, text=True, check=False,
         ).stdout.strip()
         commit += " (uncommitted changes)" if dirty else ""
     except OSError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+from collections.abc import Collection
 
 from .types import (
     AccountingRecord,
@@ -51,8 +52,12 @@ class SlurmGateway(abc.ABC):
         """Every job the controller holds, in one call."""
 
     @abc.abstractmethod
-    def accounting(self, start: dt.datetime, end: dt.datetime) -> list[AccountingRecord]:
-        """Every job allocation (all users) that was eligible/running/ended in [start, end]; one call."""
+    def accounting(
+        self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
+    ) -> list[AccountingRecord]:
+        """Every job allocation (all users) that was eligible/running/ended in [start, end]; one call.
+        ``job_ids``: only these jobs (``sacct -j``: the sync asking for the jobs that just ended reads
+        them, not every job of the window — 97 ms instead of 670 ms for 1 000 jobs)."""
 
     def find_by_comment(self, comment: str) -> int | None:
         """Job id of a job carrying this comment, or None: the queue first (one call), and only on a

@@ -24,6 +24,7 @@ import re
 import shlex
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from . import parsing
@@ -483,12 +484,18 @@ class CliGateway(SlurmGateway):
         out = self._run([self._exe("squeue"), "-h", "-a", "-t", "all", "-o", QUEUE_FORMAT])
         return parse_queue(out)
 
-    def accounting(self, start: dt.datetime, end: dt.datetime) -> list[AccountingRecord]:
+    def accounting(
+        self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
+    ) -> list[AccountingRecord]:
         argv = [
             self._exe("sacct"), "-X", "-a", "--parsable2", "--noheader", f"--delimiter={FIELD_SEP}",
             "-S", parsing.format_time(start), "-E", parsing.format_time(end),
             "-o", ",".join(SACCT_FIELDS),
         ]  # fmt: skip
+        if job_ids is not None:
+            if not job_ids:
+                return []
+            argv += ["-j", ",".join(str(int(job_id)) for job_id in sorted(job_ids))]
         if self.cluster:
             argv += ["-M", self.cluster]
         return parse_sacct(self._run(argv))

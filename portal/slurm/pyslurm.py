@@ -26,7 +26,7 @@ import datetime as dt
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
 from . import parsing
@@ -274,9 +274,11 @@ class PyslurmGateway(SlurmGateway):
             )
         return out
 
-    def accounting(self, start: dt.datetime, end: dt.datetime) -> list[AccountingRecord]:
+    def accounting(
+        self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
+    ) -> list[AccountingRecord]:
         # pyslurm.db.Job lacks AllocTRES/ReqTRES in 25.11: sacct it is.
-        return self._cli.accounting(start, end)
+        return self._cli.accounting(start, end, job_ids=job_ids)
 
     # -- inventory -------------------------------------------------------------------------------
 

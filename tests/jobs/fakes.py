@@ -59,9 +59,10 @@ class FakeGateway:
         self._call("queue")
         return list(self.queue_entries)
 
-    def accounting(self, start, end):
+    def accounting(self, start, end, *, job_ids=None):
         self._call("accounting")
-        return list(self.records)
+        self.accounting_job_ids = job_ids
+        return [r for r in self.records if job_ids is None or r.job_id in job_ids]
 
     def find_by_comment(self, comment):
         self._call("find_by_comment")

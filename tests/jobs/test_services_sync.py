@@ -87,6 +87,16 @@ def test_sync_reads_accounting_once_for_vanished_jobs(world, fake):
     assert states[jobs[1].pk] == (JobState.FAILED, 3)
     assert states[jobs[2].pk] == (JobState.PENDING, None)
     assert fake.calls == {"queue": 1, "accounting": 1}
+    assert fake.accounting_job_ids == {j.slurm_job_id for j in jobs}  # these jobs only (sacct -j)
+
+
+def test_sync_reads_the_whole_window_when_too_many_jobs_ended_to_name_them(world, fake, monkeypatch):
+    monkeypatch.setattr("jobs.services.ACCOUNTING_BY_ID_MAX", 2)
+    jobs = make_jobs(world, 3)
+    fake.records = [accounting_record(j.slurm_job_id, "COMPLETED", j.slurm_tag) for j in jobs]
+    jobs_sync()
+    assert fake.accounting_job_ids is None and fake.calls == {"queue": 1, "accounting": 1}
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.COMPLETED}
 
 
 def test_sync_does_not_take_a_reused_slurm_id_for_ours(world, fake):

@@ -242,6 +242,9 @@ def test_typed_gpu_job_queue_find_and_accounting(gateway, ci_association, ci_use
     assert record.comment == spec.comment and record.name == spec.name
     assert record.user == CI_USER and record.nodes.startswith("a100-")
     assert record.alloc_tres["mem"] > 0
+    by_id = gateway.accounting(since, dt.datetime.now(dt.UTC), job_ids={job_id})
+    assert [r.job_id for r in by_id] == [job_id] and by_id[0].comment == spec.comment
+    assert gateway.accounting(since, dt.datetime.now(dt.UTC), job_ids=set()) == []
 
     output = wait_for(lambda: (job_dir / f"job-{job_id}.out").exists() and (job_dir / f"job-{job_id}.out").read_text(),
                       what="the job's output file")  # fmt: skip

@@ -191,9 +191,10 @@ def test_ping(gateway, fake_pyslurm):
 
 def test_accounting_and_associations_use_the_cli(gateway, monkeypatch):
     calls = []
-    monkeypatch.setattr(gateway._cli, "accounting", lambda start, end: calls.append("accounting") or [])
+    monkeypatch.setattr(gateway._cli, "accounting", lambda start, end, job_ids=None: calls.append(("accounting", job_ids)) or [])
     monkeypatch.setattr(gateway._cli, "account_add", lambda *a, **k: calls.append("account_add"))
     now = dt.datetime.now(dt.UTC)
     assert gateway.accounting(now, now) == []
+    assert gateway.accounting(now, now, job_ids={7}) == []
     gateway.account_add("vision")
-    assert calls == ["accounting", "account_add"]
+    assert calls == [("accounting", None), ("accounting", {7}), "account_add"]
