@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.http import Http404
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers, status
 from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
@@ -156,10 +156,12 @@ class JobCollectionApi(ListAPIView):
             '(`errors: {"3": {"gpus": [...]}}`); the budget is checked for the sum. `Idempotency-Key` covers the '
             "whole request: the same key and body again answer 200 with the same job(s); another body, 409." % MAX_BATCH_JOBS
         ),
-        request={"application/json": {"oneOf": [
-            {"$ref": "#/components/schemas/JobSubmitInput"},
-            {"type": "array", "items": {"$ref": "#/components/schemas/JobSubmitInput"}, "minItems": 1, "maxItems": MAX_BATCH_JOBS},
-        ]}},  # fmt: skip
+        request=PolymorphicProxySerializer(
+            component_name="JobSubmitOneOrBatch",
+            serializers=[JobSubmitInputSerializer, JobSubmitInputSerializer(many=True)],
+            resource_type_field_name=None,
+            many=False,
+        ),
         parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
         responses={201: JobSummaryOutputSerializer, 200: JobSummaryOutputSerializer},
     )
