@@ -30,12 +30,12 @@ apt_ensure() {
     log "installing missing packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     if ((!_APT_UPDATED)); then
-        apt-get update -qq >&2 || die "apt-get update failed"
+        apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 || die "apt-get update failed"
         _APT_UPDATED=1
     fi
     # Without systemd the maintainer scripts' invoke-rc.d exits 101 ("not allowed to
     # start"); that is harmless, we start the daemons ourselves.
-    apt-get install -y -qq -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+    apt-get install -y -qq -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
         "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
 }
 
