@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
+from portal.proxies import client_address
 from portal.slurm import Association, SlurmError, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -292,13 +293,6 @@ def cluster_sync() -> dict:
 
 
 # ---------------------------------------------------------------- audit trail
-
-
-def client_address(request) -> str | None:
-    """The client's address: REMOTE_ADDR (behind a proxy, set it from X-Forwarded-For in the proxy)."""
-    if request is None:
-        return None
-    return request.META.get("REMOTE_ADDR") or None
 
 
 def audit_record(

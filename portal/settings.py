@@ -4,7 +4,6 @@ DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL (see docs/deploy.md)."""
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -116,6 +115,9 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 if env.bool("BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Reverse proxies whose X-Forwarded-For is believed (portal.proxies.client_address): addresses or
+# CIDR networks, e.g. 127.0.0.1 for nginx on the same host. Empty: REMOTE_ADDR is the client.
+TRUSTED_PROXIES = env.networks("TRUSTED_PROXIES", [])
 
 # Cache (throttles, idempotency): Redis, shared by every web process
 CACHES = {
@@ -126,9 +128,23 @@ CACHES = {
     }
 }
 
-# Email (console in the demo)
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+# Email: budget alerts and job-end emails. SMTP as soon as EMAIL_HOST is set, else the console (demo).
+EMAIL_HOST = env.str("EMAIL_HOST", "")
+EMAIL_BACKEND = env.str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.console.EmailBackend",
+)
+EMAIL_HOST = EMAIL_HOST or "localhost"
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", False)  # STARTTLS, usually port 587
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", False)  # implicit TLS, usually port 465
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("Environment variables EMAIL_USE_TLS and EMAIL_USE_SSL are both on: set one.")
+EMAIL_PORT = env.int("EMAIL_PORT", 465 if EMAIL_USE_SSL else 587 if EMAIL_USE_TLS else 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env.secret("EMAIL_HOST_PASSWORD")  # or EMAIL_HOST_PASSWORD_FILE
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", 30, minimum=1)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "gpuportal@localhost")
+SERVER_EMAIL = env.str("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
 
 # Celery — schedules live in portal/celery.py
 CELERY_BROKER_URL = env.url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "memory"))
@@ -228,14 +244,6 @@ BOOKING_MIN_MINUTES = env.int("BOOKING_MIN_MINUTES", 10, minimum=1)
 # bearer token when set, REMOTE_ADDR in the allow-list when it is not empty (proxied requests are
 # never admitted by address). Neither configured: the endpoint refuses everything.
 METRICS_TOKEN = env.str("METRICS_TOKEN", "")
-METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
-for _entry in METRICS_ALLOWED_IPS:
-    try:
-        ipaddress.ip_network(_entry, strict=False)
-    except ValueError:
-        raise ImproperlyConfigured(
-            f"Environment variable METRICS_ALLOWED_IPS={','.join(METRICS_ALLOWED_IPS)!r} is invalid: "
-            f"{_entry!r} is not an IP address or CIDR network."
-        ) from None
+METRICS_ALLOWED_IPS = env.networks("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
 # The relay-latency and queue-wait histograms cover the jobs of this many last hours
 METRICS_HISTOGRAM_WINDOW_HOURS = env.int("METRICS_HISTOGRAM_WINDOW_HOURS", 24, minimum=1, maximum=24 * 31)
