@@ -9,6 +9,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import Env
+from portal.identity_settings import ldap_settings, team_map
 
 env = Env()
 
@@ -94,6 +95,18 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Ways in: the portal's own passwords (ModelBackend: admins, the demo) always; LDAP when
+# LDAP_SERVER_URI is set, OpenID Connect when OIDC_ISSUER is (portal/identity_settings.py).
+_ldap = ldap_settings(env)
+globals().update(_ldap)
+DIRECTORY_TEAM_MAP = team_map(env)  # directory group → (team, role), for LDAP groups and OIDC claims
+AUTHENTICATION_BACKENDS = [
+    *(["portal.auth_ldap.LdapBackend"] if _ldap else []),
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Unix accounts: 1 = every Unix user belongs to the directory (never useradd any; see portal/unix.py)
+UNIX_USERS_FROM_DIRECTORY = env.bool("UNIX_USERS_FROM_DIRECTORY", False)
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"

@@ -346,3 +346,13 @@ def _finance_group_after_flush(request):
         )
         Group.objects.get_or_create(name="finance")[0].permissions.add(permission)
     yield
+
+
+@pytest.fixture(scope="session")
+def ldap_directory_uri() -> str:
+    """The URI of the tests' slapd (`scripts/services ldap`, run by `make test`): the directory of
+    scripts/ldap/test-directory.ldif. Missing: skipped (failed under CI)."""
+    uri = os.environ.get("GPUPORTAL_TEST_LDAP_URI", "")
+    if not uri:
+        skip_unless_ci("no test LDAP directory: run `eval \"$(scripts/services ldap)\"` (make test does)")
+    return uri
