@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django_auth_ldap.backend import LDAPBackend
 
-from portal.directory import directory_number, directory_user_sync
+from portal.directory import directory_number, directory_takeover_allowed, directory_user_sync
 from portal.exceptions import ApplicationError
 from portal.models import IdentitySource
 
@@ -18,6 +18,12 @@ from portal.models import IdentitySource
 class LdapBackend(LDAPBackend):
     """django-auth-ldap: bind as the user; username, e-mail, names from the entry (AUTH_LDAP_USER_ATTR_MAP),
     the Unix user and uid/gid from LDAP_ATTR_*, teams from the groups (DIRECTORY_TEAM_MAP)."""
+
+    def get_or_build_user(self, username, ldap_user):
+        user, built = super().get_or_build_user(username, ldap_user)
+        if not built and not directory_takeover_allowed(user):
+            raise PermissionDenied(f"LDAP login as {username}: a local admin account is not taken over")
+        return user, built
 
     def authenticate_ldap_user(self, ldap_user, password):
         user = super().authenticate_ldap_user(ldap_user, password)

@@ -31,6 +31,16 @@ def directory_number(value) -> int | None:
         return None
 
 
+def directory_takeover_allowed(user) -> bool:
+    """May a directory login log in as this existing user? Not as a local staff or superuser
+    account: those keep their portal password, and a directory entry of the same name (a typo, a
+    hostile provider claim) must not become an admin."""
+    profile = getattr(user, "profile", None)
+    if profile is not None and profile.directory_owned:
+        return True
+    return not (user.is_staff or user.is_superuser)
+
+
 def teams_for_groups(groups: Iterable[str]) -> dict[str, str]:
     """{team slug: role} the directory groups give through DIRECTORY_TEAM_MAP (manager wins)."""
     wanted: dict[str, str] = {}

@@ -68,3 +68,41 @@ def ldap_settings(env: Env) -> dict:
     elif env.str("LDAP_REQUIRE_GROUP", ""):
         raise ImproperlyConfigured("Environment variable LDAP_REQUIRE_GROUP needs LDAP_GROUP_BASE.")
     return result
+
+
+def oidc_settings(env: Env) -> dict:
+    """OIDC_* for mozilla-django-oidc (authorisation code + PKCE S256) and the portal's claim names;
+    {} without OIDC_RP_CLIENT_ID. The provider's endpoints are given, not discovered: start-up does
+    not depend on the provider answering."""
+    client_id = env.str("OIDC_RP_CLIENT_ID", "")
+    if not client_id:
+        return {}
+    endpoint = {}
+    for name in ("AUTHORIZATION", "TOKEN", "USER", "JWKS"):
+        endpoint[name] = env.url(f"OIDC_OP_{name}_ENDPOINT", "", schemes=("https", "http"))
+    logout = env.str("OIDC_OP_LOGOUT_ENDPOINT", "")
+    if logout:
+        logout = env.url("OIDC_OP_LOGOUT_ENDPOINT", "", schemes=("https", "http"))
+    return {
+        "OIDC_RP_CLIENT_ID": client_id,
+        "OIDC_RP_CLIENT_SECRET": env.secret("OIDC_RP_CLIENT_SECRET"),
+        "OIDC_OP_AUTHORIZATION_ENDPOINT": endpoint["AUTHORIZATION"],
+        "OIDC_OP_TOKEN_ENDPOINT": endpoint["TOKEN"],
+        "OIDC_OP_USER_ENDPOINT": endpoint["USER"],
+        "OIDC_OP_JWKS_ENDPOINT": endpoint["JWKS"],
+        "OIDC_OP_LOGOUT_ENDPOINT": logout,
+        "OIDC_RP_SIGN_ALGO": env.choice("OIDC_RP_SIGN_ALGO", "RS256", ("RS256", "ES256", "HS256")),
+        "OIDC_RP_SCOPES": env.str("OIDC_RP_SCOPES", "openid email profile"),
+        "OIDC_USE_PKCE": True,
+        "OIDC_PKCE_CODE_CHALLENGE_METHOD": "S256",
+        "OIDC_STORE_ID_TOKEN": True,  # the id_token_hint of the provider's logout
+        "OIDC_TIMEOUT": env.int("OIDC_TIMEOUT", 10, minimum=1),
+        "OIDC_VERIFY_SSL": env.bool("OIDC_VERIFY_SSL", True),
+        "OIDC_LOGIN_LABEL": env.str("OIDC_LOGIN_LABEL", "Log in with single sign-on"),
+        "OIDC_CLAIM_USERNAME": env.str("OIDC_CLAIM_USERNAME", "preferred_username"),
+        "OIDC_CLAIM_UNIX_USER": env.str("OIDC_CLAIM_UNIX_USER", ""),  # empty: the username
+        "OIDC_CLAIM_UID": env.str("OIDC_CLAIM_UID", "uidNumber"),
+        "OIDC_CLAIM_GID": env.str("OIDC_CLAIM_GID", "gidNumber"),
+        "OIDC_CLAIM_GROUPS": env.str("OIDC_CLAIM_GROUPS", "groups"),
+        "LOGIN_REDIRECT_URL_FAILURE": "/login/?sso=failed",
+    }

@@ -9,7 +9,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import Env
-from portal.identity_settings import ldap_settings, team_map
+from portal.identity_settings import ldap_settings, oidc_settings, team_map
 
 env = Env()
 
@@ -97,11 +97,14 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # Ways in: the portal's own passwords (ModelBackend: admins, the demo) always; LDAP when
 # LDAP_SERVER_URI is set, OpenID Connect when OIDC_ISSUER is (portal/identity_settings.py).
-_ldap = ldap_settings(env)
-globals().update(_ldap)
+# Each returns its library's settings (AUTH_LDAP_*, OIDC_*), or {} when not configured.
+_ldap, _oidc = ldap_settings(env), oidc_settings(env)
+OIDC_RP_CLIENT_ID = ""  # empty: OIDC off (its URLs answer 404)
+globals().update(_ldap | _oidc)
 DIRECTORY_TEAM_MAP = team_map(env)  # directory group → (team, role), for LDAP groups and OIDC claims
 AUTHENTICATION_BACKENDS = [
     *(["portal.auth_ldap.LdapBackend"] if _ldap else []),
+    *(["portal.auth_oidc.OidcBackend"] if _oidc else []),
     "django.contrib.auth.backends.ModelBackend",
 ]
 # Unix accounts: 1 = every Unix user belongs to the directory (never useradd any; see portal/unix.py)
