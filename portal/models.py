@@ -105,12 +105,18 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def is_expired(self, now=None) -> bool:
+        from django.utils import timezone
+
+        return self.expires_at is not None and self.expires_at <= (now or timezone.now())
 
     @staticmethod
     def hash_key(key: str) -> str:

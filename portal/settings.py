@@ -199,6 +199,9 @@ DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")
 # period is "blocked" (jobs refused with a 409 asking for a quota) or "unlimited".
 QUOTA_NO_QUOTA_POLICY = env.choice("QUOTA_NO_QUOTA_POLICY", "blocked", ("blocked", "unlimited"))
 
+# API tokens: 0 = a token may live for ever (each may still be given an expiry); N = at most N days
+API_TOKEN_MAX_DAYS = env.int("API_TOKEN_MAX_DAYS", 0, minimum=0, maximum=3650)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: unauthenticated API requests get 401 with WWW-Authenticate: Token

@@ -98,13 +98,18 @@ def token_list(request):
     new_key = None
     if request.method == "POST":
         try:
-            token, new_key = api_token_create(user=request.user, name=request.POST.get("name", ""))
+            days = request.POST.get("expires_in_days", "").strip()
+            if days and not days.isdigit():
+                raise ApplicationError("The token's lifetime is out of range.", errors={"expires_in_days": "A whole number of days."})
+            token, new_key = api_token_create(
+                user=request.user, name=request.POST.get("name", ""), expires_in_days=int(days) if days else None
+            )
         except ApplicationError as exc:
             messages.error(request, exc.message + " " + " ".join(sum(exc.errors.values(), [])))
         else:
             messages.success(request, f"Token “{token.name}” created. Copy it now: it will not be shown again.")
     tokens = api_tokens_of(request.user)
-    return render(request, "portal/token_list.html", {"tokens": tokens, "new_key": new_key})
+    return render(request, "portal/token_list.html", {"tokens": tokens, "new_key": new_key, "max_days": settings.API_TOKEN_MAX_DAYS})
 
 
 @login_required
