@@ -93,5 +93,5 @@ def _memberships_follow(*, user, wanted: dict[str, str], source: str) -> None:
             membership_set(team=teams[slug], user=user, role=role, actor=None)
     for slug in sorted(set(current) - set(wanted)):
         membership_remove(team=teams[slug], user=user, actor=None)
-    if wanted != {s: r for s, r in current.items()}:
+    if wanted != current:
         logger.info("%s login of %s: teams %s", source, user.username, wanted or "none")

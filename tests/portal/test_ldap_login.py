@@ -64,6 +64,7 @@ def test_a_directory_user_logs_in_with_the_directory_password(world, ldap_site):
         IdentitySource.LDAP, "lana", 24001, 24001,
     )
     assert list(Membership.objects.filter(user=lana).values_list("team__slug", "role")) == [("vision", Role.MEMBER)]
+    assert "uid 24001, gid 24001, from the LDAP directory" in client.get("/account/profile/").content.decode()
     # the same visibility rules as for everyone: her team, not the other one
     assert [t["slug"] for t in client.get("/api/v1/teams/").json()["results"]] == ["vision"]
     assert client.get("/api/v1/teams/nlp/").status_code == 404
@@ -99,6 +100,16 @@ def test_a_wrong_directory_password_is_refused(world, ldap_site):
 def test_portal_passwords_still_work_for_admins(world, ldap_site):
     _, status = login("admin", "pw-for-tests")
     assert status == 302
+
+
+def test_an_ldap_login_does_not_take_over_a_local_admin_of_the_same_name(world, ldap_site):
+    local = UserFactory(username="lana", is_staff=True, email="lana@portal.local")
+    _, status = login("lana", "lana-directory-pw")
+    assert status == 200  # refused
+    local.refresh_from_db()
+    assert (local.email, local.profile.identity_source) == ("lana@portal.local", IdentitySource.LOCAL)
+    assert not Membership.objects.filter(user=local).exists()
+    assert login("lana", "pw-for-tests")[1] == 302  # the local password still works
 
 
 def test_the_portal_never_creates_a_unix_user_the_directory_owns(world, ldap_site):
