@@ -27,6 +27,19 @@ def unix_ids(username: str) -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
+def unix_account_problem(username: str, ids: tuple[int, int] | None, profile: Profile | None) -> str | None:
+    """Why jobs may not run as this Unix user on this host (``ids`` from ``unix_ids``), or None. A
+    directory user whose uid here is not the directory's would run as someone else's account."""
+    if ids is None:
+        return f"The Unix user {username!r} does not exist on the submit host; ask an admin to create it."
+    if profile is not None and profile.directory_owned and profile.unix_uid is not None and ids[0] != profile.unix_uid:
+        return (
+            f"The Unix user {username!r} has uid {ids[0]} on the submit host but {profile.unix_uid} in the directory; "
+            "jobs are refused until NSS/SSSD agrees with the directory."
+        )
+    return None
+
+
 def unix_user_directory_owned(username: str) -> bool:
     """Does a directory own this Unix user name (see the module docstring)?"""
     if settings.UNIX_USERS_FROM_DIRECTORY:
