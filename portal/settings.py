@@ -96,7 +96,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 # Ways in: the portal's own passwords (ModelBackend: admins, the demo) always; LDAP when
-# LDAP_SERVER_URI is set, OpenID Connect when OIDC_ISSUER is (portal/identity_settings.py).
+# LDAP_SERVER_URI is set, OpenID Connect when OIDC_RP_CLIENT_ID is (portal/identity_settings.py).
 # Each returns its library's settings (AUTH_LDAP_*, OIDC_*), or {} when not configured.
 _ldap, _oidc = ldap_settings(env), oidc_settings(env)
 OIDC_RP_CLIENT_ID = ""  # empty: OIDC off (its URLs answer 404)
