@@ -19,6 +19,8 @@ help:
 
 $(STAMP): pyproject.toml cli/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)
+	@# python-ldap (gpuportal[ldap], in dev) compiles against these
+	@bash -c 'source scripts/lib/common.sh && apt_ensure libldap2-dev libsasl2-dev gcc'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ./cli
@@ -54,7 +56,7 @@ stop:
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
 test: install cluster browser
-	@eval "$$(scripts/services up)" && $(PY) -m pytest $(PYTEST_ARGS)
+	@eval "$$(scripts/services up)" && eval "$$(scripts/services ldap)" && $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install cluster
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py

@@ -719,15 +719,15 @@ def _release(job_id, token: uuid.UUID, error: str = "") -> None:
 
 def _spec_for(job: Job) -> JobSpec:
     """The JobSpec for a stored job. Raises SlurmRejected when the submitter has no Unix account."""
-    from portal.unix import unix_ids
+    from portal.unix import unix_account_problem, unix_ids
 
     uid = gid = None
     if settings.SLURM_SUBMIT_AS_USER:
         profile = getattr(job.submitter, "profile", None)
         username = profile.cluster_username if profile else job.submitter.username
         ids = unix_ids(username)
-        if ids is None:
-            raise SlurmRejected(f"The Unix user {username!r} does not exist on the submit host; ask an admin to create it.")
+        if problem := unix_account_problem(username, ids, profile):
+            raise SlurmRejected(problem)
         uid, gid = ids
     pattern = settings.JOB_OUTPUT_PATTERN
     return JobSpec(

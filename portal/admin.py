@@ -33,13 +33,15 @@ class TeamAdmin(admin.ModelAdmin):
 
 @admin.register(Profile)
 class ProfileAdmin(admin.ModelAdmin):
-    list_display = ["user", "unix_username", "time_zone", "notify_job_end"]
+    list_display = ["user", "unix_username", "identity_source", "unix_uid", "unix_gid", "time_zone", "notify_job_end"]
+    list_filter = ["identity_source"]
+    readonly_fields = ["identity_source", "unix_uid", "unix_gid"]  # the directory's, set at each directory login
     search_fields = ["user__username", "unix_username"]
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_display = ["user", "name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at"]
     readonly_fields = ["user", "prefix", "key_hash", "created_at", "last_used_at"]
     search_fields = ["user__username", "name", "prefix"]
 

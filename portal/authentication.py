@@ -20,6 +20,8 @@ class ApiTokenAuthentication(authentication.TokenAuthentication):
         if token is None or not token.user.is_active:
             raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
         now = timezone.now()
+        if token.is_expired(now):
+            raise exceptions.AuthenticationFailed(f"This API token expired at {token.expires_at:%Y-%m-%d %H:%M} UTC; create a new one.")
         if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.user, token

@@ -3,6 +3,7 @@ the variable and says what was expected; nothing is silently replaced by a defau
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -68,9 +69,38 @@ class Env:
             number = float(value)
         except ValueError:
             raise self._fail(name, value, "a number") from None
+        if not math.isfinite(number):  # float() accepts nan, inf, -infinity: no setting means those
+            raise self._fail(name, value, "a finite number (not nan or inf)")
         if minimum is not None and number < minimum:
             raise self._fail(name, value, f"a number >= {minimum}")
         return number
+
+    def secret(self, name: str, default: str = "") -> str:
+        """A secret from NAME, or from the file named by NAME_FILE (its content, one trailing newline
+        removed: Docker/Kubernetes/systemd credentials). Both set is an error; an unreadable file too."""
+        file_name = self._raw(f"{name}_FILE")
+        if file_name:
+            if self._raw(name):
+                raise ImproperlyConfigured(f"Environment variables {name} and {name}_FILE are both set: set one.")
+            try:
+                with open(file_name, encoding="utf-8") as handle:
+                    return handle.read().removesuffix("\n").removesuffix("\r")
+            except OSError as exc:
+                raise self._fail(f"{name}_FILE", file_name, f"a readable file ({exc.strerror})") from None
+        value = self.environ.get(name)
+        return default if value is None else value  # not stripped: a password may end in a space
+
+    def networks(self, name: str, default: list[str]) -> list[str]:
+        """A comma-separated list of IP addresses or CIDR networks, each validated."""
+        import ipaddress
+
+        entries = self.list(name, default)
+        for entry in entries:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise self._fail(name, ",".join(entries), f"IP addresses or CIDR networks ({entry!r} is neither)") from None
+        return entries
 
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         value = self._raw(name)

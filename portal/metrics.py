@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hmac
-import ipaddress
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -53,6 +52,7 @@ from prometheus_client.utils import floatToGoString
 from jobs.choices import JobState
 from jobs.models import Job
 from portal.models import NodeInfo, SyncStatus, Team
+from portal.proxies import address_in
 
 # Upper bounds (seconds). Relay: a healthy relay takes well under a second; minutes mean the
 # broker, the workers or Slurm are in trouble. Queue wait: seconds on an idle cluster, days on a full one.
@@ -239,23 +239,9 @@ def refusal_reason(request: HttpRequest) -> str | None:
     if allowed:
         if "X-Forwarded-For" in request.headers:
             return "Proxied requests are not admitted by address; use METRICS_TOKEN."
-        if not address_allowed(request.META.get("REMOTE_ADDR", ""), allowed):
+        if not address_in(request.META.get("REMOTE_ADDR", ""), allowed):
             return "This address may not read the metrics."
     return None
-
-
-def address_allowed(address: str, allowed: Iterable[str]) -> bool:
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 from a dual-stack socket
-    for entry in allowed:
-        network = ipaddress.ip_network(entry, strict=False)  # validated at start-up (settings)
-        if ip.version == network.version and ip in network:
-            return True
-    return False
 
 
 # ---------------------------------------------------------------- the view

@@ -58,11 +58,26 @@ class Membership(models.Model):
         return f"{self.user} in {self.team} ({self.role})"
 
 
+class IdentitySource(models.TextChoices):
+    """Where a user's account comes from. A directory (LDAP, OIDC) owns the Unix account too: the
+    portal records its uid/gid and never creates it (portal.unix.unix_user_ensure)."""
+
+    LOCAL = "local", "Portal (password)"
+    LDAP = "ldap", "LDAP directory"
+    OIDC = "oidc", "OpenID Connect"
+
+
 class Profile(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="profile")
     unix_username = models.CharField(
         max_length=32, blank=True, validators=[UNIX_NAME_VALIDATOR], help_text="Empty: the login name."
     )
+    identity_source = models.CharField(
+        max_length=8, choices=IdentitySource.choices, default=IdentitySource.LOCAL,
+        help_text="Set at each directory login (LDAP/OIDC); such users' Unix accounts belong to the directory.",
+    )  # fmt: skip
+    unix_uid = models.PositiveIntegerField(null=True, blank=True, help_text="From the directory (uidNumber).")
+    unix_gid = models.PositiveIntegerField(null=True, blank=True, help_text="From the directory (gidNumber).")
     time_zone = models.CharField(max_length=64, blank=True, help_text="Empty: the site's time zone.")
     notify_job_end = models.BooleanField(default=False, help_text="Email me when my jobs end.")
 
@@ -72,6 +87,10 @@ class Profile(models.Model):
     @property
     def cluster_username(self) -> str:
         return self.unix_username or self.user.username
+
+    @property
+    def directory_owned(self) -> bool:
+        return self.identity_source != IdentitySource.LOCAL
 
 
 class ApiToken(models.Model):
@@ -86,12 +105,18 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def is_expired(self, now=None) -> bool:
+        from django.utils import timezone
+
+        return self.expires_at is not None and self.expires_at <= (now or timezone.now())
 
     @staticmethod
     def hash_key(key: str) -> str:

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
+from portal.proxies import client_address
 from portal.slurm import Association, SlurmError, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -188,15 +189,31 @@ def _unix_name(user) -> str:
 
 
 @transaction.atomic
-def api_token_create(*, user, name: str) -> tuple[ApiToken, str]:
-    """Create a token; returns it and the key, which is never stored and cannot be shown again."""
+def api_token_create(*, user, name: str, expires_in_days: int | None = None) -> tuple[ApiToken, str]:
+    """Create a token; returns it and the key, which is never stored and cannot be shown again.
+    ``expires_in_days`` None: never expires — unless API_TOKEN_MAX_DAYS caps every token's life, then
+    that many days."""
+    from django.conf import settings
+
     name = (name or "").strip()
     if not name or len(name) > 100:
         raise ApplicationError("Give the token a name.", errors={"name": "Required, at most 100 characters."})
-    if ApiToken.objects.filter(user=user, revoked_at__isnull=True).count() >= 50:
+    cap = settings.API_TOKEN_MAX_DAYS
+    if expires_in_days is None and cap:
+        expires_in_days = cap
+    if expires_in_days is not None and not 1 <= expires_in_days <= (cap or 3650):
+        raise ApplicationError(
+            "The token's lifetime is out of range.", errors={"expires_in_days": f"From 1 to {cap or 3650} days."}
+        )
+    now = timezone.now()
+    active = ApiToken.objects.filter(user=user, revoked_at__isnull=True).exclude(expires_at__lte=now)
+    if active.count() >= 50:
         raise Conflict("Too many active tokens.", errors={"name": "Revoke an old token first (limit 50)."})
     key = ApiToken.generate_key()
-    token = ApiToken.objects.create(user=user, name=name, prefix=key[4 : 4 + ApiToken.PREFIX_LENGTH], key_hash=ApiToken.hash_key(key))
+    token = ApiToken.objects.create(
+        user=user, name=name, prefix=key[4 : 4 + ApiToken.PREFIX_LENGTH], key_hash=ApiToken.hash_key(key),
+        expires_at=now + dt.timedelta(days=expires_in_days) if expires_in_days else None,
+    )  # fmt: skip
     return token, key
 
 
@@ -292,13 +309,6 @@ def cluster_sync() -> dict:
 
 
 # ---------------------------------------------------------------- audit trail
-
-
-def client_address(request) -> str | None:
-    """The client's address: REMOTE_ADDR (behind a proxy, set it from X-Forwarded-For in the proxy)."""
-    if request is None:
-        return None
-    return request.META.get("REMOTE_ADDR") or None
 
 
 def audit_record(

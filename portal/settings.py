@@ -4,12 +4,12 @@ DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL (see docs/deploy.md)."""
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import Env
+from portal.identity_settings import ldap_settings, oidc_settings, team_map
 
 env = Env()
 
@@ -95,6 +95,21 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Ways in: the portal's own passwords (ModelBackend: admins, the demo) always; LDAP when
+# LDAP_SERVER_URI is set, OpenID Connect when OIDC_RP_CLIENT_ID is (portal/identity_settings.py).
+# Each returns its library's settings (AUTH_LDAP_*, OIDC_*), or {} when not configured.
+_ldap, _oidc = ldap_settings(env), oidc_settings(env)
+OIDC_RP_CLIENT_ID = ""  # empty: OIDC off (its URLs answer 404)
+globals().update(_ldap | _oidc)
+DIRECTORY_TEAM_MAP = team_map(env)  # directory group → (team, role), for LDAP groups and OIDC claims
+AUTHENTICATION_BACKENDS = [
+    *(["portal.auth_ldap.LdapBackend"] if _ldap else []),
+    *(["portal.auth_oidc.OidcBackend"] if _oidc else []),
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Unix accounts: 1 = every Unix user belongs to the directory (never useradd any; see portal/unix.py)
+UNIX_USERS_FROM_DIRECTORY = env.bool("UNIX_USERS_FROM_DIRECTORY", False)
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -116,6 +131,9 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 if env.bool("BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Reverse proxies whose X-Forwarded-For is believed (portal.proxies.client_address): addresses or
+# CIDR networks, e.g. 127.0.0.1 for nginx on the same host. Empty: REMOTE_ADDR is the client.
+TRUSTED_PROXIES = env.networks("TRUSTED_PROXIES", [])
 
 # Cache (throttles, idempotency): Redis, shared by every web process
 CACHES = {
@@ -126,9 +144,23 @@ CACHES = {
     }
 }
 
-# Email (console in the demo)
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+# Email: budget alerts and job-end emails. SMTP as soon as EMAIL_HOST is set, else the console (demo).
+EMAIL_HOST = env.str("EMAIL_HOST", "")
+EMAIL_BACKEND = env.str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.console.EmailBackend",
+)
+EMAIL_HOST = EMAIL_HOST or "localhost"
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", False)  # STARTTLS, usually port 587
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", False)  # implicit TLS, usually port 465
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("Environment variables EMAIL_USE_TLS and EMAIL_USE_SSL are both on: set one.")
+EMAIL_PORT = env.int("EMAIL_PORT", 465 if EMAIL_USE_SSL else 587 if EMAIL_USE_TLS else 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env.secret("EMAIL_HOST_PASSWORD")  # or EMAIL_HOST_PASSWORD_FILE
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", 30, minimum=1)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "gpuportal@localhost")
+SERVER_EMAIL = env.str("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
 
 # Celery — schedules live in portal/celery.py
 CELERY_BROKER_URL = env.url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "memory"))
@@ -166,6 +198,9 @@ DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")
 # Quotas (accounting.services.budget_hold_check): a team without an approved quota for the current
 # period is "blocked" (jobs refused with a 409 asking for a quota) or "unlimited".
 QUOTA_NO_QUOTA_POLICY = env.choice("QUOTA_NO_QUOTA_POLICY", "blocked", ("blocked", "unlimited"))
+
+# API tokens: 0 = a token may live for ever (each may still be given an expiry); N = at most N days
+API_TOKEN_MAX_DAYS = env.int("API_TOKEN_MAX_DAYS", 0, minimum=0, maximum=3650)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -228,14 +263,6 @@ BOOKING_MIN_MINUTES = env.int("BOOKING_MIN_MINUTES", 10, minimum=1)
 # bearer token when set, REMOTE_ADDR in the allow-list when it is not empty (proxied requests are
 # never admitted by address). Neither configured: the endpoint refuses everything.
 METRICS_TOKEN = env.str("METRICS_TOKEN", "")
-METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
-for _entry in METRICS_ALLOWED_IPS:
-    try:
-        ipaddress.ip_network(_entry, strict=False)
-    except ValueError:
-        raise ImproperlyConfigured(
-            f"Environment variable METRICS_ALLOWED_IPS={','.join(METRICS_ALLOWED_IPS)!r} is invalid: "
-            f"{_entry!r} is not an IP address or CIDR network."
-        ) from None
+METRICS_ALLOWED_IPS = env.networks("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
 # The relay-latency and queue-wait histograms cover the jobs of this many last hours
 METRICS_HISTOGRAM_WINDOW_HOURS = env.int("METRICS_HISTOGRAM_WINDOW_HOURS", 24, minimum=1, maximum=24 * 31)

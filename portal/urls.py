@@ -1,5 +1,4 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -19,7 +18,9 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("login/", views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", views.LogoutView.as_view(), name="logout"),
+    path("oidc/authenticate/", views.oidc_view("authenticate"), name="oidc_authentication_init"),
+    path("oidc/callback/", views.oidc_view("callback"), name="oidc_authentication_callback"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
     path("account/profile/", views.profile, name="profile"),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -21,12 +22,46 @@ class LoginView(auth_views.LoginView):
     template_name = "portal/login.html"
     redirect_authenticated_user = True
 
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context["sso_label"] = settings.OIDC_LOGIN_LABEL if settings.OIDC_RP_CLIENT_ID else ""
+        context["sso_failed"] = self.request.GET.get("sso") == "failed"
+        return context
+
     def post(self, request, *args, **kwargs):
         from portal.throttles import login_attempt_allowed
 
         if not login_attempt_allowed(request):
             return HttpResponse("Too many login attempts; wait a minute and try again.", status=429)
         return super().post(request, *args, **kwargs)
+
+
+class LogoutView(auth_views.LogoutView):
+    """Django's logout; after an OIDC login also the provider's (RP-initiated logout), which sends
+    the browser back to the login page."""
+
+    def post(self, request, *args, **kwargs):
+        id_token = request.session.get("oidc_id_token", "")
+        response = super().post(request, *args, **kwargs)
+        if id_token and settings.OIDC_RP_CLIENT_ID and settings.OIDC_OP_LOGOUT_ENDPOINT:
+            from portal.auth_oidc import provider_logout_url
+
+            return redirect(provider_logout_url(request, id_token))
+        return response
+
+
+def oidc_view(name: str):
+    """mozilla-django-oidc's login (``authenticate``) and ``callback`` views; 404 while OIDC is off."""
+
+    def view(request, *args, **kwargs):
+        if not settings.OIDC_RP_CLIENT_ID:
+            raise Http404("Single sign-on is not configured.")
+        from mozilla_django_oidc import views as oidc_views
+
+        cls = {"authenticate": oidc_views.OIDCAuthenticationRequestView, "callback": oidc_views.OIDCAuthenticationCallbackView}[name]
+        return cls.as_view()(request, *args, **kwargs)
+
+    return view
 
 
 @login_required
@@ -63,13 +98,18 @@ def token_list(request):
     new_key = None
     if request.method == "POST":
         try:
-            token, new_key = api_token_create(user=request.user, name=request.POST.get("name", ""))
+            days = request.POST.get("expires_in_days", "").strip()
+            if days and not days.isdigit():
+                raise ApplicationError("The token's lifetime is out of range.", errors={"expires_in_days": "A whole number of days."})
+            token, new_key = api_token_create(
+                user=request.user, name=request.POST.get("name", ""), expires_in_days=int(days) if days else None
+            )
         except ApplicationError as exc:
             messages.error(request, exc.message + " " + " ".join(sum(exc.errors.values(), [])))
         else:
             messages.success(request, f"Token “{token.name}” created. Copy it now: it will not be shown again.")
     tokens = api_tokens_of(request.user)
-    return render(request, "portal/token_list.html", {"tokens": tokens, "new_key": new_key})
+    return render(request, "portal/token_list.html", {"tokens": tokens, "new_key": new_key, "max_days": settings.API_TOKEN_MAX_DAYS})
 
 
 @login_required

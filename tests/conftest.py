@@ -346,3 +346,76 @@ def _finance_group_after_flush(request):
         )
         Group.objects.get_or_create(name="finance")[0].permissions.add(permission)
     yield
+
+
+@pytest.fixture(scope="session")
+def ldap_directory_uri() -> str:
+    """The URI of the tests' slapd (`scripts/services ldap`, run by `make test`): the directory of
+    scripts/ldap/test-directory.ldif. Missing: skipped (failed under CI)."""
+    uri = os.environ.get("GPUPORTAL_TEST_LDAP_URI", "")
+    if not uri:
+        skip_unless_ci("no test LDAP directory: run `eval \"$(scripts/services ldap)\"` (make test does)")
+    return uri
+
+
+class OidcProvider:
+    """The tests' OpenID provider process (tests/oidc_provider, django-oauth-toolkit)."""
+
+    CLIENT_ID, CLIENT_SECRET = "gpuportal-test", "gpuportal-test-secret"
+
+    def __init__(self, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+
+    def environment(self) -> dict[str, str]:
+        """What a site's environment would say to use this provider."""
+        return {
+            "OIDC_RP_CLIENT_ID": self.CLIENT_ID,
+            "OIDC_RP_CLIENT_SECRET": self.CLIENT_SECRET,
+            "OIDC_OP_AUTHORIZATION_ENDPOINT": f"{self.url}/o/authorize/",
+            "OIDC_OP_TOKEN_ENDPOINT": f"{self.url}/o/token/",
+            "OIDC_OP_USER_ENDPOINT": f"{self.url}/o/userinfo/",
+            "OIDC_OP_JWKS_ENDPOINT": f"{self.url}/o/.well-known/jwks.json",
+            "OIDC_OP_LOGOUT_ENDPOINT": f"{self.url}/o/logout/",
+        }
+
+
+@pytest.fixture
+def oidc_provider(live_server):
+    """A real OpenID provider in a second process, its client registered for this live server's
+    callback and login page; stopped (by its pid) after the test."""
+    import socket
+    import urllib.request
+
+    from tests.support import wait_for
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    environ = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.oidc_provider.serve", str(port), f"{live_server.url}/oidc/callback/",
+         f"{live_server.url}/login/"],
+        cwd=root, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    provider = OidcProvider(port)
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"the OpenID provider exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{provider.url}/o/.well-known/openid-configuration", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(answers, timeout=60)
+        yield provider
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=20)

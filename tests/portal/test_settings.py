@@ -77,3 +77,27 @@ def test_int_bounds_are_enforced():
     with pytest.raises(ImproperlyConfigured, match=r"SLURM_TIMEOUT='0'.*>= 1"):
         Env({"SLURM_TIMEOUT": "0"}).int("SLURM_TIMEOUT", 10, minimum=1)
     assert Env({}).int("SLURM_TIMEOUT", 10, minimum=1) == 10
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999"])
+def test_float_settings_refuse_nan_and_infinity(value):
+    with pytest.raises(ImproperlyConfigured, match=r"JOB_SYNC_INTERVAL_SECONDS=.*a finite number"):
+        Env({"JOB_SYNC_INTERVAL_SECONDS": value}).float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=0.5)
+    result = _manage("check", CLUSTER_MONTHLY_OPEX=value)
+    assert result.returncode != 0 and "Environment variable CLUSTER_MONTHLY_OPEX=" in result.stderr
+
+
+def test_secrets_come_from_the_variable_or_its_file(tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text(" pass word \n")
+    assert Env({"EMAIL_HOST_PASSWORD_FILE": str(secret)}).secret("EMAIL_HOST_PASSWORD") == " pass word "
+    assert Env({"EMAIL_HOST_PASSWORD": " as is "}).secret("EMAIL_HOST_PASSWORD") == " as is "
+    assert Env({}).secret("EMAIL_HOST_PASSWORD") == ""
+
+
+def test_trusted_proxies_must_be_addresses_or_networks():
+    assert Env({"TRUSTED_PROXIES": "127.0.0.1, 10.0.0.0/8,::1"}).networks("TRUSTED_PROXIES", []) == [
+        "127.0.0.1", "10.0.0.0/8", "::1",
+    ]
+    result = _manage("check", TRUSTED_PROXIES="127.0.0.1,nginx.local")
+    assert result.returncode != 0 and "Environment variable TRUSTED_PROXIES=" in result.stderr and "nginx.local" in result.stderr

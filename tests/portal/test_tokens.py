@@ -78,3 +78,63 @@ def test_garbage_token_gets_401_in_the_json_error_shape(world):
     response = api.get("/api/v1/cluster/")
     assert response.status_code == 401
     assert set(response.json()) == {"detail", "errors"}
+
+
+# ---------------------------------------------------------------- expiry
+
+
+def test_a_token_with_an_expiry_works_until_then_and_is_refused_after(world):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    token, key = api_token_create(user=world.alice, name="ci", expires_in_days=7)
+    assert abs(token.expires_at - (timezone.now() + dt.timedelta(days=7))) < dt.timedelta(minutes=1)
+    client = APIClient()
+    assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+    refused = client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}")
+    assert refused.status_code == 401
+    assert set(refused.json()) == {"detail", "errors"} and "expired" in refused.json()["detail"]
+
+
+def test_the_token_page_sets_an_expiry_and_shows_it(world, client_for):
+    client = client_for("member")
+    response = client.post("/account/tokens/", {"name": "cluster-cron", "expires_in_days": "30"})
+    assert response.status_code == 200 and response.context["new_key"]
+    token = ApiToken.objects.get(user=world.alice, name="cluster-cron")
+    assert token.expires_at is not None
+    assert token.expires_at.strftime("%Y-%m-%d") in response.content.decode()
+    for bad in ("0", "abc", "4000"):
+        page = client.post("/account/tokens/", {"name": f"bad-{bad}", "expires_in_days": bad})
+        assert "lifetime is out of range" in page.content.decode()
+    assert not ApiToken.objects.filter(name__startswith="bad-").exists()
+
+
+def test_api_token_max_days_caps_every_token(world, settings):
+    settings.API_TOKEN_MAX_DAYS = 90
+    token, _ = api_token_create(user=world.alice, name="default")
+    assert token.expires_at is not None and (token.expires_at - token.created_at).days in (89, 90)
+    from portal.exceptions import ApplicationError
+
+    with pytest.raises(ApplicationError, match="out of range") as refused:
+        api_token_create(user=world.alice, name="long", expires_in_days=365)
+    assert refused.value.errors == {"expires_in_days": ["From 1 to 90 days."]}
+
+
+def test_create_api_token_takes_a_lifetime(world):
+    out = io.StringIO()
+    call_command("create_api_token", "alice", "--name", "robot", "--days", "2", stdout=out)
+    token = ApiToken.objects.get(user=world.alice, name="robot")
+    assert token.expires_at is not None and ApiToken.hash_key(out.getvalue().strip()) == token.key_hash
+
+
+def test_expired_tokens_do_not_count_against_the_limit_of_active_ones(world):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    for i in range(50):
+        api_token_create(user=world.alice, name=f"t{i}", expires_in_days=1)
+    ApiToken.objects.filter(user=world.alice).update(expires_at=timezone.now() - dt.timedelta(days=1))
+    api_token_create(user=world.alice, name="fresh")  # 50 expired ones: not "too many active tokens"

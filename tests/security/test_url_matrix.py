@@ -87,6 +87,9 @@ MATRIX: dict[str, list[Req]] = {
     "metrics": [Req("GET", lambda o: "/metrics", ALL_200)],  # by address (127.0.0.1) / bearer token, not by role
     "login": [Req("GET", lambda o: "/login/", (200, 302, 302, 302, 302, 302))],
     "logout": [Req("GET", lambda o: "/logout/", (405,) * 6), Req("POST", lambda o: "/logout/", (302,) * 6)],
+    # OpenID Connect: off in the test settings (404 for all); on, see tests/portal/test_oidc_login.py
+    "oidc_authentication_init": [Req("GET", lambda o: "/oidc/authenticate/", (404,) * 6)],
+    "oidc_authentication_callback": [Req("GET", lambda o: "/oidc/callback/?code=x&state=y", (404,) * 6)],
     "team-list": [Req("GET", lambda o: "/teams/", LOGIN_THEN_200)],
     "team-detail": [
         Req("GET", lambda o: "/teams/vision/", (302, 404, 200, 200, 200, 200)),
