@@ -26,7 +26,9 @@ $(STAMP): pyproject.toml cli/pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
+# scripts/pdf: WeasyPrint's system libraries, CJK fonts and pdftotext (installed when missing)
 install: $(STAMP)
+	@scripts/pdf
 
 # The CLI as one file that runs with a bare python3 (>= 3.9): copy it to a login node.
 cli-zipapp:
