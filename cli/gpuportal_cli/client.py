@@ -9,6 +9,8 @@
   POST into a GET and sent the token along to the new origin).
 - An answer that is not JSON (an SSO login page, a proxy's error page) is an ``ApiError`` whose
   one-line message names the URL and the status.
+- ``http_proxy`` / ``https_proxy`` / ``no_proxy`` are honoured as urllib does (an https portal
+  through a CONNECT tunnel, so the proxy never sees the token).
 - 429 and 503 honour ``Retry-After`` (seconds or an HTTP date, at most ``RETRY_AFTER_MAX_SECONDS``).
   A 429 is retried for any request (the throttle refused it before anything happened); requests that
   are safe to repeat (GETs, and POSTs carrying an ``Idempotency-Key``) are also retried on connection
@@ -18,12 +20,14 @@ Errors come back as ``ApiError`` carrying the API's ``{"detail", "errors"}``."""
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import http.client
 import json
 import ssl
 import time
 import urllib.parse
+import urllib.request
 from typing import Any, Tuple
 
 USER_AGENT = "gpuportal-cli/1"
@@ -188,8 +192,8 @@ class Client:
         """One request and its whole answer over the kept-alive connection."""
         if origin_of(url) != self.origin:  # the token never leaves the portal's origin
             raise ApiError(0, f"refusing to send the token to {url} (not {self.base_url})")
-        parts = urllib.parse.urlsplit(url)
-        target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+        headers = dict(headers)
+        target = self._request_target(url, headers)
         for fresh in (False, True):
             connection = self._connection_for_request()
             reused = connection.sock is not None
@@ -215,11 +219,42 @@ class Client:
     def _connection_for_request(self) -> http.client.HTTPConnection:
         if self._connection is None:
             scheme, host, port = self.origin
+            proxy = self._proxy()
+            connect_host, connect_port = (proxy[0], proxy[1]) if proxy else (host, port)
             if scheme == "https":
-                self._connection = http.client.HTTPSConnection(host, port, timeout=self.timeout, context=ssl.create_default_context())
+                connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+                    connect_host, connect_port, timeout=self.timeout, context=ssl.create_default_context()
+                )
+                if proxy:
+                    connection.set_tunnel(host, port, headers=proxy[2])
             else:
-                self._connection = http.client.HTTPConnection(host, port, timeout=self.timeout)
+                connection = http.client.HTTPConnection(connect_host, connect_port, timeout=self.timeout)
+            self._connection = connection
         return self._connection
+
+    def _proxy(self) -> tuple[str, int, dict[str, str]] | None:
+        """The proxy for the portal's origin from the environment (host, port, its headers), if any."""
+        scheme, host, _ = self.origin
+        proxy_url = urllib.request.getproxies().get(scheme)
+        if not proxy_url or urllib.request.proxy_bypass(host):
+            return None
+        if "://" not in proxy_url:
+            proxy_url = "http://" + proxy_url
+        parts = urllib.parse.urlsplit(proxy_url)
+        headers = {}
+        if parts.username:
+            credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            headers["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+        return parts.hostname or "", parts.port or 8080, headers
+
+    def _request_target(self, url: str, headers: dict[str, str]) -> str:
+        """Path and query; to a plain-http proxy, the absolute URL (and the proxy's credentials)."""
+        parts = urllib.parse.urlsplit(url)
+        proxy = self._proxy() if parts.scheme == "http" else None
+        if proxy:
+            headers.update(proxy[2])
+            return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/", parts.query, ""))
+        return urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
 
     def paginate(self, path: str, params: dict | None = None, *, limit: int | None = None):
         """Yield the results of a paginated list, following ``next`` links, at most ``limit`` items."""

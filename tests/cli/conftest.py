@@ -63,6 +63,7 @@ class FakeApi:
                 api.requests.append(
                     {
                         "method": self.command,
+                        "target": self.path,  # as sent: a path, an absolute URL (to a proxy) or host:port
                         "path": parts.path,
                         "query": {k: v[0] for k, v in parse_qs(parts.query).items()},
                         "headers": dict(self.headers),
@@ -88,7 +89,7 @@ class FakeApi:
                 if api.drop_idle:
                     self.close_connection = True
 
-            do_GET = do_POST = _answer
+            do_GET = do_POST = do_CONNECT = _answer
 
         return Handler
 

@@ -178,3 +178,43 @@ def test_a_kept_alive_connection_the_server_closed_is_reopened_once(fake_api):
 
     assert client.connections_opened == 2 == fake_api.connections
     assert len(fake_api.requests_to("POST", "/api/v1/jobs/quote/")) == 2  # each sent once
+
+
+# ---------------------------------------------------------------- proxies from the environment
+
+
+def test_a_plain_http_portal_is_reached_through_http_proxy(fake_api, monkeypatch, capsys):
+    """The stand-in API plays the proxy: it gets the absolute URL and the proxy's credentials."""
+    fake_api.add("GET", "/api/v1/teams/", 200, TEAMS_PAGE)
+    monkeypatch.setenv("GPUPORTAL_URL", "http://portal.example.invalid:8123")
+    monkeypatch.setenv("http_proxy", fake_api.url.replace("http://", "http://proxyuser:s%40cret@"))
+    monkeypatch.delenv("no_proxy", raising=False)
+
+    assert main(["teams"]) == 0
+
+    (request,) = fake_api.requests
+    assert request["target"] == "http://portal.example.invalid:8123/api/v1/teams/"
+    assert request["headers"]["Host"] == "portal.example.invalid:8123"
+    assert request["headers"]["Proxy-Authorization"] == "Basic cHJveHl1c2VyOnNAY3JldA=="  # proxyuser:s@cret
+
+
+def test_an_https_portal_goes_through_a_connect_tunnel_and_the_proxy_never_sees_the_token(fake_api, monkeypatch, capsys):
+    monkeypatch.setenv("GPUPORTAL_URL", "https://portal.example.invalid")
+    monkeypatch.setenv("https_proxy", fake_api.url)
+    monkeypatch.delenv("no_proxy", raising=False)
+
+    assert main(["teams"]) == 69  # the stand-in refuses the tunnel
+
+    assert fake_api.requests and {r["method"] for r in fake_api.requests} == {"CONNECT"}
+    assert fake_api.requests[0]["target"] == "portal.example.invalid:443"
+    assert not any("Authorization" in r["headers"] for r in fake_api.requests)
+    assert "cannot reach https://portal.example.invalid" in capsys.readouterr().err
+
+
+def test_no_proxy_hosts_are_reached_directly(fake_api, monkeypatch, capsys):
+    fake_api.add("GET", "/api/v1/teams/", 200, TEAMS_PAGE)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")
+
+    assert main(["teams"]) == 0
+    assert fake_api.requests[0]["target"] == "/api/v1/teams/"
