@@ -2,7 +2,7 @@
 (standard library only, Python >= 3.9).
 
 - One keep-alive connection per client, reused for every request (``logs --follow`` polls over it);
-  a connection the server closed while idle is reopened once.
+  a connection the server closed while idle is seen before it is used, and replaced.
 - The token goes to the portal's origin (scheme, host, port of the configured URL) and nowhere
   else: ``next`` links of paginated answers are read on that origin; a redirect is followed only
   for a GET and only within that origin; a redirect of a POST is refused (urllib turned a 301 of a
@@ -24,6 +24,7 @@ import base64
 import email.utils
 import http.client
 import json
+import select
 import ssl
 import time
 import urllib.parse
@@ -35,8 +36,8 @@ RETRY_STATUSES = {502, 503, 504}  # retried for repeatable requests
 RETRY_BACKOFF_SECONDS = 1.0  # first wait; doubles on each retry
 RETRY_AFTER_MAX_SECONDS = 120.0  # a longer Retry-After is reported, not waited for
 MAX_REDIRECTS = 5
-# The server closed a kept-alive connection before answering: the request never reached it.
-STALE_CONNECTION_ERRORS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+# Sending on a kept-alive connection the server has closed: the request never reached it.
+STALE_CONNECTION_ERRORS = (ConnectionResetError, BrokenPipeError)
 
 Origin = Tuple[str, str, int]
 
@@ -196,20 +197,27 @@ class Client:
         target = self._request_target(url, headers)
         for fresh in (False, True):
             connection = self._connection_for_request()
+            if connection.sock is not None and _dropped(connection.sock):
+                self.close()  # the server closed the idle connection (keep-alive timeout)
+                connection = self._connection_for_request()
             reused = connection.sock is not None
             if not reused:
                 self.connections_opened += 1
             try:
                 connection.request(method, target, body=data, headers=headers)
-                response = connection.getresponse()
-                raw = response.read()
             except STALE_CONNECTION_ERRORS:
                 self.close()
                 if reused and not fresh:
-                    continue  # the server dropped the idle connection: once more on a new one
+                    continue  # closed as we sent: the server cannot have read it; once more, on a new one
                 raise
             except BaseException:
                 self.close()
+                raise
+            try:
+                response = connection.getresponse()
+                raw = response.read()
+            except BaseException:
+                self.close()  # an answer that did not come is never guessed at: the caller retries if it may
                 raise
             if response.will_close:
                 self.close()
@@ -271,6 +279,15 @@ class Client:
             if not next_url:
                 return
             page = self.get(next_url)
+
+
+def _dropped(sock) -> bool:
+    """An idle kept-alive connection that is readable has been closed by the server (or is out of step)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

@@ -166,14 +166,19 @@ def test_retry_after_parsing():
     assert retry_after_seconds("soon", now=now) is None and retry_after_seconds(None) is None
 
 
-def test_a_kept_alive_connection_the_server_closed_is_reopened_once(fake_api):
+def test_a_kept_alive_connection_the_server_closed_is_replaced_before_sending(fake_api):
     """Like gunicorn's or nginx's keep-alive timeout: the server closes an idle connection without
-    having said so in the answer; the next request finds it gone and is sent on a new one."""
+    having said so in the answer; the client sees it gone before sending and uses a new one (a POST
+    without a key is sent exactly once)."""
     fake_api.add("POST", "/api/v1/jobs/quote/", 200, {"gpu_hours": "1.00"})
     fake_api.drop_idle = True
     client = Client(fake_api.url, "gpp_test")
 
     assert client.post("jobs/quote/", {"gpus": 1})["gpu_hours"] == "1.00"
+    deadline = time.monotonic() + 10
+    while not cli_client._dropped(client._connection.sock):  # until the server's close has arrived
+        assert time.monotonic() < deadline, "the stand-in never closed the connection"
+        time.sleep(0.01)
     assert client.post("jobs/quote/", {"gpus": 1})["gpu_hours"] == "1.00"
 
     assert client.connections_opened == 2 == fake_api.connections
