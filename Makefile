@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml cli/pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ./cli
 	$(PY) -m pip install -q -e '.[dev]'
+	@# a venv from before cli/ was its own distribution: removing the old server took the gpuportal script with it
+	@test -x $(VENV)/bin/gpuportal || $(PY) -m pip install -q --no-deps --force-reinstall -e ./cli
 	@touch $(STAMP)
 
 # scripts/pdf: WeasyPrint's system libraries, CJK fonts and pdftotext (installed when missing)

@@ -130,3 +130,15 @@ def _env(tmp_path, **extra) -> dict[str, str]:
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
     env.update(extra)
     return env
+
+
+def test_installing_the_server_gives_the_gpuportal_command():
+    """The server depends on gpuportal-cli (make install installs ./cli first), whose console script it is."""
+    from importlib.metadata import distribution, requires
+
+    assert any(r.split(";")[0].strip().startswith("gpuportal-cli") for r in requires("gpuportal") or [])
+    scripts = {e.name: e.value for e in distribution("gpuportal-cli").entry_points if e.group == "console_scripts"}
+    assert scripts == {"gpuportal": "gpuportal_cli.main:main"}
+    command = Path(sys.executable).parent / "gpuportal"
+    result = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "exit codes:" in result.stdout
