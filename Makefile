@@ -9,13 +9,14 @@ export SLURM_CONF ?= $(or $(GPUPORTAL_CLUSTER_DIR),/var/lib/gpuportal-cluster)/e
 DEMO_PASSWORD ?= gpuportal-demo
 export DEMO_PASSWORD
 
-.PHONY: demo stop test install services cluster browser migrate bench clean-run help
+.PHONY: demo stop test install services cluster browser migrate bench clean-run help cli-zipapp
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
 	@echo "make stop   — stop the demo processes (the cluster keeps running: scripts/cluster down)"
 	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
+	@echo "make cli-zipapp — dist/gpuportal.pyz: the CLI as one file for any python3 >= 3.9"
 
 $(STAMP): pyproject.toml cli/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)
@@ -25,9 +26,17 @@ $(STAMP): pyproject.toml cli/pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ./cli
 	$(PY) -m pip install -q -e '.[dev]'
+	@# a venv from before cli/ was its own distribution: removing the old server took the gpuportal script with it
+	@test -x $(VENV)/bin/gpuportal || $(PY) -m pip install -q --no-deps --force-reinstall -e ./cli
 	@touch $(STAMP)
 
+# scripts/pdf: WeasyPrint's system libraries, CJK fonts and pdftotext (installed when missing)
 install: $(STAMP)
+	@scripts/pdf
+
+# The CLI as one file that runs with a bare python3 (>= 3.9): copy it to a login node.
+cli-zipapp:
+	$(PYTHON) cli/build_pyz.py dist/gpuportal.pyz
 
 services:
 	@scripts/services up >/dev/null

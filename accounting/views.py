@@ -128,7 +128,7 @@ def invoice_html(request, slug: str, month: str):
 @login_required
 def invoice_pdf_view(request, slug: str, month: str):
     team, first = _invoice_target(request, slug, month)
-    response = HttpResponse(invoice_pdf(invoice(team=team, month=first)), content_type="application/pdf")
+    response = HttpResponse(invoice_pdf(invoice(team=team, month=first), request=request), content_type="application/pdf")
     response["Content-Disposition"] = f'inline; filename="invoice-{team.slug}-{first:%Y-%m}.pdf"'
     return response
 

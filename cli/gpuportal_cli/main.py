@@ -27,7 +27,7 @@ EXIT_JOB_ENDED_OTHERWISE = 2  # --wait: CANCELLED, TIMEOUT, OUT_OF_MEMORY, NODE_
 EXIT_SUBMIT_FAILED = 3  # --wait: Slurm refused the job (SUBMIT_FAILED)
 EXIT_USAGE = 64  # bad arguments or an unreadable script
 EXIT_REFUSED = 65  # the portal refused the request (400, 404, 409, …)
-EXIT_UNAVAILABLE = 69  # the portal could not be reached or failed (5xx)
+EXIT_UNAVAILABLE = 69  # the portal could not be reached, failed (5xx) or did not answer as the API (not JSON, a redirect)
 EXIT_AUTH = 77  # not logged in, invalid or revoked token, or not allowed (401/403)
 EXIT_INTERRUPTED = 130
 
@@ -39,7 +39,8 @@ exit codes:
   3    with --wait: Slurm refused the job (SUBMIT_FAILED)
   64   bad arguments or an unreadable script
   65   the portal refused the request (invalid input, not found, conflict); field errors are printed
-  69   the portal could not be reached or had an internal error
+  69   the portal could not be reached, had an internal error, or did not answer as its API does
+       (not JSON, a redirect that is not followed)
   77   not logged in, token invalid or revoked, or permission denied
   130  interrupted (a job you were waiting for keeps running)
 
@@ -93,7 +94,7 @@ def _client(args) -> Client:
 
 
 def exit_code_for_api_error(error: ApiError) -> int:
-    if error.status == 0 or error.status >= 500:
+    if not error.from_api or error.status == 0 or error.status >= 500:
         return EXIT_UNAVAILABLE
     if error.status in (401, 403):
         return EXIT_AUTH

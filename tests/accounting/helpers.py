@@ -1,9 +1,10 @@
-"""Hand-made AccountingRecords for accounting tests (the sacct parse is the gateway's)."""
+"""Hand-made AccountingRecords for accounting tests (the sacct parse is the gateway's); the text of a PDF."""
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
+import subprocess
 
 from portal.slurm import AccountingRecord
 
@@ -68,3 +69,9 @@ def never_started(*, account: str = "vision", user: str = "alice") -> Accounting
         elapsed_seconds=0, time_limit_minutes=60, num_nodes=1, nodes="", alloc_tres={},
         req_tres={"gres/gpu": 1}, comment="", cluster="gpuportal",
     )  # fmt: skip
+
+
+def pdf_text(pdf: bytes) -> str:
+    """The text of a PDF as poppler's pdftotext reads it (Debian poppler-utils: scripts/pdf)."""
+    result = subprocess.run(["pdftotext", "-layout", "-enc", "UTF-8", "-", "-"], input=pdf, capture_output=True, check=True)
+    return result.stdout.decode("utf-8")

@@ -108,7 +108,9 @@ def test_team_filter(usage, world):
 
 def test_csv_has_the_same_rows(usage):
     rows = cost_report(start=dt.date(2026, 1, 1), end=dt.date(2026, 2, 28), group_by="gpu_type")
-    parsed = list(csv.DictReader(io.StringIO(rows_to_csv(rows))))
+    text = rows_to_csv(rows)
+    assert text.startswith("\ufeffgroup_by,")  # the BOM that makes Excel read UTF-8
+    parsed = list(csv.DictReader(io.StringIO(text.removeprefix("\ufeff"))))
     assert [(p["key"], Decimal(p["gpu_hours"]), Decimal(p["cost"])) for p in parsed] == [
         (r["key"], r["gpu_hours"], r["cost"]) for r in rows
     ]

@@ -186,7 +186,7 @@ def test_finance_and_admin_read_the_cost_report_and_download_its_csv(usage, brow
         page.get_by_role("link", name="by team").click()
     download = download_info.value
     assert download.suggested_filename == "cost-team-2026-01-01-2026-01-31.csv"
-    rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text(encoding="utf-8"))))
+    rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text(encoding="utf-8-sig"))))
     assert list(rows[0]) == ["group_by", "key", "label", "gpu_hours", "requested_gpu_hours", "efficiency", "cost",
                              "unpriced_gpu_hours", "currency"]  # fmt: skip
     by_label = {row["label"]: row for row in rows}

@@ -29,13 +29,16 @@ class FakeApi:
     def __init__(self):
         self.routes: dict[tuple[str, str], deque] = defaultdict(deque)
         self.requests: list[dict] = []
+        self.connections = 0  # TCP connections accepted (the handler speaks HTTP/1.1 keep-alive)
+        self.drop_idle = False  # True: close each connection after its answer, without saying so
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
 
-    def add(self, method: str, path: str, status: int, body=None) -> None:
-        self.routes[(method, path)].append((status, body))
+    def add(self, method: str, path: str, status: int, body=None, headers: dict | None = None) -> None:
+        """``body`` is sent as JSON, or as it is when bytes (``headers`` then give its Content-Type)."""
+        self.routes[(method, path)].append((status, body, headers or {}))
 
     def requests_to(self, method: str, path: str) -> list[dict]:
         return [r for r in self.requests if r["method"] == method and r["path"] == path]
@@ -44,6 +47,12 @@ class FakeApi:
         api = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                api.connections += 1
+                super().setup()
+
             def log_message(self, *args):
                 pass
 
@@ -54,6 +63,7 @@ class FakeApi:
                 api.requests.append(
                     {
                         "method": self.command,
+                        "target": self.path,  # as sent: a path, an absolute URL (to a proxy) or host:port
                         "path": parts.path,
                         "query": {k: v[0] for k, v in parse_qs(parts.query).items()},
                         "headers": dict(self.headers),
@@ -62,17 +72,24 @@ class FakeApi:
                 )
                 queue = api.routes.get((self.command, parts.path))
                 if not queue:
-                    status, body = 404, {"detail": "Not found.", "errors": {}}
+                    status, body, headers = 404, {"detail": "Not found.", "errors": {}}, {}
                 else:
-                    status, body = queue[0] if len(queue) == 1 else queue.popleft()
-                payload = json.dumps(body).encode() if body is not None else b""
+                    status, body, headers = queue[0] if len(queue) == 1 else queue.popleft()
+                if isinstance(body, bytes):
+                    payload = body
+                else:
+                    payload = json.dumps(body).encode() if body is not None else b""
+                    headers = {"Content-Type": "application/json", **headers}
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+                if api.drop_idle:
+                    self.close_connection = True
 
-            do_GET = do_POST = _answer
+            do_GET = do_POST = do_CONNECT = _answer
 
         return Handler
 
