@@ -14,6 +14,7 @@ export DEMO_PASSWORD
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
 	@echo "make stop   — stop the demo processes (the cluster keeps running: scripts/cluster down)"
+	@echo "scripts/demo status — the demo's processes, their restarts"
 	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 
@@ -36,17 +37,12 @@ browser:
 	@scripts/browser >/dev/null
 
 migrate: install
-	$(PY) manage.py migrate --noinput
+	@eval "$$(scripts/services up)" && $(PY) manage.py migrate --noinput
 
-demo: install services cluster migrate
-	$(PY) manage.py seed_demo
-	$(PY) manage.py sync_cluster || true
+# scripts/demo start: PostgreSQL + Redis, migrate, static files, demo data, then gunicorn, the Celery
+# worker and beat under scripts/supervise; it prints the URL and the logins.
+demo: install cluster
 	@scripts/demo start
-	@echo
-	@echo "gpuportal is running at http://127.0.0.1:8000/"
-	@echo "  logins (password '$(DEMO_PASSWORD)'; set DEMO_PASSWORD to change):"
-	@echo "    admin (staff) · finn (finance) · bob (manager, vision) · alice (member, vision) · dave (manager, nlp) · carol (member, nlp)"
-	@echo "  API docs: http://127.0.0.1:8000/api/docs/   ·   logs: .run/log/   ·   stop: make stop"
 
 stop:
 	@scripts/demo stop
