@@ -19,7 +19,7 @@ help:
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || (apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3 python3-venv python3-dev)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
