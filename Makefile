@@ -14,12 +14,13 @@ export DEMO_PASSWORD
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
 	@echo "make stop   — stop the demo processes (the cluster keeps running: scripts/cluster down)"
+	@echo "scripts/demo status — the demo's processes, their restarts"
 	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 	@echo "make cli-zipapp — dist/gpuportal.pyz: the CLI as one file for any python3 >= 3.9"
 
 $(STAMP): pyproject.toml cli/pyproject.toml
-	@command -v $(PYTHON) >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || (apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3 python3-venv python3-dev)
 	@# python-ldap (gpuportal[ldap], in dev) compiles against these
 	@bash -c 'source scripts/lib/common.sh && apt_ensure libldap2-dev libsasl2-dev gcc'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,17 +49,12 @@ browser:
 	@scripts/browser >/dev/null
 
 migrate: install
-	$(PY) manage.py migrate --noinput
+	@eval "$$(scripts/services up)" && $(PY) manage.py migrate --noinput
 
-demo: install services cluster migrate
-	$(PY) manage.py seed_demo
-	$(PY) manage.py sync_cluster || true
+# scripts/demo start: PostgreSQL + Redis, migrate, static files, demo data, then gunicorn, the Celery
+# worker and beat under scripts/supervise; it prints the URL and the logins.
+demo: install cluster
 	@scripts/demo start
-	@echo
-	@echo "gpuportal is running at http://127.0.0.1:8000/"
-	@echo "  logins (password '$(DEMO_PASSWORD)'; set DEMO_PASSWORD to change):"
-	@echo "    admin (staff) · finn (finance) · bob (manager, vision) · alice (member, vision) · dave (manager, nlp) · carol (member, nlp)"
-	@echo "  API docs: http://127.0.0.1:8000/api/docs/   ·   logs: .run/log/   ·   stop: make stop"
 
 stop:
 	@scripts/demo stop

@@ -121,19 +121,25 @@ class Env:
         parts = urlsplit(value)
         if parts.scheme not in schemes:
             raise self._fail(name, value, "a URL starting with " + " or ".join(f"{s}://" for s in schemes))
-        if parts.scheme not in ("sqlite",) and not parts.hostname and not parts.path:
+        if not parts.hostname and not parts.path:
             raise self._fail(name, value, "a URL with a host")
         return value
 
     def database(self, name: str, default: str) -> dict:
-        """DATABASE_URL → a Django DATABASES entry. postgres://user:pass@host:port/name or sqlite:///path."""
-        value = self.url(name, default, schemes=("postgres", "postgresql", "sqlite"))
-        parts = urlsplit(value)
-        if parts.scheme == "sqlite":
-            path = unquote(parts.path)[1:]  # sqlite:///rel.sqlite3 → rel.sqlite3, sqlite:////abs → /abs
-            if not path:
-                raise self._fail(name, value, "sqlite:///path/to/file.sqlite3")
-            return {"ENGINE": "django.db.backends.sqlite3", "NAME": path}
+        """DATABASE_URL → a Django DATABASES entry: postgres://user:pass@host:port/name. PostgreSQL only:
+        the portal's locking (team row locks, advisory locks, select_for_update) needs it, so any other
+        engine (SQLite included) stops start-up here instead of failing under concurrent requests."""
+        value = self.str(name, default)
+        scheme = urlsplit(value).scheme
+        if scheme not in ("postgres", "postgresql"):
+            raise self._fail(
+                name,
+                value,
+                "a PostgreSQL URL such as postgres://gpuportal@127.0.0.1:5432/gpuportal (what scripts/services up "
+                f"prints); {scheme or 'this'} is not supported: the portal's locking (team row locks, advisory "
+                "locks, select_for_update) needs PostgreSQL",
+            )
+        parts = urlsplit(self.url(name, default, schemes=("postgres", "postgresql")))
         db_name = unquote(parts.path.lstrip("/"))
         if not db_name:
             raise self._fail(name, value, "a database name in the path, e.g. postgres://user@host:5432/gpuportal")

@@ -59,6 +59,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from STATIC_ROOT (collectstatic) in every process, DEBUG or not (docs/deploy.md)
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,7 +90,9 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.database("DATABASE_URL", f"sqlite:///{RUN_DIR / 'db.sqlite3'}")}
+# PostgreSQL only (portal.env.Env.database refuses other engines); the default is the database
+# scripts/services creates, which `make demo` and `make test` use.
+DATABASES = {"default": env.database("DATABASE_URL", "postgres://gpuportal@127.0.0.1:5432/gpuportal")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -117,6 +121,10 @@ LOGOUT_REDIRECT_URL = "login"
 STATIC_URL = "static/"
 STATIC_ROOT = RUN_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "portal" / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 # Security (check --deploy clean when DEBUG=0)
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", not DEBUG)

@@ -60,7 +60,7 @@ def test_check_deploy_is_clean_with_production_settings():
     assert "no issues" in result.stdout
 
 
-def test_database_url_parses_postgres_and_sqlite():
+def test_database_url_parses_postgres():
     pg = Env({"DATABASE_URL": "postgres://u:p%40ss@db.example:6543/gp"}).database("DATABASE_URL", "")
     assert (pg["ENGINE"], pg["NAME"], pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"]) == (
         "django.db.backends.postgresql", "gp", "u", "p@ss", "db.example", "6543",
@@ -68,9 +68,31 @@ def test_database_url_parses_postgres_and_sqlite():
     assert pg["OPTIONS"] == {"options": "-c jit=off"}
     own = Env({"DATABASE_URL": "postgres://u@h/gp?sslmode=require&options=-c%20work_mem%3D64MB"}).database("DATABASE_URL", "")
     assert own["OPTIONS"] == {"sslmode": "require", "options": "-c work_mem=64MB"}
-    assert Env({"DATABASE_URL": "sqlite:////var/lib/x.sqlite3"}).database("DATABASE_URL", "")["NAME"] == "/var/lib/x.sqlite3"
     with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
         Env({"DATABASE_URL": "postgres://host:5432/"}).database("DATABASE_URL", "")
+
+
+@pytest.mark.parametrize("url", ["sqlite:///.run/db.sqlite3", "mysql://gpuportal@127.0.0.1/gpuportal", "gpuportal"])
+def test_database_url_other_than_postgresql_is_refused_with_the_reason(url):
+    with pytest.raises(ImproperlyConfigured, match=r"DATABASE_URL=.*PostgreSQL.*select_for_update"):
+        Env({"DATABASE_URL": url}).database("DATABASE_URL", "")
+
+
+def test_sqlite_database_url_stops_startup():
+    result = _manage("check", DATABASE_URL="sqlite:///.run/db.sqlite3")
+    assert result.returncode != 0
+    assert "Environment variable DATABASE_URL='sqlite:///.run/db.sqlite3' is invalid" in result.stderr
+    assert "needs PostgreSQL" in result.stderr
+
+
+def test_default_database_is_the_postgresql_of_scripts_services():
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    code = "from django.conf import settings as s; d = s.DATABASES['default']; print(d['ENGINE'], d['HOST'], d['PORT'], d['NAME'])"
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["django.db.backends.postgresql", "127.0.0.1", "5432", "gpuportal"]
 
 
 def test_int_bounds_are_enforced():
