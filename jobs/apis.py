@@ -28,6 +28,7 @@ from jobs.selectors import (
     jobs_visible_to,
 )
 from jobs.services import (
+    IDEMPOTENCY_KEY_RE,
     MAX_BATCH_JOBS,
     job_cancel,
     job_quote,
@@ -112,6 +113,14 @@ class JobDetailOutputSerializer(JobSummaryOutputSerializer):
 
 # ---------------------------------------------------------------- jobs
 
+# What POST /api/v1/jobs/ answers: the job, or the array of jobs when the body was an array
+_JOB_OR_BATCH = PolymorphicProxySerializer(
+    component_name="JobSubmittedOneOrBatch",
+    serializers=[JobSummaryOutputSerializer, JobSummaryOutputSerializer(many=True)],
+    resource_type_field_name=None,
+    many=False,
+)
+
 
 class JobCollectionApi(ListAPIView):
     """GET: the jobs you may see (filters team, state, since, mine, ordering; paginated).
@@ -162,8 +171,9 @@ class JobCollectionApi(ListAPIView):
             resource_type_field_name=None,
             many=False,
         ),
-        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
-        responses={201: JobSummaryOutputSerializer, 200: JobSummaryOutputSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                                     pattern=IDEMPOTENCY_KEY_RE.pattern)],  # fmt: skip
+        responses={201: _JOB_OR_BATCH, 200: _JOB_OR_BATCH},
     )
     def post(self, request, *args, **kwargs):
         if isinstance(request.data, list):

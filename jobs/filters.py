@@ -30,7 +30,8 @@ class JobFilter(django_filters.FilterSet):
         label="State",
     )
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte", label="Created at or after")
-    mine = django_filters.BooleanFilter(method="filter_mine", label="Only my jobs")
+    # "true" / "false" (the page's checkbox sends "true"); anything else answers 400, as the schema says
+    mine = django_filters.ChoiceFilter(choices=[("true", "true"), ("false", "false")], method="filter_mine", label="Only my jobs")
     ordering = django_filters.OrderingFilter(fields=JOB_ORDERING_FIELDS)
 
     class Meta:
@@ -46,6 +47,6 @@ class JobFilter(django_filters.FilterSet):
         return queryset.filter(state__in=sorted(states))
 
     def filter_mine(self, queryset, name, value):
-        if value and self.request is not None and self.request.user.is_authenticated:
+        if value == "true" and self.request is not None and self.request.user.is_authenticated:
             return queryset.filter(submitter=self.request.user)
         return queryset
