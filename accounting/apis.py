@@ -387,7 +387,10 @@ class QuotaCollectionApi(ListAPIView):
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
-    @extend_schema(summary="Request a GPU quota", request=QuotaCreateInputSerializer, responses={201: QuotaOutputSerializer})
+    @extend_schema(summary="Request a GPU quota", request=QuotaCreateInputSerializer, responses={201: QuotaOutputSerializer},
+                   description="201: in state `requested`. A team that does not exist or that you cannot see, a period "
+                   "that does not end after it starts, an unknown GPU type or a blank justification answers 400 naming the "
+                   "field; a team you do not manage, 403.")  # fmt: skip
     def post(self, request, *args, **kwargs):
         from accounting.services import quota_request
         from portal.selectors import team_visible_or_error
