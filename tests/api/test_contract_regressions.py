@@ -47,3 +47,24 @@ def test_an_unknown_format_answers_the_documented_json_404(world, api_client_for
 def test_cost_report_errors_asked_for_as_csv_by_accept_header_are_json(world, api_client_for):
     response = api_client_for("member").get("/api/v1/reports/cost/", HTTP_ACCEPT="text/csv")
     assert response.status_code == 403 and response["Content-Type"].startswith("application/json"), response.content
+
+
+@pytest.mark.parametrize("since", ["0280-11-09T19:04:31.51+19:44", "2026-01-01T00:00:00-23:59"])
+def test_a_since_with_an_offset_postgresql_refuses_is_taken_to_utc(world, inventory_small, relays, api_client_for, since):
+    """Found by the fuzzer: ``?since=…+19:44`` reached PostgreSQL as it was (offsets past ±15:59 are
+    refused there): a 500. The filter takes the date-time to UTC first."""
+    from urllib.parse import quote
+
+    from jobs.services import job_submit
+    from tests.support import job_payload
+
+    job_submit(user=world.alice, team=world.vision, **{k: v for k, v in job_payload().items() if k != "team"})
+    response = api_client_for("member").get(f"/api/v1/jobs/?since={quote(since)}")
+    assert response.status_code == 200, response.content
+    assert response.json()["count"] == 1  # both are before the job (2026-01-01T23:59Z, year 280)
+    assert api_client_for("member").get(f"/api/v1/jobs/?since={quote('2999-01-01T00:00:00+19:00')}").json()["count"] == 0
+
+
+def test_a_since_that_does_not_exist_in_utc_is_a_400(world, api_client_for):
+    response = api_client_for("member").get("/api/v1/jobs/?since=0001-01-01T00:00:00%2B05:00")
+    assert response.status_code == 400 and "since" in response.json()["errors"]
