@@ -61,7 +61,7 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
             request.accepted_renderer = JSONRenderer()
             request.accepted_media_type = JSONRenderer.media_type
     if isinstance(exc, ApplicationError):
-        return Response({"detail": exc.message, "errors": exc.errors}, status=exc.status_code)
+        return Response(error_envelope(exc.message, exc.errors), status=exc.status_code)
     if isinstance(exc, DjangoValidationError):
         errors = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         exc = drf_exceptions.ValidationError(errors)
@@ -80,10 +80,10 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         first = next(iter(errors.values()), [""])
         first_text = first[0] if isinstance(first, list) and first and isinstance(first[0], str) else ""
         detail = f"Invalid input: {fields}." + (f" {first_text}" if len(errors) == 1 and first_text else "")
-        response.data = {"detail": detail, "errors": errors}
+        response.data = error_envelope(detail, errors)
     else:
         detail = response.data.get("detail", "") if isinstance(response.data, dict) else str(response.data)
-        response.data = {"detail": str(detail), "errors": {}}
+        response.data = error_envelope(detail)
         if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
             response.data["errors"] = {"throttle": [f"Retry in {int(exc.wait) + 1} s."]}
     return response

@@ -94,7 +94,7 @@ def test_schemathesis_all_checks_pass_as_each_role(role, contract_world, live_se
         [*SCHEMATHESIS, "--no-color", "--config-file", str(config), "run", schema_url, "--checks", "all", "--seed", str(SEED),
          "--max-examples", str(MAX_EXAMPLES), "--workers", "1", "-H", f"Authorization: Token {key}",
          "--suppress-health-check", "all"],
-        capture_output=True, text=True, timeout=1200, env={**os.environ, "NO_COLOR": "1"},
+        capture_output=True, text=True, timeout=1200, env={**os.environ, "NO_COLOR": "1"}, cwd=tmp_path,  # its cache
     )  # fmt: skip
     (tmp_path / "schemathesis.txt").write_text(result.stdout + result.stderr)
     if os.environ.get("GPUPORTAL_CONTRACT_OUT"):  # keep the whole output (debugging)
