@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.generics import ListAPIView
@@ -14,7 +15,9 @@ from rest_framework.views import APIView
 from accounting.forms import default_range, validate_range
 from accounting.reports import rows_to_csv
 from accounting.selectors import GROUP_BY_CHOICES, can_see_user_breakdown, cost_report, usage_teams_visible_to
+from portal.fields import StrictCharField
 from portal.roles import can_read_cost_reports
+from portal.schema import ErrorSerializer
 
 
 class CsvRenderer(BaseRenderer):
@@ -80,7 +83,12 @@ class CostReportApi(APIView):
 
     @extend_schema(
         parameters=[CostReportQuerySerializer, OpenApiParameter("format", str, enum=["json", "csv"])],
-        responses=CostReportSerializer,
+        responses={
+            (200, "application/json"): CostReportSerializer,
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="`?format=csv`: the rows as CSV."),
+            403: OpenApiResponse(ErrorSerializer, description="Not an admin or finance user."),
+        },
+        description="A range whose end is before its start, or longer than the limit, answers 400 naming `end`.",
     )
     def get(self, request):
         if not can_read_cost_reports(request.user):
@@ -194,7 +202,11 @@ class BookingCollectionApi(ListAPIView):
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
-    @extend_schema(summary="Book GPUs", request=BookingCreateInputSerializer, responses={201: BookingOutputSerializer})
+    @extend_schema(summary="Book GPUs", request=BookingCreateInputSerializer, responses={201: BookingOutputSerializer},
+                   description="201: approved at once, or awaiting an admin. A schema-valid body that a booking rule "
+                   "refuses answers 400 naming the field: a team that does not exist or that you cannot see, an unknown "
+                   "GPU type, an end not after the start, a window in the past, too short or too long, GPUs not a multiple "
+                   "of a node's where Slurm reserves whole nodes. 409: the window is full or over budget.")  # fmt: skip
     def post(self, request, *args, **kwargs):
         from accounting.services import booking_create
         from portal.selectors import team_visible_or_error
@@ -211,7 +223,7 @@ class BookingCollectionApi(ListAPIView):
 
 
 class BookingDecisionInputSerializer(serializers.Serializer):
-    note = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+    note = StrictCharField(required=False, allow_blank=True, default="", max_length=500)
 
 
 class BookingCancelApi(APIView):
@@ -288,7 +300,9 @@ class BookingAvailabilityApi(APIView):
         results = serializers.ListField(child=serializers.DictField())
 
     @extend_schema(summary="Bookable GPUs over time", parameters=[BookingAvailabilityQueryInputSerializer],
-                   responses=BookingAvailabilityOutputSerializer)  # fmt: skip
+                   responses=BookingAvailabilityOutputSerializer,
+                   description="A window whose end is not after its start, or longer than 92 days, answers 400 naming "
+                   "`end`. Default window: the next 7 days.")  # fmt: skip
     def get(self, request):
         from accounting.selectors import booking_availability
         from accounting.services import bookings_whole_nodes
@@ -373,7 +387,10 @@ class QuotaCollectionApi(ListAPIView):
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
-    @extend_schema(summary="Request a GPU quota", request=QuotaCreateInputSerializer, responses={201: QuotaOutputSerializer})
+    @extend_schema(summary="Request a GPU quota", request=QuotaCreateInputSerializer, responses={201: QuotaOutputSerializer},
+                   description="201: in state `requested`. A team that does not exist or that you cannot see, a period "
+                   "that does not end after it starts, an unknown GPU type or a blank justification answers 400 naming the "
+                   "field; a team you do not manage, 403.")  # fmt: skip
     def post(self, request, *args, **kwargs):
         from accounting.services import quota_request
         from portal.selectors import team_visible_or_error
@@ -391,7 +408,7 @@ class QuotaCollectionApi(ListAPIView):
 
 
 class QuotaDecisionInputSerializer(serializers.Serializer):
-    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=1000)
+    comment = StrictCharField(required=False, allow_blank=True, default="", max_length=1000)
 
 
 class QuotaApproveApi(APIView):
@@ -412,11 +429,14 @@ class QuotaApproveApi(APIView):
 class QuotaRejectApi(APIView):
     """Reject a requested quota (admins), with a comment (required)."""
 
-    @extend_schema(summary="Reject a quota (admins)", request=QuotaDecisionInputSerializer, responses=QuotaOutputSerializer)
+    class QuotaRejectInputSerializer(serializers.Serializer):
+        comment = StrictCharField(max_length=1000, help_text="Why (required).")
+
+    @extend_schema(summary="Reject a quota (admins)", request=QuotaRejectInputSerializer, responses=QuotaOutputSerializer)
     def post(self, request, quota_id):
         from accounting.services import quota_reject
 
-        serializer = QuotaDecisionInputSerializer(data=request.data)
+        serializer = self.QuotaRejectInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         quota = quota_reject(quota=_quota_for(request, quota_id), user=request.user,
                              comment=serializer.validated_data["comment"], request=request)  # fmt: skip

@@ -28,6 +28,7 @@ from jobs.selectors import (
     jobs_visible_to,
 )
 from jobs.services import (
+    IDEMPOTENCY_KEY_RE,
     MAX_BATCH_JOBS,
     job_cancel,
     job_quote,
@@ -112,6 +113,14 @@ class JobDetailOutputSerializer(JobSummaryOutputSerializer):
 
 # ---------------------------------------------------------------- jobs
 
+# What POST /api/v1/jobs/ answers: the job, or the array of jobs when the body was an array
+_JOB_OR_BATCH = PolymorphicProxySerializer(
+    component_name="JobSubmittedOneOrBatch",
+    serializers=[JobSummaryOutputSerializer, JobSummaryOutputSerializer(many=True)],
+    resource_type_field_name=None,
+    many=False,
+)
+
 
 class JobCollectionApi(ListAPIView):
     """GET: the jobs you may see (filters team, state, since, mine, ordering; paginated).
@@ -154,7 +163,10 @@ class JobCollectionApi(ListAPIView):
             "The body is one job, or a JSON array of 1–%d jobs for the same team (a batch: all or none, relayed to "
             "Slurm together; the answer is the array of jobs). A 400 for a batch names the failing jobs by index "
             '(`errors: {"3": {"gpus": [...]}}`); the budget is checked for the sum. `Idempotency-Key` covers the '
-            "whole request: the same key and body again answer 200 with the same job(s); another body, 409." % MAX_BATCH_JOBS
+            "whole request: the same key and body again answer 200 with the same job(s); another body, 409. A body the "
+            "schema allows but a rule refuses answers 400 naming the field: a team that does not exist or that you may "
+            "not submit to, an unknown partition or GPU type, more GPUs, nodes or time than the partition allows; a job "
+            "that does not fit the team's budget, 409." % MAX_BATCH_JOBS
         ),
         request=PolymorphicProxySerializer(
             component_name="JobSubmitOneOrBatch",
@@ -162,8 +174,9 @@ class JobCollectionApi(ListAPIView):
             resource_type_field_name=None,
             many=False,
         ),
-        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
-        responses={201: JobSummaryOutputSerializer, 200: JobSummaryOutputSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                                     pattern=IDEMPOTENCY_KEY_RE.pattern)],  # fmt: skip
+        responses={201: _JOB_OR_BATCH, 200: _JOB_OR_BATCH},
     )
     def post(self, request, *args, **kwargs):
         if isinstance(request.data, list):
@@ -300,7 +313,9 @@ class JobQuoteApi(APIView):
         currency = serializers.CharField()
         note = serializers.CharField()
 
-    @extend_schema(summary="GPU-hours and cost estimate of a job shape", request=JobQuoteInputSerializer, responses=JobQuoteOutputSerializer)
+    @extend_schema(summary="GPU-hours and cost estimate of a job shape", request=JobQuoteInputSerializer, responses=JobQuoteOutputSerializer,
+                   description="An unknown partition or GPU type, or a shape the partition does not allow, answers 400 "
+                   "naming the field.")  # fmt: skip
     def post(self, request):
         serializer = self.JobQuoteInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -359,7 +374,9 @@ class JobTemplateCollectionApi(ListAPIView):
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
-    @extend_schema(summary="Save a job template", request=JobTemplateInputSerializer, responses={201: JobTemplateOutputSerializer})
+    @extend_schema(summary="Save a job template", request=JobTemplateInputSerializer, responses={201: JobTemplateOutputSerializer},
+                   description="A team that does not exist or that you cannot see (scope team), or a blank name, answers "
+                   "400 naming the field; a site template by a non-admin, 403; a name already used in the scope, 409.")  # fmt: skip
     def post(self, request, *args, **kwargs):
         serializer = self.JobTemplateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

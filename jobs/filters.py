@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import django_filters
+from django.core.exceptions import ValidationError
+from django_filters.fields import IsoDateTimeField
 
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from jobs.models import Job
@@ -19,6 +23,24 @@ JOB_ORDERING_FIELDS = (
 )
 
 
+class UtcIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 date-time taken to UTC: PostgreSQL refuses offsets past ±15:59 that Python takes
+    (``+19:44`` was a 500), and a date at the edge of the calendar may not exist in UTC (400)."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is None or value.utcoffset() is None:
+            return value
+        try:
+            return value.astimezone(dt.timezone.utc)
+        except OverflowError:
+            raise ValidationError("Out of the range of dates.", code="invalid") from None
+
+
+class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcIsoDateTimeField
+
+
 class JobFilter(django_filters.FilterSet):
     """team (slug), state (one or more, or the groups "live" / "ended"), since (created at or after),
     mine (only my jobs), ordering (whitelisted columns, "-" for descending)."""
@@ -29,8 +51,9 @@ class JobFilter(django_filters.FilterSet):
         method="filter_state",
         label="State",
     )
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte", label="Created at or after")
-    mine = django_filters.BooleanFilter(method="filter_mine", label="Only my jobs")
+    since = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte", label="Created at or after")
+    # "true" / "false" (the page's checkbox sends "true"); anything else answers 400, as the schema says
+    mine = django_filters.ChoiceFilter(choices=[("true", "true"), ("false", "false")], method="filter_mine", label="Only my jobs")
     ordering = django_filters.OrderingFilter(fields=JOB_ORDERING_FIELDS)
 
     class Meta:
@@ -46,6 +69,6 @@ class JobFilter(django_filters.FilterSet):
         return queryset.filter(state__in=sorted(states))
 
     def filter_mine(self, queryset, name, value):
-        if value and self.request is not None and self.request.user.is_authenticated:
+        if value == "true" and self.request is not None and self.request.user.is_authenticated:
             return queryset.filter(submitter=self.request.user)
         return queryset

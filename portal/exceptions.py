@@ -1,16 +1,27 @@
-"""One business error and the two places that turn it into what a user sees: the DRF exception
-handler (JSON ``{"detail": ..., "errors": {...}}``) and ``form_add_application_error`` for forms."""
+"""One business error and the places that turn errors into what a user sees: the DRF exception
+handler (JSON ``{"detail": ..., "errors": {...}}``), ``form_add_application_error`` for forms, and
+the envelope and internal-error helpers that ``portal.middleware.ApiErrorMiddleware`` uses so that
+everything under /api/ answers that JSON shape, 404s of unknown URLs and 500s included, whatever
+``DEBUG`` says."""
 
 from __future__ import annotations
 
+import logging
+import uuid
+from http import HTTPStatus
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError as DjangoValidationError
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf_exceptions, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
+
+
+logger = logging.getLogger("portal.errors")
+
+API_PREFIX = "/api/"
 
 
 class ApplicationError(Exception):
@@ -50,7 +61,7 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
             request.accepted_renderer = JSONRenderer()
             request.accepted_media_type = JSONRenderer.media_type
     if isinstance(exc, ApplicationError):
-        return Response({"detail": exc.message, "errors": exc.errors}, status=exc.status_code)
+        return Response(error_envelope(exc.message, exc.errors), status=exc.status_code)
     if isinstance(exc, DjangoValidationError):
         errors = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         exc = drf_exceptions.ValidationError(errors)
@@ -69,10 +80,10 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         first = next(iter(errors.values()), [""])
         first_text = first[0] if isinstance(first, list) and first and isinstance(first[0], str) else ""
         detail = f"Invalid input: {fields}." + (f" {first_text}" if len(errors) == 1 and first_text else "")
-        response.data = {"detail": detail, "errors": errors}
+        response.data = error_envelope(detail, errors)
     else:
         detail = response.data.get("detail", "") if isinstance(response.data, dict) else str(response.data)
-        response.data = {"detail": str(detail), "errors": {}}
+        response.data = error_envelope(detail)
         if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
             response.data["errors"] = {"throttle": [f"Retry in {int(exc.wait) + 1} s."]}
     return response
@@ -94,13 +105,36 @@ def status_for(error: ApplicationError) -> int:
     return error.status_code or status.HTTP_400_BAD_REQUEST
 
 
-def not_found(request, exception=None):
-    """``handler404``: a URL that does not resolve under /api/ (a malformed id such as
-    ``/api/v1/jobs/not-a-uuid/``) answers the API's JSON error shape too; pages keep Django's."""
-    if request.path.startswith("/api/"):
-        from django.http import JsonResponse
+# ---------------------------------------------------------------- the API's error envelope outside DRF
 
-        return JsonResponse({"detail": "Not found.", "errors": {}}, status=404)
-    from django.views.defaults import page_not_found
 
-    return page_not_found(request, exception)
+def is_api_request(request) -> bool:
+    return request.path.startswith(API_PREFIX)
+
+
+def error_envelope(detail: str, errors: dict | None = None) -> dict:
+    """The body of every API error: ``{"detail": str, "errors": {field: [messages]}}``."""
+    return {"detail": str(detail), "errors": errors or {}}
+
+
+def status_detail(status_code: int) -> str:
+    """A status's reason phrase as a sentence ("Not found.", "Method not allowed.")."""
+    try:
+        phrase = HTTPStatus(status_code).phrase
+    except ValueError:
+        phrase = "Error"
+    return phrase[:1] + phrase[1:].lower() + "."
+
+
+def api_error_response(status_code: int, detail: str | None = None, errors: dict | None = None) -> JsonResponse:
+    return JsonResponse(error_envelope(detail or status_detail(status_code), errors), status=status_code)
+
+
+def internal_error_response(request, exc_info=None) -> JsonResponse:
+    """A 500 for an API client: ``Internal error (id …)``; the same id is logged (with the traceback
+    when ``exc_info`` is given) so that an operator finds the request a user reports."""
+    error_id = uuid.uuid4().hex[:12]
+    logger.error("Internal error (id %s): %s %s", error_id, request.method, request.get_full_path(), exc_info=exc_info)
+    response = api_error_response(500, f"Internal error (id {error_id}).")
+    response["X-Error-Id"] = error_id
+    return response

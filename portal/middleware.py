@@ -2,7 +2,51 @@ from __future__ import annotations
 
 import zoneinfo
 
+from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
+from django.http import Http404
+from django.http.multipartparser import MultiPartParserError
 from django.utils import timezone
+
+from portal.exceptions import api_error_response, internal_error_response, is_api_request
+
+# What Django itself turns into a 4xx (django.core.handlers.exception.response_for_exception)
+_CLIENT_ERRORS = (Http404, PermissionDenied, BadRequest, SuspiciousOperation, MultiPartParserError)
+
+
+class ApiErrorMiddleware:
+    """Everything under /api/ answers JSON ``{"detail", "errors"}``, with DEBUG on or off.
+
+    DRF views already do (portal.exceptions.api_exception_handler). This covers the rest: a URL that
+    does not resolve (an unknown path, a malformed id), Django's own 4xx answers, and unhandled
+    exceptions, which answer ``500 {"detail": "Internal error (id …)"}`` with the id logged beside
+    the traceback instead of the debug page. It must be the first middleware, so that it also sees
+    the answers of the others. Pages keep Django's handling (plain error pages when DEBUG is off)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if response.status_code >= 400 and is_api_request(request) and not _is_json(response):
+            if response.status_code >= 500:
+                # an exception outside the view (another middleware): Django logged its traceback
+                return internal_error_response(request)
+            converted = api_error_response(response.status_code)
+            for header in ("Allow", "WWW-Authenticate", "Retry-After"):
+                if response.has_header(header):
+                    converted[header] = response[header]
+            return converted
+        return response
+
+    def process_exception(self, request, exception):
+        if not is_api_request(request) or isinstance(exception, _CLIENT_ERRORS):
+            return None  # pages: Django's handling; API 4xx: converted in __call__
+        return internal_error_response(request, exc_info=(type(exception), exception, exception.__traceback__))
+
+
+def _is_json(response) -> bool:
+    content_type = response.get("Content-Type", "").split(";")[0].strip()
+    return content_type == "application/json" or content_type.endswith("+json")
 
 
 class UserTimezoneMiddleware:

@@ -58,6 +58,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.middleware.ApiErrorMiddleware",  # first: every answer under /api/ is JSON, 500s included
     "django.middleware.security.SecurityMiddleware",
     # Static files from STATIC_ROOT (collectstatic) in every process, DEBUG or not (docs/deploy.md)
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -217,9 +218,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],  # bodies are JSON; anything else: 415
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "portal.schema.PortalAutoSchema",  # documents every error status (portal/schema.py)
     "EXCEPTION_HANDLER": "portal.exceptions.api_exception_handler",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_THROTTLE_RATES": {

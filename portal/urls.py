@@ -34,4 +34,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
 ]
 
-handler404 = "portal.exceptions.not_found"
+# Under /api/ every error answers JSON, DEBUG on or off (portal.middleware.ApiErrorMiddleware);
+# pages keep Django's default handlers (plain error pages when DEBUG is off).

@@ -90,9 +90,14 @@ def test_unknown_ordering_and_bad_filters_are_400_in_the_api_and_ignored_on_the_
     assert page.status_code == 200
 
 
-def test_an_unparseable_boolean_filter_is_ignored_not_an_error(world):
+def test_an_unparseable_boolean_filter_is_a_400_naming_it(world):
+    """Found by schemathesis: ``mine=maybe`` was ignored while the schema promised true/false."""
     make_job(world.vision, world.alice)
-    assert api_as(world.alice).get("/api/v1/jobs/?mine=maybe").json()["count"] == 1
+    response = api_as(world.alice).get("/api/v1/jobs/?mine=maybe")
+    assert response.status_code == 400 and "mine" in response.json()["errors"]
+    assert api_as(world.alice).get("/api/v1/jobs/?mine=true").json()["count"] == 1
+    assert api_as(world.bob).get("/api/v1/jobs/?mine=true").json()["count"] == 0
+    assert api_as(world.bob).get("/api/v1/jobs/?mine=false").json()["count"] == 1
 
 
 @pytest.mark.parametrize("field", ["created_at", "-submitted_at", "name", "-state", "gpus", "ended_at"])
