@@ -9,7 +9,7 @@ export SLURM_CONF ?= $(or $(GPUPORTAL_CLUSTER_DIR),/var/lib/gpuportal-cluster)/e
 DEMO_PASSWORD ?= gpuportal-demo
 export DEMO_PASSWORD
 
-.PHONY: demo stop test install services cluster browser migrate bench clean-run help
+.PHONY: demo stop test install pyslurm services cluster cluster25 browser migrate bench clean-run help
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
@@ -24,7 +24,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) pyslurm
+
+# Slurm 25.11 from ../shared/vendor's tarball (SLURM_SOURCE) and pyslurm built against it, both
+# cached (scripts/pyslurm). Exit 4 = no tarball: said loudly, the rest runs without 25.11.
+pyslurm: $(STAMP)
+	@scripts/pyslurm $(VENV) || [ $$? -eq 4 ]
+
+cluster25:
+	@scripts/cluster up --slurm 25.11 >/dev/null || [ $$? -eq 4 ]
 
 services:
 	@scripts/services up >/dev/null
@@ -52,7 +60,7 @@ stop:
 	@scripts/demo stop
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
-test: install cluster browser
+test: install cluster cluster25 browser
 	@eval "$$(scripts/services up)" && $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install cluster
