@@ -237,7 +237,7 @@ def parse_queue(stdout: str) -> list[QueueEntry]:
                 start_time=parsing.parse_time(start),
                 end_time=parsing.parse_time(end),
                 time_limit_minutes=parsing.parse_duration_minutes(limit),
-                tres_per_node=parsing.null_to_empty(tres),
+                tres_per_node=parsing.tres_per_node(tres),
                 reservation=parsing.null_to_empty(reservation),
             )
         )

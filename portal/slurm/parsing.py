@@ -216,6 +216,13 @@ def null_to_empty(value: str | None) -> str:
     return "" if value.strip().lower() in ("(null)", "n/a", "none") else value.strip()
 
 
+def tres_per_node(value: str) -> str:
+    """squeue's %b in one form: "gres:gpu:a100:2" (Slurm 22.05) and "gres/gpu:a100:2" (25.11, measured)
+    -> "gres:gpu:a100:2"; "N/A" -> ""."""
+    value = null_to_empty(value)
+    return ",".join(f"gres:{item[5:]}" if item.startswith("gres/") else item for item in value.split(",")) if value else ""
+
+
 def split_list(value: str | None) -> tuple[str, ...]:
     value = null_to_empty(value)
     return tuple(item for item in value.split(",") if item) if value else ()

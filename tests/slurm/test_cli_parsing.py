@@ -247,3 +247,12 @@ def test_parse_job_id():
 def test_quirks_by_version():
     assert not cli._Quirks.for_version("22.05.8").reservation_gpu_tres
     assert cli._Quirks.for_version("25.11.1").reservation_gpu_tres
+
+
+@pytest.mark.parametrize(
+    ("printed", "normal"),
+    [("gres:gpu:a100:2", "gres:gpu:a100:2"), ("gres/gpu:a100:2", "gres:gpu:a100:2"), ("N/A", ""), ("", ""),
+     ("gres/gpu:h100:1,gres/shard:2", "gres:gpu:h100:1,gres:shard:2")],
+)  # fmt: skip
+def test_tres_per_node_one_form_for_22_05_and_25_11(printed, normal):
+    assert parsing.tres_per_node(printed) == normal
