@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import socket
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from . import parsing
@@ -180,11 +182,34 @@ def _gres_to_tres_per_node(gres: dict[str, Any] | None) -> str:
     return ",".join(f"gres:{key.removeprefix('gres/')}:{_gres_count(value)}" for key, value in gres.items())
 
 
+def controller_addresses(slurm_conf: str) -> list[tuple[str, int]]:
+    """(address, port) of every SlurmctldHost in slurm.conf: ``SlurmctldHost=name(addr)`` or ``=name``,
+    ``SlurmctldPort=6817`` or a range (its first port). [] when the file cannot be read."""
+    try:
+        text = Path(slurm_conf).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    hosts, port = [], 6817
+    for line in text.splitlines():
+        key, _, value = line.split("#", 1)[0].strip().partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if key == "slurmctldhost" and value:
+            name, _, addr = value.partition("(")
+            hosts.append(addr.rstrip(")").strip() or name.strip())
+        elif key == "slurmctldport" and value:
+            try:
+                port = int(value.split("-", 1)[0])
+            except ValueError:
+                return []
+    return [(host, port) for host in hosts]
+
+
 class PyslurmGateway(SlurmGateway):
     name = "pyslurm"
 
     def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = ""):
         self._pyslurm = _libslurm_for(slurm_conf)
+        self._controllers = controller_addresses(slurm_conf or os.environ.get("SLURM_CONF", ""))
         self.cluster = cluster
         self.timeout = timeout
         self._cli = CliGateway(cluster=cluster, timeout=timeout, slurm_conf=slurm_conf, bin_dir=bin_dir)
@@ -192,7 +217,17 @@ class PyslurmGateway(SlurmGateway):
     # -- plumbing --------------------------------------------------------------------------------
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one pyslurm call with the gateway's timeout and error mapping."""
+        """Run one pyslurm call with the gateway's timeout and error mapping.
+
+        pyslurm 25.11.2 calls libslurm without releasing the GIL, so a call blocked in libslurm
+        freezes every thread of the process and the thread join below cannot end it early: libslurm
+        retries a refused connection for MessageTimeout seconds (measured: 10 s with the local
+        clusters' MessageTimeout=10 under a 5 s SLURM_TIMEOUT). A stopped controller is therefore
+        detected first, by a TCP connect to slurmctld's address (``_controller_answers``); a
+        controller that accepts but hangs still blocks the process for up to MessageTimeout."""
+        if not self._controller_answers():
+            raise SlurmUnavailable(f"{what}: slurmctld does not accept connections ({self._controllers_text()})",
+                                   command=what)  # fmt: skip
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -209,6 +244,21 @@ class PyslurmGateway(SlurmGateway):
         if "error" in box:
             raise self._map_error(what, box["error"]) from box["error"]
         return box["result"]
+
+    def _controller_answers(self) -> bool:
+        """Some slurmctld of the cluster accepts a TCP connection (True when slurm.conf names none)."""
+        if not self._controllers:
+            return True
+        for host, port in self._controllers:
+            try:
+                socket.create_connection((host, port), timeout=min(self.timeout, 2)).close()
+                return True
+            except OSError:
+                continue
+        return False
+
+    def _controllers_text(self) -> str:
+        return ", ".join(f"{host}:{port}" for host, port in self._controllers)
 
     def _map_error(self, what: str, exc: BaseException) -> BaseException:
         """pyslurm.RPCError (errno, msg) -> SlurmUnavailable / SlurmRejected; ValueError (pyslurm's

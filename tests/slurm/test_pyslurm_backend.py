@@ -29,7 +29,8 @@ def fake_pyslurm(monkeypatch):
 def gateway(fake_pyslurm):
     from portal.slurm.pyslurm import PyslurmGateway
 
-    return PyslurmGateway(cluster="gpuportal", timeout=2)
+    # a slurm.conf that does not exist: no controller address to pre-check, only the fake answers
+    return PyslurmGateway(cluster="gpuportal", timeout=2, slurm_conf="/nonexistent/slurm.conf")
 
 
 def _spec(**overrides):
@@ -89,3 +90,14 @@ def test_deleting_a_missing_reservation_is_fine(gateway, fake_pyslurm):
     fake_pyslurm.STATE.error = fake_pyslurm.RPCError(1800, "Unable to contact slurm controller (connect failure)")
     with pytest.raises(SlurmUnavailable):
         gateway.reservation_delete("r1")
+
+
+def test_controller_addresses_from_slurm_conf(tmp_path):
+    from portal.slurm.pyslurm import controller_addresses
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=c\nSlurmctldHost=vm(127.0.0.1)  # primary\nslurmctldhost=backup\nSlurmctldPort=6917-6918\n")
+    assert controller_addresses(str(conf)) == [("127.0.0.1", 6917), ("backup", 6917)]
+    conf.write_text("SlurmctldHost=ctl\n")
+    assert controller_addresses(str(conf)) == [("ctl", 6817)]
+    assert controller_addresses(str(tmp_path / "missing.conf")) == []
