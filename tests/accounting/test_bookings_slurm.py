@@ -61,14 +61,21 @@ def _deleted(name: str) -> bool:
     return True
 
 
-def test_booking_becomes_a_reservation_jobs_run_in_it_and_cancel_removes_it(fresh_team, django_capture_on_commit_callbacks):
+def _book_a100_now(fresh_team, gpus: int, capture):
+    """A booking of ``gpus`` a100 GPUs for the next 10 minutes, its reservation made (on commit)."""
     team, manager, created = fresh_team
     start = timezone.now()
     end = start + dt.timedelta(minutes=10)
-    with django_capture_on_commit_callbacks(execute=True):
-        booking = booking_create(team=team, gpu_type="a100", gpus=4, start=start, end=end, actor=manager)
+    with capture(execute=True):
+        booking = booking_create(team=team, gpu_type="a100", gpus=gpus, start=start, end=end, actor=manager)
     created.append(booking.reservation_name)
     booking.refresh_from_db()
+    return booking, start, end
+
+
+def test_booking_becomes_a_reservation_jobs_run_in_it_and_cancel_removes_it(fresh_team, django_capture_on_commit_callbacks):
+    team, manager, _ = fresh_team
+    booking, start, end = _book_a100_now(fresh_team, 4, django_capture_on_commit_callbacks)
     assert booking.status == BookingStatus.APPROVED
     assert booking.reservation_state == ReservationState.ACTIVE, booking.reservation_error
     assert len(booking.nodes) == 1
@@ -115,13 +122,8 @@ def test_booking_becomes_a_reservation_jobs_run_in_it_and_cancel_removes_it(fres
                          indirect=True)  # fmt: skip
 def test_on_slurm_25_11_a_booking_reserves_a_gpu_count_and_a_job_runs_in_it(slurm_target, fresh_team,
                                                                             django_capture_on_commit_callbacks):
-    team, manager, created = fresh_team
-    start = timezone.now()
-    end = start + dt.timedelta(minutes=10)
-    with django_capture_on_commit_callbacks(execute=True):
-        booking = booking_create(team=team, gpu_type="a100", gpus=2, start=start, end=end, actor=manager)
-    created.append(booking.reservation_name)
-    booking.refresh_from_db()
+    team, manager, _ = fresh_team
+    booking, _, _ = _book_a100_now(fresh_team, 2, django_capture_on_commit_callbacks)
     assert booking.reservation_state == ReservationState.ACTIVE, booking.reservation_error
     assert booking.nodes in ([], None), "25.11 reserves GPUs, not whole nodes"
     shown = slurm("scontrol", "show", "reservation", booking.reservation_name, "-o")
