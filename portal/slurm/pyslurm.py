@@ -59,18 +59,15 @@ T = TypeVar("T")
 _libslurm_lock = threading.Lock()
 _DEFAULT_CONF = "(libslurm's default)"
 _libslurm_conf: str | None = None  # what libslurm was initialised with; "" not at all; None unknown
-
-
-_import_without_init: dict[int, bool] = {}
+_imported_without_init = False  # this module imported pyslurm (with its auto-init off)
 
 
 def _import_pyslurm() -> Any:
     """``import pyslurm`` without its automatic slurm_init(): libslurm exits the whole process
     (fatal()) when SLURM_CONF names no readable file, so the portal initialises it itself."""
-    if "pyslurm" in sys.modules:
-        module = sys.modules["pyslurm"]
-        _import_without_init.setdefault(id(module), False)
-        return module
+    global _imported_without_init
+    if "pyslurm" in sys.modules:  # imported before (by us, or by someone else: then auto-initialised)
+        return sys.modules["pyslurm"]
     saved = os.environ.get("PYSLURM_DISABLE_AUTO_INIT")
     os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
     try:
@@ -80,7 +77,7 @@ def _import_pyslurm() -> Any:
             del os.environ["PYSLURM_DISABLE_AUTO_INIT"]
         else:
             os.environ["PYSLURM_DISABLE_AUTO_INIT"] = saved
-    _import_without_init[id(pyslurm)] = True
+    _imported_without_init = True
     return pyslurm
 
 
@@ -106,7 +103,7 @@ def _libslurm_for(slurm_conf: str) -> Any:
             return pyslurm
         environment = os.environ.get("SLURM_CONF") or _DEFAULT_CONF
         if _libslurm_conf is None:
-            _libslurm_conf = "" if _import_without_init.get(id(pyslurm)) else environment
+            _libslurm_conf = "" if _imported_without_init else environment
         wanted = slurm_conf or environment
         if wanted != _libslurm_conf:
             if _libslurm_conf:
