@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 
 from portal.models import Role
 from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFactory
-from tests.support import skip_unless_ci
+from tests.support import DEFAULT_RELEASE, SLURM_TARGET_IDS, SLURM_TARGETS, skip_unless_ci, use_slurm_target
 
 
 def pytest_configure(config):
@@ -197,12 +197,39 @@ def _cluster_reachable() -> str | None:
     return None
 
 
+class SlurmTarget:
+    """One backend on one local cluster: ``backend`` (cli, pyslurm), ``release`` (22.05, 25.11) and
+    the ``scripts/cluster`` options that address that cluster (``cluster_args``)."""
+
+    def __init__(self, backend: str, release: str):
+        self.backend, self.release = backend, release
+        self.cluster_args = [] if release == DEFAULT_RELEASE else ["--slurm", release]
+
+    def __repr__(self) -> str:
+        return f"{self.backend}-{self.release}"
+
+
+@pytest.fixture(params=SLURM_TARGETS, ids=SLURM_TARGET_IDS)
+def slurm_target(request, settings):
+    """Runs the test once per backend and cluster (cli on 22.05 and 25.11, pyslurm on 25.11):
+    settings point get_gateway() at it. Skips (fails under CI) when that cluster or pyslurm is missing."""
+    import portal.slurm as slurm
+
+    use_slurm_target(settings, *request.param)
+    yield SlurmTarget(*request.param)
+    slurm.reset_gateway()
+
+
 @pytest.fixture
-def cluster(world):
+def cluster(request, world):
     """The local Slurm cluster ready for the fixture world: inventory synced, Unix users for the
-    members, teams mirrored to Slurm associations. Skips when the cluster is not up."""
+    members, teams mirrored to Slurm associations. Skips when the cluster is not up. With
+    ``slurm_target`` among the test's fixtures, that backend on that cluster."""
     from portal.services import cluster_sync, team_mirror
     from portal.unix import unix_user_ensure
+
+    if "slurm_target" in request.fixturenames:
+        request.getfixturevalue("slurm_target")
 
     problem = _cluster_reachable()
     if problem:
@@ -232,32 +259,32 @@ def _use_broker(url: str) -> None:
     app.amqp._producer_pool = None
 
 
-@pytest.fixture(scope="session")
-def celery_worker_process(django_db_setup, django_db_blocker):
-    """A real ``celery worker`` subprocess on a dedicated queue and broker database, connected to
-    the pytest test database. Stopped (by its own pid) at the end of the session, before the test
-    database is dropped."""
+def _start_worker(name: str, queue: str, slurm_env: dict[str, str]):
+    """A real ``celery worker`` subprocess on ``queue`` of the dedicated broker database, connected
+    to the pytest test database, with ``slurm_env`` (SLURM_BACKEND, SLURM_CONF ...) over ours.
+    Returns (process, log file, log path) once it answers a ping."""
     from django.conf import settings
 
     import redis
 
-    redis.Redis.from_url(WORKER_BROKER_URL).delete(WORKER_QUEUE)
+    redis.Redis.from_url(WORKER_BROKER_URL).delete(queue)
     db = settings.DATABASES["default"]
     database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = os.environ | {
+    env = os.environ | slurm_env | {
         "DATABASE_URL": database_url,
         "CELERY_BROKER_URL": WORKER_BROKER_URL,
         "CELERY_TASK_ALWAYS_EAGER": "0",
         "DJANGO_SETTINGS_MODULE": "portal.settings",
     }
     (ROOT / ".run").mkdir(exist_ok=True)
-    log_path = ROOT / ".run" / f"test-celery-worker-{os.getpid()}.log"
+    log_path = ROOT / ".run" / f"test-celery-{name}-{os.getpid()}.log"
     log = open(log_path, "w")
+    node = f"{name}-{os.getpid()}"
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", WORKER_QUEUE, "--pool=prefork",
+            sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", queue, "--pool=prefork",
             "--concurrency=2", "--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel=INFO",
-            "-n", f"jobs-tests-{os.getpid()}@%h",
+            "-n", f"{node}@%h",
         ],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
@@ -269,33 +296,65 @@ def celery_worker_process(django_db_setup, django_db_blocker):
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 pytest.fail(f"celery worker exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            replies = app.control.ping(destination=[f"jobs-tests-{os.getpid()}@{os.uname().nodename}"], timeout=0.5)
-            if replies:
-                break
-        else:
-            pytest.fail(f"celery worker did not answer within 90 s:\n{log_path.read_text()[-3000:]}")
-        yield proc
+            if app.control.ping(destination=[f"{node}@{os.uname().nodename}"], timeout=0.5):
+                return proc, log
+        pytest.fail(f"celery worker did not answer within 90 s:\n{log_path.read_text()[-3000:]}")
+    except BaseException:
+        _stop_worker(proc, log)
+        raise
+
+
+def _stop_worker(proc, log) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def celery_workers(django_db_setup, django_db_blocker):
+    """Real Celery workers, one per Slurm target (the default cluster from the environment, or
+    ``slurm_target``'s backend and cluster), each on a queue of its own; started on first use and
+    stopped (by their own pids) at the end of the session, before the test database is dropped.
+    ``celery_workers(slurm_env)`` -> the queue of the worker with that Slurm environment."""
+    workers: dict[tuple, tuple] = {}
+
+    def worker_for(slurm_env: dict[str, str]) -> str:
+        key = tuple(sorted(slurm_env.items()))
+        if key not in workers:
+            name = "jobs-tests" if not slurm_env else f"jobs-tests-{slurm_env['SLURM_BACKEND']}-{slurm_env['SLURM_CLUSTER']}"
+            queue = WORKER_QUEUE if not slurm_env else f"{WORKER_QUEUE}-{slurm_env['SLURM_BACKEND']}-{slurm_env['SLURM_CLUSTER']}"
+            workers[key] = (queue, *_start_worker(name, queue, slurm_env))
+        return workers[key][0]
+
+    try:
+        yield worker_for
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+        for _queue, proc, log in workers.values():
+            _stop_worker(proc, log)
 
 
 @pytest.fixture
-def real_worker(celery_worker_process, transactional_db, settings):
-    """Send tasks to the real worker for this test (eager mode off, dedicated queue and broker)."""
+def real_worker(request, celery_workers, transactional_db, settings):
+    """Send tasks to a real worker for this test (eager mode off, dedicated queue and broker): the one
+    for this test's ``slurm_target`` when it has one, else the one for the environment's cluster."""
     from portal.celery import app
 
+    slurm_env = {}
+    if "slurm_target" in request.fixturenames:
+        request.getfixturevalue("slurm_target")
+        slurm_env = {name: str(getattr(settings, name)) for name in
+                     ("SLURM_BACKEND", "SLURM_CONF", "SLURM_CLUSTER", "SLURM_BIN_DIR")}  # fmt: skip
+    queue = celery_workers(slurm_env)
     saved = app.conf.task_always_eager, app.conf.broker_url, app.conf.task_default_queue
     settings.CELERY_TASK_ALWAYS_EAGER = False
     app.conf.task_always_eager = False
-    app.conf.task_default_queue = WORKER_QUEUE
+    app.conf.task_default_queue = queue
     _use_broker(WORKER_BROKER_URL)
-    yield celery_worker_process
+    yield queue
     app.conf.task_always_eager, _, app.conf.task_default_queue = saved
     _use_broker(saved[1])
 

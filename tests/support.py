@@ -74,3 +74,52 @@ def skip_unless_ci(reason: str) -> None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"CI: {reason}")
     pytest.skip(reason)
+
+
+# The clusters and backends the gateway is proven on: (backend, Slurm release). 22.05 is Debian's
+# (scripts/cluster up), 25.11 is built from source (scripts/cluster up --slurm 25.11, scripts/pyslurm).
+SLURM_TARGETS = (("cli", "22.05"), ("cli", "25.11"), ("pyslurm", "25.11"))
+SLURM_TARGET_IDS = [f"{backend}-{release}" for backend, release in SLURM_TARGETS]
+DEFAULT_RELEASE = "22.05"
+
+_cluster_env_cache: dict[str, dict[str, str] | str] = {}
+
+
+def cluster_env(release: str) -> dict[str, str]:
+    """``scripts/cluster env --slurm RELEASE`` as a dict (SLURM_CONF, SLURM_CLUSTER, SLURM_BIN_DIR ...);
+    skips (fails under CI) when that cluster is not built, e.g. without its source tarball."""
+    import subprocess
+    from pathlib import Path
+
+    if release not in _cluster_env_cache:
+        script = Path(__file__).resolve().parents[1] / "scripts" / "cluster"
+        proc = subprocess.run([str(script), "env", "--slurm", release], capture_output=True, text=True, timeout=60)
+        if proc.returncode:
+            _cluster_env_cache[release] = proc.stderr.strip() or f"scripts/cluster env --slurm {release} failed"
+        else:
+            _cluster_env_cache[release] = dict(
+                line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines() if "=" in line
+            )
+    value = _cluster_env_cache[release]
+    if isinstance(value, str):
+        skip_unless_ci(f"no Slurm {release} cluster: {value}")
+    return value
+
+
+def use_slurm_target(settings, backend: str, release: str) -> None:
+    """Point the portal's settings (and so get_gateway()) at one backend on one local cluster."""
+    import portal.slurm as slurm
+
+    if backend == "pyslurm":
+        from portal.slurm.pyslurm import pyslurm_version
+
+        if pyslurm_version() is None:
+            skip_unless_ci("pyslurm is not installed in this venv (scripts/pyslurm)")
+    settings.SLURM_BACKEND = backend
+    if release != DEFAULT_RELEASE:
+        env = cluster_env(release)
+        settings.SLURM_CONF = env["SLURM_CONF"]
+        settings.SLURM_CLUSTER = env["SLURM_CLUSTER"]
+        settings.SLURM_BIN_DIR = env["SLURM_BIN_DIR"]
+    slurm.reset_gateway()
+

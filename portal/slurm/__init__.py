@@ -39,19 +39,32 @@ _gateway: SlurmGateway | None = None
 
 
 def get_gateway() -> SlurmGateway:
-    """The configured backend (settings.SLURM_BACKEND: auto, cli or pyslurm), built once per process."""
+    """The configured backend (settings.SLURM_BACKEND: auto, cli or pyslurm), built once per process.
+
+    ``auto`` is pyslurm when it is installed AND built for the cluster's Slurm major.minor
+    (``sinfo --version`` of SLURM_BIN_DIR, which needs no controller): pyslurm 25.11 cannot talk
+    to a 22.05 controller, and one venv serves both local clusters."""
     global _gateway
     if _gateway is None:
         from django.conf import settings
 
         backend = settings.SLURM_BACKEND
         if backend == "auto":
-            try:
-                import pyslurm  # noqa: F401
+            from .pyslurm import pyslurm_version
 
-                backend = "pyslurm"
-            except ImportError:
-                backend = "cli"
+            installed = pyslurm_version()
+            backend = "cli"
+            if installed:
+                from .cli import CliGateway
+
+                cli = CliGateway(cluster=settings.SLURM_CLUSTER, timeout=settings.SLURM_TIMEOUT,
+                                 slurm_conf=settings.SLURM_CONF, bin_dir=settings.SLURM_BIN_DIR)  # fmt: skip
+                try:
+                    cluster_version = cli.version()
+                except SlurmError:
+                    cluster_version = ""
+                if same_release(installed, cluster_version):
+                    backend = "pyslurm"
         if backend == "pyslurm":
             from .pyslurm import PyslurmGateway
 
@@ -71,6 +84,11 @@ def get_gateway() -> SlurmGateway:
                 bin_dir=settings.SLURM_BIN_DIR,
             )
     return _gateway
+
+
+def same_release(a: str, b: str) -> bool:
+    """Two version strings name the same Slurm release (major.minor): "25.11.2" ~ "25.11.7"."""
+    return a.split(".")[:2] == b.split(".")[:2] and len(a.split(".")) >= 2
 
 
 def reset_gateway() -> None:

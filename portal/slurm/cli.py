@@ -7,7 +7,8 @@ Rules kept everywhere in this module:
 - a timeout on every call (``timeout`` seconds); a timeout raises ``SlurmUnavailable``;
 - one command per method call (two for ``associations()`` and for ``user_add(default=True)``,
   which need the user table as well as the association table);
-- the child's environment is ours plus ``SLURM_CONF`` and ``SLURM_TIME_FORMAT=standard``, minus
+- the child's environment is ours plus ``SLURM_CONF``, ``SLURM_TIME_FORMAT=standard`` and
+  ``TZ=UTC`` (Slurm prints and reads times in UTC: no ambiguous hour at a DST change), minus
   every ``SBATCH_*``/``SQUEUE_*``/``SACCT_*``/... variable that would silently change what the
   commands do (e.g. ``SQUEUE_USERS`` filters squeue).
 
@@ -99,7 +100,8 @@ def _clean_env(slurm_conf: str) -> dict[str, str]:
     conf = slurm_conf or os.environ.get("SLURM_CONF", "")
     if conf:
         env["SLURM_CONF"] = conf
-    env["SLURM_TIME_FORMAT"] = "standard"  # 2024-05-01T12:34:56, local time
+    env["SLURM_TIME_FORMAT"] = "standard"  # 2024-05-01T12:34:56, in TZ's zone:
+    env["TZ"] = "UTC"  # every time the gateway parses or sends (parsing.parse_time/format_time)
     return env
 
 
@@ -235,7 +237,7 @@ def parse_queue(stdout: str) -> list[QueueEntry]:
                 start_time=parsing.parse_time(start),
                 end_time=parsing.parse_time(end),
                 time_limit_minutes=parsing.parse_duration_minutes(limit),
-                tres_per_node=parsing.null_to_empty(tres),
+                tres_per_node=parsing.tres_per_node(tres),
                 reservation=parsing.null_to_empty(reservation),
             )
         )
@@ -624,17 +626,15 @@ class CliGateway(SlurmGateway):
 
     def account_gpu_minutes(self, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
         argv = sreport_argv(start, end, cluster=self.cluster, sreport=self._exe("sreport"))
-        return parsing.parse_account_minutes(self._run(argv, env={**self._env, "TZ": "UTC"}))
+        return parsing.parse_account_minutes(self._run(argv))
 
 
 def sreport_argv(start: dt.datetime, end: dt.datetime, *, cluster: str = "", sreport: str = "sreport") -> list[str]:
-    """sreport's GPU-minutes per account and user in [start, end), times in UTC (the gateway runs it
-    with TZ=UTC: sreport reads Start=/End= as local times)."""
-    fmt = "%Y-%m-%dT%H:%M:%S"
-    start, end = (t.astimezone(dt.UTC) if t.tzinfo else t for t in (start, end))
+    """sreport's GPU-minutes per account and user in [start, end), times in UTC (the gateway runs
+    every command with TZ=UTC: sreport reads Start=/End= in that zone)."""
     argv = [
         sreport, "-n", "-P", "cluster", "AccountUtilizationByUser",
-        f"Start={start.strftime(fmt)}", f"End={end.strftime(fmt)}", "-T", "gres/gpu", "-t", "Minutes",
+        f"Start={parsing.format_time(start)}", f"End={parsing.format_time(end)}", "-T", "gres/gpu", "-t", "Minutes",
     ]  # fmt: skip
     if cluster:
         argv.append(f"Clusters={cluster}")

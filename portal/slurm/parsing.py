@@ -23,8 +23,10 @@ _NONE_WORDS = {"", "n/a", "none", "unknown", "(null)", "not_set", "invalid"}
 
 
 def parse_time(value: str) -> dt.datetime | None:
-    """Slurm timestamp ("2024-05-01T12:34:56", the host's local time, no zone) -> aware UTC.
+    """Slurm timestamp ("2024-05-01T12:34:56", no zone) -> aware UTC.
 
+    The gateway runs every Slurm command with ``TZ=UTC`` (cli._clean_env), so Slurm prints UTC:
+    the hour a DST change repeats is dated right, whatever the host's zone.
     "N/A", "Unknown", "None" and "" -> None."""
     value = value.strip()
     if value.lower() in _NONE_WORDS:
@@ -36,14 +38,13 @@ def parse_time(value: str) -> dt.datetime | None:
         naive = dt.datetime.fromisoformat(value)
     except ValueError:
         return None
-    # A naive datetime's astimezone() interprets it in the machine's local zone, as Slurm printed it.
-    return naive.astimezone().astimezone(dt.UTC)
+    return naive.replace(tzinfo=dt.UTC)
 
 
 def format_time(value: dt.datetime) -> str:
-    """Aware (or naive local) datetime -> the local-time string Slurm's commands accept."""
+    """Aware (or naive UTC) datetime -> the UTC string Slurm's commands accept (run with TZ=UTC)."""
     if value.tzinfo is not None:
-        value = value.astimezone()  # to the host's local zone
+        value = value.astimezone(dt.UTC)
     return value.strftime("%Y-%m-%dT%H:%M:%S")
 
 
@@ -215,6 +216,13 @@ def null_to_empty(value: str | None) -> str:
     return "" if value.strip().lower() in ("(null)", "n/a", "none") else value.strip()
 
 
+def tres_per_node(value: str) -> str:
+    """squeue's %b in one form: "gres:gpu:a100:2" (Slurm 22.05) and "gres/gpu:a100:2" (25.11, measured)
+    -> "gres:gpu:a100:2"; "N/A" -> ""."""
+    value = null_to_empty(value)
+    return ",".join(f"gres:{item[5:]}" if item.startswith("gres/") else item for item in value.split(",")) if value else ""
+
+
 def split_list(value: str | None) -> tuple[str, ...]:
     value = null_to_empty(value)
     return tuple(item for item in value.split(",") if item) if value else ()
@@ -300,6 +308,12 @@ NOTHING_TO_DO_PATTERNS = (
     "nothing modified",
     "nothing deleted",
     "already exists",
+    # Slurm 25.11's sacctmgr (measured, exit 1, nothing on stderr): " Already existing account X on
+    # cluster C" and, for a user already in the account, "Request didn't affect anything" over
+    # " Nothing added." (a missing account prints "No account X on cluster C, skipping." over the
+    # same " Nothing added.", which is why "nothing added" alone is not a pattern).
+    "already existing account",
+    "request didn't affect anything",
 )
 RESERVATION_MISSING_PATTERNS = (
     "requested reservation is invalid",

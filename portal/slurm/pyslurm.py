@@ -1,9 +1,14 @@
 """Slurm gateway backend on pyslurm 25.11 (libslurm of the same major.minor: Slurm 25.11).
 
-Written against pyslurm 25.11's API (PySlurm/pyslurm: pyslurm/core/job/submission.pyx, job.pyx,
-node.pyx, partition.pyx, reservation.pyx, slurmctld/base.pyx, core/error.pyx). It cannot be built
-against this project's Slurm 22.05 machines; its unit tests run on a fake module
-(tests/slurm/fake_pyslurm.py) that mimics exactly the API used here.
+Written against pyslurm 25.11.2 (PySlurm/pyslurm: pyslurm/core/job/submission.pyx, job.pyx,
+node.pyx, partition.pyx, reservation.pyx, slurmctld/base.pyx, core/error.pyx) and proven against
+the local Slurm 25.11.7 cluster (``scripts/cluster up --slurm 25.11``; ``scripts/pyslurm`` builds
+pyslurm into the venv): tests/slurm/test_gateway_contract.py runs on it.
+
+libslurm holds ONE configuration per process: pyslurm reads ``SLURM_CONF`` when imported. A
+gateway given a ``slurm_conf`` (re)initialises libslurm with that file (``_libslurm_for``), so a
+process whose environment names another cluster's SLURM_CONF still talks to the right one; two
+pyslurm gateways for two clusters cannot live in one process.
 
 Where pyslurm 25.11 lacks what the portal needs, this backend delegates to the CLI backend
 (``self._cli``), call by call:
@@ -24,9 +29,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from . import parsing
@@ -47,6 +55,62 @@ from .types import (
 )
 
 T = TypeVar("T")
+
+_libslurm_lock = threading.Lock()
+_DEFAULT_CONF = "(libslurm's default)"
+_libslurm_conf: str | None = None  # what libslurm was initialised with; "" not at all; None unknown
+_imported_without_init = False  # this module imported pyslurm (with its auto-init off)
+
+
+def _import_pyslurm() -> Any:
+    """``import pyslurm`` without its automatic slurm_init(): libslurm exits the whole process
+    (fatal()) when SLURM_CONF names no readable file, so the portal initialises it itself."""
+    global _imported_without_init
+    if "pyslurm" in sys.modules:  # imported before (by us, or by someone else: then auto-initialised)
+        return sys.modules["pyslurm"]
+    saved = os.environ.get("PYSLURM_DISABLE_AUTO_INIT")
+    os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
+    try:
+        import pyslurm  # noqa: PLC0415 - ImportError tells get_gateway() pyslurm is missing
+    finally:
+        if saved is None:
+            del os.environ["PYSLURM_DISABLE_AUTO_INIT"]
+        else:
+            os.environ["PYSLURM_DISABLE_AUTO_INIT"] = saved
+    _imported_without_init = True
+    return pyslurm
+
+
+def pyslurm_version() -> str | None:
+    """The installed pyslurm's version ("25.11.2"), None when it is not installed. pyslurm X.Y.z
+    talks only to Slurm X.Y (it is built against that libslurm)."""
+    try:
+        return str(_import_pyslurm().__version__)
+    except ImportError:
+        return None
+
+
+def _libslurm_for(slurm_conf: str) -> Any:
+    """Import pyslurm with libslurm initialised from ``slurm_conf`` (or SLURM_CONF when empty).
+
+    pyslurm's import runs slurm_init() with the environment's SLURM_CONF (unless
+    PYSLURM_DISABLE_AUTO_INIT is set); when that is another file, libslurm is finalised and
+    initialised again with ours (pyslurm.slurm_fini/slurm_init)."""
+    global _libslurm_conf
+    with _libslurm_lock:
+        pyslurm = _import_pyslurm()
+        if not hasattr(pyslurm, "slurm_init"):  # tests' error-mapping fake
+            return pyslurm
+        environment = os.environ.get("SLURM_CONF") or _DEFAULT_CONF
+        if _libslurm_conf is None:
+            _libslurm_conf = "" if _imported_without_init else environment
+        wanted = slurm_conf or environment
+        if wanted != _libslurm_conf:
+            if _libslurm_conf:
+                pyslurm.slurm_fini()
+            pyslurm.slurm_init(None if wanted == _DEFAULT_CONF else wanted)
+            _libslurm_conf = wanted
+        return pyslurm
 
 # Slurm errno values that mean "controller / slurmdbd unreachable" (slurm_errno.h), besides the
 # message words in parsing.UNAVAILABLE_PATTERNS which are checked as well.
@@ -108,22 +172,41 @@ def _gres_count(value: Any) -> int:
 
 
 def _gres_to_tres_per_node(gres: dict[str, Any] | None) -> str:
-    """{"gpu:a100": 2} -> "gres:gpu:a100:2" (the form squeue's %b prints)."""
+    """{"gres/gpu:a100": 2} (pyslurm 25.11.2's keys) or {"gpu:a100": 2} -> "gres:gpu:a100:2" (the
+    form squeue's %b prints)."""
     if not gres:
         return ""
-    return ",".join(f"gres:{key}:{_gres_count(value)}" for key, value in gres.items())
+    return ",".join(f"gres:{key.removeprefix('gres/')}:{_gres_count(value)}" for key, value in gres.items())
+
+
+def controller_addresses(slurm_conf: str) -> list[tuple[str, int]]:
+    """(address, port) of every SlurmctldHost in slurm.conf: ``SlurmctldHost=name(addr)`` or ``=name``,
+    ``SlurmctldPort=6817`` or a range (its first port). [] when the file cannot be read."""
+    try:
+        text = Path(slurm_conf).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    hosts, port = [], 6817
+    for line in text.splitlines():
+        key, _, value = line.split("#", 1)[0].strip().partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if key == "slurmctldhost" and value:
+            name, _, addr = value.partition("(")
+            hosts.append(addr.rstrip(")").strip() or name.strip())
+        elif key == "slurmctldport" and value:
+            try:
+                port = int(value.split("-", 1)[0])
+            except ValueError:
+                return []
+    return [(host, port) for host in hosts]
 
 
 class PyslurmGateway(SlurmGateway):
     name = "pyslurm"
 
     def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = ""):
-        if slurm_conf and not os.environ.get("SLURM_CONF"):
-            # libslurm reads SLURM_CONF when pyslurm is imported (slurm_init()).
-            os.environ["SLURM_CONF"] = slurm_conf
-        import pyslurm  # noqa: PLC0415 - ImportError tells get_gateway() pyslurm is missing
-
-        self._pyslurm = pyslurm
+        self._pyslurm = _libslurm_for(slurm_conf)
+        self._controllers = controller_addresses(slurm_conf or os.environ.get("SLURM_CONF", ""))
         self.cluster = cluster
         self.timeout = timeout
         self._cli = CliGateway(cluster=cluster, timeout=timeout, slurm_conf=slurm_conf, bin_dir=bin_dir)
@@ -131,7 +214,17 @@ class PyslurmGateway(SlurmGateway):
     # -- plumbing --------------------------------------------------------------------------------
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one pyslurm call with the gateway's timeout and error mapping."""
+        """Run one pyslurm call with the gateway's timeout and error mapping.
+
+        pyslurm 25.11.2 calls libslurm without releasing the GIL, so a call blocked in libslurm
+        freezes every thread of the process and the thread join below cannot end it early: libslurm
+        retries a refused connection for MessageTimeout seconds (measured: 10 s with the local
+        clusters' MessageTimeout=10 under a 5 s SLURM_TIMEOUT). A stopped controller is therefore
+        detected first, by a TCP connect to slurmctld's address (``_controller_answers``); a
+        controller that accepts but hangs still blocks the process for up to MessageTimeout."""
+        if not self._controller_answers():
+            raise SlurmUnavailable(f"{what}: slurmctld does not accept connections ({self._controllers_text()})",
+                                   command=what)  # fmt: skip
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -148,6 +241,21 @@ class PyslurmGateway(SlurmGateway):
         if "error" in box:
             raise self._map_error(what, box["error"]) from box["error"]
         return box["result"]
+
+    def _controller_answers(self) -> bool:
+        """Some slurmctld of the cluster accepts a TCP connection (True when slurm.conf names none)."""
+        if not self._controllers:
+            return True
+        for host, port in self._controllers:
+            try:
+                socket.create_connection((host, port), timeout=min(self.timeout, 2)).close()
+                return True
+            except OSError:
+                continue
+        return False
+
+    def _controllers_text(self) -> str:
+        return ", ".join(f"{host}:{port}" for host, port in self._controllers)
 
     def _map_error(self, what: str, exc: BaseException) -> BaseException:
         """pyslurm.RPCError (errno, msg) -> SlurmUnavailable / SlurmRejected; ValueError (pyslurm's
@@ -207,7 +315,9 @@ class PyslurmGateway(SlurmGateway):
         if spec.memory_mb is not None:
             kwargs["memory_per_node"] = int(spec.memory_mb)
         if spec.time_limit_minutes is not None:
-            kwargs["time_limit"] = str(int(spec.time_limit_minutes))  # timestr_to_mins: minutes
+            # An int: pyslurm's timestr_to_mins() returns a digit *string* unchanged, and
+            # assigning "10" to job_desc.time_limit raises "TypeError: an integer is required".
+            kwargs["time_limit"] = int(spec.time_limit_minutes)
         if spec.stdout:
             kwargs["standard_output"] = spec.stdout
         if spec.stderr:

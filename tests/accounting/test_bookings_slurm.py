@@ -1,5 +1,6 @@
-"""Bookings against the real local cluster (Slurm 22.05: whole-node reservations). A fresh random
-team/account and Unix user, a 10-minute window starting now, reservations deleted in teardown."""
+"""Bookings against the real local clusters: on Slurm 22.05 whole-node reservations, on 25.11
+GPU-count reservations (``TRES=gres/gpu:a100=2``; cli and pyslurm). A fresh random team/account and
+Unix user, a 10-minute window starting now, reservations deleted in teardown."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ from tests.support import wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
 
-def slurm(*argv: str) -> str:
+def slurm(command: str, *argv: str) -> str:
+    """One Slurm command of the cluster the settings point at (its SLURM_CONF and bin dir)."""
     env = {**os.environ, **({"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {})}
-    return subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=30, check=False).stdout
+    exe = os.path.join(settings.SLURM_BIN_DIR, command) if settings.SLURM_BIN_DIR else command
+    return subprocess.run([exe, *argv], capture_output=True, text=True, env=env, timeout=30, check=False).stdout
 
 
 @pytest.fixture
@@ -58,14 +61,21 @@ def _deleted(name: str) -> bool:
     return True
 
 
-def test_booking_becomes_a_reservation_jobs_run_in_it_and_cancel_removes_it(fresh_team, django_capture_on_commit_callbacks):
+def _book_a100_now(fresh_team, gpus: int, capture):
+    """A booking of ``gpus`` a100 GPUs for the next 10 minutes, its reservation made (on commit)."""
     team, manager, created = fresh_team
     start = timezone.now()
     end = start + dt.timedelta(minutes=10)
-    with django_capture_on_commit_callbacks(execute=True):
-        booking = booking_create(team=team, gpu_type="a100", gpus=4, start=start, end=end, actor=manager)
+    with capture(execute=True):
+        booking = booking_create(team=team, gpu_type="a100", gpus=gpus, start=start, end=end, actor=manager)
     created.append(booking.reservation_name)
     booking.refresh_from_db()
+    return booking, start, end
+
+
+def test_booking_becomes_a_reservation_jobs_run_in_it_and_cancel_removes_it(fresh_team, django_capture_on_commit_callbacks):
+    team, manager, _ = fresh_team
+    booking, start, end = _book_a100_now(fresh_team, 4, django_capture_on_commit_callbacks)
     assert booking.status == BookingStatus.APPROVED
     assert booking.reservation_state == ReservationState.ACTIVE, booking.reservation_error
     assert len(booking.nodes) == 1
@@ -105,4 +115,32 @@ def test_booking_becomes_a_reservation_jobs_run_in_it_and_cancel_removes_it(fres
     booking.refresh_from_db()
     assert booking.reservation_state == ReservationState.DELETED
     assert booking.reservation_name not in slurm("scontrol", "show", "reservation", "-o")
+    assert booking.reservation_name not in {r.name for r in get_gateway().reservation_list()}
+
+
+@pytest.mark.parametrize("slurm_target", [("cli", "25.11"), ("pyslurm", "25.11")], ids=["cli-25.11", "pyslurm-25.11"],
+                         indirect=True)  # fmt: skip
+def test_on_slurm_25_11_a_booking_reserves_a_gpu_count_and_a_job_runs_in_it(slurm_target, fresh_team,
+                                                                            django_capture_on_commit_callbacks):
+    team, manager, _ = fresh_team
+    booking, _, _ = _book_a100_now(fresh_team, 2, django_capture_on_commit_callbacks)
+    assert booking.reservation_state == ReservationState.ACTIVE, booking.reservation_error
+    assert booking.nodes in ([], None), "25.11 reserves GPUs, not whole nodes"
+    shown = slurm("scontrol", "show", "reservation", booking.reservation_name, "-o")
+    assert "gres/gpu:a100=2" in shown and f"Accounts={team.slurm_account}" in shown, shown
+
+    with django_capture_on_commit_callbacks(execute=True):
+        job, _ = job_submit(user=manager, team=team, name="in-gpu-booking", script="#!/bin/bash\nsleep 2\n",
+                            partition="gpu", gpu_type="a100", gpus=2, time_limit_minutes=5, booking=booking.pk)  # fmt: skip
+    job.refresh_from_db()
+    assert job.slurm_job_id, job.last_relay_error
+    running = wait_for(lambda: (out if (out := slurm("squeue", "-h", "-j", str(job.slurm_job_id), "-o", "%T|%v|%b").strip()).startswith(("RUNNING", "COMPLETING")) else None), timeout=30, interval=0.2)  # fmt: skip
+    assert running.split("|")[1] == booking.reservation_name, running
+    # a reservation with a job in it cannot be deleted: let the 2-second job end first
+    wait_for(lambda: not slurm("squeue", "-h", "-j", str(job.slurm_job_id), "-t", "R,CG").strip(), timeout=60, interval=0.3)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        booking_cancel(booking=booking, actor=manager)
+    booking.refresh_from_db()
+    assert booking.reservation_state == ReservationState.DELETED, booking.reservation_error
     assert booking.reservation_name not in {r.name for r in get_gateway().reservation_list()}

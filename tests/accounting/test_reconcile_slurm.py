@@ -38,7 +38,8 @@ def _slurm_env():
 
 
 @pytest.fixture
-def cluster():
+def cluster(slurm_target):
+    """The cluster of ``slurm_target`` (cli on 22.05 and 25.11, pyslurm on 25.11)."""
     try:
         get_gateway().ping()
     except Exception as exc:  # noqa: BLE001
@@ -64,8 +65,9 @@ def _wait(predicate, timeout: float, what: str):
 
 def _sacct_gpu_seconds(job_ids: list[int]) -> dict[int, int]:
     """Independent of the gateway's parse: sacct's ElapsedRaw × gres/gpu of AllocTRES per job."""
+    sacct = os.path.join(settings.SLURM_BIN_DIR, "sacct") if settings.SLURM_BIN_DIR else "sacct"
     out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", ",".join(map(str, job_ids)), "-o", "JobIDRaw,ElapsedRaw,AllocTRES,State"],
+        [sacct, "-X", "-n", "-P", "-j", ",".join(map(str, job_ids)), "-o", "JobIDRaw,ElapsedRaw,AllocTRES,State"],
         capture_output=True, text=True, env=_slurm_env(), check=True, timeout=30,
     ).stdout  # fmt: skip
     result = {}

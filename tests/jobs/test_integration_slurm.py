@@ -1,6 +1,7 @@
 """End to end against the real local cluster (scripts/cluster up) and, where marked, a real Celery
 worker: API submit → relay → Slurm → sync → output; cancel; validation never reaches Slurm; the
-relay is exactly once; the sync makes one squeue (and at most one sacct) per cycle."""
+relay is exactly once; the sync makes one squeue (and at most one sacct) per cycle. The job flow
+runs for every ``slurm_target``: cli on Slurm 22.05 and 25.11, pyslurm on 25.11."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import time
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -44,7 +46,7 @@ def slurm_id_of(job_id) -> int | None:
 
 
 @pytest.mark.celery
-def test_api_submit_reaches_slurm_runs_and_shows_gpu_output(real_worker, cluster):
+def test_api_submit_reaches_slurm_runs_and_shows_gpu_output(slurm_target, real_worker, cluster):
     client = client_for(cluster.alice)
     latencies = []
     ids = []
@@ -69,7 +71,7 @@ def test_api_submit_reaches_slurm_runs_and_shows_gpu_output(real_worker, cluster
 
 
 @pytest.mark.celery
-def test_cancel_of_a_running_job_cancels_it_in_slurm_and_in_the_portal(real_worker, cluster):
+def test_cancel_of_a_running_job_cancels_it_in_slurm_and_in_the_portal(slurm_target, real_worker, cluster):
     client = client_for(cluster.alice)
     response = client.post("/api/v1/jobs/", job_payload(name="sleeper", script="#!/bin/bash\nsleep 300\n", gpus=1), format="json")
     job_id = response.json()["id"]
@@ -117,7 +119,7 @@ def test_another_teams_job_is_404(cluster, django_capture_on_commit_callbacks, s
     assert carol.get(f"/api/v1/jobs/{job_id}/output/").status_code == 404
 
 
-def test_relay_after_a_crash_following_sbatch_leaves_exactly_one_slurm_job(cluster):
+def test_relay_after_a_crash_following_sbatch_leaves_exactly_one_slurm_job(slurm_target, cluster):
     job, _ = job_submit(
         user=cluster.alice, team=cluster.vision, name="once", script="#!/bin/bash\nsleep 30\n", partition="gpu",
         gpu_type="a100", gpus=1, time_limit_minutes=5,
@@ -151,12 +153,14 @@ def _submit_direct(world, n: int) -> list[Job]:
     now = timezone.now()
     for job in Job.objects.select_related("team", "submitter__profile").filter(pk__in=[j.pk for j in jobs]):
         slurm_id = gateway.submit(services._spec_for(job))
-        Job.objects.filter(pk=job.pk).update(slurm_job_id=slurm_id, slurm_cluster="gpuportal", state=JobState.PENDING, submitted_at=now)
+        Job.objects.filter(pk=job.pk).update(slurm_job_id=slurm_id, slurm_cluster=settings.SLURM_CLUSTER,
+                                             state=JobState.PENDING, submitted_at=now)  # fmt: skip
     return jobs
 
 
 @pytest.mark.parametrize("n", [1, 50])
-def test_sync_makes_one_squeue_and_at_most_one_sacct_per_cycle(cluster, counting_gateway, django_assert_max_num_queries, n):
+def test_sync_makes_one_squeue_and_at_most_one_sacct_per_cycle(slurm_target, cluster, counting_gateway,
+                                                                django_assert_max_num_queries, n):
     jobs = _submit_direct(cluster, n)
     ids = [j.pk for j in jobs]
     cycles = 0

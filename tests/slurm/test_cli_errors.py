@@ -72,6 +72,14 @@ def test_classify_message_from_stdout_when_stderr_empty():
         ("", "delete_reservation ReservationName=nosuch: Requested reservation is invalid",
          parsing.RESERVATION_MISSING_PATTERNS, True),
         ("", "scancel: error: Unable to contact slurm controller", parsing.ALREADY_GONE_PATTERNS, False),
+        # Slurm 25.11.7's sacctmgr, captured: account and user association already there ...
+        (" Already existing account gpuportal_ci on cluster gpuportal25\n", "", parsing.NOTHING_TO_DO_PATTERNS, True),
+        (" Request didn't affect anything\n Nothing added.\n Make sure the accounts requested here have been added "
+         "to the system/cluster. (sacctmgr add account...)\n", "", parsing.NOTHING_TO_DO_PATTERNS, True),
+        # ... and a user added to a missing account: the same "Nothing added.", a failure.
+        (" No account nosuchacct on cluster gpuportal25, skipping.\n Nothing added.\n Make sure the accounts "
+         "requested here have been added to the system/cluster. (sacctmgr add account...)\n", "",
+         parsing.NOTHING_TO_DO_PATTERNS, False),
     ],
 )  # fmt: skip
 def test_idempotent_success(stdout, stderr, patterns, ok):

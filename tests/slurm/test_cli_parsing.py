@@ -62,7 +62,7 @@ SACCTMGR_USERS = "root|root\nzzslurmtest|zztestacct\n"
 
 @pytest.fixture
 def berlin_tz(monkeypatch):
-    """Run with the host's local zone set to Europe/Berlin (Slurm prints local time)."""
+    """Run with the host's local zone set to Europe/Berlin: Slurm's times must not depend on it."""
     monkeypatch.setenv("TZ", "Europe/Berlin")
     time.tzset()
     yield
@@ -70,16 +70,24 @@ def berlin_tz(monkeypatch):
     time.tzset()
 
 
-def test_parse_time_local_to_utc(berlin_tz):
-    # 2026-11-30 is winter time in Berlin: UTC+1.
-    assert parsing.parse_time("2026-11-30T11:11:39") == dt.datetime(2026, 11, 30, 10, 11, 39, tzinfo=dt.UTC)
-    assert parsing.parse_time("2026-07-01T12:00:00") == dt.datetime(2026, 7, 1, 10, 0, tzinfo=dt.UTC)
+def test_parse_time_is_utc_whatever_the_host_zone(berlin_tz):
+    # The gateway runs Slurm with TZ=UTC: what it prints is UTC, in winter and summer time.
+    assert parsing.parse_time("2026-11-30T11:11:39") == dt.datetime(2026, 11, 30, 11, 11, 39, tzinfo=dt.UTC)
+    assert parsing.parse_time("2026-07-01T12:00:00") == dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.UTC)
     for empty in ("N/A", "Unknown", "None", "", "(null)"):
         assert parsing.parse_time(empty) is None
 
 
-def test_format_time_is_local(berlin_tz):
-    assert parsing.format_time(dt.datetime(2026, 11, 30, 10, 0, tzinfo=dt.UTC)) == "2026-11-30T11:00:00"
+def test_format_time_is_utc(berlin_tz):
+    assert parsing.format_time(dt.datetime(2026, 11, 30, 10, 0, tzinfo=dt.UTC)) == "2026-11-30T10:00:00"
+    berlin = dt.timezone(dt.timedelta(hours=2))
+    assert parsing.format_time(dt.datetime(2026, 10, 25, 2, 30, tzinfo=berlin)) == "2026-10-25T00:30:00"
+
+
+def test_slurm_commands_run_with_tz_utc(berlin_tz):
+    from portal.slurm.cli import CliGateway
+
+    assert CliGateway(cluster="c", timeout=5)._env["TZ"] == "UTC"
 
 
 @pytest.mark.parametrize(
@@ -239,3 +247,12 @@ def test_parse_job_id():
 def test_quirks_by_version():
     assert not cli._Quirks.for_version("22.05.8").reservation_gpu_tres
     assert cli._Quirks.for_version("25.11.1").reservation_gpu_tres
+
+
+@pytest.mark.parametrize(
+    ("printed", "normal"),
+    [("gres:gpu:a100:2", "gres:gpu:a100:2"), ("gres/gpu:a100:2", "gres:gpu:a100:2"), ("N/A", ""), ("", ""),
+     ("gres/gpu:h100:1,gres/shard:2", "gres:gpu:h100:1,gres:shard:2")],
+)  # fmt: skip
+def test_tres_per_node_one_form_for_22_05_and_25_11(printed, normal):
+    assert parsing.tres_per_node(printed) == normal

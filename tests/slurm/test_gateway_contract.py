@@ -1,8 +1,9 @@
 """Contract of every Slurm gateway backend, against a real cluster (``scripts/cluster up``).
 
-Runs unchanged for any backend: the gateway comes from ``portal.slurm.get_gateway()`` (backend
-from settings.SLURM_BACKEND, i.e. the SLURM_BACKEND environment variable). Expects the local
-emulated cluster's shape: nodes a100-01, a100-02 (4 x a100), h100-01 (4 x h100); partitions gpu
+Runs for every backend on every local cluster (the ``slurm_target`` fixture): cli on Slurm 22.05
+(``scripts/cluster up``) and 25.11 (``scripts/cluster up --slurm 25.11``), pyslurm on 25.11 (built by
+``scripts/pyslurm``); the gateway comes from ``portal.slurm.get_gateway()``. Expects the local
+emulated clusters' shape: nodes a100-01, a100-02 (4 x a100), h100-01 (4 x h100); partitions gpu
 (default, MaxTime 72 h) and debug (MaxTime 1 h). Needs root (useradd, --uid, reservations).
 
 Everything created is named gpuportal_ci*/gpuportal-ci* and cleaned up (jobs cancelled,
@@ -50,12 +51,17 @@ def wait_for(predicate, *, timeout=WAIT_SECONDS, interval=0.3, what="condition")
 
 
 @pytest.fixture
-def gateway(settings):
+def gateway(settings, slurm_target):
     if not settings.SLURM_CONF and not os.environ.get("SLURM_CONF"):
         skip_unless_ci("no Slurm cluster configured (run scripts/cluster up, or set SLURM_CONF)")
-    slurm.reset_gateway()
-    yield slurm.get_gateway()
-    slurm.reset_gateway()
+    gateway = slurm.get_gateway()
+    assert gateway.name == slurm_target.backend
+    try:
+        gateway.ping()
+    except SlurmUnavailable as exc:
+        skip_unless_ci(f"Slurm {slurm_target.release} cluster not up (scripts/cluster up {' '.join(slurm_target.cluster_args)}): {exc}")
+    assert slurm.same_release(gateway.version(), slurm_target.release)
+    return gateway
 
 
 @pytest.fixture
@@ -282,7 +288,57 @@ def test_time_limit_over_partition_max_rejected(gateway, ci_association, ci_user
                             time_limit_minutes=9999))  # fmt: skip
 
 
+def test_a_script_that_is_a_path_is_submitted_as_text(gateway, ci_association, ci_user, job_dir):
+    """The job script is text, never a file name: pyslurm's ``script`` reads a file when given a path,
+    so a "script" naming a file the portal (root) can read must not become that file's content."""
+    target = job_dir / "not-my-script.sh"
+    target.write_text("#!/bin/bash\necho LEAKED\n")
+    with pytest.raises(SlurmRejected):  # "/tmp/.../not-my-script.sh" is no batch script (no #!)
+        gateway.submit(_job(ci_association, ci_user, job_dir, script=str(target)))
+
+
+def test_times_do_not_depend_on_the_host_zone(gateway, ci_association, ci_user, job_dir, cleanup_jobs, monkeypatch):
+    """Slurm's times reach the portal as UTC whatever the host's zone (the CLI runs with TZ=UTC,
+    pyslurm answers timestamps): submit and end times of a job just run are now, not hours off."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+        job_id = gateway.submit(_job(ci_association, ci_user, job_dir, script="#!/bin/bash\ntrue\n", gpus=0))
+        cleanup_jobs.append(job_id)
+        entry = _queue_entry(gateway, job_id)
+        assert entry is not None and abs(entry.submit_time - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=2)
+        record = wait_for(lambda: (r := _accounting_record(gateway, job_id, since)) and r.end_time and r,
+                          what="the accounting record")  # fmt: skip
+        assert abs(record.submit_time - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=2)
+        assert abs(record.end_time - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=2)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 # --- reservations ------------------------------------------------------------------------------
+
+
+def test_reservation_of_gpu_counts_where_slurm_can(gateway, ci_association):
+    """25.11 reserves GPU counts (bookings use it); 22.05 refuses them, and the gateway says so."""
+    name = f"gpuportal_ci_{uuid.uuid4().hex[:8]}"
+    start = (dt.datetime.now(dt.UTC) + dt.timedelta(days=3)).replace(microsecond=0)
+    spec = ReservationSpec(name=name, start=start, end=start + dt.timedelta(hours=1), accounts=(ci_association,),
+                           tres={"gres/gpu:a100": 2})  # fmt: skip
+    if not gateway.reservations_support_gpu_counts:
+        assert slurm.same_release(gateway.version(), "22.05")
+        with pytest.raises(SlurmRejected):
+            gateway.reservation_create(spec)
+        return
+    try:
+        assert gateway.reservation_create(spec) == name
+        resv = {r.name: r for r in gateway.reservation_list()}[name]
+        assert "gres/gpu:a100=2" in resv.tres.split(","), resv.tres
+        assert resv.accounts == (ci_association,) and resv.nodes.startswith("a100-")
+    finally:
+        gateway.reservation_delete(name)
+    assert name not in {r.name for r in gateway.reservation_list()}
 
 
 def test_reservation_whole_node_create_list_delete(gateway, ci_association):
@@ -309,13 +365,13 @@ def test_reservation_whole_node_create_list_delete(gateway, ci_association):
 # --- controller down (last: it stops slurmctld for a few seconds) ------------------------------
 
 
-def test_controller_down_raises_unavailable_within_timeout(settings, gateway):
+def test_controller_down_raises_unavailable_within_timeout(settings, gateway, slurm_target):
     timeout = 5
     settings.SLURM_TIMEOUT = timeout
     slurm.reset_gateway()
     short = slurm.get_gateway()
     cluster = [str(REPO / "scripts" / "cluster")]
-    subprocess.run([*cluster, "ctld-stop"], check=True, timeout=60, capture_output=True)
+    subprocess.run([*cluster, "ctld-stop", *slurm_target.cluster_args], check=True, timeout=60, capture_output=True)
     try:
         for call in (short.queue, short.ping, short.partitions):
             started = time.monotonic()
@@ -323,7 +379,7 @@ def test_controller_down_raises_unavailable_within_timeout(settings, gateway):
                 call()
             assert time.monotonic() - started < timeout + 2
     finally:
-        subprocess.run([*cluster, "ctld-start"], check=True, timeout=120, capture_output=True)
+        subprocess.run([*cluster, "ctld-start", *slurm_target.cluster_args], check=True, timeout=120, capture_output=True)
     wait_for(lambda: _answers(short), what="slurmctld back")
 
 

@@ -1,0 +1,87 @@
+# shellcheck shell=bash
+# Build Slurm from a source tarball into a prefix of its own (used by scripts/cluster --slurm
+# and scripts/pyslurm). Source, do not run; needs lib/common.sh first.
+#
+#   SLURM_SOURCE  the tarball  [<repo>/../shared/vendor/slurm-25.11.7.tar.gz]
+#                 its sha256 is checked against SLURM_SOURCE.sha256 when that file exists
+#
+# The prefix is /opt/gpuportal-slurm-<version>-<12 hex of sha256(tarball's sha256, configure
+# flags)>: a new tarball (or new flags) builds into a new prefix, the same is built once (the stamp file
+# .gpuportal-built in the prefix is written last, after `make install` into a staging dir
+# was moved into place, so an interrupted build never looks finished).
+#
+# Sets: SLURM_SOURCE SLURM_SRC_SHA SLURM_SRC_VERSION SLURM_PREFIX
+
+SLURM_BUILD_DEPS=(build-essential pkg-config libmunge-dev libmariadb-dev libjson-c-dev libyaml-dev
+    libhttp-parser-dev libjwt-dev libcurl4-openssl-dev libdbus-1-dev liblz4-dev libpam0g-dev munge)
+# --enable-multiple-slurmd: several slurmd on one host (the emulated nodes), as Debian builds it.
+# Without it 25.11 logs "Duplicated NodeHostName" and, once slurmctld restarts, cannot address any
+# node but the first ("_fwd_tree_get_addr: can't find address for host a100-02"): they stay idle*.
+SLURM_CONFIGURE_FLAGS=(--with-munge --enable-multiple-slurmd --disable-debug --without-hdf5 --without-rrdtool
+    --without-pmix --without-ucx)
+
+# slurm_source_locate WANT_MM: find and check the tarball for Slurm WANT_MM (e.g. 25.11).
+# Exit status 4 (and a message naming SLURM_SOURCE) when it is missing.
+slurm_source_locate() {
+    local want=$1 repo sumfile expected
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+    SLURM_SOURCE=${SLURM_SOURCE:-$repo/../shared/vendor/slurm-25.11.7.tar.gz}
+    if [[ ! -r $SLURM_SOURCE ]]; then
+        warn "no Slurm $want source tarball at SLURM_SOURCE=$SLURM_SOURCE"
+        warn "set SLURM_SOURCE to a slurm-$want.x.tar.gz (SchedMD's release source) to build it"
+        return 4
+    fi
+    SLURM_SOURCE=$(readlink -f "$SLURM_SOURCE")
+    SLURM_SRC_SHA=$(sha256sum "$SLURM_SOURCE" | cut -d' ' -f1)
+    sumfile=$SLURM_SOURCE.sha256
+    if [[ -r $sumfile ]]; then
+        expected=$(cut -d' ' -f1 <"$sumfile")
+        [[ $expected == "$SLURM_SRC_SHA" ]] \
+            || die "SLURM_SOURCE=$SLURM_SOURCE: sha256 $SLURM_SRC_SHA, but $sumfile says $expected"
+    else
+        warn "no $sumfile: building SLURM_SOURCE=$SLURM_SOURCE unchecked (sha256 $SLURM_SRC_SHA)"
+    fi
+    # The version from the tarball's META file (Version/Micro), not from its file name.
+    local meta major minor micro
+    meta=$(tar -xzOf "$SLURM_SOURCE" --wildcards --no-anchored '*/META' 2>/dev/null | head -n 40) \
+        || die "SLURM_SOURCE=$SLURM_SOURCE: no META file (not a Slurm source tarball?)"
+    major=$(awk '$1 == "Major:" {print $2; exit}' <<<"$meta")
+    minor=$(awk '$1 == "Minor:" {print $2; exit}' <<<"$meta")
+    micro=$(awk '$1 == "Micro:" {print $2; exit}' <<<"$meta")
+    [[ -n $major && -n $minor && -n $micro ]] || die "SLURM_SOURCE=$SLURM_SOURCE: cannot read its version from META"
+    SLURM_SRC_VERSION=$major.$minor.$micro
+    [[ $major.$minor == "$want" ]] \
+        || die "SLURM_SOURCE=$SLURM_SOURCE is Slurm $SLURM_SRC_VERSION, not $want"
+    local key
+    key=$(printf '%s %s' "$SLURM_SRC_SHA" "${SLURM_CONFIGURE_FLAGS[*]}" | sha256sum | cut -c1-12)
+    SLURM_PREFIX=/opt/gpuportal-slurm-$SLURM_SRC_VERSION-$key
+}
+
+slurm_built() { [[ $(cat "$SLURM_PREFIX/.gpuportal-built" 2>/dev/null) == "$SLURM_SRC_SHA" ]]; }
+
+# slurm_build: build and install into SLURM_PREFIX unless already done (call after _locate).
+slurm_build() {
+    if slurm_built; then
+        log "Slurm $SLURM_SRC_VERSION: built in $SLURM_PREFIX"
+        return 0
+    fi
+    apt_ensure "${SLURM_BUILD_DEPS[@]}"
+    local work t0=$SECONDS
+    work=$(mktemp -d /tmp/gpuportal-slurm-build.XXXXXX)
+    log "Slurm $SLURM_SRC_VERSION: building into $SLURM_PREFIX (log: $work/build.log; ~3.5 min on 2 cores)"
+    (
+        set -e
+        cd "$work"
+        tar -xzf "$SLURM_SOURCE"
+        cd "$(find . -mindepth 1 -maxdepth 1 -type d | head -n1)"
+        ./configure --prefix="$SLURM_PREFIX" --sysconfdir="$SLURM_PREFIX/etc" "${SLURM_CONFIGURE_FLAGS[@]}"
+        make -j"$(nproc)"
+        make install DESTDIR="$work/stage"
+    ) >"$work/build.log" 2>&1 || { tail -n 30 "$work/build.log" >&2; die "Slurm build failed (log: $work/build.log)"; }
+    rm -rf "$SLURM_PREFIX"
+    mkdir -p "$(dirname "$SLURM_PREFIX")"
+    mv "$work/stage$SLURM_PREFIX" "$SLURM_PREFIX"
+    echo "$SLURM_SRC_SHA" >"$SLURM_PREFIX/.gpuportal-built"
+    rm -rf "$work"
+    log "Slurm $SLURM_SRC_VERSION: built in $((SECONDS - t0)) s"
+}
