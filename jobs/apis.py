@@ -69,10 +69,17 @@ class JobSummaryOutputSerializer(serializers.Serializer):
     gpu_type = serializers.CharField()
     gpus = serializers.IntegerField()
     nodes = serializers.IntegerField()
-    cpus_per_gpu = serializers.IntegerField()
+    cpus_per_gpu = serializers.IntegerField(allow_null=True)
     memory_gb = serializers.IntegerField(allow_null=True)
     time_limit_minutes = serializers.IntegerField()
     workdir = serializers.CharField()
+    ntasks = serializers.IntegerField()
+    cpus_per_task = serializers.IntegerField(allow_null=True)
+    exclusive = serializers.BooleanField()
+    array = serializers.CharField(help_text="sbatch --array as given; empty: not an array job.")
+    array_tasks = serializers.IntegerField(help_text="Tasks of the array (1: not an array); the estimate covers all.")
+    qos = serializers.CharField()
+    constraint = serializers.CharField()
     booking = serializers.UUIDField(source="booking_id", allow_null=True)
     state = serializers.ChoiceField(choices=JobState.choices)
     state_reason = serializers.CharField()
@@ -102,8 +109,15 @@ class JobEventOutputSerializer(serializers.Serializer):
     at = serializers.DateTimeField()
 
 
+class JobDirectiveOutputSerializer(serializers.Serializer):
+    option = serializers.CharField()
+    value = serializers.CharField(allow_null=True)
+    line = serializers.IntegerField(help_text="The script's line; 0: set by a field (overrides the script).")
+
+
 class JobDetailOutputSerializer(JobSummaryOutputSerializer):
     script = serializers.CharField()
+    directives = JobDirectiveOutputSerializer(many=True, help_text="The options Slurm gets, as the portal read them.")
     environment = serializers.DictField(child=serializers.CharField())
     relay_attempts = serializers.IntegerField()
     last_relay_error = serializers.CharField()
@@ -123,15 +137,25 @@ class JobCollectionApi(ListAPIView):
 
     class JobSubmitInputSerializer(serializers.Serializer):
         team = serializers.CharField(help_text="Team slug.")
-        name = serializers.CharField(allow_blank=True)
-        script = serializers.CharField(allow_blank=True, trim_whitespace=False)
+        script = serializers.CharField(
+            allow_blank=True, trim_whitespace=False,
+            help_text="A batch script; its #SBATCH lines are read as sbatch reads them. Every field below overrides "
+            "the script's directive for it (as sbatch's command line does); leave a field out to let the script decide.",
+        )  # fmt: skip
+        name = serializers.CharField(allow_blank=True, required=False, allow_null=True, default=None)
         partition = serializers.CharField(allow_blank=True, required=False, default="")
         gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField()
-        nodes = serializers.IntegerField(required=False, default=1)
-        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        gpus = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="GPUs of the job in total.")
+        nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
         memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
         time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        ntasks = serializers.IntegerField(required=False, allow_null=True, default=None)
+        cpus_per_task = serializers.IntegerField(required=False, allow_null=True, default=None)
+        exclusive = serializers.BooleanField(required=False, allow_null=True, default=None)
+        array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="sbatch --array, e.g. 0-15%4.")
+        qos = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+        constraint = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
         booking = serializers.UUIDField(required=False, allow_null=True, default=None)
         workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
         environment = serializers.DictField(
@@ -285,11 +309,17 @@ class JobQuoteApi(APIView):
     class JobQuoteInputSerializer(serializers.Serializer):
         partition = serializers.CharField(allow_blank=True, required=False, default="")
         gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField()
-        nodes = serializers.IntegerField(required=False, default=1)
-        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        gpus = serializers.IntegerField(required=False, allow_null=True, default=None)
+        nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
         memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
         time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        script = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="",
+                                       help_text="Its #SBATCH lines count; the fields override them.")  # fmt: skip
+        ntasks = serializers.IntegerField(required=False, allow_null=True, default=None)
+        cpus_per_task = serializers.IntegerField(required=False, allow_null=True, default=None)
+        exclusive = serializers.BooleanField(required=False, allow_null=True, default=None)
+        array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
 
     class JobQuoteOutputSerializer(serializers.Serializer):
         gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2)

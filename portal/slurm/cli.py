@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from . import parsing
 from .base import SlurmGateway
 from .parsing import FIELD_SEP
+from .request import spec_options, spec_script
 from .types import (
     AccountingRecord,
     Association,
@@ -145,51 +146,15 @@ def render_script(script: str, environment: dict[str, str]) -> str:
 
 
 def sbatch_argv(spec: JobSpec, sbatch: str = "sbatch") -> list[str]:
-    """sbatch's argv for a job spec (the script goes to stdin). Pure: unit-tested."""
+    """sbatch's argv for a job spec (the script, from ``spec_script``, goes to stdin). Pure: unit-tested."""
     check_text(spec.name, "Job name")
     check_text(spec.comment, "Job comment")
-    for value, what in ((spec.account, "Account"), (spec.partition, "Partition"),
-                        (spec.gpu_type, "GPU type"), (spec.reservation, "Reservation"),
-                        (spec.workdir, "Working directory"), (spec.stdout, "Output path"),
-                        (spec.stderr, "Error path")):  # fmt: skip
-        check_text(value, what)
-    if spec.nodes < 1:
-        raise SlurmRejected(f"nodes must be at least 1, got {spec.nodes}")
-    if spec.gpus < 0:
-        raise SlurmRejected(f"gpus must not be negative, got {spec.gpus}")
-    if spec.gpus % spec.nodes:
-        raise SlurmRejected(f"{spec.gpus} GPUs cannot be spread evenly over {spec.nodes} nodes")
-    argv = [
-        sbatch,
-        "--parsable",
-        "--export=NONE",
-        f"--job-name={spec.name}",
-        f"--account={spec.account}",
-        f"--partition={spec.partition}",
-        f"--nodes={spec.nodes}",
-        f"--chdir={spec.workdir}",
-    ]
-    if spec.gpus:
-        # GPUs per node as --gres (squeue's %b then shows "gres:gpu:a100:2"); spec.gpus is the total.
-        per_node = spec.gpus // spec.nodes
-        gres = f"gpu:{spec.gpu_type}:{per_node}" if spec.gpu_type else f"gpu:{per_node}"
-        argv += [f"--gres={gres}", f"--cpus-per-gpu={spec.cpus_per_gpu}"]
-    if spec.memory_mb is not None:
-        argv.append(f"--mem={int(spec.memory_mb)}")
-    if spec.time_limit_minutes is not None:
-        argv.append(f"--time={int(spec.time_limit_minutes)}")
-    if spec.stdout:
-        argv.append(f"--output={spec.stdout}")
-    if spec.stderr:
-        argv.append(f"--error={spec.stderr}")
-    if spec.comment:
-        argv.append(f"--comment={spec.comment}")
-    if spec.reservation:
-        argv.append(f"--reservation={spec.reservation}")
-    if spec.uid is not None:
-        argv.append(f"--uid={int(spec.uid)}")
-    if spec.gid is not None:
-        argv.append(f"--gid={int(spec.gid)}")
+    argv = [sbatch, "--parsable", "--export=NONE"]
+    for option, value in spec_options(spec):
+        if value is None:
+            argv.append(f"--{option}")
+        else:
+            argv.append(f"--{option}={check_text(value, f'--{option}')}")
     return argv
 
 
@@ -474,7 +439,7 @@ class CliGateway(SlurmGateway):
 
     def submit(self, spec: JobSpec) -> int:
         argv = sbatch_argv(spec, self._exe("sbatch"))
-        script = render_script(spec.script, spec.environment)
+        script = render_script(spec_script(spec), spec.environment)
         return parse_job_id(self._run(argv, stdin=script))
 
     def cancel(self, job_id: int) -> None:

@@ -49,6 +49,10 @@ class JobSpec:
     reservation: str = ""
     uid: int | None = None  # run as this Unix user (submitter must be root)
     gid: int | None = None
+    # The command-line options, as (long option, value or None), that override the script's
+    # #SBATCH lines (portal.slurm.request). None: built from the typed fields above (name,
+    # partition, nodes, workdir, gpus, cpus_per_gpu, memory, time, stdout, stderr).
+    options: tuple[tuple[str, str | None], ...] | None = None
 
 
 @dataclass(frozen=True)
