@@ -176,7 +176,7 @@ class JobTemplate(models.Model):
     gpu_type = models.CharField(max_length=32, blank=True)
     gpus = models.PositiveIntegerField(default=1)
     nodes = models.PositiveIntegerField(default=1)
-    cpus_per_gpu = models.PositiveIntegerField(default=1)
+    cpus_per_gpu = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the script decides.")
     memory_gb = models.PositiveIntegerField(null=True, blank=True)
     time_limit_minutes = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: partition default.")
     workdir = models.CharField(max_length=1024, blank=True)

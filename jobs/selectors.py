@@ -16,6 +16,7 @@ from django.db.models import Prefetch, Q, QuerySet
 
 from jobs.choices import STREAM_SUFFIX, TERMINAL_STATES, JobState, OutputStream
 from jobs.models import Job, JobEvent, JobTemplate
+from jobs.output_paths import expand_output_pattern
 from portal.models import Membership
 from portal.roles import is_admin
 
@@ -56,11 +57,31 @@ def job_templates_visible_to(user) -> QuerySet[JobTemplate]:
     )
 
 
-def job_output_path(job: Job, stream: str) -> str | None:
-    """Where Slurm writes the job's stdout/stderr (JOB_OUTPUT_PATTERN), None before it has an id."""
+def job_output_path(job: Job, stream: str, *, array_index: int | None = None, task_job_id: int | None = None) -> str | None:
+    """Where Slurm writes the job's stdout/stderr: the script's --output/--error pattern (stderr goes
+    to --output when only that is given, as in sbatch), else JOB_OUTPUT_PATTERN; for an array job,
+    of task ``array_index`` (default: the first). None before the job has an id, or when the pattern
+    needs what is not known yet."""
     if job.slurm_job_id is None:
         return None
-    return settings.JOB_OUTPUT_PATTERN.format(workdir=job.workdir, slurm_job_id=job.slurm_job_id, stream=STREAM_SUFFIX[stream])
+    pattern = job.output_pattern if stream == OutputStream.STDOUT else (job.error_pattern or job.output_pattern)
+    if not pattern:
+        slurm_id = "%A_%a" if job.array else "%j"
+        pattern = settings.JOB_OUTPUT_PATTERN.format(workdir=job.workdir, slurm_job_id=slurm_id, stream=STREAM_SUFFIX[stream])
+    if job.array and array_index is None:
+        array_index = first_array_index(job.array)
+    profile = getattr(job.submitter, "profile", None)
+    user = profile.cluster_username if profile else job.submitter.username
+    return expand_output_pattern(
+        pattern, job_id=task_job_id or job.slurm_job_id, name=job.name, user=user,
+        array_job_id=job.slurm_job_id if job.array else None, array_index=array_index if job.array else None,
+    )  # fmt: skip
+
+
+def first_array_index(array: str) -> int:
+    from gpuportal_cli.sbatch_directives import parse_array
+
+    return parse_array(array)[0][0]
 
 
 @dataclass(frozen=True)

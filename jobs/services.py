@@ -1087,7 +1087,7 @@ def job_template_create(
     gpu_type: str = "",
     gpus: int = 1,
     nodes: int = 1,
-    cpus_per_gpu: int = 1,
+    cpus_per_gpu: int | None = None,
     memory_gb: int | None = None,
     time_limit_minutes: int | None = None,
     workdir: str = "",
@@ -1115,7 +1115,7 @@ def job_template_create(
     if not isinstance(script, str) or not script.strip() or "\x00" in script or len(script.encode()) > MAX_SCRIPT_BYTES:
         errors["script"] = ["A non-empty script without NUL bytes, at most 1 MiB."]
     for key, value, required in (
-        ("gpus", gpus, True), ("nodes", nodes, True), ("cpus_per_gpu", cpus_per_gpu, True),
+        ("gpus", gpus, True), ("nodes", nodes, True), ("cpus_per_gpu", cpus_per_gpu, False),
         ("memory_gb", memory_gb, False), ("time_limit_minutes", time_limit_minutes, False),
     ):  # fmt: skip
         _as_int(value, key, errors, required=required)
@@ -1135,7 +1135,7 @@ def job_template_create(
     template = JobTemplate(
         scope=scope, owner=owner, team=team, created_by=user, name=name, description=description or "",
         script=script, partition=partition or "", gpu_type=gpu_type or "", gpus=int(gpus), nodes=int(nodes),
-        cpus_per_gpu=int(cpus_per_gpu), memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
+        cpus_per_gpu=int(cpus_per_gpu) if cpus_per_gpu not in (None, "") else None, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
         workdir=workdir or "", environment=environment,
     )  # fmt: skip
     try:
