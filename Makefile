@@ -17,10 +17,11 @@ help:
 	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml cli/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ./cli
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 

@@ -10,7 +10,7 @@ import uuid
 from django import forms
 
 from jobs.choices import TemplateScope
-from portal.cli.sbatch import parse_time_minutes
+from gpuportal_cli.sbatch import parse_time_minutes
 from portal.roles import is_admin
 from portal.selectors import teams_user_can_submit_to
 

@@ -1,2 +1,2 @@
 """gpuportal's core app. The Celery app (portal/celery.py) is loaded by PortalConfig.ready(), not
-here, so that the `gpuportal` CLI (portal/cli) starts without importing Django or Celery."""
+here, so that nothing but the server pays for Django or Celery (the `gpuportal` CLI lives in cli/)."""

@@ -18,7 +18,7 @@ def cli_env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("GPUPORTAL_URL", raising=False)
     monkeypatch.delenv("GPUPORTAL_TOKEN", raising=False)
-    monkeypatch.setattr("portal.cli.client.RETRY_BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr("gpuportal_cli.client.RETRY_BACKOFF_SECONDS", 0.01)
     return tmp_path
 
 

@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from portal.cli import config as cli_config
-from portal.cli.main import main
+from gpuportal_cli import config as cli_config
+from gpuportal_cli.main import main
 
 JOB_ID = "3f1c2e9a-1111-4222-8333-944455556666"
 JOB_PATH = f"/api/v1/jobs/{JOB_ID}/"
@@ -242,7 +242,7 @@ def test_several_scripts_go_in_one_array_post_with_their_own_directives(fake_api
 
 
 def test_more_scripts_than_one_batch_holds_are_split_with_derived_keys(fake_api, tmp_path, monkeypatch):
-    monkeypatch.setattr("portal.cli.main.BATCH_MAX", 2)
+    monkeypatch.setattr("gpuportal_cli.main.BATCH_MAX", 2)
     paths = []
     for i in range(3):
         path = tmp_path / f"s{i}.sh"

@@ -27,7 +27,7 @@ echo CUDA=$CUDA_VISIBLE_DEVICES
 
 def run_cli(args: list[str], *, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "portal.cli.main", *args],
+        [sys.executable, "-m", "gpuportal_cli", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from portal.cli.sbatch import gpu_request, parse_memory_gb, parse_sbatch, parse_time_minutes
+from gpuportal_cli.sbatch import gpu_request, parse_memory_gb, parse_sbatch, parse_time_minutes
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """``gpuportal``: submit and follow GPU jobs through the portal's REST API from a shell.
 
 Talks HTTP only (``/api/v1/``, ``Authorization: Token …``) and uses the standard library only, so it
-runs anywhere Python 3.11 does. ``python -m portal.cli.main`` works as well as the console script."""
+runs anywhere Python 3.9 does. ``python -m gpuportal_cli`` works as well as the console script."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from portal.cli import config as config_mod
-from portal.cli.client import ApiError, Client
-from portal.cli.sbatch import gpu_request, parse_memory_gb, parse_sbatch, parse_time_minutes
+from gpuportal_cli import config as config_mod
+from gpuportal_cli.client import ApiError, Client
+from gpuportal_cli.sbatch import gpu_request, parse_memory_gb, parse_sbatch, parse_time_minutes
 
 # Exit codes (documented in --help; keep EXIT_CODES_HELP in step).
 EXIT_OK = 0
