@@ -16,6 +16,7 @@ from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.arrays import array_task_counts
 from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.models import Job, JobTemplate
@@ -115,9 +116,23 @@ class JobDirectiveOutputSerializer(serializers.Serializer):
     line = serializers.IntegerField(help_text="The script's line; 0: set by a field (overrides the script).")
 
 
+class JobArrayTaskOutputSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=JobState.choices)
+    exit_code = serializers.IntegerField(allow_null=True)
+    slurm_job_id = serializers.IntegerField(allow_null=True, help_text="The task's own Slurm id.")
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+
+
 class JobDetailOutputSerializer(JobSummaryOutputSerializer):
     script = serializers.CharField()
     directives = JobDirectiveOutputSerializer(many=True, help_text="The options Slurm gets, as the portal read them.")
+    task_counts = serializers.SerializerMethodField(help_text="Array jobs: tasks per state (not seen yet: PENDING).")
+    tasks = JobArrayTaskOutputSerializer(source="array_task_rows.all", many=True, help_text="Array jobs: each task seen so far.")
+
+    def get_task_counts(self, job) -> dict[str, int]:
+        return array_task_counts(job) if job.array else {}
     environment = serializers.DictField(child=serializers.CharField())
     relay_attempts = serializers.IntegerField()
     last_relay_error = serializers.CharField()
@@ -282,6 +297,7 @@ class JobOutputApi(APIView):
         stream = serializers.ChoiceField(choices=OutputStream.choices, default=OutputStream.STDOUT)
         offset = serializers.IntegerField(min_value=0, default=0)
         length = serializers.IntegerField(min_value=1, default=OUTPUT_DEFAULT_LENGTH, help_text=f"Capped at {OUTPUT_MAX_LENGTH}.")
+        task = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None, help_text="Array jobs: the task's index.")
 
     class JobOutputChunkOutputSerializer(serializers.Serializer):
         data = serializers.CharField()

@@ -207,3 +207,24 @@ class JobTemplate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.scope})"
+
+
+class JobArrayTask(models.Model):
+    """One task of an array job (sbatch --array) as the sync last saw it in the queue or accounting.
+    Tasks not seen yet are pending; the parent Job carries the array's overall state."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="array_task_rows")
+    index = models.PositiveIntegerField()
+    slurm_job_id = models.PositiveBigIntegerField(null=True, blank=True)  # the task's own id (squeue %A)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        # one row per task; the job's page and API read a job's tasks in index order
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="jobarraytask_unique_index")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}[{self.index}] {self.state}"

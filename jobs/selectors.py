@@ -114,10 +114,14 @@ def _utf8_cut(raw: bytes) -> bytes:
     return raw
 
 
-def job_output(*, job: Job, stream: str = OutputStream.STDOUT, offset: int = 0, length: int = OUTPUT_DEFAULT_LENGTH) -> OutputChunk:
+def job_output(
+    *, job: Job, stream: str = OutputStream.STDOUT, offset: int = 0, length: int = OUTPUT_DEFAULT_LENGTH,
+    task: int | None = None,
+) -> OutputChunk:
     """A chunk of the job's stdout or stderr from byte ``offset`` (at most ``length``, capped at
     1 MiB), decoded as UTF-8 (invalid bytes replaced; a character cut at the end is left for the
     next read). Never raises for a missing or unreadable file: ``message`` says why there is no data.
+    ``task``: the array index whose output to read (array jobs; default: the first task).
 
     The file lives in a directory the job's user controls and the portal may run as root, so it is
     opened without following a symlink, must be a regular file, and must belong to the Unix user
@@ -131,7 +135,10 @@ def job_output(*, job: Job, stream: str = OutputStream.STDOUT, offset: int = 0, 
     def empty(message: str, size: int = 0) -> OutputChunk:
         return OutputChunk("", offset, offset, size, True, final, message)
 
-    path = job_output_path(job, stream)
+    task_job_id = None
+    if task is not None and job.array:
+        task_job_id = job.array_task_rows.filter(index=task).values_list("slurm_job_id", flat=True).first()
+    path = job_output_path(job, stream, array_index=task, task_job_id=task_job_id)
     if path is None:
         if job.state == JobState.SUBMIT_FAILED:
             return empty(f"The job never reached Slurm: {job.state_reason or 'submission failed'}.")

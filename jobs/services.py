@@ -9,6 +9,7 @@ Rules every function here follows:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -33,6 +34,7 @@ from jobs.choices import (
     state_from_slurm,
     transition_allowed,
 )
+from jobs.arrays import array_tasks_record, array_view, group_by_array
 from jobs.estimate import JobQuote, quote_for
 from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent, JobTemplate
 from jobs.spec import (
@@ -830,7 +832,7 @@ def job_cancel_relay_run(job_id) -> str:
 # Fields the sync reads and may write.
 _SYNC_FIELDS = [
     "id", "state", "state_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
-    "exit_code", "created_at",
+    "exit_code", "created_at", "array", "array_tasks",
 ]  # fmt: skip
 # A job that ended in the queue but is not in accounting yet (slurmdbd lags a little) is left
 # live for this long, so its final state and exit code come from accounting next cycle.
@@ -865,8 +867,10 @@ def jobs_sync() -> dict:
         sync_record_failure("jobs", error=f"squeue: {exc}")
         return stats | {"error": str(exc)}
     stats["queue_calls"] = 1 if followed else 0
-    in_queue = {e.job_id: e for e in queue}
+    in_queue = {e.job_id: e for e in queue if e.array_job_id is None}
+    in_arrays = group_by_array(queue)  # array jobs: their rows folded into one (jobs.arrays)
     tagged = {e.comment: e for e in queue if e.comment.startswith(SLURM_TAG_PREFIX)}
+    array_tasks: dict[uuid.UUID, dict] = {}
 
     # Pair each live job with its queue entry.
     entries: dict[uuid.UUID, Any] = {}
@@ -875,8 +879,14 @@ def jobs_sync() -> dict:
         tag = f"{SLURM_TAG_PREFIX}{job.id}"
         if job.slurm_job_id is None:
             entry = tagged.get(tag)  # ACCEPTED, relay crashed after sbatch: adopt the id
+            if entry is not None and entry.array_job_id is not None:
+                entry = dataclasses.replace(entry, job_id=entry.array_job_id)
         else:
-            entry = in_queue.get(job.slurm_job_id)
+            if job.array:
+                rows = [r for r in in_arrays.get(job.slurm_job_id, []) if r.comment in (tag, "")]
+                entry, array_tasks[job.id] = array_view(job, rows, kind="queue")
+            else:
+                entry = in_queue.get(job.slurm_job_id)
             if entry is not None and entry.comment not in (tag, ""):
                 entry = None  # a reused id (cluster reset): not ours
             if entry is None or state_from_slurm(entry.state) in TERMINAL_STATES:
@@ -893,7 +903,17 @@ def jobs_sync() -> dict:
         try:
             # these jobs only (sacct -j), unless so many that the window read is the cheaper one
             by_id = ids if len(ids) <= ACCOUNTING_BY_ID_MAX else None
-            records = {r.job_id: r for r in gateway.accounting(start, timezone.now(), job_ids=by_id)}
+            rows = gateway.accounting(start, timezone.now(), job_ids=by_id)
+            records = {r.job_id: r for r in rows if r.array_job_id is None}
+            for job in need_accounting:
+                if job.array and job.slurm_job_id is not None:
+                    array_rows = group_by_array(rows).get(job.slurm_job_id, [])
+                    record, done = array_view(job, array_rows, kind="accounting")
+                    array_tasks.setdefault(job.id, {}).update(done)
+                    # one task's raw row is not the array's; the array has ended once every task has
+                    records.pop(job.slurm_job_id, None)
+                    if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
+                        records[job.slurm_job_id] = record
             accounting_ok = True
         except SlurmUnavailable as exc:  # slurmdbd down: apply what the queue says, record the rest later
             stats["accounting_error"] = str(exc)
@@ -909,6 +929,7 @@ def jobs_sync() -> dict:
             planned[job.id] = values
 
     stats["changed"] = _apply_plan(planned, now) if planned else 0
+    stats["array_tasks"] = array_tasks_record(array_tasks) if array_tasks else 0
     stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
     if "accounting_error" in stats:

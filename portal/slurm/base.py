@@ -66,11 +66,11 @@ class SlurmGateway(abc.ABC):
             return None
         for entry in self.queue():
             if entry.comment == comment:
-                return entry.job_id
+                return entry.array_job_id or entry.job_id  # an array: its id, not one task's
         now = dt.datetime.now(dt.UTC)
         for record in self.accounting(now - dt.timedelta(days=FIND_BY_COMMENT_DAYS), now):
             if record.comment == comment:
-                return record.job_id
+                return record.array_job_id or record.job_id
         return None
 
     # Inventory

@@ -53,14 +53,15 @@ _CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
 _SCRUBBED_ENV_PREFIXES = ("SBATCH_", "SQUEUE_", "SACCT_", "SINFO_", "SCANCEL_", "SCONTROL_", "SACCTMGR_", "SLURM_")
 
 # squeue -o: comment (%k) is last so that, in theory, a separator inside it cannot shift fields.
-QUEUE_FIELDS = ("%i", "%u", "%a", "%P", "%T", "%r", "%N", "%D", "%V", "%S", "%e", "%l", "%b", "%v", "%j", "%k")
+# %A: the job's own id (an array task's too), %F: its array's id, %K: the array index(es) of the row
+QUEUE_FIELDS = ("%i", "%u", "%a", "%P", "%T", "%r", "%N", "%D", "%V", "%S", "%e", "%l", "%b", "%v", "%A", "%F", "%K", "%j", "%k")
 QUEUE_FORMAT = FIELD_SEP.join(QUEUE_FIELDS)
 
 # sacct -o: free-text fields (JobName, Comment) last, Comment very last.
 SACCT_FIELDS = (
     "JobIDRaw", "User", "Account", "Partition", "State", "ExitCode", "Submit", "Start", "End",
     "ElapsedRaw", "TimelimitRaw", "NNodes", "NodeList", "AllocTRES", "ReqTRES", "Reservation",
-    "Cluster", "JobName", "Comment",
+    "Cluster", "JobID", "JobName", "Comment",
 )  # fmt: skip
 
 # How far back find_by_comment() looks in accounting once the job left the controller.
@@ -180,12 +181,17 @@ def parse_queue(stdout: str) -> list[QueueEntry]:
             logger.warning("squeue line with %d fields ignored: %r", len(fields), line)
             continue
         (job_id, user, account, partition, state, reason, nodes, num_nodes, submit, start, end,
-         limit, tres, reservation, name, comment) = fields  # fmt: skip
-        job_id_int = parsing.parse_int(job_id, None)
-        if job_id_int is None:  # array job "123_[1-4]": never submitted by the portal
+         limit, tres, reservation, own_id, array_id, array_index, name, comment) = fields  # fmt: skip
+        job_id_int = parsing.parse_int(own_id, None)
+        if job_id_int is None:
+            job_id_int = parsing.parse_int(job_id, None)
+        if job_id_int is None:
             continue
+        array_tasks = "" if array_index.strip() in ("", "N/A") else array_index.strip().split("%")[0]
         entries.append(
             QueueEntry(
+                array_job_id=parsing.parse_int(array_id, None) if array_tasks else None,
+                array_tasks=array_tasks,
                 job_id=job_id_int,
                 name=name,
                 user=user,
@@ -217,12 +223,16 @@ def parse_sacct(stdout: str) -> list[AccountingRecord]:
             logger.warning("sacct line with %d fields ignored: %r", len(fields), line)
             continue
         (job_id, user, account, partition, state, exit_code, submit, start, end, elapsed, limit,
-         num_nodes, nodes, alloc_tres, req_tres, reservation, cluster, name, comment) = fields  # fmt: skip
+         num_nodes, nodes, alloc_tres, req_tres, reservation, cluster, array_job, name, comment) = fields  # fmt: skip
         job_id_int = parsing.parse_int(job_id, None)
         if job_id_int is None:
             continue
+        array_base, underscore, array_tasks = array_job.partition("_")  # "559_3", "559_[2-3%2]"
+        array_tasks = array_tasks.strip("[]").split("%")[0] if underscore else ""
         records.append(
             AccountingRecord(
+                array_job_id=parsing.parse_int(array_base, None) if array_tasks else None,
+                array_tasks=array_tasks,
                 job_id=job_id_int,
                 name=name,
                 user=user,

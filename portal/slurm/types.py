@@ -75,6 +75,8 @@ class QueueEntry:
     time_limit_minutes: int | None
     tres_per_node: str  # e.g. "gres:gpu:a100:2"
     reservation: str = ""
+    array_job_id: int | None = None  # the array's id (squeue %F) for a row of an array job
+    array_tasks: str = ""  # the row's array index ("4") or pending indexes ("5-9", "1,3"); "" if no array
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class AccountingRecord:
     comment: str
     reservation: str = ""
     cluster: str = ""
+    array_job_id: int | None = None  # an array task's array id (JobID 559_3)
+    array_tasks: str = ""  # its index ("3"), or the pending indexes of a never-started remainder
 
     @property
     def gpus(self) -> int:
