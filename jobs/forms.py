@@ -177,6 +177,7 @@ class QuoteForm(forms.Form):
     cpus_per_gpu = forms.IntegerField(min_value=1, required=False)
     memory_gb = forms.IntegerField(min_value=1, required=False)
     time_limit_minutes = TimeLimitField(required=False)
+    script = forms.CharField(required=False, strip=False)
 
 
 class TemplateSaveForm(forms.Form):

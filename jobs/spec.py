@@ -500,3 +500,38 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
         "exclusive": request.exclusive, "array": request.array, "array_tasks": request.array_tasks,
         "array_throttle": request.array_throttle, "qos": request.qos or "", "constraint": request.constraint or "",
     }  # fmt: skip
+
+
+# ---------------------------------------------------------------- what the form shows
+
+_MEANING = {
+    "job-name": "job name", "partition": "partition", "time": "time limit", "nodes": "nodes", "ntasks": "tasks",
+    "ntasks-per-node": "tasks per node", "cpus-per-task": "CPUs per task", "cpus-per-gpu": "CPUs per GPU",
+    "gres": "GPUs per node (--gres)", "gpus": "GPUs for the job", "gpus-per-node": "GPUs per node",
+    "gpus-per-task": "GPUs per task", "mem": "memory per node (0: all of it)", "mem-per-cpu": "memory per CPU",
+    "mem-per-gpu": "memory per GPU", "exclusive": "whole nodes (every GPU counts)", "array": "array tasks",
+    "qos": "QOS", "constraint": "node features", "output": "stdout file", "error": "stderr file",
+    "chdir": "working directory", "account": "account (must be the team's)", "signal": "signal before the end",
+    "requeue": "requeue on failure", "mail-type": "mail on", "mail-user": "mail to",
+}  # fmt: skip
+
+
+def directives_table(script: str) -> tuple[list[dict], str]:
+    """The script's directives for the form (line, as written, option, what it sets), or an error
+    naming the line. Pure: no inventory (the estimate checks the rest)."""
+    try:
+        directives = parse_directives((script or "").replace("\r\n", "\n"))
+        request = script_request(directives)
+    except DirectiveError as exc:
+        return [], str(exc)
+    rows = []
+    for directive in directives:
+        meaning = _MEANING.get(directive.option, "passed to Slurm unchanged")
+        if directive.option in REFUSED_OPTIONS:
+            meaning = f"refused: {REFUSED_OPTIONS[directive.option]}"
+        elif directive.option == "array":
+            meaning = f"{request.array_tasks} array tasks" + (f", at most {request.array_throttle} at once" if request.array_throttle else "")
+        elif directive.option == "time" and request.time_limit_minutes:
+            meaning = f"time limit {request.time_limit_minutes} min"
+        rows.append({"line": directive.line, "text": directive.text, "option": directive.option, "meaning": meaning})
+    return rows, ""

@@ -126,3 +126,23 @@ def test_job_detail_shows_what_each_directive_became(api_client_for, inventory, 
     directives = {(d["option"], d["value"], d["line"]) for d in detail["directives"]}
     assert {("gres", "gpu:a100:2", 2), ("cpus-per-task", "4", 3), ("time", "9", 0)} <= directives
     assert not any(d["option"] == "time" and d["line"] == 4 for d in detail["directives"])  # replaced
+
+
+def test_the_form_shows_what_each_directive_became_and_the_estimate_follows(client_for, inventory):
+    script = "#!/bin/bash\n#SBATCH --array=0-3%2 --gres=gpu:a100:1\n#SBATCH -t 30 --open-mode=append\ntrue\n"
+    response = client_for("member").post(reverse("jobs:quote"), {"script": script, "partition": ""}, HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "4 array tasks, at most 2 at once" in body and "time limit 30 min" in body and "passed to Slurm unchanged" in body
+    assert "at most 2.00 GPU-hours" in body  # 4 tasks × 1 GPU × 30 min
+    bad = client_for("member").post(reverse("jobs:quote"), {"script": "#SBATCH --gres=gpu:1\n#SBATCH --bogus\n"}).content.decode()
+    assert "line 2: unrecognized option &#x27;--bogus&#x27;" in bad
+
+
+def test_a_script_only_form_submission_is_accepted(client_for, inventory, relays):
+    response = client_for("member").post(reverse("jobs:new"), {"team": "vision", "script": DDP, "idempotency_key": "k1"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    job = Job.objects.get()
+    assert (job.gpus, job.cpus_per_task, job.cpus_per_gpu, job.overrides[0]) == (2, 4, None, ["chdir", "/tmp"])
+    page = client_for("member").get(reverse("jobs:detail", args=[job.pk])).content.decode()
+    assert "What Slurm gets" in page and "script line 3" in page
