@@ -16,7 +16,7 @@ from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.arrays import array_task_counts
+from jobs.arrays import array_task_counts, job_array_task_cancel
 from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.models import Job, JobTemplate
@@ -284,10 +284,19 @@ class JobCancelApi(APIView):
         request=None,
         responses={200: JobSummaryOutputSerializer, 202: JobSummaryOutputSerializer},
         description="200: cancelled at once (it had not reached Slurm). 202: cancel passed on to Slurm; "
-        "the state becomes CANCELLED at the next sync. 409: the job already ended.",
+        "the state becomes CANCELLED at the next sync. 409: the job already ended. `?task=N`: only task N of an "
+        "array job (202; the other tasks go on).",
+        parameters=[OpenApiParameter("task", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False)],
     )
     def post(self, request, job_id):
-        job = job_cancel(user=request.user, job=_visible_job(request, job_id), request=request)
+        job = _visible_job(request, job_id)
+        task = request.query_params.get("task")
+        if task is not None:  # one task of an array job
+            if not task.isdigit():
+                raise ApplicationError("Invalid task.", errors={"task": ["An array index (a whole number)."]})
+            job = job_array_task_cancel(user=request.user, job=job, index=int(task), request=request)
+            return Response(JobSummaryOutputSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+        job = job_cancel(user=request.user, job=job, request=request)
         code = status.HTTP_200_OK if job.state == JobState.CANCELLED else status.HTTP_202_ACCEPTED
         return Response(JobSummaryOutputSerializer(job).data, status=code)
 

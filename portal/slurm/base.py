@@ -17,6 +17,7 @@ from .types import (
     QueueEntry,
     Reservation,
     ReservationSpec,
+    SlurmRejected,
 )
 
 
@@ -46,6 +47,10 @@ class SlurmGateway(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_id: int) -> None:
         """Cancel a job. Cancelling a job that already ended is not an error."""
+
+    def cancel_array_task(self, array_job_id: int, index: int) -> None:
+        """Cancel one task of an array job (``scancel 123_4``). Backends that cannot say so."""
+        raise SlurmRejected("This Slurm backend cannot cancel one task of an array job.")
 
     @abc.abstractmethod
     def queue(self) -> list[QueueEntry]:

@@ -455,6 +455,9 @@ class CliGateway(SlurmGateway):
     def cancel(self, job_id: int) -> None:
         self._run([self._exe("scancel"), str(int(job_id))], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
 
+    def cancel_array_task(self, array_job_id: int, index: int) -> None:
+        self._run([self._exe("scancel"), f"{int(array_job_id)}_{int(index)}"], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
+
     def queue(self) -> list[QueueEntry]:
         out = self._run([self._exe("squeue"), "-h", "-a", "-t", "all", "-o", QUEUE_FORMAT])
         return parse_queue(out)

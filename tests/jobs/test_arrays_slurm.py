@@ -80,3 +80,18 @@ def test_cancel_cancels_the_whole_array(cluster, relays):
     sync_until(lambda: Job.objects.get(pk=job.pk).state == JobState.CANCELLED)
     job.refresh_from_db()
     assert JobArrayTask.objects.filter(job=job).exclude(state=JobState.CANCELLED).count() == 0
+
+
+def test_one_task_is_cancelled_by_index_through_the_api(cluster, relays):
+    script = "#!/bin/bash\n#SBATCH --array=0-1 --gres=gpu:1 -t 5\nsleep 120\n"
+    job, _ = job_submit(user=cluster.alice, team=cluster.vision, script=script)
+    assert job_relay_run(job.pk) == "submitted"
+    client = APIClient()
+    client.force_authenticate(cluster.alice)
+    assert client.post(f"/api/v1/jobs/{job.pk}/cancel/?task=7").status_code == 400  # not in 0-1
+    assert client.post(f"/api/v1/jobs/{job.pk}/cancel/?task=1").status_code == 202
+    sync_until(lambda: JobArrayTask.objects.filter(job=job, index=1, state=JobState.CANCELLED).exists())
+    assert Job.objects.get(pk=job.pk).state not in TERMINAL_STATES  # task 0 goes on
+    assert client.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 202
+    assert job_cancel_relay_run(job.pk) == "sent"  # what the cancel relay task does
+    sync_until(lambda: Job.objects.get(pk=job.pk).state == JobState.CANCELLED)
