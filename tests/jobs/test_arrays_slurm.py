@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.choices import TERMINAL_STATES, JobState
@@ -68,6 +69,19 @@ def test_an_array_job_runs_its_tasks_and_the_portal_follows_each(cluster, relays
     out = client.get(f"/api/v1/jobs/{job.pk}/output/?task=2").json()
     assert out["data"] == f"task 2 of {job.slurm_job_id}\n", out
     assert (tmp_path / f"arr-{job.slurm_job_id}_2.out").exists()
+
+    # usage: one record per task, like any job, all on the parent
+    from accounting.models import UsageRecord
+    from accounting.services import usage_ingest
+
+    def ingested():
+        usage_ingest(since=job.created_at - timezone.timedelta(minutes=5))
+        return UsageRecord.objects.filter(portal_job_uuid=job.pk).count() == 4
+
+    wait_for(ingested, timeout=60, interval=1)
+    records = UsageRecord.objects.filter(portal_job_uuid=job.pk)
+    assert {r.job_id for r in records} == {t.slurm_job_id for t in tasks.values()}
+    assert sum(r.gpus for r in records) == 4
 
 
 def test_cancel_cancels_the_whole_array(cluster, relays):
