@@ -882,14 +882,17 @@ def jobs_sync() -> dict:
             if entry is not None and entry.array_job_id is not None:
                 entry = dataclasses.replace(entry, job_id=entry.array_job_id)
         else:
+            tasks_missing = False
             if job.array:
                 rows = [r for r in in_arrays.get(job.slurm_job_id, []) if r.comment in (tag, "")]
                 entry, array_tasks[job.id] = array_view(job, rows, kind="queue")
+                # tasks the queue no longer shows (cancelled while pending, or ended long ago): accounting has them
+                tasks_missing = len(array_tasks[job.id]) < job.array_tasks
             else:
                 entry = in_queue.get(job.slurm_job_id)
             if entry is not None and entry.comment not in (tag, ""):
                 entry = None  # a reused id (cluster reset): not ours
-            if entry is None or state_from_slurm(entry.state) in TERMINAL_STATES:
+            if entry is None or tasks_missing or state_from_slurm(entry.state) in TERMINAL_STATES:
                 need_accounting.append(job)
         if entry is not None:
             entries[job.id] = entry
