@@ -52,13 +52,15 @@ def _fold_state(states: list[str], total: int, seen: int) -> str:
     return JobState.COMPLETED
 
 
-def array_view(job: Job, rows: list, *, kind: str) -> tuple[Any, dict[int, dict]]:
+def array_view(job: Job, rows: list, *, kind: str, known: dict[int, dict] | None = None) -> tuple[Any, dict[int, dict]]:
     """(one entry/record standing for the whole array, {index: task values}) from the array's
     queue rows (``kind="queue"``) or accounting records (``kind="accounting"``). The folded row is
-    the first row with state, start, end and exit code of the whole array; None without rows."""
+    the first row with state, start, end and exit code of the whole array; None without rows.
+    ``known``: tasks already ended as the portal recorded them (a task cancelled before Slurm split
+    it off the array shows in neither the queue nor accounting); rows win over them."""
     if not rows:
         return None, {}
-    tasks: dict[int, dict] = {}
+    tasks: dict[int, dict] = dict(known or {})
     for row in rows:
         state = state_from_slurm(row.state) or JobState.PENDING
         for index in _indexes(row.array_tasks):
@@ -70,6 +72,8 @@ def array_view(job: Job, rows: list, *, kind: str) -> tuple[Any, dict[int, dict]
                     values["exit_code"] = row.exit_code
             tasks[index] = values
     total = job.array_tasks
+    if known:  # ended tasks stay ended; their values are not rewritten by this view
+        tasks_out = {i: v for i, v in tasks.items() if i not in known or v is not known[i]}
     states = [t["state"] for t in tasks.values()]
     folded = _fold_state(states, total, len(tasks))
     starts = [r.start_time for r in rows if r.start_time and state_from_slurm(r.state) not in (JobState.PENDING,)]
@@ -84,7 +88,17 @@ def array_view(job: Job, rows: list, *, kind: str) -> tuple[Any, dict[int, dict]
     if kind == "queue":
         pending = next((r for r in rows if state_from_slurm(r.state) == JobState.PENDING), None)
         changes["reason"] = pending.reason if pending is not None and folded == JobState.PENDING else "None"
-    return dataclasses.replace(first, **changes), tasks
+    return dataclasses.replace(first, **changes), (tasks_out if known else tasks)
+
+
+def ended_tasks(job_ids: list) -> dict:
+    """{job id: {index: values}} of the tasks recorded as ended, for the live array jobs of a sync
+    cycle (one query)."""
+    out: dict = {}
+    rows = JobArrayTask.objects.filter(job_id__in=job_ids, state__in=TERMINAL_STATES).values_list("job_id", "index", "state", "exit_code")
+    for job_id, index, state, exit_code in rows:
+        out.setdefault(job_id, {})[index] = {"state": state, "exit_code": exit_code}
+    return out
 
 
 def array_tasks_record(tasks_by_job: dict) -> int:
@@ -138,6 +152,8 @@ def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
         get_gateway().cancel_array_task(job.slurm_job_id, index)
     except SlurmRejected as exc:
         raise ApplicationError(exc.message, errors={"task": [exc.message]}) from None
+    # Slurm took it: the task is cancelled (a pending one may never show as a row of its own)
+    JobArrayTask.objects.update_or_create(job=job, index=index, defaults={"state": JobState.CANCELLED})
     audit_record(actor=user, action="job.cancel_task", target=job, team=job.team, request=request,
                  data={"slurm_job_id": job.slurm_job_id, "index": index})  # fmt: skip
     return job

@@ -34,7 +34,7 @@ from jobs.choices import (
     state_from_slurm,
     transition_allowed,
 )
-from jobs.arrays import array_tasks_record, array_view, group_by_array
+from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array
 from jobs.estimate import JobQuote, quote_for
 from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent, JobTemplate
 from jobs.spec import (
@@ -871,6 +871,7 @@ def jobs_sync() -> dict:
     in_arrays = group_by_array(queue)  # array jobs: their rows folded into one (jobs.arrays)
     tagged = {e.comment: e for e in queue if e.comment.startswith(SLURM_TAG_PREFIX)}
     array_tasks: dict[uuid.UUID, dict] = {}
+    array_ended = ended_tasks([j.id for j in followed if j.array and j.slurm_job_id is not None])
 
     # Pair each live job with its queue entry.
     entries: dict[uuid.UUID, Any] = {}
@@ -885,9 +886,9 @@ def jobs_sync() -> dict:
             tasks_missing = False
             if job.array:
                 rows = [r for r in in_arrays.get(job.slurm_job_id, []) if r.comment in (tag, "")]
-                entry, array_tasks[job.id] = array_view(job, rows, kind="queue")
+                entry, array_tasks[job.id] = array_view(job, rows, kind="queue", known=array_ended.get(job.id))
                 # tasks the queue no longer shows (cancelled while pending, or ended long ago): accounting has them
-                tasks_missing = len(array_tasks[job.id]) < job.array_tasks
+                tasks_missing = len(set(array_tasks[job.id]) | set(array_ended.get(job.id, {}))) < job.array_tasks
             else:
                 entry = in_queue.get(job.slurm_job_id)
             if entry is not None and entry.comment not in (tag, ""):
@@ -911,7 +912,7 @@ def jobs_sync() -> dict:
             for job in need_accounting:
                 if job.array and job.slurm_job_id is not None:
                     array_rows = group_by_array(rows).get(job.slurm_job_id, [])
-                    record, done = array_view(job, array_rows, kind="accounting")
+                    record, done = array_view(job, array_rows, kind="accounting", known=array_ended.get(job.id))
                     array_tasks.setdefault(job.id, {}).update(done)
                     # one task's raw row is not the array's; the array has ended once every task has
                     records.pop(job.slurm_job_id, None)

@@ -62,3 +62,12 @@ def test_accounting_gives_the_final_state_and_exit_codes(array_job):
     cancelled, _ = array_view(array_job, rows[:9] + [record(100, 9, "CANCELLED", 0)], kind="accounting")
     assert cancelled.state == "CANCELLED"
     assert (NOW - dt.timedelta(seconds=1)) < folded.end_time
+
+
+def test_tasks_the_portal_recorded_as_ended_count_when_slurm_no_longer_shows_them(array_job):
+    known = {9: {"state": "CANCELLED", "exit_code": None}}
+    rows = [record(101 + i, i, "COMPLETED", 0) for i in range(9)]
+    folded, tasks = array_view(array_job, rows, kind="accounting", known=known)
+    assert folded.state == "CANCELLED" and 9 not in tasks  # ended: not rewritten
+    folded, _ = array_view(array_job, rows, kind="accounting")
+    assert folded.state == JobState.PENDING  # without it, task 9 would still be to come
