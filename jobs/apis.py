@@ -16,6 +16,7 @@ from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.arrays import array_task_counts, job_array_task_cancel
 from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.models import Job, JobTemplate
@@ -70,10 +71,17 @@ class JobSummaryOutputSerializer(serializers.Serializer):
     gpu_type = serializers.CharField()
     gpus = serializers.IntegerField()
     nodes = serializers.IntegerField()
-    cpus_per_gpu = serializers.IntegerField()
+    cpus_per_gpu = serializers.IntegerField(allow_null=True)
     memory_gb = serializers.IntegerField(allow_null=True)
     time_limit_minutes = serializers.IntegerField()
     workdir = serializers.CharField()
+    ntasks = serializers.IntegerField()
+    cpus_per_task = serializers.IntegerField(allow_null=True)
+    exclusive = serializers.BooleanField()
+    array = serializers.CharField(help_text="sbatch --array as given; empty: not an array job.")
+    array_tasks = serializers.IntegerField(help_text="Tasks of the array (1: not an array); the estimate covers all.")
+    qos = serializers.CharField()
+    constraint = serializers.CharField()
     booking = serializers.UUIDField(source="booking_id", allow_null=True)
     state = serializers.ChoiceField(choices=JobState.choices)
     state_reason = serializers.CharField()
@@ -103,8 +111,29 @@ class JobEventOutputSerializer(serializers.Serializer):
     at = serializers.DateTimeField()
 
 
+class JobDirectiveOutputSerializer(serializers.Serializer):
+    option = serializers.CharField()
+    value = serializers.CharField(allow_null=True)
+    line = serializers.IntegerField(help_text="The script's line; 0: set by a field (overrides the script).")
+
+
+class JobArrayTaskOutputSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=JobState.choices)
+    exit_code = serializers.IntegerField(allow_null=True)
+    slurm_job_id = serializers.IntegerField(allow_null=True, help_text="The task's own Slurm id.")
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+
+
 class JobDetailOutputSerializer(JobSummaryOutputSerializer):
     script = serializers.CharField()
+    directives = JobDirectiveOutputSerializer(many=True, help_text="The options Slurm gets, as the portal read them.")
+    task_counts = serializers.SerializerMethodField(help_text="Array jobs: tasks per state (not seen yet: PENDING).")
+    tasks = JobArrayTaskOutputSerializer(source="array_task_rows.all", many=True, help_text="Array jobs: each task seen so far.")
+
+    def get_task_counts(self, job) -> dict[str, int]:
+        return array_task_counts(job) if job.array else {}
     environment = serializers.DictField(child=serializers.CharField())
     relay_attempts = serializers.IntegerField()
     last_relay_error = serializers.CharField()
@@ -132,15 +161,25 @@ class JobCollectionApi(ListAPIView):
 
     class JobSubmitInputSerializer(serializers.Serializer):
         team = serializers.CharField(help_text="Team slug.")
-        name = serializers.CharField(allow_blank=True)
-        script = serializers.CharField(allow_blank=True, trim_whitespace=False)
+        script = serializers.CharField(
+            allow_blank=True, trim_whitespace=False,
+            help_text="A batch script; its #SBATCH lines are read as sbatch reads them. Every field below overrides "
+            "the script's directive for it (as sbatch's command line does); leave a field out to let the script decide.",
+        )  # fmt: skip
+        name = serializers.CharField(allow_blank=True, required=False, allow_null=True, default=None)
         partition = serializers.CharField(allow_blank=True, required=False, default="")
         gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField()
-        nodes = serializers.IntegerField(required=False, default=1)
-        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        gpus = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="GPUs of the job in total.")
+        nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
         memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
         time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        ntasks = serializers.IntegerField(required=False, allow_null=True, default=None)
+        cpus_per_task = serializers.IntegerField(required=False, allow_null=True, default=None)
+        exclusive = serializers.BooleanField(required=False, allow_null=True, default=None)
+        array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="sbatch --array, e.g. 0-15%4.")
+        qos = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+        constraint = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
         booking = serializers.UUIDField(required=False, allow_null=True, default=None)
         workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
         environment = serializers.DictField(
@@ -258,10 +297,19 @@ class JobCancelApi(APIView):
         request=None,
         responses={200: JobSummaryOutputSerializer, 202: JobSummaryOutputSerializer},
         description="200: cancelled at once (it had not reached Slurm). 202: cancel passed on to Slurm; "
-        "the state becomes CANCELLED at the next sync. 409: the job already ended.",
+        "the state becomes CANCELLED at the next sync. 409: the job already ended. `?task=N`: only task N of an "
+        "array job (202; the other tasks go on).",
+        parameters=[OpenApiParameter("task", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False)],
     )
     def post(self, request, job_id):
-        job = job_cancel(user=request.user, job=_visible_job(request, job_id), request=request)
+        job = _visible_job(request, job_id)
+        task = request.query_params.get("task")
+        if task is not None:  # one task of an array job
+            if not task.isdigit():
+                raise ApplicationError("Invalid task.", errors={"task": ["An array index (a whole number)."]})
+            job = job_array_task_cancel(user=request.user, job=job, index=int(task), request=request)
+            return Response(JobSummaryOutputSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+        job = job_cancel(user=request.user, job=job, request=request)
         code = status.HTTP_200_OK if job.state == JobState.CANCELLED else status.HTTP_202_ACCEPTED
         return Response(JobSummaryOutputSerializer(job).data, status=code)
 
@@ -271,6 +319,7 @@ class JobOutputApi(APIView):
         stream = serializers.ChoiceField(choices=OutputStream.choices, default=OutputStream.STDOUT)
         offset = serializers.IntegerField(min_value=0, default=0)
         length = serializers.IntegerField(min_value=1, default=OUTPUT_DEFAULT_LENGTH, help_text=f"Capped at {OUTPUT_MAX_LENGTH}.")
+        task = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None, help_text="Array jobs: the task's index.")
 
     class JobOutputChunkOutputSerializer(serializers.Serializer):
         data = serializers.CharField()
@@ -298,11 +347,17 @@ class JobQuoteApi(APIView):
     class JobQuoteInputSerializer(serializers.Serializer):
         partition = serializers.CharField(allow_blank=True, required=False, default="")
         gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField()
-        nodes = serializers.IntegerField(required=False, default=1)
-        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        gpus = serializers.IntegerField(required=False, allow_null=True, default=None)
+        nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
         memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
         time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
+        script = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="",
+                                       help_text="Its #SBATCH lines count; the fields override them.")  # fmt: skip
+        ntasks = serializers.IntegerField(required=False, allow_null=True, default=None)
+        cpus_per_task = serializers.IntegerField(required=False, allow_null=True, default=None)
+        exclusive = serializers.BooleanField(required=False, allow_null=True, default=None)
+        array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
 
     class JobQuoteOutputSerializer(serializers.Serializer):
         gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2)
@@ -338,7 +393,7 @@ class JobTemplateOutputSerializer(serializers.Serializer):
     gpu_type = serializers.CharField()
     gpus = serializers.IntegerField()
     nodes = serializers.IntegerField()
-    cpus_per_gpu = serializers.IntegerField()
+    cpus_per_gpu = serializers.IntegerField(allow_null=True)
     memory_gb = serializers.IntegerField(allow_null=True)
     time_limit_minutes = serializers.IntegerField(allow_null=True)
     workdir = serializers.CharField()
@@ -361,7 +416,7 @@ class JobTemplateCollectionApi(ListAPIView):
         gpu_type = serializers.CharField(required=False, allow_blank=True, default="")
         gpus = serializers.IntegerField(required=False, default=1)
         nodes = serializers.IntegerField(required=False, default=1)
-        cpus_per_gpu = serializers.IntegerField(required=False, default=1)
+        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
         memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
         time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
         workdir = serializers.CharField(required=False, allow_blank=True, default="")

@@ -85,12 +85,13 @@ class JobForm(forms.Form):
     (``cluster_summary()``), teams from ``teams_user_can_submit_to``."""
 
     team = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None)
-    name = forms.CharField(max_length=128, help_text="Letters, digits, '.', '_' or '-'.")
-    partition = forms.ChoiceField(choices=())
+    # Every field below may stay empty: the script's #SBATCH lines decide; a value overrides them.
+    name = forms.CharField(max_length=128, required=False, help_text="Letters, digits, '.', '_' or '-'. Empty: the script's --job-name.")
+    partition = forms.ChoiceField(choices=(), required=False)
     gpu_type = forms.ChoiceField(choices=(), required=False, label="GPU type")
-    gpus = forms.IntegerField(min_value=1, initial=1, label="GPUs", help_text="For the whole job.")
-    nodes = forms.IntegerField(min_value=1, initial=1)
-    cpus_per_gpu = forms.IntegerField(min_value=1, initial=1, label="CPUs per GPU")
+    gpus = forms.IntegerField(min_value=1, required=False, label="GPUs", help_text="For the whole job. Empty: the script's GPU directive.")
+    nodes = forms.IntegerField(min_value=1, required=False, help_text="Empty: the script's --nodes (else 1).")
+    cpus_per_gpu = forms.IntegerField(min_value=1, required=False, label="CPUs per GPU", help_text="Empty: the script's --cpus-per-task/--cpus-per-gpu.")
     memory_gb = forms.IntegerField(min_value=1, required=False, label="Memory per node (GB)", help_text="Empty: the partition's default.")
     time_limit_minutes = TimeLimitField(
         required=False,
@@ -113,12 +114,11 @@ class JobForm(forms.Form):
         self.summary = summary
         self.fields["team"].queryset = teams_user_can_submit_to(user).order_by("name")
         partitions = summary["partitions"]
-        self.fields["partition"].choices = [
+        self.fields["partition"].choices = [("", "the script's --partition (else the default)")] + [
             (p["name"], f"{p['name']}{' (default)' if p['is_default'] else ''} — {', '.join(p['gpu_types']) or 'no GPUs'}")
             for p in partitions
         ]
-        default = next((p["name"] for p in partitions if p["is_default"]), partitions[0]["name"] if partitions else "")
-        self.fields["partition"].initial = default
+        self.fields["partition"].initial = ""
         types = sorted({t for p in partitions for t in p["gpu_types"]})
         self.fields["gpu_type"].choices = [("", "any type")] + [(t, t) for t in types]
         self.fields["booking"].choices = [("", "none (shared queue)")] + _booking_choices(user)
@@ -132,13 +132,13 @@ class JobForm(forms.Form):
         """Keyword arguments for job_submit / job_template_create."""
         data = self.cleaned_data
         return {
-            "name": data["name"],
+            "name": data.get("name") or None,
             "script": data["script"],
-            "partition": data["partition"],
+            "partition": data.get("partition") or "",
             "gpu_type": data.get("gpu_type") or "",
-            "gpus": data["gpus"],
-            "nodes": data["nodes"],
-            "cpus_per_gpu": data["cpus_per_gpu"],
+            "gpus": data.get("gpus"),
+            "nodes": data.get("nodes"),
+            "cpus_per_gpu": data.get("cpus_per_gpu"),
             "memory_gb": data.get("memory_gb"),
             "time_limit_minutes": data.get("time_limit_minutes"),
             "workdir": data.get("workdir") or None,
@@ -177,6 +177,7 @@ class QuoteForm(forms.Form):
     cpus_per_gpu = forms.IntegerField(min_value=1, required=False)
     memory_gb = forms.IntegerField(min_value=1, required=False)
     time_limit_minutes = TimeLimitField(required=False)
+    script = forms.CharField(required=False, strip=False)
 
 
 class TemplateSaveForm(forms.Form):

@@ -30,11 +30,28 @@ class Job(models.Model):
     gpu_type = models.CharField(max_length=32, blank=True, help_text="Empty: any GPU type.")
     gpus = models.PositiveIntegerField()
     nodes = models.PositiveIntegerField(default=1)
-    cpus_per_gpu = models.PositiveIntegerField(default=1)
+    cpus_per_gpu = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: not asked for (Slurm's default).")
     memory_gb = models.PositiveIntegerField(null=True, blank=True, help_text="Per node; empty: partition default.")
     time_limit_minutes = models.PositiveIntegerField()
     workdir = models.CharField(max_length=1024)
     environment = models.JSONField(default=dict, blank=True)
+    # What the script's #SBATCH lines and the fields asked for (jobs.spec): ``gpus`` is what Slurm
+    # allocates to one job (one array task); the estimate is gpus × time limit × array_tasks.
+    ntasks = models.PositiveIntegerField(default=1)
+    cpus_per_task = models.PositiveIntegerField(null=True, blank=True)
+    exclusive = models.BooleanField(default=False)
+    array = models.CharField(max_length=256, blank=True, help_text="sbatch --array, e.g. 0-15%4; empty: not an array.")
+    array_tasks = models.PositiveIntegerField(default=1)
+    array_throttle = models.PositiveIntegerField(null=True, blank=True)
+    qos = models.CharField(max_length=64, blank=True)
+    constraint = models.CharField(max_length=1024, blank=True)
+    output_pattern = models.CharField(max_length=1024, blank=True, help_text="The script's --output (absolute); empty: the portal's.")
+    error_pattern = models.CharField(max_length=1024, blank=True, help_text="The script's --error (absolute); empty: the portal's.")
+    # The options the portal puts on sbatch's command line ([[option, value], ...]); the script's
+    # directives they replace are turned into comments by the gateway.
+    overrides = models.JSONField(default=list, blank=True)
+    # The effective options ({option, value, line}; line 0: from a field), shown on the job's page.
+    directives = models.JSONField(default=list, blank=True)
     # The bookings model (accounting) does not exist yet: keep its id, turn into a FK later.
     booking_id = models.UUIDField(null=True, blank=True)
 
@@ -83,6 +100,7 @@ class Job(models.Model):
             ),
             models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
             models.CheckConstraint(condition=Q(gpus__gte=1) & Q(nodes__gte=1) & Q(cpus_per_gpu__gte=1), name="job_resources_positive"),
+            models.CheckConstraint(condition=Q(array_tasks__gte=1) & Q(ntasks__gte=1), name="job_tasks_positive"),
             models.CheckConstraint(condition=Q(time_limit_minutes__gte=1), name="job_time_limit_positive"),
         ]
         indexes = [
@@ -158,7 +176,7 @@ class JobTemplate(models.Model):
     gpu_type = models.CharField(max_length=32, blank=True)
     gpus = models.PositiveIntegerField(default=1)
     nodes = models.PositiveIntegerField(default=1)
-    cpus_per_gpu = models.PositiveIntegerField(default=1)
+    cpus_per_gpu = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the script decides.")
     memory_gb = models.PositiveIntegerField(null=True, blank=True)
     time_limit_minutes = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: partition default.")
     workdir = models.CharField(max_length=1024, blank=True)
@@ -189,3 +207,24 @@ class JobTemplate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.scope})"
+
+
+class JobArrayTask(models.Model):
+    """One task of an array job (sbatch --array) as the sync last saw it in the queue or accounting.
+    Tasks not seen yet are pending; the parent Job carries the array's overall state."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="array_task_rows")
+    index = models.PositiveIntegerField()
+    slurm_job_id = models.PositiveBigIntegerField(null=True, blank=True)  # the task's own id (squeue %A)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        # one row per task; the job's page and API read a job's tasks in index order
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="jobarraytask_unique_index")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}[{self.index}] {self.state}"

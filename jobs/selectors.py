@@ -16,6 +16,7 @@ from django.db.models import Prefetch, Q, QuerySet
 
 from jobs.choices import STREAM_SUFFIX, TERMINAL_STATES, JobState, OutputStream
 from jobs.models import Job, JobEvent, JobTemplate
+from jobs.output_paths import expand_output_pattern
 from portal.models import Membership
 from portal.roles import is_admin
 
@@ -56,11 +57,31 @@ def job_templates_visible_to(user) -> QuerySet[JobTemplate]:
     )
 
 
-def job_output_path(job: Job, stream: str) -> str | None:
-    """Where Slurm writes the job's stdout/stderr (JOB_OUTPUT_PATTERN), None before it has an id."""
+def job_output_path(job: Job, stream: str, *, array_index: int | None = None, task_job_id: int | None = None) -> str | None:
+    """Where Slurm writes the job's stdout/stderr: the script's --output/--error pattern (stderr goes
+    to --output when only that is given, as in sbatch), else JOB_OUTPUT_PATTERN; for an array job,
+    of task ``array_index`` (default: the first). None before the job has an id, or when the pattern
+    needs what is not known yet."""
     if job.slurm_job_id is None:
         return None
-    return settings.JOB_OUTPUT_PATTERN.format(workdir=job.workdir, slurm_job_id=job.slurm_job_id, stream=STREAM_SUFFIX[stream])
+    pattern = job.output_pattern if stream == OutputStream.STDOUT else (job.error_pattern or job.output_pattern)
+    if not pattern:
+        slurm_id = "%A_%a" if job.array else "%j"
+        pattern = settings.JOB_OUTPUT_PATTERN.format(workdir=job.workdir, slurm_job_id=slurm_id, stream=STREAM_SUFFIX[stream])
+    if job.array and array_index is None:
+        array_index = first_array_index(job.array)
+    profile = getattr(job.submitter, "profile", None)
+    user = profile.cluster_username if profile else job.submitter.username
+    return expand_output_pattern(
+        pattern, job_id=task_job_id or job.slurm_job_id, name=job.name, user=user,
+        array_job_id=job.slurm_job_id if job.array else None, array_index=array_index if job.array else None,
+    )  # fmt: skip
+
+
+def first_array_index(array: str) -> int:
+    from gpuportal_cli.sbatch_directives import parse_array
+
+    return parse_array(array)[0][0]
 
 
 @dataclass(frozen=True)
@@ -93,10 +114,14 @@ def _utf8_cut(raw: bytes) -> bytes:
     return raw
 
 
-def job_output(*, job: Job, stream: str = OutputStream.STDOUT, offset: int = 0, length: int = OUTPUT_DEFAULT_LENGTH) -> OutputChunk:
+def job_output(
+    *, job: Job, stream: str = OutputStream.STDOUT, offset: int = 0, length: int = OUTPUT_DEFAULT_LENGTH,
+    task: int | None = None,
+) -> OutputChunk:
     """A chunk of the job's stdout or stderr from byte ``offset`` (at most ``length``, capped at
     1 MiB), decoded as UTF-8 (invalid bytes replaced; a character cut at the end is left for the
     next read). Never raises for a missing or unreadable file: ``message`` says why there is no data.
+    ``task``: the array index whose output to read (array jobs; default: the first task).
 
     The file lives in a directory the job's user controls and the portal may run as root, so it is
     opened without following a symlink, must be a regular file, and must belong to the Unix user
@@ -110,7 +135,10 @@ def job_output(*, job: Job, stream: str = OutputStream.STDOUT, offset: int = 0, 
     def empty(message: str, size: int = 0) -> OutputChunk:
         return OutputChunk("", offset, offset, size, True, final, message)
 
-    path = job_output_path(job, stream)
+    task_job_id = None
+    if task is not None and job.array:
+        task_job_id = job.array_task_rows.filter(index=task).values_list("slurm_job_id", flat=True).first()
+    path = job_output_path(job, stream, array_index=task, task_job_id=task_job_id)
     if path is None:
         if job.state == JobState.SUBMIT_FAILED:
             return empty(f"The job never reached Slurm: {job.state_reason or 'submission failed'}.")

@@ -9,6 +9,7 @@ Rules every function here follows:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -17,8 +18,7 @@ import os
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -34,25 +34,29 @@ from jobs.choices import (
     state_from_slurm,
     transition_allowed,
 )
+from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array
+from jobs.estimate import JobQuote, quote_for
 from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent, JobTemplate
+from jobs.spec import (
+    CONTROL_CHARS_RE,
+    DEFAULT_SHEBANG,
+    ENV_NAME_RE,
+    MAX_ENV_ENTRIES,
+    MAX_SCRIPT_BYTES,
+    ValidSpec,
+    _as_int,
+    validate_job_spec,
+)
 from portal.db import bulk_update_values
 from portal.exceptions import ApplicationError, Conflict
-from portal.models import Membership, NodeInfo, PartitionInfo, Role, Team
+from portal.models import Membership, Role, Team
 from portal.roles import is_admin
 from portal.services import audit_record
 from portal.slurm import JobSpec, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
-MAX_SCRIPT_BYTES = 1024 * 1024
-MAX_ENV_ENTRIES = 64
-MAX_ENV_VALUE_BYTES = 32 * 1024
-MAX_GPUS = 10_000  # sanity bound before the inventory check (keeps error messages readable)
-DEFAULT_SHEBANG = "#!/bin/bash\n"
 
 # A relay's claim on a job expires after this long (longer than the task's hard time limit, so a
 # relay whose claim expired is dead for sure and another may take over).
@@ -60,290 +64,36 @@ RELAY_LEASE_SECONDS = 120
 RELAY_SOFT_TIME_LIMIT = 60
 RELAY_HARD_TIME_LIMIT = 90
 
-TWO_PLACES = Decimal("0.01")
-
-
-# ---------------------------------------------------------------- validation against the inventory
-
-
-@dataclass(frozen=True)
-class PartitionCapacity:
-    """What one partition can ever give a job (from the synced inventory)."""
-
-    name: str
-    default_time_minutes: int | None
-    max_time_minutes: int | None
-    nodes: tuple[NodeInfo, ...]
-
-    @property
-    def gpu_types(self) -> list[str]:
-        return sorted({n.gpu_type for n in self.nodes if n.gpu_type and n.gpus_total})
-
-    def eligible_nodes(self, gpu_type: str) -> list[NodeInfo]:
-        """Nodes with GPUs of that type ("" = any type)."""
-        return [n for n in self.nodes if n.gpus_total and (not gpu_type or n.gpu_type == gpu_type)]
-
-
-def partition_capacity(partition: str) -> PartitionCapacity | None:
-    """The partition's capacity, or None when it is not in the inventory ("" = default partition).
-    Two queries."""
-    query = PartitionInfo.objects.filter(is_default=True) if not partition else PartitionInfo.objects.filter(name=partition)
-    part = query.first()
-    if part is None:
-        return None
-    nodes = tuple(NodeInfo.objects.filter(name__in=part.node_names).order_by("name"))
-    return PartitionCapacity(part.name, part.default_time_minutes, part.max_time_minutes, nodes)
-
-
-@dataclass
-class _Spec:
-    """The normalised job spec after validation."""
-
-    name: str
-    script: str
-    partition: str
-    gpu_type: str
-    gpus: int
-    nodes: int
-    cpus_per_gpu: int
-    memory_gb: int | None
-    time_limit_minutes: int
-    workdir: str
-    environment: dict[str, str]
-    capacity: PartitionCapacity = field(repr=False)
-
-
-def _as_int(value: Any, name: str, errors: dict, *, minimum: int = 1, required: bool = True) -> int | None:
-    if value is None or value == "":
-        if required:
-            errors[name] = ["This field is required."]
-        return None
-    if isinstance(value, bool):
-        errors[name] = ["Must be a whole number."]
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        errors[name] = ["Must be a whole number."]
-        return None
-    if isinstance(value, float) and value != number:
-        errors[name] = ["Must be a whole number."]
-        return None
-    if number < minimum:
-        errors[name] = [f"Must be at least {minimum}."]
-        return None
-    return number
-
-
-def _validate_spec(
-    *,
-    name: str | None,
-    script: str | None,
-    partition: str | None,
-    gpu_type: str | None,
-    gpus: Any,
-    nodes: Any,
-    cpus_per_gpu: Any,
-    memory_gb: Any,
-    time_limit_minutes: Any,
-    workdir: str | None,
-    environment: dict | None,
-    check_script: bool = True,
-    cache: dict | None = None,
-) -> _Spec:
-    """Check a job spec against the rules and the synced cluster inventory. Collects every field's
-    problem and raises one ApplicationError naming the fields. Returns the normalised spec.
-    ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition."""
-    cache = {} if cache is None else cache
-    errors: dict[str, list[str]] = {}
-
-    # name
-    name = (name or "").strip() if isinstance(name, str) or name is None else None
-    if name is None or not JOB_NAME_RE.match(name):
-        errors["name"] = ["Use 1–128 letters, digits, '.', '_' or '-' (no spaces)."]
-
-    # script
-    if check_script:
-        if not isinstance(script, str) or not script.strip():
-            errors["script"] = ["The script is empty."]
-        elif "\x00" in script:
-            errors["script"] = ["The script must not contain NUL bytes."]
-        elif len(script.encode("utf-8", errors="surrogatepass")) > MAX_SCRIPT_BYTES:
-            errors["script"] = [f"The script is larger than {MAX_SCRIPT_BYTES // 1024} KiB."]
-        else:
-            script = script.replace("\r\n", "\n")  # scripts pasted from Windows break bash otherwise
-            if not script.startswith("#!"):
-                script = DEFAULT_SHEBANG + script
-
-    # numbers that do not need the inventory
-    gpus_n = _as_int(gpus, "gpus", errors)
-    if gpus_n is not None and gpus_n > MAX_GPUS:
-        errors["gpus"] = [f"At most {MAX_GPUS}."]
-        gpus_n = None
-    nodes_n = _as_int(1 if nodes is None else nodes, "nodes", errors)
-    cpus_n = _as_int(1 if cpus_per_gpu is None else cpus_per_gpu, "cpus_per_gpu", errors)
-    memory_n = _as_int(memory_gb, "memory_gb", errors, required=False)
-    time_n = _as_int(time_limit_minutes, "time_limit_minutes", errors, required=False)
-
-    # workdir
-    workdir = settings.JOB_DEFAULT_WORKDIR if workdir in (None, "") else workdir
-    if not isinstance(workdir, str) or not os.path.isabs(workdir):
-        errors["workdir"] = ["Give an absolute path (starting with /)."]
-    elif len(workdir) > 1024 or CONTROL_CHARS_RE.search(workdir) or "%" in workdir:
-        errors["workdir"] = ["At most 1024 characters, without control characters or '%'."]
-    else:
-        workdir = os.path.normpath(workdir)
-
-    # environment
-    env_clean: dict[str, str] = {}
-    if environment is None:
-        environment = {}
-    if not isinstance(environment, dict):
-        errors["environment"] = ["Give an object of NAME: value pairs."]
-    elif len(environment) > MAX_ENV_ENTRIES:
-        errors["environment"] = [f"At most {MAX_ENV_ENTRIES} variables."]
-    else:
-        problems = []
-        for key, value in environment.items():
-            if not isinstance(key, str) or not ENV_NAME_RE.match(key):
-                problems.append(f"Invalid variable name {key!r}: use letters, digits and '_', not starting with a digit.")
-            elif not isinstance(value, (str, int, float)) or isinstance(value, bool):
-                problems.append(f"{key}: the value must be a string.")
-            elif "\x00" in str(value) or len(str(value).encode()) > MAX_ENV_VALUE_BYTES:
-                problems.append(f"{key}: the value must not contain NUL bytes or exceed 32 KiB.")
-            else:
-                env_clean[key] = str(value)
-        if problems:
-            errors["environment"] = problems
-
-    # partition, GPU type and sizes against the inventory
-    gpu_type = (gpu_type or "").strip()
-    partition = (partition or "").strip()
-    capacity = None
-    if "inventory" not in cache:
-        cache["inventory"] = PartitionInfo.objects.exists()
-    if not cache["inventory"]:
-        errors["partition"] = ["The cluster inventory has not been read yet; try again in a minute."]
-    else:
-        if ("partition", partition) not in cache:
-            cache[("partition", partition)] = partition_capacity(partition)
-        capacity = cache[("partition", partition)]
-        if capacity is None:
-            errors["partition"] = [f"No such partition: {partition!r}." if partition else "The cluster has no default partition."]
-    if capacity is not None:
-        eligible = capacity.eligible_nodes(gpu_type)
-        if gpu_type and not eligible:
-            known = ", ".join(capacity.gpu_types) or "none"
-            errors["gpu_type"] = [f"No {gpu_type} GPUs in partition {capacity.name} (types there: {known})."]
-        elif not eligible:
-            errors["partition"] = [f"Partition {capacity.name} has no GPUs."]
-        else:
-            per_node = max(n.gpus_total for n in eligible)
-            if nodes_n is not None and nodes_n > len(eligible):
-                errors["nodes"] = [f"Partition {capacity.name} has {len(eligible)} node(s) with {gpu_type or 'GPUs'}."]
-            elif gpus_n is not None and nodes_n is not None:
-                if gpus_n % nodes_n:
-                    errors["gpus"] = [f"{gpus_n} GPUs cannot be spread evenly over {nodes_n} nodes."]
-                elif gpus_n // nodes_n > per_node:
-                    errors["gpus"] = [
-                        f"At most {per_node * nodes_n} {gpu_type or 'GPUs'} on {nodes_n} node(s) of partition "
-                        f"{capacity.name} ({per_node} per node)."
-                    ]
-                elif cpus_n is not None:
-                    max_cpus = max((n.cpus_total for n in eligible), default=0)
-                    if max_cpus and cpus_n * (gpus_n // nodes_n) > max_cpus:
-                        errors["cpus_per_gpu"] = [f"{cpus_n} CPUs per GPU exceeds the {max_cpus} CPUs of a node."]
-            max_mem_gb = max((n.memory_mb for n in eligible), default=0) // 1024
-            if memory_n is not None and max_mem_gb and memory_n > max_mem_gb:
-                errors["memory_gb"] = [f"At most {max_mem_gb} GB per node in partition {capacity.name}."]
-        if time_n is None and "time_limit_minutes" not in errors:
-            time_n = capacity.default_time_minutes or capacity.max_time_minutes or 60
-        if time_n is not None and capacity.max_time_minutes is not None and time_n > capacity.max_time_minutes:
-            errors["time_limit_minutes"] = [
-                f"At most {capacity.max_time_minutes} minutes in partition {capacity.name}."
-            ]
-        partition = capacity.name
-
-    if errors:
-        first = next(iter(errors.values()))[0]
-        raise ApplicationError(f"The job cannot be submitted: {first}", errors=errors)
-    return _Spec(
-        name=name, script=script or "", partition=partition, gpu_type=gpu_type, gpus=gpus_n, nodes=nodes_n,
-        cpus_per_gpu=cpus_n, memory_gb=memory_n, time_limit_minutes=time_n, workdir=workdir,
-        environment=env_clean, capacity=capacity,
-    )  # fmt: skip
-
-
 # ---------------------------------------------------------------- quote
-
-
-@dataclass(frozen=True)
-class JobQuote:
-    """GPU-hours and cost a job may use at most (its time limit × its GPUs)."""
-
-    gpu_hours: Decimal
-    gpu_type: str  # the type priced ("" when no type could be priced)
-    gpu_type_assumed: bool  # True when the job accepts any type and the dearest one was priced
-    price_per_gpu_hour: Decimal | None
-    cost: Decimal | None  # None: no rate known
-    currency: str
-    note: str
-
-
-def _price_of(*, gpu_type: str, partition: str, at: dt.datetime) -> tuple[Decimal, str] | None:
-    """accounting.selectors.gpu_hour_price, or None while the accounting app cannot answer."""
-    try:
-        from accounting.selectors import gpu_hour_price
-    except ImportError:
-        return None
-    return gpu_hour_price(gpu_type=gpu_type, partition=partition, at=at)
-
-
-def _quote_for(spec: _Spec, *, at: dt.datetime | None = None, cache: dict | None = None) -> JobQuote:
-    """``cache``: a dict kept across the specs of one batch (prices read once per type and partition)."""
-    at = at or timezone.now()
-    cache = {} if cache is None else cache
-
-    def price_of(gpu_type: str) -> tuple[Decimal, str] | None:
-        if ("price", gpu_type, spec.partition) not in cache:
-            cache[("price", gpu_type, spec.partition)] = _price_of(gpu_type=gpu_type, partition=spec.partition, at=at)
-        return cache[("price", gpu_type, spec.partition)]
-
-    gpu_hours = (Decimal(spec.gpus) * Decimal(spec.time_limit_minutes) / Decimal(60)).quantize(TWO_PLACES, ROUND_HALF_UP)
-    types = [spec.gpu_type] if spec.gpu_type else spec.capacity.gpu_types
-    priced = [(t, p) for t in types if (p := price_of(t)) is not None]
-    if not priced:
-        note = "No GPU-hour rate is set for this GPU type; cost unknown."
-        return JobQuote(gpu_hours, spec.gpu_type, False, None, None, "", note)
-    gpu_type, (price, currency) = max(priced, key=lambda item: item[1][0])
-    assumed = not spec.gpu_type
-    cost = (gpu_hours * price).quantize(TWO_PLACES, ROUND_HALF_UP)
-    note = f"{spec.gpus} GPU × {spec.time_limit_minutes} min at {price} {currency}/GPU-hour."
-    if assumed:
-        note = f"Any GPU type: estimated at the most expensive type in partition {spec.partition} ({gpu_type}). " + note
-    return JobQuote(gpu_hours, gpu_type, assumed, price, cost, currency, note)
 
 
 def job_quote(
     *,
-    partition: str,
+    partition: str = "",
     gpu_type: str = "",
-    gpus: int,
-    nodes: int = 1,
-    cpus_per_gpu: int = 1,
+    gpus: int | None = None,
+    nodes: int | None = None,
+    cpus_per_gpu: int | None = None,
     memory_gb: int | None = None,
     time_limit_minutes: int | None = None,
+    script: str = "",
+    ntasks: int | None = None,
+    cpus_per_task: int | None = None,
+    exclusive: bool | None = None,
+    array: str | None = None,
     at: dt.datetime | None = None,
 ) -> JobQuote:
-    """The most a job of this shape can use: GPU-hours = gpus × time limit / 60, and its cost at the
-    rate in force (the dearest type of the partition when any type will do). Validates the shape
-    like job_submit (ApplicationError naming the field)."""
-    spec = _validate_spec(
-        name="quote", script=None, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
+    """The most a job of this shape can use: GPU-hours = the GPUs Slurm allocates × time limit × array
+    tasks, and its cost at the rate in force (the dearest type of the partition when any type will
+    do). ``script``: its #SBATCH directives count, the fields override them, as for job_submit.
+    Validates like job_submit (ApplicationError naming the field)."""
+    spec = validate_job_spec(
+        name=None, script=script or None, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
         cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes, workdir=None,
-        environment=None, check_script=False,
+        environment=None, ntasks=ntasks, cpus_per_task=cpus_per_task, exclusive=exclusive, array=array,
+        check_script=bool(script),
     )  # fmt: skip
-    return _quote_for(spec, at=at)
+    return quote_for(spec, at=at)
 
 
 def _check_budget(team: Team, estimate: JobQuote, booking_id: uuid.UUID | None = None) -> None:
@@ -384,11 +134,11 @@ def _team_for_submit(*, user, team: Team | None) -> Team:
     return team
 
 
-def _check_booking(booking_id: uuid.UUID, *, team: Team, spec: _Spec) -> None:
+def _check_booking(booking_id: uuid.UUID, *, team: Team, spec: ValidSpec) -> None:
     """The job may run in the booking (accounting.selectors.booking_check_for_job raises otherwise)."""
     from accounting.selectors import booking_check_for_job
 
-    booking_check_for_job(booking_id=booking_id, team=team, gpu_type=spec.gpu_type, gpus=spec.gpus,
+    booking_check_for_job(booking_id=booking_id, team=team, gpu_type=spec.gpu_type, gpus=spec.total_gpus,
                           time_limit_minutes=spec.time_limit_minutes)  # fmt: skip
 
 
@@ -414,21 +164,42 @@ def _booking_id(booking: Any) -> uuid.UUID | None:
         raise ApplicationError("Invalid booking.", errors={"booking": ["Not a booking id."]}) from None
 
 
+def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, idempotency_key, fingerprint) -> Job:
+    """The Job row for a checked spec and its estimate (not saved)."""
+    return Job(
+        team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
+        gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
+        memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
+        environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
+        ntasks=spec.ntasks, cpus_per_task=spec.cpus_per_task, exclusive=spec.exclusive, array=spec.array,
+        array_tasks=spec.array_tasks, array_throttle=spec.array_throttle, qos=spec.qos, constraint=spec.constraint,
+        output_pattern=spec.output, error_pattern=spec.error, overrides=spec.overrides, directives=spec.directives,
+        estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost, currency=quote.currency,
+        idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+    )  # fmt: skip
+
+
 def job_submit(
     *,
     user,
     team: Team | None,
-    name: str,
     script: str,
-    partition: str,
+    name: str | None = None,
+    partition: str = "",
     gpu_type: str = "",
-    gpus: int,
-    nodes: int = 1,
-    cpus_per_gpu: int = 1,
+    gpus: int | None = None,
+    nodes: int | None = None,
+    cpus_per_gpu: int | None = None,
     memory_gb: int | None = None,
     time_limit_minutes: int | None = None,
     workdir: str | None = None,
     environment: dict | None = None,
+    ntasks: int | None = None,
+    cpus_per_task: int | None = None,
+    exclusive: bool | None = None,
+    array: str | None = None,
+    qos: str | None = None,
+    constraint: str | None = None,
     booking: Any = None,
     idempotency_key: str | None = None,
     fingerprint: str | None = None,
@@ -440,7 +211,10 @@ def job_submit(
     same request again gets the first job back (created=False); the same key with another request is
     a ``Conflict`` (409). Race-safe: a unique constraint on (submitter, key) decides, not a lookup.
     ``fingerprint`` defaults to a hash of the arguments as given. A new job is recorded in the audit
-    trail (``request``: the client's address)."""
+    trail (``request``: the client's address).
+
+    The spec is the script's #SBATCH directives with the given fields overriding them (None / "":
+    the script decides); see jobs.spec.validate_job_spec."""
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
         raise ApplicationError(
             "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
@@ -452,6 +226,8 @@ def job_submit(
                 "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes, "cpus_per_gpu": cpus_per_gpu,
                 "memory_gb": memory_gb, "time_limit_minutes": time_limit_minutes, "workdir": workdir,
                 "environment": environment, "booking": str(getattr(booking, "pk", booking) or ""),
+                "ntasks": ntasks, "cpus_per_task": cpus_per_task, "exclusive": exclusive, "array": array,
+                "qos": qos, "constraint": constraint,
             }
         )  # fmt: skip
     if idempotency_key is not None:
@@ -460,24 +236,18 @@ def job_submit(
             return replay, False
 
     team = _team_for_submit(user=user, team=team)
-    spec = _validate_spec(
+    spec = validate_job_spec(
         name=name, script=script, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
         cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
-        workdir=workdir, environment=environment,
+        workdir=workdir, environment=environment, account=team.slurm_account, ntasks=ntasks,
+        cpus_per_task=cpus_per_task, exclusive=exclusive, array=array, qos=qos, constraint=constraint,
     )  # fmt: skip
     booking_id = _booking_id(booking)
     if booking_id is not None:
         _check_booking(booking_id, team=team, spec=spec)
-    quote = _quote_for(spec)
-
-    job = Job(
-        team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
-        gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
-        memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
-        environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
-        estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost, currency=quote.currency,
-        idempotency_key=idempotency_key, request_fingerprint=fingerprint,
-    )  # fmt: skip
+    quote = quote_for(spec)
+    job = _job_row(spec, quote, team=team, user=user, booking_id=booking_id, idempotency_key=idempotency_key,
+                   fingerprint=fingerprint)  # fmt: skip
     try:
         with transaction.atomic():
             # in the transaction that inserts the job: the budget check locks the team row, so the
@@ -575,12 +345,14 @@ def job_submit_batch(
     at = timezone.now()
     for index, item in enumerate(jobs):
         try:
-            spec = _validate_spec(
+            spec = validate_job_spec(
                 name=item.get("name"), script=item.get("script"), partition=item.get("partition"),
                 gpu_type=item.get("gpu_type"), gpus=item.get("gpus"), nodes=item.get("nodes"),
                 cpus_per_gpu=item.get("cpus_per_gpu"), memory_gb=item.get("memory_gb"),
                 time_limit_minutes=item.get("time_limit_minutes"), workdir=item.get("workdir"),
-                environment=item.get("environment"), cache=cache,
+                environment=item.get("environment"), account=team.slurm_account, ntasks=item.get("ntasks"),
+                cpus_per_task=item.get("cpus_per_task"), exclusive=item.get("exclusive"), array=item.get("array"),
+                qos=item.get("qos"), constraint=item.get("constraint"), cache=cache,
             )  # fmt: skip
             booking_id = _booking_id(item.get("booking"))
             if booking_id is not None:
@@ -588,7 +360,7 @@ def job_submit_batch(
         except ApplicationError as exc:
             errors[str(index)] = exc.errors or {"non_field_errors": [exc.message]}
             continue
-        prepared.append((spec, booking_id, _quote_for(spec, at=at, cache=cache)))
+        prepared.append((spec, booking_id, quote_for(spec, at=at, cache=cache)))
     if errors:
         first_index = next(iter(errors))
         first = next(iter(errors[first_index].values()))[0]
@@ -598,14 +370,9 @@ def job_submit_batch(
 
     rows = []
     for index, (spec, booking_id, quote) in enumerate(prepared):
-        rows.append(Job(
-            team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
-            gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
-            memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
-            environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
-            estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost, currency=quote.currency,
-            idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index),
-            request_fingerprint=fingerprint,
+        rows.append(_job_row(
+            spec, quote, team=team, user=user, booking_id=booking_id,
+            idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index), fingerprint=fingerprint,
         ))  # fmt: skip
     # One budget check per kind of estimate (GPU type priced, assumed or not, booking), for the sum
     # of its jobs; the jobs of a group are inserted before the next group's check, so that check
@@ -730,6 +497,16 @@ def _spec_for(job: Job) -> JobSpec:
             raise SlurmRejected(problem)
         uid, gid = ids
     pattern = settings.JOB_OUTPUT_PATTERN
+    slurm_id = "%A_%a" if job.array else "%j"
+    stdout = job.output_pattern or pattern.format(workdir=job.workdir, slurm_job_id=slurm_id, stream="out")
+    stderr = job.error_pattern or (pattern.format(workdir=job.workdir, slurm_job_id=slurm_id, stream="err") if not job.output_pattern else "")
+    # the command line: the job's overrides (jobs.spec), and the portal's output files where the
+    # script names none (a script's --output alone sends stderr there too, as sbatch does)
+    options = [(option, value) for option, value in job.overrides if option != "account"]
+    if not job.output_pattern:
+        options.append(("output", stdout))
+    if not job.output_pattern and not job.error_pattern:
+        options.append(("error", stderr))
     return JobSpec(
         script=job.script,
         account=job.team.slurm_account,
@@ -738,12 +515,13 @@ def _spec_for(job: Job) -> JobSpec:
         gpus=job.gpus,
         gpu_type=job.gpu_type,
         nodes=job.nodes,
-        cpus_per_gpu=job.cpus_per_gpu,
+        cpus_per_gpu=job.cpus_per_gpu or 1,
         memory_mb=job.memory_gb * 1024 if job.memory_gb else None,
         time_limit_minutes=job.time_limit_minutes,
         workdir=job.workdir,
-        stdout=pattern.format(workdir=job.workdir, slurm_job_id="%j", stream="out"),
-        stderr=pattern.format(workdir=job.workdir, slurm_job_id="%j", stream="err"),
+        stdout=stdout,
+        stderr=stderr or stdout,
+        options=tuple(options),
         environment=dict(job.environment),
         comment=job.slurm_tag,
         reservation=_booking_reservation(job),
@@ -1054,7 +832,7 @@ def job_cancel_relay_run(job_id) -> str:
 # Fields the sync reads and may write.
 _SYNC_FIELDS = [
     "id", "state", "state_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
-    "exit_code", "created_at",
+    "exit_code", "created_at", "array", "array_tasks",
 ]  # fmt: skip
 # A job that ended in the queue but is not in accounting yet (slurmdbd lags a little) is left
 # live for this long, so its final state and exit code come from accounting next cycle.
@@ -1089,8 +867,11 @@ def jobs_sync() -> dict:
         sync_record_failure("jobs", error=f"squeue: {exc}")
         return stats | {"error": str(exc)}
     stats["queue_calls"] = 1 if followed else 0
-    in_queue = {e.job_id: e for e in queue}
+    in_queue = {e.job_id: e for e in queue if e.array_job_id is None}
+    in_arrays = group_by_array(queue)  # array jobs: their rows folded into one (jobs.arrays)
     tagged = {e.comment: e for e in queue if e.comment.startswith(SLURM_TAG_PREFIX)}
+    array_tasks: dict[uuid.UUID, dict] = {}
+    array_ended = ended_tasks([j.id for j in followed if j.array and j.slurm_job_id is not None])
 
     # Pair each live job with its queue entry.
     entries: dict[uuid.UUID, Any] = {}
@@ -1099,11 +880,20 @@ def jobs_sync() -> dict:
         tag = f"{SLURM_TAG_PREFIX}{job.id}"
         if job.slurm_job_id is None:
             entry = tagged.get(tag)  # ACCEPTED, relay crashed after sbatch: adopt the id
+            if entry is not None and entry.array_job_id is not None:
+                entry = dataclasses.replace(entry, job_id=entry.array_job_id)
         else:
-            entry = in_queue.get(job.slurm_job_id)
+            tasks_missing = False
+            if job.array:
+                rows = [r for r in in_arrays.get(job.slurm_job_id, []) if r.comment in (tag, "")]
+                entry, array_tasks[job.id] = array_view(job, rows, kind="queue", known=array_ended.get(job.id))
+                # tasks the queue no longer shows (cancelled while pending, or ended long ago): accounting has them
+                tasks_missing = len(set(array_tasks[job.id]) | set(array_ended.get(job.id, {}))) < job.array_tasks
+            else:
+                entry = in_queue.get(job.slurm_job_id)
             if entry is not None and entry.comment not in (tag, ""):
                 entry = None  # a reused id (cluster reset): not ours
-            if entry is None or state_from_slurm(entry.state) in TERMINAL_STATES:
+            if entry is None or tasks_missing or state_from_slurm(entry.state) in TERMINAL_STATES:
                 need_accounting.append(job)
         if entry is not None:
             entries[job.id] = entry
@@ -1117,7 +907,17 @@ def jobs_sync() -> dict:
         try:
             # these jobs only (sacct -j), unless so many that the window read is the cheaper one
             by_id = ids if len(ids) <= ACCOUNTING_BY_ID_MAX else None
-            records = {r.job_id: r for r in gateway.accounting(start, timezone.now(), job_ids=by_id)}
+            rows = gateway.accounting(start, timezone.now(), job_ids=by_id)
+            records = {r.job_id: r for r in rows if r.array_job_id is None}
+            for job in need_accounting:
+                if job.array and job.slurm_job_id is not None:
+                    array_rows = group_by_array(rows).get(job.slurm_job_id, [])
+                    record, done = array_view(job, array_rows, kind="accounting", known=array_ended.get(job.id))
+                    array_tasks.setdefault(job.id, {}).update(done)
+                    # one task's raw row is not the array's; the array has ended once every task has
+                    records.pop(job.slurm_job_id, None)
+                    if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
+                        records[job.slurm_job_id] = record
             accounting_ok = True
         except SlurmUnavailable as exc:  # slurmdbd down: apply what the queue says, record the rest later
             stats["accounting_error"] = str(exc)
@@ -1133,6 +933,7 @@ def jobs_sync() -> dict:
             planned[job.id] = values
 
     stats["changed"] = _apply_plan(planned, now) if planned else 0
+    stats["array_tasks"] = array_tasks_record(array_tasks) if array_tasks else 0
     stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
     if "accounting_error" in stats:
@@ -1311,7 +1112,7 @@ def job_template_create(
     gpu_type: str = "",
     gpus: int = 1,
     nodes: int = 1,
-    cpus_per_gpu: int = 1,
+    cpus_per_gpu: int | None = None,
     memory_gb: int | None = None,
     time_limit_minutes: int | None = None,
     workdir: str = "",
@@ -1339,7 +1140,7 @@ def job_template_create(
     if not isinstance(script, str) or not script.strip() or "\x00" in script or len(script.encode()) > MAX_SCRIPT_BYTES:
         errors["script"] = ["A non-empty script without NUL bytes, at most 1 MiB."]
     for key, value, required in (
-        ("gpus", gpus, True), ("nodes", nodes, True), ("cpus_per_gpu", cpus_per_gpu, True),
+        ("gpus", gpus, True), ("nodes", nodes, True), ("cpus_per_gpu", cpus_per_gpu, False),
         ("memory_gb", memory_gb, False), ("time_limit_minutes", time_limit_minutes, False),
     ):  # fmt: skip
         _as_int(value, key, errors, required=required)
@@ -1359,7 +1160,7 @@ def job_template_create(
     template = JobTemplate(
         scope=scope, owner=owner, team=team, created_by=user, name=name, description=description or "",
         script=script, partition=partition or "", gpu_type=gpu_type or "", gpus=int(gpus), nodes=int(nodes),
-        cpus_per_gpu=int(cpus_per_gpu), memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
+        cpus_per_gpu=int(cpus_per_gpu) if cpus_per_gpu not in (None, "") else None, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
         workdir=workdir or "", environment=environment,
     )  # fmt: skip
     try:

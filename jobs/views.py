@@ -23,6 +23,8 @@ from jobs.forms import JobForm, QuoteForm, TemplateSaveForm, initial_from_spec
 from jobs.models import Job
 from jobs.selectors import job_output, job_templates_visible_to, jobs_visible_to
 from jobs.services import job_cancel, job_quote, job_submit, job_template_create, job_template_delete
+from jobs.arrays import array_task_counts
+from jobs.spec import directives_table
 from portal.exceptions import ApplicationError, form_add_application_error
 from portal.roles import is_admin
 from portal.selectors import cluster_summary, teams_visible_to
@@ -103,6 +105,8 @@ def _detail_context(request, job: Job) -> dict:
         "events": list(job.events.order_by("at", "pk")),
         "is_live": job.state in LIVE_STATES,
         "poll_seconds": DETAIL_POLL_SECONDS,
+        "task_counts": array_task_counts(job) if job.array else {},
+        "array_rows": list(job.array_task_rows.all()[:1001]) if job.array else [],
     }
 
 
@@ -250,22 +254,26 @@ def _quote_from(data) -> dict:
         label = {"time_limit_minutes": "time limit", "gpus": "GPUs", "memory_gb": "memory"}.get(field, field.replace("_", " "))
         return {"error": f"Check the {label}: {errors[0]}"}
     values = form.cleaned_data
-    if not values.get("gpus"):
-        return {"error": "Give the number of GPUs to see an estimate."}
+    script = values.get("script") or ""
+    directives, problem = directives_table(script)
+    shown = {"directives": directives, "directives_error": problem}
+    if not values.get("gpus") and not script.strip():
+        return {"error": "Give the number of GPUs (or a script asking for GPUs) to see an estimate."} | shown
     try:
         quote = job_quote(
             partition=values.get("partition") or "",
             gpu_type=values.get("gpu_type") or "",
-            gpus=values["gpus"],
-            nodes=values.get("nodes") or 1,
-            cpus_per_gpu=values.get("cpus_per_gpu") or 1,
+            gpus=values.get("gpus"),
+            nodes=values.get("nodes"),
+            cpus_per_gpu=values.get("cpus_per_gpu"),
             memory_gb=values.get("memory_gb"),
             time_limit_minutes=values.get("time_limit_minutes"),
+            script=script,
         )
     except ApplicationError as exc:
         messages_ = sum(exc.errors.values(), []) or [exc.message]
-        return {"error": " ".join(messages_)}
-    return {"quote": quote}
+        return {"error": " ".join(messages_)} | shown
+    return {"quote": quote} | shown
 
 
 @login_required

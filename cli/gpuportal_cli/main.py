@@ -18,7 +18,8 @@ from typing import Any
 
 from gpuportal_cli import config as config_mod
 from gpuportal_cli.client import ApiError, Client
-from gpuportal_cli.sbatch import gpu_request, parse_memory_gb, parse_sbatch, parse_time_minutes
+from gpuportal_cli.sbatch import gpu_request, parse_memory_gb, parse_time_minutes
+from gpuportal_cli.sbatch_directives import DirectiveError, parse_directives, script_request
 
 # Exit codes (documented in --help; keep EXIT_CODES_HELP in step).
 EXIT_OK = 0
@@ -225,16 +226,29 @@ def cmd_teams(args) -> int:
 # ---------------------------------------------------------------- submit
 
 
+def _check_directives(script: str) -> dict:
+    """The script's directives read as sbatch (and the server) reads them: a directive sbatch would
+    refuse stops here, naming its line. Returns the last directive of each option."""
+    try:
+        directives = parse_directives(script)
+        script_request(directives)  # values sbatch checks (times, counts, GPU forms, exclusive pairs)
+        return {d.option: d for d in directives}
+    except DirectiveError as exc:
+        raise CliError(f"script: {exc}") from None
+
+
 def build_submission(args, script: str, script_name: str) -> tuple[dict, list[str]]:
-    """The POST body of a submission: the script's #SBATCH lines give defaults, flags override.
+    """The POST body of a submission: the script (the server reads its #SBATCH lines) and the flags
+    given, which override the script's directives as sbatch's command line does. A relative
+    --chdir/-D (flag or directive) is resolved against the directory the CLI runs in.
     Returns the body and notes for the user."""
-    defaults = parse_sbatch(script)
-    notes = [f"#SBATCH {problem}" for problem in defaults.problems]
+    directives = _check_directives(script)
+    notes: list[str] = []
     body: dict[str, Any] = {"team": args.team, "script": script}
-    body.update({k: v for k, v in defaults.as_api_fields().items() if k != "gpus"})
     if args.name:
         body["name"] = args.name
-    body.setdefault("name", script_name)
+    elif "job-name" not in directives:
+        body["name"] = re.sub(r"[^A-Za-z0-9._-]+", "-", script_name).strip("-")[:128] or "sbatch"  # sbatch: the file name
     if args.partition:
         body["partition"] = args.partition
     if args.nodes is not None:
@@ -244,10 +258,6 @@ def build_submission(args, script: str, script_name: str) -> tuple[dict, list[st
         type_from_gpus, count = gpu_request(args.gpus)
         body["gpus"] = count
         gpu_type_flag = type_from_gpus or None
-    else:
-        total = defaults.total_gpus(body.get("nodes"))
-        if total is not None:
-            body["gpus"] = total
     if args.gpu_type:
         gpu_type_flag = args.gpu_type
     if gpu_type_flag:
@@ -258,8 +268,9 @@ def build_submission(args, script: str, script_name: str) -> tuple[dict, list[st
         body["cpus_per_gpu"] = args.cpus_per_gpu
     if args.mem:
         body["memory_gb"] = parse_memory_gb(args.mem)
-    if args.workdir:
-        body["workdir"] = args.workdir
+    workdir = args.workdir or (directives["chdir"].value if "chdir" in directives else None)
+    if workdir:
+        body["workdir"] = os.path.abspath(workdir)  # relative: against where the CLI runs, as sbatch
     if args.env:
         environment = {}
         for item in args.env:
@@ -459,12 +470,20 @@ def cmd_cancel(args) -> int:
 
 def cmd_quote(args) -> int:
     client = _client(args)
+    body: dict[str, Any] = {}
+    if args.script:
+        body["script"], _ = _read_script(args.script)
+        _check_directives(body["script"])
+    elif args.gpus is None:
+        raise CliError("give --gpus, or a SCRIPT whose #SBATCH lines ask for GPUs")
+    gpu_type = ""
     try:
-        body: dict[str, Any] = {"time_limit_minutes": parse_time_minutes(args.time)}
-        gpu_type, count = gpu_request(args.gpus)
+        if args.time:
+            body["time_limit_minutes"] = parse_time_minutes(args.time)
+        if args.gpus is not None:
+            gpu_type, body["gpus"] = gpu_request(args.gpus)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    body["gpus"] = count
     if args.gpu_type or gpu_type:
         body["gpu_type"] = args.gpu_type or gpu_type
     for key in ("partition", "team", "nodes"):
@@ -510,9 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "submit",
-        "Submit a batch script. Its #SBATCH lines (--gres, --gpus, -G, --gpus-per-node, --time/-t, "
-        "--partition/-p, --job-name/-J, --nodes/-N, --mem, --cpus-per-gpu, --chdir/-D) give the "
-        "defaults; the options below override them.",
+        "Submit a batch script. The portal reads its #SBATCH lines as sbatch does (every sbatch option; "
+        "the estimate covers what Slurm allocates: tasks, --exclusive, --array); the options below override "
+        "them, as sbatch's command line does.",
         cmd_submit,
     )
     p.add_argument(
@@ -557,9 +576,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("cancel", "Cancel a job.", cmd_cancel)
     p.add_argument("job", metavar="JOB")
 
-    p = add("quote", "Estimate what a job would cost.", cmd_quote)
-    p.add_argument("--gpus", required=True, metavar="[TYPE:]N")
-    p.add_argument("--time", required=True, metavar="LIMIT")
+    p = add("quote", "Estimate what a job would cost (the figure the portal holds against the budget).", cmd_quote)
+    p.add_argument("script", nargs="?", metavar="SCRIPT", help="a batch script: its #SBATCH lines count, the options override them")
+    p.add_argument("--gpus", metavar="[TYPE:]N")
+    p.add_argument("--time", metavar="LIMIT", help="default: the script's --time, else the partition's default")
     p.add_argument("--gpu-type")
     p.add_argument("--partition", "-p")
     p.add_argument("--nodes", "-N", type=int)

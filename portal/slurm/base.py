@@ -17,6 +17,7 @@ from .types import (
     QueueEntry,
     Reservation,
     ReservationSpec,
+    SlurmRejected,
 )
 
 
@@ -47,6 +48,10 @@ class SlurmGateway(abc.ABC):
     def cancel(self, job_id: int) -> None:
         """Cancel a job. Cancelling a job that already ended is not an error."""
 
+    def cancel_array_task(self, array_job_id: int, index: int) -> None:
+        """Cancel one task of an array job (``scancel 123_4``). Backends that cannot say so."""
+        raise SlurmRejected("This Slurm backend cannot cancel one task of an array job.")
+
     @abc.abstractmethod
     def queue(self) -> list[QueueEntry]:
         """Every job the controller holds, in one call."""
@@ -66,11 +71,11 @@ class SlurmGateway(abc.ABC):
             return None
         for entry in self.queue():
             if entry.comment == comment:
-                return entry.job_id
+                return entry.array_job_id or entry.job_id  # an array: its id, not one task's
         now = dt.datetime.now(dt.UTC)
         for record in self.accounting(now - dt.timedelta(days=FIND_BY_COMMENT_DAYS), now):
             if record.comment == comment:
-                return record.job_id
+                return record.array_job_id or record.job_id
         return None
 
     # Inventory

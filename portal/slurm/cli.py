@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from . import parsing
 from .base import SlurmGateway
 from .parsing import FIELD_SEP
+from .request import spec_options, spec_script
 from .types import (
     AccountingRecord,
     Association,
@@ -53,14 +54,15 @@ _CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
 _SCRUBBED_ENV_PREFIXES = ("SBATCH_", "SQUEUE_", "SACCT_", "SINFO_", "SCANCEL_", "SCONTROL_", "SACCTMGR_", "SLURM_")
 
 # squeue -o: comment (%k) is last so that, in theory, a separator inside it cannot shift fields.
-QUEUE_FIELDS = ("%i", "%u", "%a", "%P", "%T", "%r", "%N", "%D", "%V", "%S", "%e", "%l", "%b", "%v", "%j", "%k")
+# %A: the job's own id (an array task's too), %F: its array's id, %K: the array index(es) of the row
+QUEUE_FIELDS = ("%i", "%u", "%a", "%P", "%T", "%r", "%N", "%D", "%V", "%S", "%e", "%l", "%b", "%v", "%A", "%F", "%K", "%j", "%k")
 QUEUE_FORMAT = FIELD_SEP.join(QUEUE_FIELDS)
 
 # sacct -o: free-text fields (JobName, Comment) last, Comment very last.
 SACCT_FIELDS = (
     "JobIDRaw", "User", "Account", "Partition", "State", "ExitCode", "Submit", "Start", "End",
     "ElapsedRaw", "TimelimitRaw", "NNodes", "NodeList", "AllocTRES", "ReqTRES", "Reservation",
-    "Cluster", "JobName", "Comment",
+    "Cluster", "JobID", "JobName", "Comment",
 )  # fmt: skip
 
 # How far back find_by_comment() looks in accounting once the job left the controller.
@@ -147,51 +149,15 @@ def render_script(script: str, environment: dict[str, str]) -> str:
 
 
 def sbatch_argv(spec: JobSpec, sbatch: str = "sbatch") -> list[str]:
-    """sbatch's argv for a job spec (the script goes to stdin). Pure: unit-tested."""
+    """sbatch's argv for a job spec (the script, from ``spec_script``, goes to stdin). Pure: unit-tested."""
     check_text(spec.name, "Job name")
     check_text(spec.comment, "Job comment")
-    for value, what in ((spec.account, "Account"), (spec.partition, "Partition"),
-                        (spec.gpu_type, "GPU type"), (spec.reservation, "Reservation"),
-                        (spec.workdir, "Working directory"), (spec.stdout, "Output path"),
-                        (spec.stderr, "Error path")):  # fmt: skip
-        check_text(value, what)
-    if spec.nodes < 1:
-        raise SlurmRejected(f"nodes must be at least 1, got {spec.nodes}")
-    if spec.gpus < 0:
-        raise SlurmRejected(f"gpus must not be negative, got {spec.gpus}")
-    if spec.gpus % spec.nodes:
-        raise SlurmRejected(f"{spec.gpus} GPUs cannot be spread evenly over {spec.nodes} nodes")
-    argv = [
-        sbatch,
-        "--parsable",
-        "--export=NONE",
-        f"--job-name={spec.name}",
-        f"--account={spec.account}",
-        f"--partition={spec.partition}",
-        f"--nodes={spec.nodes}",
-        f"--chdir={spec.workdir}",
-    ]
-    if spec.gpus:
-        # GPUs per node as --gres (squeue's %b then shows "gres:gpu:a100:2"); spec.gpus is the total.
-        per_node = spec.gpus // spec.nodes
-        gres = f"gpu:{spec.gpu_type}:{per_node}" if spec.gpu_type else f"gpu:{per_node}"
-        argv += [f"--gres={gres}", f"--cpus-per-gpu={spec.cpus_per_gpu}"]
-    if spec.memory_mb is not None:
-        argv.append(f"--mem={int(spec.memory_mb)}")
-    if spec.time_limit_minutes is not None:
-        argv.append(f"--time={int(spec.time_limit_minutes)}")
-    if spec.stdout:
-        argv.append(f"--output={spec.stdout}")
-    if spec.stderr:
-        argv.append(f"--error={spec.stderr}")
-    if spec.comment:
-        argv.append(f"--comment={spec.comment}")
-    if spec.reservation:
-        argv.append(f"--reservation={spec.reservation}")
-    if spec.uid is not None:
-        argv.append(f"--uid={int(spec.uid)}")
-    if spec.gid is not None:
-        argv.append(f"--gid={int(spec.gid)}")
+    argv = [sbatch, "--parsable", "--export=NONE"]
+    for option, value in spec_options(spec):
+        if value is None:
+            argv.append(f"--{option}")
+        else:
+            argv.append(f"--{option}={check_text(value, f'--{option}')}")
     return argv
 
 
@@ -217,12 +183,17 @@ def parse_queue(stdout: str) -> list[QueueEntry]:
             logger.warning("squeue line with %d fields ignored: %r", len(fields), line)
             continue
         (job_id, user, account, partition, state, reason, nodes, num_nodes, submit, start, end,
-         limit, tres, reservation, name, comment) = fields  # fmt: skip
-        job_id_int = parsing.parse_int(job_id, None)
-        if job_id_int is None:  # array job "123_[1-4]": never submitted by the portal
+         limit, tres, reservation, own_id, array_id, array_index, name, comment) = fields  # fmt: skip
+        job_id_int = parsing.parse_int(own_id, None)
+        if job_id_int is None:
+            job_id_int = parsing.parse_int(job_id, None)
+        if job_id_int is None:
             continue
+        array_tasks = "" if array_index.strip() in ("", "N/A") else array_index.strip().split("%")[0]
         entries.append(
             QueueEntry(
+                array_job_id=parsing.parse_int(array_id, None) if array_tasks else None,
+                array_tasks=array_tasks,
                 job_id=job_id_int,
                 name=name,
                 user=user,
@@ -254,12 +225,16 @@ def parse_sacct(stdout: str) -> list[AccountingRecord]:
             logger.warning("sacct line with %d fields ignored: %r", len(fields), line)
             continue
         (job_id, user, account, partition, state, exit_code, submit, start, end, elapsed, limit,
-         num_nodes, nodes, alloc_tres, req_tres, reservation, cluster, name, comment) = fields  # fmt: skip
+         num_nodes, nodes, alloc_tres, req_tres, reservation, cluster, array_job, name, comment) = fields  # fmt: skip
         job_id_int = parsing.parse_int(job_id, None)
         if job_id_int is None:
             continue
+        array_base, underscore, array_tasks = array_job.partition("_")  # "559_3", "559_[2-3%2]"
+        array_tasks = array_tasks.strip("[]").split("%")[0] if underscore else ""
         records.append(
             AccountingRecord(
+                array_job_id=parsing.parse_int(array_base, None) if array_tasks else None,
+                array_tasks=array_tasks,
                 job_id=job_id_int,
                 name=name,
                 user=user,
@@ -476,11 +451,14 @@ class CliGateway(SlurmGateway):
 
     def submit(self, spec: JobSpec) -> int:
         argv = sbatch_argv(spec, self._exe("sbatch"))
-        script = render_script(spec.script, spec.environment)
+        script = render_script(spec_script(spec), spec.environment)
         return parse_job_id(self._run(argv, stdin=script))
 
     def cancel(self, job_id: int) -> None:
         self._run([self._exe("scancel"), str(int(job_id))], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
+
+    def cancel_array_task(self, array_job_id: int, index: int) -> None:
+        self._run([self._exe("scancel"), f"{int(array_job_id)}_{int(index)}"], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
 
     def queue(self) -> list[QueueEntry]:
         out = self._run([self._exe("squeue"), "-h", "-a", "-t", "all", "-o", QUEUE_FORMAT])

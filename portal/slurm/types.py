@@ -49,6 +49,10 @@ class JobSpec:
     reservation: str = ""
     uid: int | None = None  # run as this Unix user (submitter must be root)
     gid: int | None = None
+    # The command-line options, as (long option, value or None), that override the script's
+    # #SBATCH lines (portal.slurm.request). None: built from the typed fields above (name,
+    # partition, nodes, workdir, gpus, cpus_per_gpu, memory, time, stdout, stderr).
+    options: tuple[tuple[str, str | None], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class QueueEntry:
     time_limit_minutes: int | None
     tres_per_node: str  # e.g. "gres:gpu:a100:2"
     reservation: str = ""
+    array_job_id: int | None = None  # the array's id (squeue %F) for a row of an array job
+    array_tasks: str = ""  # the row's array index ("4") or pending indexes ("5-9", "1,3"); "" if no array
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,8 @@ class AccountingRecord:
     comment: str
     reservation: str = ""
     cluster: str = ""
+    array_job_id: int | None = None  # an array task's array id (JobID 559_3)
+    array_tasks: str = ""  # its index ("3"), or the pending indexes of a never-started remainder
 
     @property
     def gpus(self) -> int:

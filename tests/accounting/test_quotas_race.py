@@ -23,8 +23,20 @@ N = 50
 FITS = 10
 
 
+# Each shape is 1 GPU-h as Slurm allocates it, whatever form the request takes (fields, an array of
+# the script, --exclusive taking the whole 4-GPU node, GPUs per task).
+SHAPES = {
+    "fields": ({"gpu_type": "a100", "gpus": 2, "time_limit_minutes": 30}, "true"),
+    "array": ({}, "#!/bin/bash\n#SBATCH --array=0-3%1 --gres=gpu:a100:1 --time=15\ntrue\n"),
+    "exclusive": ({}, "#!/bin/bash\n#SBATCH --exclusive\n#SBATCH --gres=gpu:a100:1 -t 15\ntrue\n"),
+    "gpus-per-task": ({}, "#!/bin/bash\n#SBATCH -n 2 --gpus-per-task=a100:1 --time=30\ntrue\n"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.django_db(transaction=True)
-def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(world, monkeypatch, capsys):
+def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(world, monkeypatch, capsys, shape):
+    fields, script = SHAPES[shape]
     from jobs import tasks
 
     monkeypatch.setattr(tasks.job_relay, "delay", lambda job_id: None)
@@ -43,8 +55,7 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
         try:
             barrier.wait()
             try:
-                job_submit(user=world.alice, team=world.vision, name=f"race-{n}", script="true", partition="gpu",
-                           gpu_type="a100", gpus=2, time_limit_minutes=30)  # fmt: skip
+                job_submit(user=world.alice, team=world.vision, name=f"race-{n}", script=script, partition="gpu", **fields)
                 return "accepted"
             except Conflict as exc:
                 assert "GPU-h left for vision" in exc.message
@@ -59,6 +70,7 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
     assert results.count("accepted") == FITS
     assert results.count("refused") == N - FITS
     assert Job.objects.count() == FITS
+    assert set(Job.objects.values_list("estimated_gpu_hours", flat=True)) == {1}
     with capsys.disabled():
-        print(f"\n[quota race] {N} parallel submissions: {results.count('accepted')} accepted, "
+        print(f"\n[quota race, {shape}] {N} parallel submissions: {results.count('accepted')} accepted, "
               f"{results.count('refused')} refused in {seconds:.2f} s")

@@ -98,7 +98,7 @@ echo CUDA=$CUDA_VISIBLE_DEVICES
 """
 
 
-def test_submit_sends_sbatch_defaults_overridden_by_flags_and_an_idempotency_key(fake_api, tmp_path, capsys):
+def test_submit_sends_the_script_and_only_the_flags_given_and_an_idempotency_key(fake_api, tmp_path, capsys):
     script = tmp_path / "job.sh"
     script.write_text(SCRIPT)
     fake_api.add("POST", "/api/v1/jobs/", 201, _job(estimated_gpu_hours="0.17", estimated_cost="1.70", currency="CNY"))
@@ -107,16 +107,8 @@ def test_submit_sends_sbatch_defaults_overridden_by_flags_and_an_idempotency_key
 
     assert code == 0
     (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
-    assert request["json"] == {
-        "team": "vision",
-        "script": SCRIPT,
-        "name": "train",
-        "partition": "debug",
-        "gpu_type": "a100",
-        "gpus": 2,
-        "time_limit_minutes": 120,
-        "memory_gb": 16,
-    }
+    # the server reads the #SBATCH lines (name, GPU type, partition); the flags override them
+    assert request["json"] == {"team": "vision", "script": SCRIPT, "gpus": 2, "time_limit_minutes": 120, "memory_gb": 16}
     assert len(request["headers"]["Idempotency-Key"]) >= 32
     assert request["headers"]["Authorization"] == "Token gpp_test"
     out = capsys.readouterr().out
@@ -172,12 +164,25 @@ def test_submit_with_a_bad_time_flag_exits_64_before_any_request(fake_api, tmp_p
     assert "soon" in capsys.readouterr().err
 
 
-def test_submit_warns_about_unreadable_directives(fake_api, tmp_path, capsys):
+def test_submit_refuses_directives_sbatch_refuses_naming_the_line_before_sending(fake_api, tmp_path, capsys):
     script = tmp_path / "job.sh"
-    script.write_text("#SBATCH --time=forever\necho\n")
+    script.write_text("#!/bin/bash\n#SBATCH --gres=gpu:1\n#SBATCH --time=forever\necho\n")
+    assert main(["submit", str(script), "--team", "vision"]) == 64
+    assert fake_api.requests == []
+    assert "script: line 3: invalid time limit specification --time=forever" in capsys.readouterr().err
+    script.write_text("#SBATCH --gpu-count=2\necho\n")
+    assert main(["submit", str(script), "--team", "vision"]) == 64
+    assert "line 1: unrecognized option '--gpu-count'" in capsys.readouterr().err
+
+
+def test_submit_resolves_a_relative_chdir_against_where_it_runs(fake_api, tmp_path, monkeypatch):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -D runs/1 --gres=gpu:1\necho\n")
     fake_api.add("POST", "/api/v1/jobs/", 201, _job())
-    assert main(["submit", str(script), "--team", "vision", "--time", "5"]) == 0
-    assert "warning: #SBATCH --time=forever" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert main(["submit", str(script), "--team", "vision"]) == 0
+    (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
+    assert request["json"]["workdir"] == str(tmp_path / "runs" / "1") and request["json"]["name"] == "job.sh"
 
 
 def test_unreachable_portal_exits_69(cli_env, monkeypatch, tmp_path, capsys):
@@ -235,7 +240,8 @@ def test_several_scripts_go_in_one_array_post_with_their_own_directives(fake_api
     (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
     body = request["json"]
     assert isinstance(body, list) and [b["name"] for b in body] == ["s0.sh", "s1.sh", "s2.sh"]
-    assert [(b.get("gpu_type"), b["gpus"]) for b in body] == [("a100", 1), ("h100", 2), (None, 1)]
+    assert [b["script"].splitlines()[1] for b in body] == ["#SBATCH --gres=gpu:a100:1", "#SBATCH --gres=gpu:h100:2", "#SBATCH --gres=gpu:1"]
+    assert not any("gpus" in b or "gpu_type" in b for b in body)  # the server reads them from each script
     assert {b["time_limit_minutes"] for b in body} == {30} and {b["team"] for b in body} == {"vision"}
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 and all(f"(s{i}.sh) ACCEPTED" in line for i, line in enumerate(out))

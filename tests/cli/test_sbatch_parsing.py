@@ -1,10 +1,10 @@
-"""The CLI's pure parsers: Slurm time limits, memory sizes, GPU requests and #SBATCH lines."""
+"""The CLI's pure parsers for its flags: Slurm time limits, memory sizes, GPU requests."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuportal_cli.sbatch import gpu_request, parse_memory_gb, parse_sbatch, parse_time_minutes
+from gpuportal_cli.sbatch import gpu_request, parse_memory_gb, parse_time_minutes
 
 
 @pytest.mark.parametrize(
@@ -67,87 +67,4 @@ def test_gpu_request_refuses_garbage(text):
         gpu_request(text)
 
 
-def test_parse_sbatch_reads_common_directives():
-    script = """#!/bin/bash
-#SBATCH --job-name=train
-#SBATCH --partition=debug
-#SBATCH --gres=gpu:a100:2
-#SBATCH --time=1:30:00
-#SBATCH --mem=32G
-#SBATCH --cpus-per-gpu=4
-#SBATCH --chdir=/scratch/me
-python train.py
-"""
-    parsed = parse_sbatch(script)
-    assert parsed.as_api_fields() == {
-        "name": "train",
-        "partition": "debug",
-        "gpu_type": "a100",
-        "gpus": 2,
-        "time_limit_minutes": 90,
-        "memory_gb": 32,
-        "cpus_per_gpu": 4,
-        "workdir": "/scratch/me",
-    }
-    assert parsed.ignored == [] and parsed.problems == []
-
-
-def test_parse_sbatch_short_options_spaces_and_several_per_line():
-    script = "#!/bin/sh\n#SBATCH -J 'my job' -p gpu -N 2\n#SBATCH -t 2-00:00:00 -G h100:4\n#SBATCH -t90\necho\n"
-    parsed = parse_sbatch(script)
-    assert parsed.name == "my job"
-    assert parsed.partition == "gpu"
-    assert parsed.nodes == 2
-    assert parsed.time_limit_minutes == 90  # the later line wins, as in sbatch
-    assert (parsed.gpu_type, parsed.gpus) == ("h100", 4)  # --gpus/-G is the job's total
-
-
-def test_parse_sbatch_per_node_gres_is_multiplied_by_nodes():
-    parsed = parse_sbatch("#SBATCH --nodes=2\n#SBATCH --gres=gpu:3\n")
-    assert parsed.gpus_per_node == 3 and parsed.gpu_type is None
-    assert parsed.total_gpus() == 6
-    assert parsed.total_gpus(nodes=4) == 12  # the command line's --nodes overrides the script's
-    assert parsed.as_api_fields()["gpus"] == 6
-
-
-@pytest.mark.parametrize(
-    ("line", "expected"),
-    [
-        ("#SBATCH --gres=gpu:a100:1", ("a100", 1)),
-        ("#SBATCH --gres=gpu", (None, 1)),
-        ("#SBATCH --gres=gpu:2,shard:1", (None, 2)),
-        ("#SBATCH --gpus=2", (None, 2)),
-        ("#SBATCH --gpus a100:2", ("a100", 2)),
-        ("#SBATCH --gpus-per-node=h100:2", ("h100", 2)),
-        ("#SBATCH -G 3", (None, 3)),
-        ("#SBATCH -G3", (None, 3)),
-    ],
-)
-def test_parse_sbatch_gpu_forms(line, expected):
-    parsed = parse_sbatch(line + "\n")
-    assert (parsed.gpu_type, parsed.total_gpus()) == expected
-
-
-def test_parse_sbatch_stops_at_first_command_and_ignores_comments():
-    script = """#!/bin/bash
-# a comment mentioning --time=999
-#SBATCH --time=5   # five minutes
-##SBATCH --time=7
-#SBATCHX --time=8
-
-echo start
-#SBATCH --time=60
-"""
-    assert parse_sbatch(script).time_limit_minutes == 5
-
-
-def test_parse_sbatch_lists_ignored_and_unreadable_directives():
-    parsed = parse_sbatch("#SBATCH --mail-type=END --gres=shard:1\n#SBATCH --time=forever\n#SBATCH --mem\n")
-    assert parsed.ignored == ["--mail-type=END", "--gres=shard:1"]
-    assert len(parsed.problems) == 2 and "--time=forever" in parsed.problems[0]
-    assert parsed.time_limit_minutes is None
-
-
-def test_parse_sbatch_without_directives_gives_nothing():
-    parsed = parse_sbatch("#!/bin/bash\necho hi\n")
-    assert parsed.as_api_fields() == {}
+# #SBATCH lines: tests/cli/test_sbatch_directives.py (the one parser, shared with the server)

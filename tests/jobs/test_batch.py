@@ -149,7 +149,9 @@ def test_batched_relay_submits_each_job_exactly_once(cluster, batch_relays):
 def test_batched_relay_records_a_rejection_for_that_job_only(cluster, batch_relays):
     jobs = _accepted(cluster, 4)
     bad = jobs[2]
-    Job.objects.filter(pk=bad.pk).update(partition="no-such-partition")  # Slurm refuses this one
+    # Slurm refuses this one (the relay's command line comes from the job's overrides)
+    overrides = [[o, "no-such-partition" if o == "partition" else v] for o, v in Job.objects.get(pk=bad.pk).overrides]
+    Job.objects.filter(pk=bad.pk).update(partition="no-such-partition", overrides=overrides)
     try:
         result = job_relay_batch_run([str(j.pk) for j in jobs])
         assert (result["submitted"], result["submit_failed"]) == (3, 1)

@@ -114,7 +114,7 @@ def test_form_offers_my_teams_and_the_inventorys_partitions(world, client_for, i
     assert response.status_code == 200
     form = response.context["form"]
     assert [t.slug for t in form.fields["team"].queryset] == ["vision"]
-    assert [c[0] for c in form.fields["partition"].choices] == ["gpu", "debug"]
+    assert [c[0] for c in form.fields["partition"].choices] == ["", "gpu", "debug"]  # "": the script decides
     assert [c[0] for c in form.fields["gpu_type"].choices] == ["", "a100", "h100"]
     body = response.content.decode()
     assert 'hx-post="/jobs/new/quote/"' in body and "keyup delay:300ms" in body

@@ -41,7 +41,6 @@ pytestmark = pytest.mark.django_db
         ({"script": "echo a\x00b"}, "script"),
         ({"script": "#!/bin/bash\n" + "x" * (1024 * 1024)}, "script"),
         ({"name": "has space"}, "name"),
-        ({"name": ""}, "name"),
         ({"name": "x" * 129}, "name"),
         ({"environment": {"1BAD": "x"}}, "environment"),
         ({"environment": {"OK": "a\x00b"}}, "environment"),

@@ -1,0 +1,564 @@
+"""The ``#SBATCH`` directives of a batch script, read exactly as sbatch reads them.
+
+One parser for the server and the CLI (pure: standard library only, Python >= 3.9).
+
+How sbatch reads a script (Slurm's ``src/sbatch/opt.c``, ``_opt_batch_script`` and
+``get_argument``), and so how this module does:
+
+- lines beginning with ``#SBATCH`` (or the old ``#SLURM``) in the first column are directives;
+  blank lines and other comments (``#!``, ``# ...``, an indented ``#SBATCH``) are skipped; the first
+  line that is neither ends the block;
+- a directive line is split into words: whitespace separates, ``'`` and ``"`` quote, a backslash
+  escapes, an unquoted ``#`` ends the line;
+- the words of all lines form one argv, read by ``getopt_long`` with sbatch's option table:
+  ``--opt=value`` or ``--opt value`` (also across lines), ``-t15``/``-t 15``, clusters of one-letter
+  options (``-vH``), unambiguous abbreviations of long names (``--nod=2``), optional values only
+  after ``=`` (``--exclusive=user``);
+- an unknown or ambiguous option, a missing value, or a word that is not an option is an error
+  (sbatch: "Invalid directive found in batch script").
+
+Then ``script_request`` turns the directives into numbers the portal estimates and checks with
+(GPUs, nodes, tasks, time, memory, array size), each error naming the directive's line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .sbatch_options import HAS_ARG, NONE, OPTIONAL, REQUIRED, SHORT
+
+__all__ = [
+    "Directive",
+    "DirectiveError",
+    "ScriptRequest",
+    "apply_overrides",
+    "disable_directives",
+    "parse_array",
+    "parse_directives",
+    "parse_gpu_count",
+    "parse_memory_mb",
+    "parse_time_minutes",
+    "resolve_option",
+    "script_request",
+    "EXCLUSIVE_GROUPS",
+]
+
+MAGIC_WORDS = ("#SBATCH", "#SLURM")
+
+
+class DirectiveError(ValueError):
+    """A directive sbatch would refuse (or the portal refuses on purpose). ``line`` is 1-based
+    (0: not from the script, e.g. an API field), ``option`` the long option name ("" if unknown)."""
+
+    def __init__(self, message: str, *, line: int = 0, option: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.option = option
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}" if self.line else self.message
+
+
+@dataclass(frozen=True)
+class Directive:
+    """One option as sbatch understood it: the long name, its value (None: given without one),
+    the script line it came from (0: not from the script), and the words as written."""
+
+    option: str
+    value: Optional[str]
+    line: int
+    text: str
+
+    def as_arg(self) -> str:
+        """The option as one argv word (``--time=15``, ``--exclusive``)."""
+        return f"--{self.option}" if self.value is None else f"--{self.option}={self.value}"
+
+
+# ---------------------------------------------------------------- reading the block
+
+
+def _words(body: str, line: int) -> List[str]:
+    """sbatch's get_argument over one directive line (after the magic word)."""
+    words: List[str] = []
+    i, n = 0, len(body)
+    while i < n:
+        while i < n and body[i].isspace():
+            i += 1
+        if i >= n:
+            break
+        if body[i] == ":":
+            raise DirectiveError(f"unexpected ':' in {body.strip()!r}", line=line)
+        word: List[str] = []
+        started = False
+        quote = ""
+        while i < n and (quote or not body[i].isspace()):
+            char = body[i]
+            if char == "\\" and not quote:
+                i += 1
+                if i < n:
+                    word.append(body[i])
+                    started = True
+                    i += 1
+                continue
+            if quote:
+                if char == quote:
+                    quote = ""
+                else:
+                    word.append(char)
+                i += 1
+                continue
+            if char in "\"'":
+                quote = char
+                started = True
+                i += 1
+                continue
+            if char == "#":
+                i = n  # an unquoted '#': the rest of the line is a comment
+                break
+            word.append(char)
+            started = True
+            i += 1
+        if quote:
+            raise DirectiveError(f"unmatched {quote} in {body.strip()!r}", line=line)
+        if started:
+            words.append("".join(word))
+    return words
+
+
+def directive_lines(script: str) -> List[Tuple[int, str]]:
+    """(line number, text after the magic word) of every directive line sbatch reads."""
+    found: List[Tuple[int, str]] = []
+    for number, raw in enumerate(script.split("\n"), start=1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        magic = next((m for m in MAGIC_WORDS if line.startswith(m)), None)
+        if magic is None:
+            stripped = line.lstrip()
+            if stripped and not stripped.startswith("#"):
+                break  # the first command ends the block
+            continue
+        body = line[len(magic):]
+        head = body.strip().split(None, 1)[0].lower() if body.strip() else ""
+        if head in ("hetjob", "packjob"):
+            raise DirectiveError(
+                f"'{magic} {head}': heterogeneous jobs are not supported by the portal; submit the components as separate jobs",
+                line=number,
+            )
+        found.append((number, body))
+    return found
+
+
+def resolve_option(name: str, *, line: int = 0) -> str:
+    """A long option name as getopt_long resolves it: the exact name, or the one option the
+    abbreviation is a prefix of. Unknown and ambiguous names are a DirectiveError."""
+    if name in HAS_ARG:
+        return name
+    matches = [option for option in HAS_ARG if option.startswith(name)] if name else []
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise DirectiveError(f"unrecognized option '--{name}'", line=line)
+    raise DirectiveError(
+        f"option '--{name}' is ambiguous; possibilities: " + " ".join(f"'--{m}'" for m in sorted(matches)),
+        line=line,
+        option=name,
+    )
+
+
+def parse_args(words: List[Tuple[str, int]]) -> List[Directive]:
+    """getopt_long over (word, line) pairs with sbatch's table. A word that is not an option is an
+    error, as sbatch reports it ("Invalid directive found in batch script")."""
+    out: List[Directive] = []
+    i = 0
+    while i < len(words):
+        word, line = words[i]
+        i += 1
+        if word == "--":
+            if i < len(words):
+                raise DirectiveError(f"invalid directive found in batch script: {words[i][0]}", line=words[i][1])
+            break
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            option = resolve_option(name, line=line)
+            has_arg = HAS_ARG[option]
+            if eq:
+                if has_arg == NONE:
+                    raise DirectiveError(f"option '--{option}' doesn't allow an argument", line=line, option=option)
+                out.append(Directive(option, value, line, word))
+            elif has_arg == REQUIRED:
+                if i >= len(words):
+                    raise DirectiveError(f"option '--{option}' requires an argument", line=line, option=option)
+                value, _ = words[i]
+                i += 1
+                out.append(Directive(option, value, line, f"{word} {value}"))
+            else:
+                out.append(Directive(option, None, line, word))
+        elif word.startswith("-") and len(word) > 1:
+            j = 1
+            while j < len(word):
+                letter = word[j]
+                j += 1
+                option = SHORT.get(letter)
+                if option is None:
+                    raise DirectiveError(f"invalid option -- '{letter}'", line=line)
+                has_arg = HAS_ARG[option]
+                if has_arg == NONE:
+                    out.append(Directive(option, None, line, f"-{letter}"))
+                    continue
+                rest = word[j:]
+                if rest:
+                    out.append(Directive(option, rest, line, word))
+                elif has_arg == OPTIONAL:
+                    out.append(Directive(option, None, line, word))
+                else:
+                    if i >= len(words):
+                        raise DirectiveError(f"option requires an argument -- '{letter}'", line=line, option=option)
+                    value, _ = words[i]
+                    i += 1
+                    out.append(Directive(option, value, line, f"{word} {value}"))
+                break
+        else:
+            raise DirectiveError(f"invalid directive found in batch script: {word}", line=line)
+    return out
+
+
+def parse_directives(script: str) -> List[Directive]:
+    """The directives of a batch script, in order (later ones override earlier ones of the same
+    option, as in sbatch). Raises DirectiveError naming the line for what sbatch would refuse."""
+    words: List[Tuple[str, int]] = []
+    for number, body in directive_lines(script):
+        words.extend((word, number) for word in _words(body, number))
+    return parse_args(words)
+
+
+# ---------------------------------------------------------------- values as Slurm reads them
+
+
+def parse_time_minutes(value: str, *, line: int = 0, option: str = "time") -> Optional[int]:
+    """Slurm's time_str2mins: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``; seconds
+    round up. None: no limit (``UNLIMITED``, ``INFINITE``, ``-1``, or ``0``)."""
+    text = (value or "").strip()
+    if text.lower() in ("unlimited", "infinite", "-1"):
+        return None
+    days = 0
+    rest = text
+    match = re.fullmatch(r"(\d+)-(\d+(?::\d+){0,2})", text)
+    if match:
+        days, rest = int(match.group(1)), match.group(2)
+        parts = [int(p) for p in rest.split(":")]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    elif re.fullmatch(r"\d+(?::\d+){0,2}", text):
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:
+            hours, minutes, seconds = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, minutes, seconds = 0, parts[0], parts[1]
+        else:
+            hours, minutes, seconds = parts
+    else:
+        raise DirectiveError(f"invalid time limit specification --{option}={value}", line=line, option=option)
+    total = math.ceil((days * 86400 + hours * 3600 + minutes * 60 + seconds) / 60)
+    return None if total == 0 else total
+
+
+_MEM_RE = re.compile(r"(\d+)([KMGTkmgt]?)[Bb]?")
+_MEM_FACTOR = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def parse_memory_mb(value: str, *, line: int = 0, option: str = "mem") -> int:
+    """Slurm's str_to_mbytes: a whole number, MiB unless a K/M/G/T suffix says otherwise (0 allowed:
+    ``--mem=0`` is all of a node's memory)."""
+    match = _MEM_RE.fullmatch((value or "").strip())
+    if not match:
+        raise DirectiveError(f"invalid --{option} specification: {value}", line=line, option=option)
+    return math.ceil(int(match.group(1)) * _MEM_FACTOR[match.group(2).lower()])
+
+
+def parse_gpu_count(value: str, *, line: int = 0, option: str = "gpus") -> Tuple[str, int]:
+    """``[type:]N`` (``--gpus``, ``--gpus-per-node``, ``--gpus-per-task``) → (type, N)."""
+    text = (value or "").strip()
+    match = re.fullmatch(r"(?:(?:gpu:)?([A-Za-z0-9_.-]+?):)?(\d+)", text)
+    if not match or ("," in text):
+        raise DirectiveError(f"invalid --{option} specification: {value} (expected [type:]count)", line=line, option=option)
+    return match.group(1) or "", int(match.group(2))
+
+
+def parse_gres_gpu(value: str, *, line: int = 0, option: str = "gres") -> Optional[Tuple[str, int]]:
+    """The GPU part of a ``--gres`` list (``gpu``, ``gpu:2``, ``gpu:a100:2``, ``gpu:a100:2,shard:1``):
+    (type, count per node), or None without GPUs. ``--gres=none`` is none."""
+    for item in value.split(","):
+        item = item.strip()
+        if item.startswith("gres/"):
+            item = item[len("gres/"):]
+        name, _, rest = item.partition(":")
+        if name != "gpu":
+            continue
+        if not rest:
+            return "", 1
+        parts = rest.split(":")
+        if len(parts) == 1:
+            return (("", int(parts[0])) if parts[0].isdigit() else (parts[0], 1))
+        if len(parts) == 2 and parts[1].isdigit():
+            return parts[0], int(parts[1])
+        raise DirectiveError(f"invalid --{option} specification: {value}", line=line, option=option)
+    return None
+
+
+MAX_ARRAY_INDEX = 4_000_000
+
+
+def parse_array(value: str, *, line: int = 0) -> Tuple[List[int], Optional[int]]:
+    """``--array``: ``0-15``, ``1,3,5-7``, ``0-15:4`` (step), ``0-15%4`` (at most 4 at once) →
+    (sorted task indexes, throttle or None)."""
+    text = (value or "").strip()
+    spec, _, throttle_text = text.partition("%")
+    throttle = None
+    if throttle_text:
+        if not throttle_text.isdigit():
+            raise DirectiveError(f"invalid --array specification: {value}", line=line, option="array")
+        throttle = int(throttle_text)
+    indexes = set()
+    for part in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part.strip())
+        if not match:
+            raise DirectiveError(f"invalid --array specification: {value}", line=line, option="array")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        step = int(match.group(3)) if match.group(3) else 1
+        if last < first or step < 1 or last > MAX_ARRAY_INDEX:
+            raise DirectiveError(f"invalid --array specification: {value}", line=line, option="array")
+        indexes.update(range(first, last + 1, step))
+    return sorted(indexes), throttle
+
+
+def _positive(directive: Directive) -> int:
+    text = (directive.value or "").strip()
+    if not text.isdigit() or int(text) < 1:
+        raise DirectiveError(
+            f"invalid --{directive.option} value {directive.value!r}: expected a positive whole number",
+            line=directive.line, option=directive.option,
+        )
+    return int(text)
+
+
+def _node_range(directive: Directive) -> Tuple[int, int]:
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", (directive.value or "").strip())
+    if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+        raise DirectiveError(f"invalid node count specification --nodes={directive.value}", line=directive.line, option="nodes")
+    low = int(match.group(1))
+    return low, int(match.group(2)) if match.group(2) else low
+
+
+# ---------------------------------------------------------------- what a script asks for
+
+
+# Options Slurm refuses together (slurm_opt.c: validate_memory_options, the cpus-per-task vs
+# cpus-per-gpu check, ntasks-per-gpu's list, core-spec/thread-spec, exclusive/oversubscribe): when
+# the portal sets one of a group on the command line, the script's directives of the whole group go.
+EXCLUSIVE_GROUPS: Tuple[frozenset, ...] = (
+    frozenset({"mem", "mem-per-cpu", "mem-per-gpu"}),
+    frozenset({"cpus-per-task", "cpus-per-gpu"}),
+    frozenset({"ntasks-per-gpu", "gpus-per-task", "gpus-per-socket", "ntasks-per-node", "tres-per-task"}),
+    frozenset({"core-spec", "thread-spec"}),
+    frozenset({"exclusive", "oversubscribe"}),
+    frozenset({"requeue", "no-requeue"}),
+    # one GPU request: an explicit GPU form from the portal replaces the script's
+    frozenset({"gres", "gpus", "gpus-per-node", "gpus-per-task"}),
+)
+
+
+def _group_of(option: str) -> frozenset:
+    for group in EXCLUSIVE_GROUPS:
+        if option in group:
+            return group
+    return frozenset({option})
+
+
+def apply_overrides(directives: List[Directive], overrides: List[Directive]) -> List[Directive]:
+    """The effective options: the script's directives, minus those the overrides replace (the same
+    option, or one Slurm holds mutually exclusive with it), then the overrides (line 0), as
+    sbatch's command line overrides a script. Later overrides of one option win."""
+    replaced: set = set()
+    for override in overrides:
+        replaced |= _group_of(override.option)
+    kept = [d for d in directives if d.option not in replaced]
+    return kept + list(overrides)
+
+
+def disable_directives(script: str, lines: set) -> str:
+    """The script with the directives on ``lines`` (1-based) turned into plain comments, so that
+    sbatch no longer reads them (the portal's command line replaces them)."""
+    if not lines:
+        return script
+    out = []
+    for number, raw in enumerate(script.split("\n"), start=1):
+        if number in lines:
+            magic = next((m for m in MAGIC_WORDS if raw.startswith(m)), None)
+            if magic is not None:
+                raw = "# [gpuportal: replaced] " + raw[1:]
+        out.append(raw)
+    return "\n".join(out)
+
+
+@dataclass
+class ScriptRequest:
+    """The effective options (last one of each option), in the numbers the portal needs.
+
+    GPU counts are for one job (one array task); ``gpus`` is None when the job asks for no GPU, and
+    ``gpu_form`` says which option gave it (the count is then per node, per task or per job)."""
+
+    options: Dict[str, Directive] = field(default_factory=dict)
+    name: Optional[str] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    nodes_min: int = 1
+    nodes_max: int = 1
+    nodes_given: bool = False
+    ntasks: Optional[int] = None
+    ntasks_per_node: Optional[int] = None
+    cpus_per_task: Optional[int] = None
+    cpus_per_gpu: Optional[int] = None
+    gpu_type: str = ""
+    gpu_form: str = ""  # "gres"/"gpus-per-node" (per node), "gpus" (per job), "gpus-per-task"
+    gpu_count: int = 0  # as given in that form
+    mem_mb: Optional[int] = None  # per node; 0 = the whole node's memory
+    mem_per_cpu_mb: Optional[int] = None
+    mem_per_gpu_mb: Optional[int] = None
+    exclusive: bool = False
+    time_limit_minutes: Optional[int] = None  # None: not given (partition default) or unlimited
+    time_unlimited: bool = False
+    array: str = ""
+    array_indexes: List[int] = field(default_factory=list)
+    array_throttle: Optional[int] = None
+    output: str = ""
+    error: str = ""
+    chdir: str = ""
+
+    def line_of(self, option: str) -> int:
+        directive = self.options.get(option)
+        return directive.line if directive else 0
+
+    @property
+    def array_tasks(self) -> int:
+        return len(self.array_indexes) or 1
+
+    def tasks(self, nodes: int) -> int:
+        """Tasks of the job on ``nodes`` nodes (sbatch: --ntasks, else --ntasks-per-node × nodes, else one per node)."""
+        if self.ntasks is not None:
+            return self.ntasks
+        if self.ntasks_per_node is not None:
+            return self.ntasks_per_node * nodes
+        return nodes
+
+    def nodes_for(self, cpus_per_node: int = 0) -> int:
+        """The nodes Slurm gives the job (the most it may give when a range is asked for): the
+        count given, else enough for --ntasks at --ntasks-per-node, else one."""
+        if self.nodes_given:
+            return self.nodes_max
+        if self.ntasks is not None and self.ntasks_per_node:
+            return max(1, math.ceil(self.ntasks / self.ntasks_per_node))
+        if self.ntasks is not None and cpus_per_node:
+            return max(1, math.ceil(self.ntasks * (self.cpus_per_task or 1) / cpus_per_node))
+        return 1
+
+    def gpus_total(self, *, nodes: int, gpus_per_node: int = 0) -> int:
+        """GPUs Slurm allocates to one job (one array task) on ``nodes`` nodes; ``--exclusive``:
+        every GPU of those nodes (``gpus_per_node`` of the partition's nodes)."""
+        if self.exclusive and gpus_per_node:
+            return gpus_per_node * nodes
+        if self.gpu_form in ("gres", "gpus-per-node"):
+            return self.gpu_count * nodes
+        if self.gpu_form == "gpus-per-task":
+            return self.gpu_count * self.tasks(nodes)
+        return self.gpu_count
+
+
+def script_request(directives: List[Directive]) -> ScriptRequest:
+    """Read the effective directives (the last of each option wins) into a ScriptRequest.
+    Values the portal needs are checked as sbatch checks them (DirectiveError naming the line)."""
+    options: Dict[str, Directive] = {}
+    for directive in directives:
+        options[directive.option] = directive
+    request = ScriptRequest(options=options)
+    get = options.get
+    if get("job-name"):
+        request.name = get("job-name").value
+    if get("partition"):
+        request.partition = get("partition").value
+    if get("account"):
+        request.account = get("account").value
+    if get("qos"):
+        request.qos = get("qos").value
+    if get("constraint"):
+        request.constraint = get("constraint").value
+    if get("nodes"):
+        request.nodes_min, request.nodes_max = _node_range(get("nodes"))
+        request.nodes_given = True
+    if get("ntasks"):
+        request.ntasks = _positive(get("ntasks"))
+    for option, attr in (("ntasks-per-node", "ntasks_per_node"), ("tasks-per-node", "ntasks_per_node"),
+                         ("cpus-per-task", "cpus_per_task"), ("cpus-per-gpu", "cpus_per_gpu")):  # fmt: skip
+        if get(option):
+            setattr(request, attr, _positive(get(option)))
+    # GPUs: the last GPU form given (sbatch keeps them all, but one job asks in one form; a
+    # script mixing per-node and per-job forms is refused rather than guessed)
+    forms = [d for d in directives if d.option in ("gres", "gpus", "gpus-per-node", "gpus-per-task", "tres-per-task")]
+    gpu_forms = {}
+    for directive in forms:
+        if directive.option == "gres":
+            found = parse_gres_gpu(directive.value or "", line=directive.line)
+            if found is None:
+                gpu_forms.pop("gres", None)
+                continue
+            gpu_forms["gres"] = (found, directive)
+        elif directive.option == "tres-per-task":
+            found = parse_gres_gpu((directive.value or "").replace("gres/gpu", "gpu").replace("=", ":"), line=directive.line, option="tres-per-task")
+            if found is not None:
+                gpu_forms["gpus-per-task"] = (found, directive)
+        else:
+            gpu_forms[directive.option] = (parse_gpu_count(directive.value or "", line=directive.line, option=directive.option), directive)
+    if len(gpu_forms) > 1:
+        first, second = sorted((d for _f, d in gpu_forms.values()), key=lambda d: d.line)[-2:]
+        raise DirectiveError(
+            f"--{second.option} and --{first.option} (line {first.line}) both ask for GPUs; the portal cannot tell "
+            "which count Slurm would allocate: keep one",
+            line=second.line, option=second.option,
+        )
+    if gpu_forms:
+        form, ((gpu_type, count), _directive) = next(iter(gpu_forms.items()))
+        request.gpu_form, request.gpu_type, request.gpu_count = form, gpu_type, count
+    if get("ntasks-per-gpu") and request.gpu_form == "gpus" and request.ntasks is None:
+        request.ntasks = _positive(get("ntasks-per-gpu")) * request.gpu_count
+    for option, attr in (("mem", "mem_mb"), ("mem-per-cpu", "mem_per_cpu_mb"), ("mem-per-gpu", "mem_per_gpu_mb")):
+        if get(option):
+            setattr(request, attr, parse_memory_mb(get(option).value or "", line=get(option).line, option=option))
+    present = [o for o in ("mem", "mem-per-cpu", "mem-per-gpu") if get(o)]
+    if len(present) > 1:
+        raise DirectiveError(
+            "--mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive",
+            line=max(get(o).line for o in present), option=present[-1],
+        )
+    if get("cpus-per-task") and get("cpus-per-gpu"):
+        raise DirectiveError(
+            "--cpus-per-task and --cpus-per-gpu are mutually exclusive",
+            line=max(get("cpus-per-task").line, get("cpus-per-gpu").line), option="cpus-per-gpu",
+        )
+    if get("exclusive"):
+        request.exclusive = (get("exclusive").value or "") not in ("user", "mcs", "topo")
+    if get("oversubscribe") and get("exclusive"):
+        raise DirectiveError("--exclusive and --oversubscribe options are mutually exclusive", line=get("oversubscribe").line, option="oversubscribe")
+    if get("time"):
+        request.time_limit_minutes = parse_time_minutes(get("time").value or "", line=get("time").line)
+        request.time_unlimited = request.time_limit_minutes is None
+    if get("array"):
+        request.array = (get("array").value or "").strip()
+        request.array_indexes, request.array_throttle = parse_array(request.array, line=get("array").line)
+    for option, attr in (("output", "output"), ("error", "error"), ("chdir", "chdir")):
+        if get(option):
+            setattr(request, attr, get(option).value or "")
+    return request

@@ -1,0 +1,159 @@
+"""Array jobs (sbatch --array): one portal job with N tasks, followed from the one queue snapshot
+(and the one accounting read) of each sync cycle.
+
+squeue shows an array as rows ``123_4`` (a started task, its own id in %A) and ``123_[5-9]`` (the
+tasks not started yet, on the array's own record); sacct -X as one row per started task (JobID
+``123_4``). ``array_view`` folds them into one entry/record for the parent job (the state the job
+is in as a whole) and the per-task states, which ``array_tasks_record`` stores."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gpuportal_cli.sbatch_directives import DirectiveError, parse_array
+
+from jobs.choices import TERMINAL_STATES, JobState, state_from_slurm
+from jobs.models import Job, JobArrayTask
+
+# The parent's state while tasks differ: the first of these any task is in.
+_LIVE_ORDER = (JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED, JobState.REQUEUED, JobState.PENDING)
+# The parent's final state: the first of these any task ended in (all COMPLETED: COMPLETED).
+_END_ORDER = (JobState.NODE_FAIL, JobState.BOOT_FAIL, JobState.OUT_OF_MEMORY, JobState.TIMEOUT, JobState.DEADLINE,
+              JobState.PREEMPTED, JobState.FAILED, JobState.CANCELLED)
+
+
+def _indexes(text: str) -> list[int]:
+    try:
+        return parse_array(text.strip("[]"))[0]
+    except DirectiveError:
+        return []
+
+
+def group_by_array(rows) -> dict[int, list]:
+    """Queue entries or accounting records of array jobs, by array id."""
+    groups: dict[int, list] = {}
+    for row in rows:
+        if getattr(row, "array_job_id", None) is not None:
+            groups.setdefault(row.array_job_id, []).append(row)
+    return groups
+
+
+def _fold_state(states: list[str], total: int, seen: int) -> str:
+    live = [s for s in states if s not in TERMINAL_STATES]
+    if live or seen < total:
+        for state in _LIVE_ORDER:
+            if state in live:
+                return state
+        return JobState.PENDING
+    for state in _END_ORDER:
+        if state in states:
+            return state
+    return JobState.COMPLETED
+
+
+def array_view(job: Job, rows: list, *, kind: str, known: dict[int, dict] | None = None) -> tuple[Any, dict[int, dict]]:
+    """(one entry/record standing for the whole array, {index: task values}) from the array's
+    queue rows (``kind="queue"``) or accounting records (``kind="accounting"``). The folded row is
+    the first row with state, start, end and exit code of the whole array; None without rows.
+    ``known``: tasks already ended as the portal recorded them (a task cancelled before Slurm split
+    it off the array shows in neither the queue nor accounting); rows win over them."""
+    if not rows:
+        return None, {}
+    tasks: dict[int, dict] = dict(known or {})
+    for row in rows:
+        state = state_from_slurm(row.state) or JobState.PENDING
+        for index in _indexes(row.array_tasks):
+            values = {"state": state}
+            if "-" not in row.array_tasks and "," not in row.array_tasks:  # a started task: its own id and times
+                values.update(slurm_job_id=row.job_id, started_at=row.start_time,
+                              ended_at=row.end_time if state in TERMINAL_STATES else None)  # fmt: skip
+                if kind == "accounting":
+                    values["exit_code"] = row.exit_code
+            tasks[index] = values
+    total = job.array_tasks
+    if known:  # ended tasks stay ended; their values are not rewritten by this view
+        tasks_out = {i: v for i, v in tasks.items() if i not in known or v is not known[i]}
+    states = [t["state"] for t in tasks.values()]
+    folded = _fold_state(states, total, len(tasks))
+    starts = [r.start_time for r in rows if r.start_time and state_from_slurm(r.state) not in (JobState.PENDING,)]
+    ended = folded in TERMINAL_STATES
+    ends = [r.end_time for r in rows if r.end_time]
+    exit_codes = [t.get("exit_code") for t in tasks.values() if t.get("exit_code") is not None]
+    first = rows[0]
+    changes = {"state": str(folded), "job_id": job.slurm_job_id or rows[0].array_job_id,
+               "start_time": min(starts) if starts else None, "end_time": max(ends) if ended and ends else None}  # fmt: skip
+    if kind == "accounting":
+        changes["exit_code"] = max(exit_codes) if exit_codes else None
+    if kind == "queue":
+        pending = next((r for r in rows if state_from_slurm(r.state) == JobState.PENDING), None)
+        changes["reason"] = pending.reason if pending is not None and folded == JobState.PENDING else "None"
+    return dataclasses.replace(first, **changes), (tasks_out if known else tasks)
+
+
+def ended_tasks(job_ids: list) -> dict:
+    """{job id: {index: values}} of the tasks recorded as ended, for the live array jobs of a sync
+    cycle (one query)."""
+    out: dict = {}
+    rows = JobArrayTask.objects.filter(job_id__in=job_ids, state__in=TERMINAL_STATES).values_list("job_id", "index", "state", "exit_code")
+    for job_id, index, state, exit_code in rows:
+        out.setdefault(job_id, {})[index] = {"state": state, "exit_code": exit_code}
+    return out
+
+
+def array_tasks_record(tasks_by_job: dict) -> int:
+    """Store the tasks' states: one bulk upsert for every array job of the cycle. Returns rows written."""
+    rows = [
+        JobArrayTask(job_id=job_id, index=index, **values)
+        for job_id, tasks in tasks_by_job.items()
+        for index, values in tasks.items()
+    ]
+    if not rows:
+        return 0
+    JobArrayTask.objects.bulk_create(
+        rows, batch_size=1000, update_conflicts=True, unique_fields=["job", "index"],
+        update_fields=["state", "slurm_job_id", "started_at", "ended_at", "exit_code"],
+    )  # fmt: skip
+    return len(rows)
+
+
+def array_task_counts(job: Job) -> dict[str, int]:
+    """Tasks per state (tasks not seen by a sync yet count as PENDING)."""
+    counts: dict[str, int] = {}
+    seen = 0
+    for state in job.array_task_rows.values_list("state", flat=True):
+        counts[state] = counts.get(state, 0) + 1
+        seen += 1
+    if job.array_tasks > seen:
+        counts[JobState.PENDING] = counts.get(JobState.PENDING, 0) + job.array_tasks - seen
+    return counts
+
+
+def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
+    """Cancel one task of a live array job (``scancel <array>_<index>``), for whoever may cancel the
+    job. Not an array / not in Slurm yet / unknown index: 400; ended: 409. The sync then sees the
+    task CANCELLED; the other tasks go on. Slurm is called here, outside any transaction."""
+    from jobs.services import _may_cancel
+    from portal.exceptions import ApplicationError, Conflict
+    from portal.services import audit_record
+    from portal.slurm import SlurmRejected, get_gateway
+
+    if not _may_cancel(user, job):
+        raise ApplicationError("Only the submitter, a team manager or an admin may cancel this job.", status_code=403)
+    if not job.array:
+        raise ApplicationError("Not an array job.", errors={"task": ["This job has no array tasks; cancel the job."]})
+    if job.state in TERMINAL_STATES:
+        raise Conflict(f"Job already ended ({job.state}).", errors={"state": [f"Job already ended ({job.state})."]})
+    if job.slurm_job_id is None:
+        raise ApplicationError("The job has not reached Slurm yet.", errors={"task": ["Cancel the whole job until it reaches Slurm."]})
+    if index not in parse_array(job.array)[0]:
+        raise ApplicationError(f"No task {index}.", errors={"task": [f"The array is {job.array}."]})
+    try:
+        get_gateway().cancel_array_task(job.slurm_job_id, index)
+    except SlurmRejected as exc:
+        raise ApplicationError(exc.message, errors={"task": [exc.message]}) from None
+    # Slurm took it: the task is cancelled (a pending one may never show as a row of its own)
+    JobArrayTask.objects.update_or_create(job=job, index=index, defaults={"state": JobState.CANCELLED})
+    audit_record(actor=user, action="job.cancel_task", target=job, team=job.team, request=request,
+                 data={"slurm_job_id": job.slurm_job_id, "index": index})  # fmt: skip
+    return job

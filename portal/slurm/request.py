@@ -1,0 +1,88 @@
+"""What a JobSpec asks Slurm for, the same for every backend.
+
+- ``spec_options``: the options the portal sets on the command line (overrides of the script's
+  ``#SBATCH`` lines, plus those only the portal sets: account, comment, reservation, uid, gid);
+- ``spec_script``: the script as Slurm gets it: the directives those options replace (the same
+  option, or one Slurm holds mutually exclusive with it, e.g. a script's ``--cpus-per-task`` when the
+  portal sets ``--cpus-per-gpu``) turned into comments, so sbatch never sees both; the job's
+  environment as ``export`` lines after the directive block;
+- ``spec_request``: every option Slurm will apply, in order (the script's remaining directives, then
+  the command line): what a backend that does not read ``#SBATCH`` lines itself (pyslurm) submits.
+"""
+
+from __future__ import annotations
+
+from gpuportal_cli.sbatch_directives import (
+    Directive,
+    DirectiveError,
+    apply_overrides,
+    disable_directives,
+    parse_directives,
+)
+
+from .types import JobSpec, SlurmRejected
+
+
+def _typed_options(spec: JobSpec) -> list[tuple[str, str | None]]:
+    """The options of a spec given as typed fields (GPUs as a total: per node as --gres)."""
+    if spec.nodes < 1:
+        raise SlurmRejected(f"nodes must be at least 1, got {spec.nodes}")
+    if spec.gpus < 0:
+        raise SlurmRejected(f"gpus must not be negative, got {spec.gpus}")
+    if spec.gpus % spec.nodes:
+        raise SlurmRejected(f"{spec.gpus} GPUs cannot be spread evenly over {spec.nodes} nodes")
+    options: list[tuple[str, str | None]] = [
+        ("job-name", spec.name), ("partition", spec.partition), ("nodes", str(spec.nodes)), ("chdir", spec.workdir),
+    ]  # fmt: skip
+    if spec.gpus:
+        per_node = spec.gpus // spec.nodes
+        options.append(("gres", f"gpu:{spec.gpu_type}:{per_node}" if spec.gpu_type else f"gpu:{per_node}"))
+        options.append(("cpus-per-gpu", str(spec.cpus_per_gpu)))
+    if spec.memory_mb is not None:
+        options.append(("mem", str(int(spec.memory_mb))))
+    if spec.time_limit_minutes is not None:
+        options.append(("time", str(int(spec.time_limit_minutes))))
+    if spec.stdout:
+        options.append(("output", spec.stdout))
+    if spec.stderr:
+        options.append(("error", spec.stderr))
+    return options
+
+
+def spec_options(spec: JobSpec) -> list[tuple[str, str | None]]:
+    """The command-line options for a spec, in order (portal-only options last)."""
+    options = list(spec.options) if spec.options is not None else _typed_options(spec)
+    options.append(("account", spec.account))
+    if spec.comment:
+        options.append(("comment", spec.comment))
+    if spec.reservation:
+        options.append(("reservation", spec.reservation))
+    if spec.uid is not None:
+        options.append(("uid", str(int(spec.uid))))
+    if spec.gid is not None:
+        options.append(("gid", str(int(spec.gid))))
+    return options
+
+
+def _directives(spec: JobSpec) -> list[Directive]:
+    try:
+        return parse_directives(spec.script)
+    except DirectiveError as exc:
+        raise SlurmRejected(f"sbatch: error: {exc}") from None
+
+
+def _overrides(spec: JobSpec) -> list[Directive]:
+    return [Directive(option, value, 0, "") for option, value in spec_options(spec)]
+
+
+def spec_script(spec: JobSpec) -> str:
+    """The script without the directives the command line replaces."""
+    directives = _directives(spec)
+    kept = {d.line for d in apply_overrides(directives, _overrides(spec))}
+    return disable_directives(spec.script, {d.line for d in directives} - kept)
+
+
+def spec_request(spec: JobSpec) -> list[tuple[str, str | None]]:
+    """Every option Slurm applies to the job, in order: the script's directives the command line
+    does not replace, then the command line (``[(long option, value or None), ...]``)."""
+    return [(d.option, d.value) for d in apply_overrides(_directives(spec), _overrides(spec))]

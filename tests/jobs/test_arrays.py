@@ -1,0 +1,73 @@
+"""Array jobs folded from squeue/sacct rows (jobs.arrays), without Slurm."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from jobs.arrays import array_task_counts, array_tasks_record, array_view
+from jobs.choices import JobState
+from jobs.models import JobArrayTask
+from jobs.services import job_submit
+from portal.slurm.types import AccountingRecord, QueueEntry
+
+pytestmark = pytest.mark.django_db
+NOW = timezone.now()
+
+
+def entry(job_id, tasks, state, **kw):
+    return QueueEntry(job_id=job_id, name="a", user="alice", account="vision", partition="gpu", state=state, reason=kw.get("reason", "None"),
+                      comment="", nodes="", num_nodes=1, submit_time=NOW, start_time=kw.get("start"), end_time=kw.get("end"),
+                      time_limit_minutes=5, tres_per_node="", array_job_id=100, array_tasks=tasks)  # fmt: skip
+
+
+def record(job_id, index, state, exit_code):
+    return AccountingRecord(job_id=job_id, name="a", user="alice", account="vision", partition="gpu", state=state, exit_code=exit_code,
+                            submit_time=NOW, start_time=NOW, end_time=NOW, elapsed_seconds=1, time_limit_minutes=5, num_nodes=1,
+                            nodes="a100-01", alloc_tres={"gres/gpu": 1}, req_tres={}, comment="", array_job_id=100,
+                            array_tasks=str(index))  # fmt: skip
+
+
+@pytest.fixture
+def array_job(world, inventory, relays):
+    job, _ = job_submit(user=world.alice, team=world.vision, script="#!/bin/bash\n#SBATCH -a 0-9%2 --gres=gpu:1\ntrue\n")
+    job.slurm_job_id = 100
+    return job
+
+
+def test_queue_rows_fold_into_the_arrays_state_and_each_tasks(array_job):
+    rows = [entry(100, "2-9", "PENDING", reason="JobArrayTaskLimit"), entry(101, "0", "RUNNING", start=NOW),
+            entry(102, "1", "COMPLETED", start=NOW, end=NOW)]  # fmt: skip
+    folded, tasks = array_view(array_job, rows, kind="queue")
+    assert (folded.job_id, folded.state, folded.start_time) == (100, "RUNNING", NOW)
+    assert tasks[0] == {"state": "RUNNING", "slurm_job_id": 101, "started_at": NOW, "ended_at": None}
+    assert tasks[1]["state"] == "COMPLETED" and {tasks[i]["state"] for i in range(2, 10)} == {"PENDING"}
+    assert array_tasks_record({array_job.pk: tasks}) == 10
+    assert array_task_counts(array_job) == {"RUNNING": 1, "COMPLETED": 1, "PENDING": 8}
+    only_pending, _ = array_view(array_job, rows[:1], kind="queue")
+    assert (only_pending.state, only_pending.reason) == ("PENDING", "JobArrayTaskLimit")
+
+
+def test_accounting_gives_the_final_state_and_exit_codes(array_job):
+    rows = [record(101 + i, i, "COMPLETED", 0) for i in range(9)] + [record(100, 9, "FAILED", 2)]
+    folded, tasks = array_view(array_job, rows, kind="accounting")
+    assert (folded.state, folded.exit_code, folded.job_id) == ("FAILED", 2, 100)
+    array_tasks_record({array_job.pk: tasks})
+    stored = {t.index: (t.state, t.exit_code, t.slurm_job_id) for t in JobArrayTask.objects.filter(job=array_job)}
+    assert stored[9] == ("FAILED", 2, 100) and stored[0] == ("COMPLETED", 0, 101)
+    partial, _ = array_view(array_job, rows[:3], kind="accounting")
+    assert partial.state == JobState.PENDING  # tasks still to come: not ended
+    cancelled, _ = array_view(array_job, rows[:9] + [record(100, 9, "CANCELLED", 0)], kind="accounting")
+    assert cancelled.state == "CANCELLED"
+    assert (NOW - dt.timedelta(seconds=1)) < folded.end_time
+
+
+def test_tasks_the_portal_recorded_as_ended_count_when_slurm_no_longer_shows_them(array_job):
+    known = {9: {"state": "CANCELLED", "exit_code": None}}
+    rows = [record(101 + i, i, "COMPLETED", 0) for i in range(9)]
+    folded, tasks = array_view(array_job, rows, kind="accounting", known=known)
+    assert folded.state == "CANCELLED" and 9 not in tasks  # ended: not rewritten
+    folded, _ = array_view(array_job, rows, kind="accounting")
+    assert folded.state == JobState.PENDING  # without it, task 9 would still be to come
