@@ -142,7 +142,14 @@ class ValidSpec:
         return self.gpus * self.array_tasks
 
 
-def _as_int(value: Any, name: str, errors: dict, *, minimum: int = 1, required: bool = True) -> int | None:
+# The largest value the job and template columns (PostgreSQL integer) hold: a larger number is the
+# client's error (400), never the database's (500).
+MAX_INT_FIELD = 2**31 - 1
+
+
+def _as_int(
+    value: Any, name: str, errors: dict, *, minimum: int = 1, maximum: int = MAX_INT_FIELD, required: bool = True
+) -> int | None:
     if value is None or value == "":
         if required:
             errors[name] = ["This field is required."]
@@ -160,6 +167,9 @@ def _as_int(value: Any, name: str, errors: dict, *, minimum: int = 1, required: 
         return None
     if number < minimum:
         errors[name] = [f"Must be at least {minimum}."]
+        return None
+    if number > maximum:
+        errors[name] = [f"Must be at most {maximum}."]
         return None
     return number
 

@@ -68,3 +68,16 @@ def test_a_since_with_an_offset_postgresql_refuses_is_taken_to_utc(world, invent
 def test_a_since_that_does_not_exist_in_utc_is_a_400(world, api_client_for):
     response = api_client_for("member").get("/api/v1/jobs/?since=0001-01-01T00:00:00%2B05:00")
     assert response.status_code == 400 and "since" in response.json()["errors"]
+
+
+@pytest.mark.parametrize("field", ["gpus", "nodes", "cpus_per_gpu", "memory_gb", "time_limit_minutes"])
+def test_a_number_too_large_for_its_column_is_a_400_naming_the_field(world, api_client_for, field):
+    """``POST /api/v1/job-templates/`` with ``cpus_per_gpu: 1121647922087`` was a 500 (PostgreSQL:
+    integer out of range); a number the column cannot hold is the client's error."""
+    from jobs.models import JobTemplate
+
+    body = {"scope": "personal", "name": "big", "script": "#!/bin/bash\nsrun true\n", field: 2**31}
+    response = api_client_for("member").post("/api/v1/job-templates/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"][field] == [f"Must be at most {2**31 - 1}."]
+    assert not JobTemplate.objects.filter(name="big").exists()
