@@ -453,7 +453,7 @@ class FakeLimitsGateway:
 @pytest.fixture
 def fake_gateway(monkeypatch):
     gateway = FakeLimitsGateway()
-    monkeypatch.setattr(services, "get_gateway", lambda: gateway)
+    monkeypatch.setattr("accounting.services.slurm_limits.get_gateway", lambda: gateway)
     return gateway
 
 

@@ -174,7 +174,7 @@ def test_first_ingest_backfills_in_windows(rates, world, monkeypatch, settings):
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 35
     settings.ACCOUNTING_INGEST_WINDOW_DAYS = 7
     gateway = FakeGateway([acct(hours=1)])
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: gateway)
+    monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
     now = at(2026, 1, 20, 12)
     usage_ingest(now=now)
     assert gateway.calls[0][0] == now - dt.timedelta(days=35) and gateway.calls[-1][1] == now
@@ -187,7 +187,7 @@ def test_usage_ingest_windows_and_high_water_mark(rates, world, monkeypatch, set
     settings.ACCOUNTING_INGEST_OVERLAP_SECONDS = 600
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 1
     gateway = FakeGateway([acct(hours=1)])
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: gateway)
+    monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
     now = at(2026, 1, 20, 12)
     result = usage_ingest(now=now)
     assert len(gateway.calls) == 1 and gateway.calls[0][1] == now
@@ -203,7 +203,7 @@ def test_usage_ingest_rereads_from_oldest_provisional(rates, world, monkeypatch,
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 1
     settings.ACCOUNTING_INGEST_OVERLAP_SECONDS = 600
     gateway = FakeGateway([acct(hours=None, job_id=5)])
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: gateway)
+    monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
     t0 = at(2026, 1, 20, 12)
     usage_ingest(now=t0)
     gateway.records = []  # slurmdbd late: the job is not in the next windows
@@ -221,7 +221,7 @@ def test_usage_ingest_records_failure(world, monkeypatch):
         def accounting(self, start, end):
             raise SlurmUnavailable("slurmdbd down")
 
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: Down())
+    monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: Down())
     with pytest.raises(SlurmUnavailable):
         usage_ingest(now=at(2026, 1, 20))
     status = SyncStatus.objects.get(kind="usage")
