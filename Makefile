@@ -56,12 +56,16 @@ stop:
 	@scripts/demo stop
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
-test: install cluster browser
+test: install lint-imports cluster browser
 	@eval "$$(scripts/services up)" && eval "$$(scripts/services ldap)" && $(PY) -m pytest $(PYTEST_ARGS)
+
+# The dependency contracts of pyproject.toml ([tool.importlinter]); run before the tests
+lint-imports: install
+	@$(VENV)/bin/lint-imports --no-cache | sed -n "/^Contracts: /p;/BROKEN/,\$$p"; test "$${PIPESTATUS[0]}" = 0
 
 # The fast tier: tests/conftest.py marks every test that needs no cluster, worker, browser or other
 # local service `fast`. SLURM_CONF points nowhere, so a test that reaches Slurm unmarked fails here.
-test-fast: install services
+test-fast: install lint-imports services
 	@eval "$$(scripts/services up)" && SLURM_CONF=/nonexistent/slurm.conf $(PY) -m pytest -m fast $(PYTEST_ARGS)
 
 bench: install cluster
