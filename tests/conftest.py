@@ -40,7 +40,7 @@ def pytest_configure(config):
 # module (pytestmark) or, so that no test can slip into the fast tier by forgetting one, derived from
 # the fixtures a test uses and the directory it is in. Every test without one of them is "fast".
 
-SLOW_MARKERS = ("slurm", "celery", "browser", "faults", "external")
+SLOW_MARKERS = ("slurm", "celery", "browser", "faults", "external", "fuzz")
 _FIXTURE_MARKERS = {
     "cluster": "slurm",
     "jobs_sync_loop": "celery",
@@ -51,7 +51,7 @@ _FIXTURE_MARKERS = {
     "page": "browser",
     "browser": "browser",
 }
-_DIRECTORY_MARKERS = {"browser": "browser", "faults": "faults", "bench": "slurm"}
+_DIRECTORY_MARKERS = {"browser": "browser", "faults": "faults", "bench": "slurm", "fuzz": "fuzz"}
 
 
 def pytest_collection_modifyitems(config, items):
