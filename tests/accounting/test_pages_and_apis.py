@@ -40,10 +40,10 @@ PAGE_MATRIX = {
     "/accounting/invoices/vision/2026-01.pdf": {"anonymous": 302, "outsider": 404, "member": 403, "manager": 200, "admin": 200, "finance": 200},
 }
 
-API_MATRIX = {
-    f"/api/v1/reports/cost/?{RANGE}&group_by=team": {"anonymous": 403, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
-    f"/api/v1/reports/cost/?{RANGE}&format=csv": {"anonymous": 403, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
-    f"/api/v1/teams/vision/usage/?{RANGE}": {"anonymous": 403, "outsider": 404, "member": 200, "manager": 200, "admin": 200, "finance": 200},
+API_MATRIX = {  # anonymous: 401 (the token scheme answers with WWW-Authenticate)
+    f"/api/v1/reports/cost/?{RANGE}&group_by=team": {"anonymous": 401, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
+    f"/api/v1/reports/cost/?{RANGE}&format=csv": {"anonymous": 401, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
+    f"/api/v1/teams/vision/usage/?{RANGE}": {"anonymous": 401, "outsider": 404, "member": 200, "manager": 200, "admin": 200, "finance": 200},
 }
 
 

@@ -12,6 +12,7 @@ from accounting.models import Rate, UsageRecord, UsageSlice
 from accounting.services import rate_create, usage_ingest, usage_records_upsert
 from portal.models import SyncStatus
 from tests.accounting.helpers import acct, at, never_started
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -230,12 +231,8 @@ def test_usage_ingest_records_failure(world, monkeypatch):
 
 def test_usage_links_to_portal_job_by_comment_tag(rates, world):
     from accounting.selectors import jobs_by_uuid
-    from jobs.models import Job
 
-    job = Job.objects.create(
-        team=world.vision, submitter=world.alice, name="train", script="#!/bin/bash\ntrue\n", partition="gpu",
-        gpu_type="a100", gpus=1, time_limit_minutes=60, workdir="/tmp", estimated_gpu_hours=Decimal("1"),
-    )  # fmt: skip
+    job = JobFactory(team=world.vision, submitter=world.alice, name="train")
     usage_records_upsert(records=[acct(comment=job.slurm_tag), acct(comment="gpuportal:not-a-uuid")])
     tagged = UsageRecord.objects.get(portal_job_uuid__isnull=False)
     assert tagged.portal_job_uuid == job.pk
