@@ -18,6 +18,7 @@ from accounting.charging import bookings_charge_reserved
 from accounting.models import Quota, QuotaState, UsageRecord
 from accounting.selectors.bookings import bookings_holding_capacity
 from accounting.selectors.usage import aggregate_slices, slices_in
+from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from portal.models import Team
 from portal.selectors import teams_visible_to
 
@@ -82,9 +83,7 @@ def _held_hours(team_ids: Iterable[int], since: dt.datetime) -> dict[tuple[int, 
     its cost follows the jobs in flight, not the team's history: it runs under the team lock of every
     submission."""
     # the reverse direction (accounting → jobs): the second part of issue 18 makes holds accounting's
-    # own rows and drops this import and the get_model
-    from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
-
+    # own rows and drops the jobs.choices import and this get_model
     job_model = apps.get_model("jobs", "Job")
     ingested = (
         UsageRecord.objects.filter(portal_job_uuid=OuterRef("pk"))
