@@ -9,13 +9,14 @@ export SLURM_CONF ?= $(or $(GPUPORTAL_CLUSTER_DIR),/var/lib/gpuportal-cluster)/e
 DEMO_PASSWORD ?= gpuportal-demo
 export DEMO_PASSWORD
 
-.PHONY: demo stop test install pyslurm services cluster cluster25 browser migrate bench clean-run help cli-zipapp
+.PHONY: demo stop test test-fast lint-imports install pyslurm services cluster cluster25 browser migrate bench clean-run help cli-zipapp
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
 	@echo "make stop   — stop the demo processes (the cluster keeps running: scripts/cluster down)"
 	@echo "scripts/demo status — the demo's processes, their restarts"
 	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
+	@echo "make test-fast — the pure and database tests only (no cluster, Celery worker or Chromium)"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 	@echo "make cli-zipapp — dist/gpuportal.pyz: the CLI as one file for any python3 >= 3.9"
 
@@ -69,8 +70,17 @@ stop:
 	@scripts/demo stop
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
-test: install pyslurm cluster cluster25 browser
+test: install lint-imports pyslurm cluster cluster25 browser
 	@eval "$$(scripts/services up)" && eval "$$(scripts/services ldap)" && $(PY) -m pytest $(PYTEST_ARGS)
+
+# The dependency contracts of pyproject.toml ([tool.importlinter]); run before the tests
+lint-imports: install
+	@$(VENV)/bin/lint-imports --no-cache | sed -n "/^Contracts: /p;/BROKEN/,\$$p"; test "$${PIPESTATUS[0]}" = 0
+
+# The fast tier: tests/conftest.py marks every test that needs no cluster, worker, browser or other
+# local service `fast`. SLURM_CONF names no controller, so a test that reaches Slurm unmarked fails here.
+test-fast: install lint-imports services
+	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast $(PYTEST_ARGS)
 
 bench: install pyslurm cluster cluster25
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py

@@ -57,26 +57,6 @@ class UsageSliceInline(admin.TabularInline):
         return False
 
 
-@admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
-    list_display = ("job_id", "cluster", "account", "unix_user", "state", "gpus", "gpu_type", "gpu_hours", "start_time", "provisional")
-    list_filter = ("provisional", "gpu_type", "state", "cluster")
-    search_fields = ("=job_id", "account", "unix_user", "name")
-    date_hierarchy = "start_time"
-    list_select_related = False
-    inlines = [UsageSliceInline]
-    show_full_result_count = False
-
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
 class _ReadOnlyAdmin(admin.ModelAdmin):
     """Every field read-only, no add, no delete: rows change through the services only."""
 
@@ -98,6 +78,17 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
             except ApplicationError as exc:
                 self.message_user(request, f"{obj}: {exc.message}", messages.WARNING)
         self.message_user(request, f"{verb} {done} of {queryset.count()}.")
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(_ReadOnlyAdmin):
+    list_display = ("job_id", "cluster", "account", "unix_user", "state", "gpus", "gpu_type", "gpu_hours", "start_time", "provisional")
+    list_filter = ("provisional", "gpu_type", "state", "cluster")
+    search_fields = ("=job_id", "account", "unix_user", "name")
+    date_hierarchy = "start_time"
+    list_select_related = False
+    inlines = [UsageSliceInline]
+    show_full_result_count = False
 
 
 @admin.register(Booking)

@@ -41,9 +41,9 @@ DEMO_QUOTAS = (
 def seed_quotas(out) -> None:
     from django.contrib.auth import get_user_model
 
+    from accounting.calendar import current_month, next_month
     from accounting.models import Quota, QuotaState
-    from accounting.selectors import current_month
-    from accounting.services import next_month_of, quota_approve, quota_request
+    from accounting.services import quota_approve, quota_request
     from portal.models import Membership, Role, Team
 
     admin = get_user_model().objects.filter(is_staff=True, is_active=True).order_by("pk").first()
@@ -60,6 +60,6 @@ def seed_quotas(out) -> None:
                 out.write(f"{label}: exists\n")
                 continue
             quota = quota_request(team=team, user=manager.user, gpu_hours=hours, gpu_type=gpu_type, max_gpus=cap,
-                                  period_start=start, period_end=next_month_of(start), justification="demo quota")  # fmt: skip
+                                  period_start=start, period_end=next_month(start), justification="demo quota")  # fmt: skip
             quota_approve(quota=quota, user=admin, comment="demo")
             out.write(f"{label}: {hours} GPU-h approved\n")

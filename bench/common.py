@@ -157,7 +157,8 @@ def world(*, slurm: bool = True) -> World:
     ``slurm=False``: the portal side only (benchmarks that never call Slurm)."""
     from django.contrib.auth import get_user_model
 
-    from portal.models import ApiToken, Membership, Team
+    from portal.models import ApiToken, Team
+    from portal.roles import is_member
     from portal.services import api_token_create, cluster_sync, membership_set, team_create, team_mirror
     from portal.unix import unix_user_ensure
 
@@ -174,7 +175,7 @@ def world(*, slurm: bool = True) -> World:
                 description="gpuportal benchmarks",
             )
     user, _ = get_user_model().objects.get_or_create(username=BENCH_USER)
-    if not Membership.objects.filter(team=team, user=user).exists():
+    if not is_member(user, team):
         with mock.patch("portal.services._enqueue_team_mirror", lambda team_id: None):
             membership_set(team=team, user=user)
     if slurm:

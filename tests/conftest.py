@@ -33,6 +33,44 @@ def pytest_configure(config):
             returncode=4,
         )
 
+# ---------------------------------------------------------------- test tiers
+#
+# `make test-fast` runs `-m fast`: the pure and database tests (PostgreSQL, Redis as the cache), no
+# Slurm cluster, Celery worker, Chromium or other local service. The markers below are given by the
+# module (pytestmark) or, so that no test can slip into the fast tier by forgetting one, derived from
+# the fixtures a test uses and the directory it is in. Every test without one of them is "fast".
+
+SLOW_MARKERS = ("slurm", "celery", "browser", "faults", "external", "fuzz")
+_FIXTURE_MARKERS = {
+    "cluster": "slurm",
+    "jobs_sync_loop": "celery",
+    "real_worker": "celery",
+    "celery_worker_process": "celery",
+    "ldap_directory_uri": "external",
+    "oidc_provider": "external",
+    "page": "browser",
+    "browser": "browser",
+}
+_DIRECTORY_MARKERS = {"browser": "browser", "faults": "faults", "bench": "slurm", "fuzz": "fuzz"}
+
+
+def pytest_collection_modifyitems(config, items):
+    tests_root = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            top = Path(item.fspath).resolve().relative_to(tests_root).parts[0]
+        except ValueError:
+            top = ""
+        wanted = {_FIXTURE_MARKERS[name] for name in getattr(item, "fixturenames", ()) if name in _FIXTURE_MARKERS}
+        if top in _DIRECTORY_MARKERS:
+            wanted.add(_DIRECTORY_MARKERS[top])
+        for name in sorted(wanted):
+            if item.get_closest_marker(name) is None:
+                item.add_marker(getattr(pytest.mark, name))
+        if not any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+            item.add_marker(pytest.mark.fast)
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     """A test database of this run's own (test_gpuportal_p<pid>), so that several runs on one machine

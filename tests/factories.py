@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import datetime as dt
+import uuid
+from decimal import Decimal
+
 import factory
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
-from portal.models import Membership, Profile, Role, Team
+from accounting.models import Booking
+from portal.models import Membership, NodeInfo, Profile, Role, Team
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -58,6 +64,58 @@ class QuotaFactory(factory.django.DjangoModelFactory):
 
 
 def _month():
-    from accounting.selectors import current_month
+    from accounting.calendar import current_month
 
     return current_month()
+
+
+class NodeFactory(factory.django.DjangoModelFactory):
+    """A node as a cluster sync records it: idle, 4 a100 GPUs, in partition gpu."""
+
+    class Meta:
+        model = NodeInfo
+        django_get_or_create = ("name",)
+
+    name = factory.Sequence(lambda n: f"node-{n:02d}")
+    state = "IDLE"
+    partitions = factory.LazyFunction(lambda: ["gpu"])
+    gpu_type = "a100"
+    gpus_total = 4
+    cpus_total = 32
+    memory_mb = 256000
+    seen_at = factory.LazyFunction(timezone.now)
+
+
+class JobFactory(factory.django.DjangoModelFactory):
+    """A portal job row (ACCEPTED unless told), as job_submit would store it; no Slurm involved."""
+
+    class Meta:
+        model = "jobs.Job"
+
+    team = factory.SubFactory(TeamFactory)
+    submitter = factory.SubFactory(UserFactory)
+    name = factory.Sequence(lambda n: f"job-{n}")
+    script = "#!/bin/bash\necho hi\n"
+    partition = "gpu"
+    gpu_type = "a100"
+    gpus = 1
+    time_limit_minutes = 60
+    workdir = "/tmp"
+    estimated_gpu_hours = factory.LazyAttribute(lambda o: Decimal(o.gpus * o.time_limit_minutes) / 60)
+
+
+class BookingFactory(factory.django.DjangoModelFactory):
+    """An APPROVED booking of 4 a100 GPUs for the next two hours (no Slurm reservation) unless told."""
+
+    class Meta:
+        model = Booking
+
+    id = factory.LazyFunction(uuid.uuid4)
+    team = factory.SubFactory(TeamFactory)
+    gpu_type = "a100"
+    gpus = 4
+    start = factory.LazyFunction(timezone.now)
+    end = factory.LazyAttribute(lambda o: o.start + dt.timedelta(hours=2))
+    status = "approved"
+    approved_at = factory.LazyAttribute(lambda o: o.start)
+    reservation_name = factory.LazyAttribute(lambda o: Booking.reservation_name_for(o.id))

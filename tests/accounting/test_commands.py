@@ -29,7 +29,7 @@ class FakeGateway:
 
 def test_ingest_usage_command(world, monkeypatch, settings):
     gateway = FakeGateway([acct(hours=2), acct(user="carol", account="nlp")])
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: gateway)
+    monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
     settings.ACCOUNTING_INGEST_WINDOW_DAYS = 400
     out = StringIO()
     call_command("ingest_usage", "--since", "2026-01-01", stdout=out)
@@ -43,7 +43,7 @@ def test_usage_ingest_task_runs_the_service(world, monkeypatch):
     from accounting.tasks import usage_ingest_task
 
     gateway = FakeGateway([acct()])
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: gateway)
+    monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
     result = usage_ingest_task.delay().get()
     assert result["written"] == 1 and len(gateway.calls) >= 1
 

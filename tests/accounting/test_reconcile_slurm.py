@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
-import time
 import uuid
 from decimal import Decimal
 
@@ -26,6 +25,7 @@ from accounting.models import UsageRecord
 from accounting.selectors import billing_date, month_start
 from accounting.services import usage_ingest
 from portal.slurm import JobSpec, get_gateway
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db(transaction=True)]
 
@@ -51,16 +51,6 @@ def cluster(slurm_target):
     gateway.account_add(ACCOUNT, description="accounting reconciliation test")
     gateway.user_add(UNIX_USER, ACCOUNT, default=True)
     return gateway, uid, gid
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _sacct_gpu_seconds(job_ids: list[int]) -> dict[int, int]:
@@ -93,11 +83,11 @@ def test_ingest_matches_sacct_and_sreport(cluster, world):
         "direct": gateway.submit(JobSpec(script="#!/bin/bash\nsleep 2\n", name="not-from-portal", **spec)),
     }
 
-    def running(job_id):
-        return any(e.job_id == job_id and e.state == "RUNNING" for e in gateway.queue())
+    def ran_three_seconds(job_id):  # by Slurm's own start time: the cancelled job has usage to account
+        entry = next((e for e in gateway.queue() if e.job_id == job_id and e.state == "RUNNING"), None)
+        return entry is not None and entry.start_time is not None and timezone.now() - entry.start_time >= dt.timedelta(seconds=3)
 
-    _wait(lambda: running(jobs["cancelled"]), 60, "the job to cancel to run")
-    time.sleep(3)
+    wait_for(lambda: ran_three_seconds(jobs["cancelled"]), timeout=60, interval=0.5)
     gateway.cancel(jobs["cancelled"])
 
     def all_ended():
@@ -105,7 +95,7 @@ def test_ingest_matches_sacct_and_sreport(cluster, world):
         done = [records.get(j) for j in jobs.values()]
         return all(r is not None and r.end_time is not None and r.partition for r in done) and records
 
-    records = _wait(all_ended, 120, "every job to end in accounting")
+    records = wait_for(all_ended, timeout=120, interval=0.5)
     assert records[jobs["failed"]].state == "FAILED" and records[jobs["cancelled"]].state == "CANCELLED"
 
     # ingest the whole month so far (every job on the cluster, portal or not)

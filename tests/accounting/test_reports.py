@@ -16,6 +16,7 @@ from accounting.reports import cloud_comparison, parse_gpu_prices, report_page_d
 from accounting.selectors import cost_report
 from accounting.services import usage_records_upsert
 from tests.accounting.helpers import acct, at
+from tests.factories import NodeFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -117,11 +118,8 @@ def test_csv_has_the_same_rows(usage):
 
 
 def test_cloud_comparison_and_break_even(usage, settings):
-    from portal.models import NodeInfo
-    from django.utils import timezone
-
-    NodeInfo.objects.create(name="a1", state="IDLE", gpu_type="a100", gpus_total=8, seen_at=timezone.now())
-    NodeInfo.objects.create(name="h1", state="IDLE", gpu_type="h100", gpus_total=4, seen_at=timezone.now())
+    NodeFactory(name="a1", gpu_type="a100", gpus_total=8)
+    NodeFactory(name="h1", gpu_type="h100", gpus_total=4)
     settings.CLOUD_GPU_HOUR_PRICES = "a100=10,h100=30"
     settings.CLUSTER_PURCHASE_COST = 480000.0
     settings.CLUSTER_DEPRECIATION_MONTHS = 48

@@ -12,6 +12,7 @@ from accounting.models import Rate, UsageRecord, UsageSlice
 from accounting.services import rate_create, usage_ingest, usage_records_upsert
 from portal.models import SyncStatus
 from tests.accounting.helpers import acct, at, never_started
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -160,6 +161,17 @@ def test_query_count_does_not_grow_with_records(rates, world, django_assert_max_
     assert UsageRecord.objects.count() == 210
 
 
+@pytest.fixture
+def ingest_from(monkeypatch):
+    """Point the ingestion at a fake gateway; returns it (the ingestion's one get_gateway)."""
+
+    def use(gateway):
+        monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
+        return gateway
+
+    return use
+
+
 class FakeGateway:
     def __init__(self, records):
         self.records = records
@@ -170,11 +182,10 @@ class FakeGateway:
         return [r for r in self.records]
 
 
-def test_first_ingest_backfills_in_windows(rates, world, monkeypatch, settings):
+def test_first_ingest_backfills_in_windows(rates, world, ingest_from, settings):
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 35
     settings.ACCOUNTING_INGEST_WINDOW_DAYS = 7
-    gateway = FakeGateway([acct(hours=1)])
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: gateway)
+    gateway = ingest_from(FakeGateway([acct(hours=1)]))
     now = at(2026, 1, 20, 12)
     usage_ingest(now=now)
     assert gateway.calls[0][0] == now - dt.timedelta(days=35) and gateway.calls[-1][1] == now
@@ -183,11 +194,10 @@ def test_first_ingest_backfills_in_windows(rates, world, monkeypatch, settings):
     assert UsageRecord.objects.count() == 1
 
 
-def test_usage_ingest_windows_and_high_water_mark(rates, world, monkeypatch, settings):
+def test_usage_ingest_windows_and_high_water_mark(rates, world, ingest_from, settings):
     settings.ACCOUNTING_INGEST_OVERLAP_SECONDS = 600
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 1
-    gateway = FakeGateway([acct(hours=1)])
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: gateway)
+    gateway = ingest_from(FakeGateway([acct(hours=1)]))
     now = at(2026, 1, 20, 12)
     result = usage_ingest(now=now)
     assert len(gateway.calls) == 1 and gateway.calls[0][1] == now
@@ -199,11 +209,10 @@ def test_usage_ingest_windows_and_high_water_mark(rates, world, monkeypatch, set
     assert result.written == 1 and UsageRecord.objects.count() == 1
 
 
-def test_usage_ingest_rereads_from_oldest_provisional(rates, world, monkeypatch, settings):
+def test_usage_ingest_rereads_from_oldest_provisional(rates, world, ingest_from, settings):
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 1
     settings.ACCOUNTING_INGEST_OVERLAP_SECONDS = 600
-    gateway = FakeGateway([acct(hours=None, job_id=5)])
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: gateway)
+    gateway = ingest_from(FakeGateway([acct(hours=None, job_id=5)]))
     t0 = at(2026, 1, 20, 12)
     usage_ingest(now=t0)
     gateway.records = []  # slurmdbd late: the job is not in the next windows
@@ -214,14 +223,14 @@ def test_usage_ingest_rereads_from_oldest_provisional(rates, world, monkeypatch,
     assert gateway.calls[2][0] == t0 - dt.timedelta(minutes=10)  # still re-reading the running job
 
 
-def test_usage_ingest_records_failure(world, monkeypatch):
+def test_usage_ingest_records_failure(world, ingest_from):
     from portal.slurm import SlurmUnavailable
 
     class Down:
         def accounting(self, start, end):
             raise SlurmUnavailable("slurmdbd down")
 
-    monkeypatch.setattr("accounting.services.get_gateway", lambda: Down())
+    ingest_from(Down())
     with pytest.raises(SlurmUnavailable):
         usage_ingest(now=at(2026, 1, 20))
     status = SyncStatus.objects.get(kind="usage")
@@ -230,12 +239,8 @@ def test_usage_ingest_records_failure(world, monkeypatch):
 
 def test_usage_links_to_portal_job_by_comment_tag(rates, world):
     from accounting.selectors import jobs_by_uuid
-    from jobs.models import Job
 
-    job = Job.objects.create(
-        team=world.vision, submitter=world.alice, name="train", script="#!/bin/bash\ntrue\n", partition="gpu",
-        gpu_type="a100", gpus=1, time_limit_minutes=60, workdir="/tmp", estimated_gpu_hours=Decimal("1"),
-    )  # fmt: skip
+    job = JobFactory(team=world.vision, submitter=world.alice, name="train")
     usage_records_upsert(records=[acct(comment=job.slurm_tag), acct(comment="gpuportal:not-a-uuid")])
     tagged = UsageRecord.objects.get(portal_job_uuid__isnull=False)
     assert tagged.portal_job_uuid == job.pk

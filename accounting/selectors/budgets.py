@@ -1,0 +1,222 @@
+"""Reads of quotas and budgets: visibility, the quotas in force, and the budget figures (budget, used,
+held, booked, remaining) that the portal's enforcement (accounting.services.budget), the budget page,
+alerts and /metrics share."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.apps import apps
+from django.db.models import DecimalField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from accounting.calendar import HOUR, billing_date, billing_midnight
+from accounting.charging import bookings_charge_reserved
+from accounting.models import Quota, QuotaState, UsageRecord
+from accounting.selectors.bookings import bookings_holding_capacity
+from accounting.selectors.usage import aggregate_slices, slices_in
+from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
+from portal.models import Team
+from portal.selectors import teams_visible_to
+
+
+def quotas_visible_to(user) -> QuerySet:
+    """Quotas of the teams the user may see (members: their teams'; admins and finance: all)."""
+    return Quota.objects.filter(team__in=teams_visible_to(user)).select_related("team", "requested_by", "decided_by")
+
+
+def quota_period_bounds(quota) -> tuple[dt.datetime, dt.datetime]:
+    """[00:00 of period_start, 00:00 of period_end) in the billing time zone."""
+    return billing_midnight(quota.period_start), billing_midnight(quota.period_end)
+
+
+def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None) -> dict:
+    """The approved quota in force at ``at`` per (team id, gpu_type) — the most recently approved one
+    whose period contains that day (effective-dated: a newer approval wins). One query (index
+    quota_team_state_start)."""
+    day = billing_date(at or timezone.now())
+    queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_start__lte=day, period_end__gt=day)
+    if team is not None:
+        queryset = queryset.filter(team=team)
+    effective: dict[tuple[int, str], object] = {}
+    for quota in queryset.select_related("team").order_by("-approved_at", "-pk"):
+        effective.setdefault((quota.team_id, quota.gpu_type), quota)
+    return effective
+
+
+def _used_seconds(accounts: Iterable[str], start_at: dt.datetime, end_at: dt.datetime) -> dict[tuple[str, str], Decimal]:
+    """GPU-seconds per (account, gpu_type) in [start_at, end_at), usage inside bookings excluded when
+    bookings are charged by their reserved hours. One aggregate query."""
+    queryset = slices_in(start_at, end_at).filter(account__in=list(accounts))
+    if bookings_charge_reserved():
+        queryset = queryset.filter(record__booking__isnull=True)
+    rows = aggregate_slices(queryset, start_at, end_at, ["account", "gpu_type"])
+    return {(v["account"], v["gpu_type"]): Decimal(v["sum_gpu_seconds"] or 0) for v in rows}
+
+
+def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[Team]) -> dict[tuple[int, str], Decimal]:
+    """GPU-hours booked per (team id, gpu_type) within [start_at, end_at); {} when bookings are not
+    charged by their reserved hours. One query."""
+    if not bookings_charge_reserved():
+        return {}
+    seconds: dict[tuple[int, str], int] = {}
+    for booking in bookings_holding_capacity(start=start_at, end=end_at).filter(team__in=teams):
+        held_until = booking.held_until
+        if held_until is None:
+            continue
+        lo, hi = max(booking.start, start_at), min(held_until, end_at)
+        if hi > lo:
+            key = (booking.team_id, booking.gpu_type)
+            seconds[key] = seconds.get(key, 0) + booking.gpus * int((hi - lo).total_seconds())
+    return {key: Decimal(value) / HOUR for key, value in seconds.items()}
+
+
+def _held_hours(team_ids: Iterable[int], since: dt.datetime) -> dict[tuple[int, str], Decimal]:
+    """GPU-hours held per (team id, job gpu_type): for every job not yet accounted — live (ACCEPTED,
+    PENDING, RUNNING, …) or ended after ``since`` having started but without a final (non-provisional)
+    usage record yet (``accounted_at`` unset: the ingestion sets it) — its estimate minus what has
+    been ingested for it so far (never below 0). Jobs inside a booking hold nothing when bookings are
+    charged by reserved hours. One query, on two partial indexes (live jobs; ran but unaccounted), so
+    its cost follows the jobs in flight, not the team's history: it runs under the team lock of every
+    submission."""
+    # the reverse direction (accounting → jobs): the second part of issue 18 makes holds accounting's
+    # own rows and drops the jobs.choices import and this get_model
+    job_model = apps.get_model("jobs", "Job")
+    ingested = (
+        UsageRecord.objects.filter(portal_job_uuid=OuterRef("pk"))
+        .values("portal_job_uuid")
+        .annotate(total=Sum("gpu_hours"))
+        .values("total")
+    )
+    ended = TERMINAL_STATES - {JobState.SUBMIT_FAILED}
+    queryset = job_model.objects.filter(team_id__in=list(team_ids)).filter(
+        Q(state__in=LIVE_STATES) | Q(state__in=ended, started_at__isnull=False, accounted_at__isnull=True, ended_at__gte=since)
+    )
+    if bookings_charge_reserved():
+        queryset = queryset.filter(booking_id__isnull=True)
+    decimal = DecimalField(max_digits=16, decimal_places=6)
+    hold = Greatest(
+        ExpressionWrapper(F("estimated_gpu_hours") - Coalesce(Subquery(ingested, output_field=decimal), Value(Decimal(0)), output_field=decimal), output_field=decimal),
+        Value(Decimal(0)),
+        output_field=decimal,
+    )
+    rows = queryset.annotate(hold=hold).values("team_id", "gpu_type").annotate(total=Sum("hold")).order_by()
+    return {(r["team_id"], r["gpu_type"]): Decimal(r["total"] or 0) for r in rows}
+
+
+def _two(value: Decimal) -> Decimal:
+    return Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP)
+
+
+def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool = True) -> list[dict]:
+    """Budget figures of approved quotas (any teams): budget, used, held, booked, remaining, consumed
+    (used + booked) and the day the budget runs out at the current burn rate. Queries per distinct
+    period (usually one): used, held, booked — constant in the number of teams and jobs.
+
+    used: accounted GPU-hours in the period (the team's account; the quota's GPU type, or all types);
+    held: estimates of jobs not yet accounted (see _held_hours; per type: jobs that asked for it);
+    booked: approved bookings' reserved GPU-hours in the period."""
+    now = at or timezone.now()
+    periods: dict[tuple[dt.date, dt.date], list] = {}
+    for quota in quotas:
+        periods.setdefault((quota.period_start, quota.period_end), []).append(quota)
+    rows = []
+    for (start, end), group in periods.items():
+        start_at, end_at = billing_midnight(start), billing_midnight(end)
+        teams = list({q.team_id: q.team for q in group}.values())
+        used = _used_seconds({t.slurm_account for t in teams}, start_at, end_at)
+        held = _held_hours([t.pk for t in teams], start_at) if with_held else {}
+        booked = _booked_hours_bulk(start_at, end_at, teams)
+        for quota in group:
+            account, kind = quota.team.slurm_account, quota.gpu_type
+            used_s = sum((v for (a, t), v in used.items() if a == account and (not kind or t == kind)), Decimal(0))
+            held_h = sum((v for (team_id, t), v in held.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
+            booked_h = sum((v for (team_id, t), v in booked.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
+            used_h = used_s / HOUR
+            budget = Decimal(quota.gpu_hours)
+            remaining = budget - used_h - held_h - booked_h
+            elapsed = max((min(now, end_at) - start_at).total_seconds(), 0) / 86400
+            runs_out = None
+            if remaining <= 0:
+                runs_out = min(billing_date(now), end - dt.timedelta(days=1))
+            elif elapsed > 0 and used_h > 0 and now < end_at:
+                days_left = remaining / (used_h / Decimal(elapsed))
+                # only a date inside the period (a large budget at a slow burn would overflow datetime)
+                if days_left < Decimal((end_at - now).total_seconds()) / 86400:
+                    runs_out = billing_date(now + dt.timedelta(days=float(days_left)))
+            rows.append(
+                {
+                    "quota": quota,
+                    "team": quota.team,
+                    "gpu_type": kind,
+                    "period_start": start,
+                    "period_end": end,
+                    "period_label": quota.period_label,
+                    "budget": _two(budget),
+                    "used": _two(used_h),
+                    "held": _two(held_h),
+                    "booked": _two(booked_h),
+                    "remaining": _two(remaining),
+                    "consumed": used_h + booked_h,  # exact: alerts compare it with the budget
+                    "max_gpus": quota.max_gpus,
+                    "runs_out_on": runs_out,
+                }
+            )
+    return rows
+
+
+def team_budget(*, team: Team, at: dt.datetime | None = None) -> list[dict]:
+    """The team's budget rows for the quotas in force at ``at`` (any-type first, then per type)."""
+    quotas = sorted(quotas_effective(team=team, at=at).values(), key=lambda q: q.gpu_type)
+    return budget_rows(quotas, at=at)
+
+
+def team_budget_ratios() -> list[tuple[str, str, float]]:
+    """(team slug, gpu_type, consumed / budget) for every quota in force now — consumed = used +
+    booked, as for alerts (held work is not consumption yet). gpu_type "" = any type. For
+    /metrics: a constant number of queries (one per distinct period)."""
+    rows = budget_rows(list(quotas_effective().values()), with_held=False)
+    return [
+        (row["team"].slug, row["gpu_type"], float(row["consumed"] / row["budget"]) if row["budget"] else 0.0)
+        for row in sorted(rows, key=lambda r: (r["team"].slug, r["gpu_type"]))
+    ]
+
+
+def budget_burndown(*, quota, at: dt.datetime | None = None) -> dict:
+    """The burn-down chart of one quota: for each day of the period up to today, the GPU-hours left at
+    the end of that day (budget − accounted usage so far), and the ideal straight line from the budget
+    to 0. One query (the team's slices in the period, spread over days in Python)."""
+    now = at or timezone.now()
+    start_at, end_at = quota_period_bounds(quota)
+    days = (quota.period_end - quota.period_start).days
+    queryset = slices_in(start_at, end_at).filter(account=quota.team.slurm_account)
+    if quota.gpu_type:
+        queryset = queryset.filter(gpu_type=quota.gpu_type)
+    if bookings_charge_reserved():
+        queryset = queryset.filter(record__booking__isnull=True)
+    per_day = [Decimal(0)] * days
+    for slice_start, slice_end, gpus in queryset.values_list("slice_start", "slice_end", "gpus"):
+        lo, hi = max(slice_start, start_at), min(slice_end, end_at)
+        while lo < hi:
+            index = (billing_date(lo) - quota.period_start).days
+            day_end = billing_midnight(quota.period_start + dt.timedelta(days=index + 1))
+            part = min(hi, day_end)
+            if 0 <= index < days:
+                per_day[index] += Decimal(gpus) * Decimal((part - lo).total_seconds())
+            lo = part
+    budget = Decimal(quota.gpu_hours)
+    today_index = (billing_date(min(now, end_at - dt.timedelta(microseconds=1))) - quota.period_start).days
+    labels, remaining, ideal = [], [], []
+    used = Decimal(0)
+    for index in range(days):
+        day = quota.period_start + dt.timedelta(days=index)
+        labels.append(day.isoformat())
+        ideal.append(float(_two(budget * (days - index - 1) / days)))
+        used += per_day[index] / HOUR
+        remaining.append(float(_two(budget - used)) if index <= today_index and now >= start_at else None)
+    return {"labels": labels, "remaining": remaining, "ideal": ideal, "budget": float(budget)}
+
+

@@ -1,0 +1,241 @@
+"""Reads of usage: the cost report (one aggregate query over UsageSlice, bookings' charges added),
+the stacked usage chart, the sreport reconciliation's per-account figures, invoice lines and who may
+read a team's usage."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.apps import apps
+from django.conf import settings
+from django.db.models import (
+    Case,
+    DecimalField,
+    ExpressionWrapper,
+    F,
+    Func,
+    IntegerField,
+    Max,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Greatest, Least
+
+from accounting.calendar import HOUR, billing_midnight, billing_zone, month_start, next_month, range_bounds
+from accounting.models import UsageRecord, UsageSlice
+from accounting.selectors.bookings import booking_charges
+from portal.models import Team
+from portal.roles import can_read_cost_reports, is_manager
+from portal.selectors import teams_visible_to
+
+GROUP_BY_CHOICES = ("team", "user", "gpu_type", "month")
+_GROUP_COLUMNS = {"team": "account", "user": "unix_user", "gpu_type": "gpu_type", "month": "period"}
+
+
+class _Seconds(Func):
+    """Seconds from the first datetime expression to the second (PostgreSQL; SQLite for the demo)."""
+
+    arity = 2
+    output_field = DecimalField(max_digits=24, decimal_places=6)
+
+    def as_postgresql(self, compiler, connection, **extra):
+        sql, params = self._args_sql(compiler, connection)
+        return f"EXTRACT(EPOCH FROM ({sql[1]} - {sql[0]}))", params[1] + params[0]
+
+    def as_sqlite(self, compiler, connection, **extra):
+        sql, params = self._args_sql(compiler, connection)
+        return f"((julianday({sql[1]}) - julianday({sql[0]})) * 86400.0)", params[1] + params[0]
+
+    def _args_sql(self, compiler, connection):
+        compiled = [compiler.compile(expr) for expr in self.get_source_expressions()]
+        return [c[0] for c in compiled], [list(c[1]) for c in compiled]
+
+
+def slices_in(start_at: dt.datetime, end_at: dt.datetime) -> QuerySet[UsageSlice]:
+    last_day = (end_at - dt.timedelta(microseconds=1)).astimezone(billing_zone()).date()
+    first_day = start_at.astimezone(billing_zone()).date()
+    return UsageSlice.objects.filter(
+        period__gte=month_start(first_day),
+        period__lte=month_start(last_day),
+        slice_start__lt=end_at,
+        slice_end__gt=start_at,
+    )
+
+
+def aggregate_slices(queryset: QuerySet[UsageSlice], start_at: dt.datetime, end_at: dt.datetime, columns: Sequence[str]):
+    """One GROUP BY over slices; a slice cut by the range counts in proportion (exact: GPU count and
+    price are constant within a slice)."""
+    decimal = DecimalField(max_digits=30, decimal_places=6)
+    overlap = _Seconds(Greatest("slice_start", Value(start_at)), Least("slice_end", Value(end_at)))
+    fraction = ExpressionWrapper(overlap / _Seconds(F("slice_start"), F("slice_end")), output_field=decimal)
+    inside = Q(slice_start__gte=start_at, slice_end__lte=end_at)  # most slices: no arithmetic needed
+
+    def part(column: str, prorated):
+        return Sum(Case(When(inside, then=F(column)), default=prorated, output_field=decimal))
+
+    used = ExpressionWrapper(F("gpus") * overlap, output_field=decimal)
+    return (
+        queryset.values(*columns)
+        .annotate(
+            sum_gpu_seconds=part("gpu_seconds", used),
+            sum_requested_gpu_seconds=part("requested_gpu_seconds", ExpressionWrapper(F("requested_gpu_seconds") * fraction, output_field=decimal)),
+            sum_cost=part("cost", ExpressionWrapper(F("cost") * fraction, output_field=decimal)),
+            sum_unpriced_gpu_seconds=Sum(
+                Case(When(rate__isnull=True, then=Case(When(inside, then=F("gpu_seconds")), default=used, output_field=decimal)),
+                     default=Value(0), output_field=decimal)
+            ),  # fmt: skip
+            any_provisional=Max(Cast("provisional", IntegerField())),
+        )
+        .order_by(*columns)
+    )
+
+
+def _hours(seconds) -> Decimal:
+    return (Decimal(seconds or 0) / HOUR).quantize(Decimal("0.01"), ROUND_HALF_UP)
+
+
+def _row(group_by: str, key, values: dict) -> dict:
+    used = Decimal(values["sum_gpu_seconds"] or 0)
+    requested = Decimal(values["sum_requested_gpu_seconds"] or 0)
+    if group_by == "month":
+        key = key.strftime("%Y-%m")
+    return {
+        "group_by": group_by,
+        "key": key if key is not None else "",
+        "label": values.get("label") or (key if key not in (None, "") else "(none)"),
+        "gpu_hours": _hours(used),
+        "requested_gpu_hours": _hours(requested),
+        "efficiency": float((used / requested).quantize(Decimal("0.0001"))) if requested else None,
+        "cost": Decimal(values["sum_cost"] or 0).quantize(Decimal("0.01"), ROUND_HALF_UP),
+        "unpriced_gpu_hours": _hours(values["sum_unpriced_gpu_seconds"]),
+        "provisional": bool(values["any_provisional"]),
+        "currency": settings.DEFAULT_CURRENCY,
+    }
+
+
+def cost_report(*, start: dt.date, end: dt.date, group_by: str, team: Team | None = None) -> list[dict]:
+    """GPU-hours used and requested, efficiency and cost between ``start`` and ``end`` (inclusive days,
+    billing time zone), grouped by team (Slurm account), user (cluster user name), gpu_type or month.
+    One aggregate query on UsageSlice (index usageslice_report). ``team`` narrows to one team (its
+    usage page). Callers check ``can_read_cost_reports`` (or team membership) first."""
+    if group_by not in GROUP_BY_CHOICES:
+        raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES}")
+    start_at, end_at = range_bounds(start, end)
+    queryset = slices_in(start_at, end_at)
+    if team is not None:
+        queryset = queryset.filter(team=team)
+    column = _GROUP_COLUMNS[group_by]
+    rows = aggregate_slices(queryset, start_at, end_at, [column])
+    if group_by == "team":
+        rows = rows.annotate(label=Max("team__name"), team_slug=Max("team__slug"))
+    result = []
+    for values in rows:
+        row = _row(group_by, values[column], values)
+        if group_by == "team":
+            row["team_slug"] = values["team_slug"] or ""
+            row["label"] = values["label"] or f"{values[column]} (no team)"
+        result.append(row)
+    return _with_booking_charges(result, group_by=group_by, start=start, end=end, team=team)
+
+
+def _with_booking_charges(rows: list[dict], *, group_by: str, start: dt.date, end: dt.date, team: Team | None) -> list[dict]:
+    """Add what bookings are charged (accounting.selectors.booking_charges) to cost report rows:
+    ``usage_cost`` is the usage alone, ``bookings_cost`` the bookings', ``cost`` their sum (so totals =
+    usage outside bookings + bookings, usage inside bookings being free in charge mode "reserved").
+    By user, bookings (a team's, not a user's) get one row of their own."""
+    for row in rows:
+        row["usage_cost"] = row["cost"]
+        row["bookings_cost"] = Decimal("0.00")
+    start_at, end_at = range_bounds(start, end)
+    if group_by == "month":
+        pieces, month = [], month_start(start)
+        while month <= end:
+            lo, hi = max(billing_midnight(month), start_at), min(billing_midnight(next_month(month)), end_at)
+            pieces += [(month.strftime("%Y-%m"), line) for line in booking_charges(start_at=lo, end_at=hi, team=team)]
+            month = next_month(month)
+    else:
+        key_of = {"team": lambda line: line["team"].slurm_account, "gpu_type": lambda line: line["gpu_type"],
+                  "user": lambda line: ""}[group_by]  # fmt: skip
+        pieces = [(key_of(line), line) for line in booking_charges(start_at=start_at, end_at=end_at, team=team)]
+    by_key = {row["key"]: row for row in rows} if group_by != "user" else {}
+    for key, line in pieces:
+        row = by_key.get(key)
+        if row is None:
+            label = {"team": line["team"].name, "user": "(bookings of teams)"}.get(group_by, key)
+            row = _row(group_by if group_by != "month" else "_", key, {
+                "sum_gpu_seconds": 0, "sum_requested_gpu_seconds": 0, "sum_cost": 0, "sum_unpriced_gpu_seconds": 0,
+                "any_provisional": 0, "label": label})  # fmt: skip
+            row.update(group_by=group_by, usage_cost=row["cost"], bookings_cost=Decimal("0.00"))
+            if group_by == "team":
+                row["team_slug"] = line["team"].slug
+            by_key[key] = row
+            rows.append(row)
+        row["bookings_cost"] += line["cost"]
+        row["cost"] += line["cost"]
+    if group_by == "user":
+        return rows
+    return sorted(rows, key=lambda r: str(r["key"]))
+
+
+def usage_by_team_and_month(*, start: dt.date, end: dt.date) -> list[dict]:
+    """GPU-hours and cost per (account, month): the stacked chart. One aggregate query."""
+    start_at, end_at = range_bounds(start, end)
+    rows = aggregate_slices(slices_in(start_at, end_at), start_at, end_at, ["account", "period"])
+    return [
+        {"account": v["account"], "month": v["period"].strftime("%Y-%m"), "gpu_hours": _hours(v["sum_gpu_seconds"]),
+         "cost": Decimal(v["sum_cost"] or 0).quantize(Decimal("0.01"))}
+        for v in rows
+    ]  # fmt: skip
+
+
+def account_gpu_seconds(*, start_at: dt.datetime, end_at: dt.datetime) -> dict[str, Decimal]:
+    """GPU-seconds per Slurm account in [start_at, end_at) (reconciliation with sreport)."""
+    rows = aggregate_slices(slices_in(start_at, end_at), start_at, end_at, ["account"])
+    return {v["account"]: Decimal(v["sum_gpu_seconds"] or 0) for v in rows}
+
+
+def usage_teams_visible_to(user) -> QuerySet[Team]:
+    """Teams whose usage the user may read: the same rule as the teams pages."""
+    return teams_visible_to(user)
+
+
+def can_see_user_breakdown(user, team: Team) -> bool:
+    return can_read_cost_reports(user) or is_manager(user, team)
+
+
+def can_read_invoice(user, team: Team) -> bool:
+    """Admins, finance and the team's managers (members see their team's totals on the usage page)."""
+    return can_read_cost_reports(user) or is_manager(user, team)
+
+
+def invoice_lines(*, team: Team, month: dt.date) -> QuerySet[UsageSlice]:
+    """The team's slices in one month, with their records: one query (index usageslice_team_period)."""
+    return (
+        UsageSlice.objects.filter(team=team, period=month_start(month))
+        .select_related("record")
+        .order_by("slice_start", "record__job_id")
+    )
+
+
+def jobs_by_uuid(uuids: Iterable) -> dict:
+    """Portal jobs (jobs.Job) by pk for usage records tagged gpuportal:<uuid>; {} when the jobs app
+    has no Job model yet. One query."""
+    wanted = {u for u in uuids if u}
+    if not wanted:
+        return {}
+    try:
+        job_model = apps.get_model("jobs", "Job")
+    except LookupError:
+        return {}
+    return {job.pk: job for job in job_model.objects.filter(pk__in=wanted)}
+
+
+def usage_records_of_team(team: Team) -> QuerySet[UsageRecord]:
+    return UsageRecord.objects.filter(team=team)
+
+

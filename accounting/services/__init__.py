@@ -1,0 +1,60 @@
+"""Writes for accounting, one module per concern (this package re-exports their public names, so
+``from accounting.services import booking_create`` keeps working):
+
+- ``rates``         rate_create (which rate is in force: accounting.rates.RateBook)
+- ``ingestion``     usage ingestion from slurmdbd (usage_ingest, usage_records_upsert)
+- ``repricing``     usage slices priced by the rate book, re-pricing after a rate change
+- ``bookings``      booking create / approve / reject / cancel, the capacity rule, the booking budget check
+- ``reservations``  the bookings' Slurm reservations (reserve, unreserve, cleanup)
+- ``quotas``        quota request / approve / reject / cancel
+- ``budget``        budget enforcement in the portal (budget_hold_check) and its refusal wording
+- ``slurm_limits``  budget enforcement in Slurm (association limits, drift, roll-over)
+- ``alerts``        budget alerts (80 % / 100 %), e-mail and webhook delivery
+"""
+
+from accounting.services.alerts import (
+    QUOTA_ALERT_THRESHOLDS,
+    budget_alert_email,
+    budget_alert_payload,
+    budget_alert_webhook,
+    budget_alerts_check,
+)
+from accounting.services.bookings import (
+    BOOKING_LOCK_NAMESPACE,
+    BOOKING_PAST_GRACE,
+    TypeCapacity,
+    booking_approve,
+    booking_cancel,
+    booking_create,
+    booking_reject,
+    bookings_whole_nodes,
+    type_capacity,
+)
+from accounting.services.budget import QUOTA_PAGE, budget_hold_check
+from accounting.services.ingestion import IngestResult, usage_ingest, usage_records_upsert, usage_window_start
+from accounting.services.quotas import quota_approve, quota_cancel, quota_reject, quota_request
+from accounting.services.rates import rate_create
+from accounting.services.repricing import slice_record, usage_reprice
+from accounting.services.reservations import (
+    RESERVE_LEASE,
+    booking_cleanup,
+    booking_reserve_run,
+    booking_unreserve_run,
+)
+from accounting.services.slurm_limits import (
+    ROLLOVER_KIND,
+    quota_expected_limits,
+    quota_limit_drift,
+    quota_limits_apply,
+    quota_period_rollover,
+)
+
+__all__ = [
+    "BOOKING_LOCK_NAMESPACE", "BOOKING_PAST_GRACE", "QUOTA_ALERT_THRESHOLDS", "QUOTA_PAGE", "RESERVE_LEASE",
+    "ROLLOVER_KIND", "IngestResult", "TypeCapacity", "booking_approve", "booking_cancel", "booking_cleanup",
+    "booking_create", "booking_reject", "booking_reserve_run", "booking_unreserve_run", "bookings_whole_nodes",
+    "budget_alert_email", "budget_alert_payload", "budget_alert_webhook", "budget_alerts_check", "budget_hold_check",
+    "quota_approve", "quota_cancel", "quota_expected_limits", "quota_limit_drift", "quota_limits_apply",
+    "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
+    "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_window_start",
+]  # fmt: skip

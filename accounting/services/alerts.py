@@ -1,0 +1,131 @@
+"""Budget alerts: a BudgetAlert per quota and threshold (80 %, 100 % of the budget consumed),
+recorded after each usage ingest and delivered once by e-mail to the team's managers and by webhook."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import urllib.request
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
+
+from accounting.models import BudgetAlert
+from accounting.selectors.budgets import budget_rows, quotas_effective
+from accounting.services.budget import QUOTA_PAGE
+from accounting.tasks import budget_alert_deliver_task
+from portal.models import Team
+from portal.roles import team_manager_emails
+from portal.services import audit_record
+
+logger = logging.getLogger(__name__)
+
+QUOTA_ALERT_THRESHOLDS = (80, 100)
+
+
+def budget_alerts_check(*, team: Team | None = None, at: dt.datetime | None = None) -> list:
+    """Record a BudgetAlert for each quota in force whose consumption (used + booked: what is really
+    spent, not what unfinished jobs hold) reached 80 % / 100 % of its budget, once per (quota,
+    threshold) — the unique constraint decides between concurrent checks — and deliver it (email to
+    the team's managers, webhook) after commit. Called after every usage ingest. Returns new alerts."""
+    quotas = list(quotas_effective(team=team, at=at).values())
+    if not quotas:
+        return []
+    existing = set(BudgetAlert.objects.filter(quota__in=quotas).values_list("quota_id", "threshold"))
+    created = []
+    for row in budget_rows(quotas, at=at, with_held=False):
+        budget = Decimal(row["budget"])
+        if budget <= 0:
+            continue
+        for threshold in QUOTA_ALERT_THRESHOLDS:
+            if row["consumed"] * 100 < budget * threshold or (row["quota"].pk, threshold) in existing:
+                continue
+            try:
+                with transaction.atomic():
+                    alert = BudgetAlert.objects.create(
+                        quota=row["quota"], threshold=threshold, consumed_gpu_hours=_two_places(row["consumed"]),
+                        budget_gpu_hours=budget,
+                    )  # fmt: skip
+                    audit_record(actor=None, action="quota.alert", target=row["quota"], team=row["team"],
+                                 data={"threshold": threshold, "consumed": str(alert.consumed_gpu_hours)})  # fmt: skip
+            except IntegrityError:
+                continue  # another check recorded it first
+            created.append(alert)
+            transaction.on_commit(lambda pk=alert.pk: _enqueue_alert(pk))
+    return created
+
+
+def _two_places(value) -> Decimal:
+    return Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP)
+
+
+def _enqueue_alert(alert_id: int) -> None:
+    try:
+        budget_alert_deliver_task.delay(alert_id)
+    except BrokerError as exc:
+        logger.warning("budget alert %s not enqueued (broker unavailable: %s)", alert_id, exc)
+
+
+def budget_alert_payload(alert) -> dict:
+    quota = alert.quota
+    return {
+        "event": "budget.threshold",
+        "team": quota.team.slug,
+        "gpu_type": quota.gpu_type,
+        "period": quota.period_label,
+        "period_start": quota.period_start.isoformat(),
+        "period_end": quota.period_end.isoformat(),
+        "threshold_percent": alert.threshold,
+        "budget_gpu_hours": str(alert.budget_gpu_hours),
+        "consumed_gpu_hours": str(alert.consumed_gpu_hours),
+        "quota_id": quota.pk,
+        "at": alert.created_at.isoformat(),
+    }
+
+
+def budget_alert_email(*, alert_id: int) -> bool:
+    """Email the team's managers once (claimed by a conditional update). Returns True when sent."""
+    if BudgetAlert.objects.filter(pk=alert_id, emailed_at__isnull=True).update(emailed_at=timezone.now()) != 1:
+        return False
+    alert = BudgetAlert.objects.select_related("quota__team").get(pk=alert_id)
+    quota, team = alert.quota, alert.quota.team
+    recipients = team_manager_emails(team)
+    if not recipients:
+        return False
+    kind = f"{quota.gpu_type} " if quota.gpu_type else ""
+    subject = f"[gpuportal] {team.slug} reached {alert.threshold}% of its {kind}GPU budget for {quota.period_label}"
+    body = (
+        f"Team {team.name} has consumed {alert.consumed_gpu_hours} of its {alert.budget_gpu_hours} {kind}GPU-hours "
+        f"for {quota.period_label} ({alert.threshold}% threshold).\n\n"
+        f"Budget page: /accounting/budget/?team={team.slug}\nRequest more: {QUOTA_PAGE}\n"
+    )
+    try:
+        send_mail(subject, body, None, recipients)
+    except Exception:
+        BudgetAlert.objects.filter(pk=alert_id).update(emailed_at=None)  # let a retry send it
+        raise
+    return True
+
+
+def budget_alert_webhook(*, alert_id: int) -> bool:
+    """POST the alert as JSON to the team's alert_webhook_url (if any). Raises on failure (the task
+    retries with backoff); does nothing once delivered."""
+    alert = BudgetAlert.objects.select_related("quota__team").get(pk=alert_id)
+    url = alert.quota.team.alert_webhook_url
+    if not url or alert.webhook_delivered_at is not None:
+        return False
+    data = json.dumps(budget_alert_payload(alert)).encode()
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json",
+                                                                          "User-Agent": "gpuportal"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:  # an http(s) URLField
+            response.read(1024)
+    except Exception as exc:
+        BudgetAlert.objects.filter(pk=alert_id).update(webhook_error=str(exc)[:2000])
+        raise
+    BudgetAlert.objects.filter(pk=alert_id).update(webhook_delivered_at=timezone.now(), webhook_error="")
+    return True

@@ -1,0 +1,303 @@
+"""Usage ingestion from slurmdbd.
+
+Usage ingestion reads ``gateway.accounting(start, end)`` once per window for every job of the cluster
+(portal jobs and direct sbatch alike) and upserts one ``UsageRecord`` per started allocation plus its
+``UsageSlice`` rows (one per calendar month and rate: accounting.services.repricing). The high-water
+mark lives in ``SyncStatus(kind="usage").data``; each window starts ``ACCOUNTING_INGEST_OVERLAP_SECONDS``
+before it, or earlier when a recent provisional (running) record has not been re-read since. Records
+whose values did not change are not written again, so re-ingesting a window is a no-op.
+
+The jobs app is reached through ``apps.get_model`` (Job.accounted_at, Job.booking_id) until the second
+part of issue 18 makes the dependency one-way (ingestion then releases accounting's own budget holds)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.apps import apps
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import Min, Q
+from django.utils import timezone
+
+from accounting.calendar import HOUR
+from accounting.models import Booking, UsageRecord
+from accounting.rates import RateBook
+from accounting.services.repricing import SIX, slices_replace
+from portal.db import any_of, bulk_upsert_copy
+from portal.models import SyncStatus, Team
+from portal.services import sync_record_failure, sync_record_success
+from portal.slurm import AccountingRecord, SlurmError, get_gateway
+
+USAGE_KIND = "usage"
+COMMENT_TAG = re.compile(r"gpuportal:([0-9a-fA-F-]{36})")
+RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED", "SIGNALING"}
+
+# Fields of UsageRecord written by an upsert (everything but the key and first_seen_at)
+RECORD_FIELDS = (
+    "start_time", "end_time", "state", "name", "account", "team_id", "unix_user", "user_id", "partition",
+    "num_nodes", "comment", "portal_job_uuid", "gpus", "gpu_type", "elapsed_seconds", "time_limit_minutes",
+    "gpu_seconds", "gpu_hours", "requested_gpu_hours", "provisional", "known_until", "reservation", "booking_id",
+)  # fmt: skip
+
+
+@dataclass
+class IngestResult:
+    window_start: dt.datetime
+    window_end: dt.datetime
+    read: int = 0  # allocations Slurm returned
+    started: int = 0  # of which started (recorded)
+    written: int = 0  # new or changed records upserted
+    slices: int = 0
+    seconds: float = 0.0
+    windows: list[tuple[dt.datetime, dt.datetime]] = field(default_factory=list)
+
+
+def usage_window_start(*, now: dt.datetime) -> dt.datetime:
+    """Where the next window starts: the high-water mark minus the overlap, earlier when a recent
+    provisional record was last read before that, and a backfill period back on the first run."""
+    overlap = dt.timedelta(seconds=settings.ACCOUNTING_INGEST_OVERLAP_SECONDS)
+    status = SyncStatus.objects.filter(kind=USAGE_KIND).first()
+    mark = (status.data or {}).get("high_water_mark") if status else None
+    if mark:
+        start = dt.datetime.fromisoformat(mark) - overlap
+    else:
+        start = now - dt.timedelta(days=settings.ACCOUNTING_INGEST_BACKFILL_DAYS)
+    max_age = dt.timedelta(days=settings.ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS)
+    oldest = UsageRecord.objects.filter(provisional=True, known_until__gt=now - max_age).aggregate(
+        at=Min("known_until")
+    )["at"]
+    if oldest is not None and oldest - overlap < start:
+        start = oldest - overlap
+    return start
+
+
+def usage_ingest(*, since: dt.datetime | None = None, now: dt.datetime | None = None) -> IngestResult:
+    """Read accounting from Slurm since the high-water mark (or ``since``) up to now and record it.
+    One ``gateway.accounting`` call per window (windows are at most ACCOUNTING_INGEST_WINDOW_DAYS long;
+    the periodic run has one). Raises SlurmError after recording the failure in SyncStatus."""
+    now = now or timezone.now()
+    start = since if since is not None else usage_window_start(now=now)
+    step = dt.timedelta(days=settings.ACCOUNTING_INGEST_WINDOW_DAYS)
+    gateway = get_gateway()
+    result = IngestResult(window_start=start, window_end=now)
+    began = time.monotonic()
+    window_start = start
+    while window_start < now:
+        window_end = min(window_start + step, now)
+        try:
+            records = gateway.accounting(window_start, window_end)
+        except SlurmError as exc:
+            sync_record_failure(USAGE_KIND, error=f"{type(exc).__name__}: {exc.message}")
+            raise
+        partial = usage_records_upsert(records=records, now=now, high_water_mark=window_end)
+        result.read += partial.read
+        result.started += partial.started
+        result.written += partial.written
+        result.slices += partial.slices
+        result.windows.append((window_start, window_end))
+        window_start = window_end
+    result.seconds = time.monotonic() - began
+    sync_record_success(
+        USAGE_KIND,
+        at=timezone.now(),
+        data={"last_window_start": start.isoformat(), "last_read": result.read, "last_written": result.written,
+              "last_seconds": round(result.seconds, 3)},
+    )  # fmt: skip
+    return result
+
+
+def usage_records_upsert(
+    *, records: Sequence[AccountingRecord], now: dt.datetime | None = None, high_water_mark: dt.datetime | None = None
+) -> IngestResult:
+    """Upsert accounting records and their slices in bulk: a fixed number of queries whatever the
+    number of records (teams, users, rates, existing rows, upsert, slice delete, slice insert — each
+    one query per 2 000 rows). Serialised by a lock on the SyncStatus row, so two ingestions never
+    interleave. Advances the high-water mark (never backwards) when one is given."""
+    now = now or timezone.now()
+    result = IngestResult(window_start=now, window_end=now, read=len(records))
+    cluster_default = settings.SLURM_CLUSTER
+    started = [r for r in records if _started(r)]
+    result.started = len(started)
+
+    with transaction.atomic():
+        status, _ = SyncStatus.objects.get_or_create(kind=USAGE_KIND)
+        status = SyncStatus.objects.select_for_update().get(pk=status.pk)
+        if started:
+            rows = _build_rows(started, now=now, cluster_default=cluster_default)
+            changed = _changed_rows(rows)
+            if changed:
+                saved = _upsert(changed)
+                result.written = len(saved)
+                result.slices = slices_replace(saved, RateBook.load({r.gpu_type for r in saved if r.gpus}))
+            _mark_jobs_accounted({r.portal_job_uuid for r in rows if r.portal_job_uuid and not r.provisional}, now)
+        if high_water_mark is not None:
+            mark = (status.data or {}).get("high_water_mark")
+            if not mark or dt.datetime.fromisoformat(mark) < high_water_mark:
+                data = {**(status.data or {}), "high_water_mark": high_water_mark.isoformat()}
+                SyncStatus.objects.filter(pk=status.pk).update(data=data)
+    return result
+
+
+def _mark_jobs_accounted(job_uuids: set, now: dt.datetime) -> None:
+    """Portal jobs whose final usage record is now stored: their estimate stops holding budget
+    (jobs.Job.accounted_at; accounting.selectors._held_hours). One UPDATE."""
+    if not job_uuids:
+        return
+    job_model = apps.get_model("jobs", "Job")
+    job_model.objects.filter(pk__in=any_of(job_uuids, "uuid"), accounted_at__isnull=True).update(accounted_at=now)
+
+
+def _started(record: AccountingRecord) -> bool:
+    """Jobs that never started used nothing and get no record. Slurm gives a job cancelled while
+    pending Start = End and no allocated TRES: that is "never started" too."""
+    if record.start_time is None or record.submit_time is None:
+        return False
+    if record.end_time is not None and record.end_time <= record.start_time and not record.alloc_tres:
+        return False
+    return True
+
+
+def _portal_job_uuid(comment: str) -> uuid.UUID | None:
+    match = COMMENT_TAG.search(comment or "")
+    if not match:
+        return None
+    try:
+        return uuid.UUID(match.group(1))
+    except ValueError:
+        return None
+
+
+def _users_by_unix_name(names: set[str]) -> dict[str, int]:
+    """Portal user id per cluster user name (profile.unix_username, else the login name); one query."""
+    if not names:
+        return {}
+    user_model = get_user_model()
+    found: dict[str, int] = {}
+    rows = user_model.objects.filter(
+        Q(profile__unix_username__in=names)
+        | (Q(username__in=names) & (Q(profile__isnull=True) | Q(profile__unix_username="")))
+    ).values_list("pk", "username", "profile__unix_username")
+    for pk, username, unix_name in rows:
+        name = unix_name or username
+        if name in names:
+            found.setdefault(name, pk)
+    return found
+
+
+def _bookings_by_reservation(names: set[str]) -> dict:
+    """Booking id per Slurm reservation name (the portal's bookings only); one query."""
+    if not names:
+        return {}
+    return dict(Booking.objects.filter(reservation_name__in=names).values_list("reservation_name", "pk"))
+
+
+def _bookings_by_portal_job(uuids: set) -> dict:
+    """Booking id per portal job (jobs.Job.booking_id) for jobs submitted into a booking; one query."""
+    if not uuids:
+        return {}
+    job_model = apps.get_model("jobs", "Job")
+    return dict(job_model.objects.filter(pk__in=uuids, booking_id__isnull=False).values_list("pk", "booking_id"))
+
+
+def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:
+    teams = dict(Team.objects.filter(slurm_account__in={r.account for r in records}).values_list("slurm_account", "pk"))
+    users = _users_by_unix_name({r.user for r in records if r.user})
+    bookings = _bookings_by_reservation({r.reservation for r in records if r.reservation})
+    # sacct 22.05 leaves Reservation empty (it keeps only ReservationId): portal jobs name their booking
+    job_bookings = _bookings_by_portal_job({u for r in records if not r.reservation and (u := _portal_job_uuid(r.comment))})
+    rows: dict[tuple, UsageRecord] = {}
+    for r in records:
+        running = r.end_time is None or r.state in RUNNING_STATES
+        end = None if running else r.end_time
+        if running:  # figures up to the reading: sacct's Elapsed of a running job is "so far"
+            effective_end = r.start_time + dt.timedelta(seconds=max(r.elapsed_seconds, 0))
+        else:
+            effective_end = max(r.end_time, r.start_time)
+        seconds = int((effective_end - r.start_time).total_seconds())
+        gpus = r.gpus
+        gpu_seconds = gpus * seconds
+        if r.time_limit_minutes is None:
+            requested_seconds = gpu_seconds
+        else:
+            requested_seconds = max(gpus * r.time_limit_minutes * 60, gpu_seconds)
+        row = UsageRecord(
+            cluster=r.cluster or cluster_default,
+            job_id=r.job_id,
+            submit_time=r.submit_time,
+            start_time=r.start_time,
+            end_time=end,
+            state=r.state[:32],
+            name=(r.name or "")[:200],
+            account=r.account,
+            team_id=teams.get(r.account),
+            unix_user=r.user,
+            user_id=users.get(r.user),
+            partition=r.partition or "",
+            num_nodes=r.num_nodes or 1,
+            comment=(r.comment or "")[:500],
+            portal_job_uuid=_portal_job_uuid(r.comment),
+            reservation=(r.reservation or "")[:64],
+            booking_id=bookings.get(r.reservation or "") or job_bookings.get(_portal_job_uuid(r.comment)),
+            gpus=gpus,
+            gpu_type=r.gpu_type,
+            elapsed_seconds=max(r.elapsed_seconds, 0),
+            time_limit_minutes=r.time_limit_minutes,
+            gpu_seconds=gpu_seconds,
+            gpu_hours=(Decimal(gpu_seconds) / HOUR).quantize(SIX, ROUND_HALF_UP),
+            requested_gpu_hours=(Decimal(requested_seconds) / HOUR).quantize(SIX, ROUND_HALF_UP),
+            provisional=running,
+            known_until=now if running else end,
+            first_seen_at=now,
+        )
+        rows[(row.cluster, row.job_id, row.submit_time)] = row  # last one wins on duplicates
+    return list(rows.values())
+
+
+_KNOWN_UNTIL = RECORD_FIELDS.index("known_until")
+_PROVISIONAL = RECORD_FIELDS.index("provisional")
+
+
+def _comparable(values: tuple) -> tuple:
+    """RECORD_FIELDS' values as compared: decimals to six places, and a running record's reading
+    time left out (it always moves; its other figures decide)."""
+    out = [value.quantize(SIX) if isinstance(value, Decimal) else value for value in values]
+    if values[_PROVISIONAL]:
+        del out[_KNOWN_UNTIL]
+    return tuple(out)
+
+
+def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
+    """Rows that are new or differ from what is stored (one query, read as tuples: no model
+    instances for the stored side)."""
+    clusters = {r.cluster for r in rows}
+    existing = {
+        (cluster, job_id, submit_time): _comparable(tuple(values))
+        for cluster, job_id, submit_time, *values in UsageRecord.objects.filter(
+            cluster__in=clusters, job_id__in=any_of({r.job_id for r in rows}, "bigint")
+        ).values_list("cluster", "job_id", "submit_time", *RECORD_FIELDS)
+    }
+    changed = []
+    for row in rows:
+        old = existing.get((row.cluster, row.job_id, row.submit_time))
+        if old is None or old != _comparable(tuple(getattr(row, name) for name in RECORD_FIELDS)):
+            changed.append(row)
+    return changed
+
+
+def _upsert(rows: list[UsageRecord]) -> list[UsageRecord]:
+    """Insert or update the records by (cluster, job_id, submit_time); each row gets its id."""
+    bulk_upsert_copy(
+        rows,
+        unique_fields=["cluster", "job_id", "submit_time"],
+        update_fields=[f.removesuffix("_id") if f in ("team_id", "user_id", "booking_id") else f for f in RECORD_FIELDS],
+    )
+    return rows
+

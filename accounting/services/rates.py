@@ -1,0 +1,62 @@
+"""Writes of prices: ``rate_create`` (history is kept: a change is a new row). Which rate is in force
+is accounting.rates.RateBook's answer; re-pricing the usage a new rate touches is
+accounting.services.repricing."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+
+from accounting.models import Rate
+from accounting.tasks import usage_reprice_task
+from portal.exceptions import ApplicationError, Conflict
+from portal.roles import is_admin
+
+
+@transaction.atomic
+def rate_create(
+    *,
+    gpu_type: str,
+    price_per_gpu_hour: Decimal,
+    effective_from: dt.date,
+    partition: str = "",
+    currency: str = "",
+    note: str = "",
+    created_by=None,
+) -> Rate:
+    """Add a price. Only admins set prices (403 otherwise); ``created_by=None`` is the system (the demo
+    seed, commands). Usage from ``effective_from`` on is re-priced after commit."""
+    if created_by is not None and not is_admin(created_by):
+        raise ApplicationError("Only admins set prices.", status_code=403)
+    currency = (currency or settings.DEFAULT_CURRENCY).upper()
+    if currency != settings.DEFAULT_CURRENCY:
+        raise ApplicationError(
+            "One currency per site.", errors={"currency": f"Rates are in {settings.DEFAULT_CURRENCY}."}
+        )
+    gpu_type = (gpu_type or "").strip()
+    partition = (partition or "").strip()
+    if Rate.objects.filter(gpu_type=gpu_type, partition=partition, effective_from=effective_from).exists():
+        raise Conflict(
+            "A rate for this GPU type and partition already starts on that day.",
+            errors={"effective_from": f"{effective_from} is taken; choose another day."},
+        )
+    rate = Rate(
+        gpu_type=gpu_type,
+        partition=partition,
+        price_per_gpu_hour=Decimal(price_per_gpu_hour),
+        currency=currency,
+        effective_from=effective_from,
+        note=note,
+        created_by=created_by,
+    )
+    rate.full_clean()
+    rate.save()
+    transaction.on_commit(lambda: _enqueue_reprice(gpu_type, effective_from))
+    return rate
+
+
+def _enqueue_reprice(gpu_type: str, since: dt.date) -> None:
+    usage_reprice_task.delay(gpu_type, since.isoformat())
