@@ -45,7 +45,8 @@ FALLBACK = {
 }
 
 # The brief's fields besides the oracle's: the request, not who, when or where it was submitted.
-FIELDS = (*COMPARED, "ReqTRES", "MinMemoryCPU", "Comment", "StdOut", "StdErr", "Priority", "Reservation")
+FIELDS = (*COMPARED, "ReqTRES", "MinMemoryCPU", "Comment", "StdOut", "StdErr", "Priority", "Reservation",
+          "UserId", "GroupId", "Dependency", "TimeMin")  # fmt: skip
 
 
 @pytest.fixture
