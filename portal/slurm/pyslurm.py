@@ -19,7 +19,9 @@ Where pyslurm 25.11 lacks what the portal needs, this backend delegates to the C
 - associations, accounts, users, limits and usage reset: pyslurm 25.11.0 has no released API to
   create accounts/users or modify association limits (``pyslurm.db.Associations`` is "WIP,
   unreleased" on the 25.11.x branch);
-- ``version()``: Slurm's version string (``sinfo --version`` needs no controller).
+- ``version()``: Slurm's version string (``sinfo --version`` needs no controller);
+- ``submit()`` of a request pyslurm cannot submit as sbatch would (pyslurm_request.NotExpressible:
+  e.g. ``--hint``, ``--mem=0``, ``--begin=now+1hour``).
 
 libslurm calls block with their own timeouts (MessageTimeout and retries); every pyslurm call runs
 in a daemon thread and is abandoned after ``timeout`` seconds with ``SlurmUnavailable``.
@@ -40,6 +42,8 @@ from typing import Any, TypeVar
 from . import parsing
 from .base import SlurmGateway
 from .cli import CliGateway, check_text, render_script
+from .pyslurm_request import NotExpressible, description_kwargs
+from .request import spec_script
 from .types import (
     AccountingRecord,
     Association,
@@ -289,51 +293,20 @@ class PyslurmGateway(SlurmGateway):
     # -- jobs ------------------------------------------------------------------------------------
 
     def job_description(self, spec: JobSpec, script_path: str) -> Any:
-        """The JobSubmitDescription for a spec; the script is passed as a file path (see submit)."""
+        """The JobSubmitDescription for a spec's effective request (the script's #SBATCH lines and
+        the portal's options, pyslurm_request); the script is passed as a file path (see submit).
+        Raises NotExpressible when pyslurm cannot submit the request as sbatch would."""
         check_text(spec.name, "Job name")
         check_text(spec.comment, "Job comment")
-        if spec.nodes < 1 or spec.gpus < 0 or spec.gpus % spec.nodes:
-            raise SlurmRejected(f"{spec.gpus} GPUs cannot be spread evenly over {spec.nodes} nodes")
-        kwargs: dict[str, Any] = {
-            "name": spec.name,
-            "account": spec.account,
-            "partitions": spec.partition,
-            "nodes": spec.nodes,
-            "working_directory": spec.workdir,
-            "script": script_path,
-            # Same as sbatch --export=NONE: only SLURM_* variables, user environment loaded on the
-            # node. spec.environment is written into the script (cli.render_script).
-            "environment": "NONE",
-        }
-        if spec.gpus:
-            per_node = spec.gpus // spec.nodes
-            # Dict keys "gpu:<type>": pyslurm's from_gres_dict() turns a str "a100:1" into an
-            # empty string and a key "a100" into "gres:a100:gpu:1"; "gpu:a100" is right.
-            key = f"gpu:{spec.gpu_type}" if spec.gpu_type else "gpu"
-            kwargs["gres_per_node"] = {key: per_node}
-            kwargs["cpus_per_gpu"] = spec.cpus_per_gpu
-        if spec.memory_mb is not None:
-            kwargs["memory_per_node"] = int(spec.memory_mb)
-        if spec.time_limit_minutes is not None:
-            # An int: pyslurm's timestr_to_mins() returns a digit *string* unchanged, and
-            # assigning "10" to job_desc.time_limit raises "TypeError: an integer is required".
-            kwargs["time_limit"] = int(spec.time_limit_minutes)
-        if spec.stdout:
-            kwargs["standard_output"] = spec.stdout
-        if spec.stderr:
-            kwargs["standard_error"] = spec.stderr
-        if spec.comment:
-            kwargs["comment"] = spec.comment
-        if spec.reservation:
-            kwargs["reservations"] = spec.reservation
-        if spec.uid is not None:
-            kwargs["user_id"] = int(spec.uid)
-        if spec.gid is not None:
-            kwargs["group_id"] = int(spec.gid)
-        return self._pyslurm.JobSubmitDescription(**kwargs)
+        kwargs = description_kwargs(spec)
+        return self._pyslurm.JobSubmitDescription(script=script_path, **kwargs)
 
     def submit(self, spec: JobSpec) -> int:
-        script = render_script(spec.script, spec.environment)
+        """pyslurm gets the script as Slurm gets it from sbatch (``spec_script``: the directives the
+        command line replaces commented out; the environment as export lines) and the effective
+        request as attributes. A request pyslurm cannot express is submitted by the cli backend:
+        the one place that decides it (pyslurm_request's docstring lists those options)."""
+        script = render_script(spec_script(spec), spec.environment)
         # pyslurm's `script` is "a path or the script's content": it first tries Path(script).is_file()
         # and reads that file. Passing content would let a job "script" that happens to be a path
         # make the portal read (as root) and submit any file, and long content raises
@@ -341,7 +314,10 @@ class PyslurmGateway(SlurmGateway):
         with tempfile.NamedTemporaryFile("w", prefix="gpuportal-job-", suffix=".sh", encoding="utf-8") as handle:
             handle.write(script)
             handle.flush()
-            desc = self.job_description(spec, handle.name)
+            try:
+                desc = self.job_description(spec, handle.name)
+            except NotExpressible:
+                return self._cli.submit(spec)
             return int(self._call("submit", desc.submit))
 
     def cancel(self, job_id: int) -> None:

@@ -44,6 +44,15 @@ def test_submit_rejection(gateway, fake_pyslurm):
         gateway.submit(_spec(partition="nope"))
 
 
+def test_what_pyslurm_cannot_express_is_submitted_by_the_cli(gateway, monkeypatch):
+    """pyslurm_request.NotExpressible (here --hint): the cli backend submits the job, nothing else does."""
+    by_cli: list[JobSpec] = []
+    monkeypatch.setattr(gateway._cli, "submit", lambda spec: by_cli.append(spec) or 42)
+    hinted = _spec(script="#!/bin/bash\n#SBATCH --hint=nomultithread\necho hi\n")
+    assert gateway.submit(hinted) == 42 and by_cli == [hinted]
+    assert gateway.submit(_spec(script="#!/bin/bash\n#SBATCH -t 5\necho hi\n")) != 42 and by_cli == [hinted]
+
+
 def test_pyslurm_value_error_is_rejected(gateway, fake_pyslurm):
     fake_pyslurm.STATE.error = ValueError("Batch script contains DOS line breaks")
     with pytest.raises(SlurmRejected, match="DOS"):

@@ -1,0 +1,240 @@
+"""A job's effective request (``request.spec_request``) as pyslurm 25.11's ``JobSubmitDescription``.
+
+pyslurm submits a description, not a command line: it does not read the script's ``#SBATCH`` lines
+(``JobSubmitDescription.load_sbatch_options`` exists, but its parser is not sbatch's: no
+abbreviations, no quoting, ``--time20``-style splitting at digits, ``--gpus-per-socket`` mapped
+twice, a ``#`` inside a value cuts it). So the portal's own parser (the one ``#SBATCH`` reader,
+``gpuportal_cli.sbatch_directives``) gives the options, ``spec_request`` merges them with the
+portal's command line exactly as sbatch would, and ``description_kwargs`` maps each one to the
+attribute pyslurm has for it (read against PySlurm/pyslurm 25.11.x:
+pyslurm/core/job/submission.pyx ``_create_job_submit_desc``, sbatch_opts.pyx, utils/cstr.pyx).
+
+The one decision for options pyslurm cannot express (``NotExpressible``): the pyslurm gateway
+submits that job with the cli backend (``PyslurmGateway.submit``), so the job gets what the
+script asks for, never a silently different request. They are:
+
+- options pyslurm has no attribute for (or ignores): ``--hint``, ``--gpu-freq``, ``--mem-bind``,
+  ``--prefer``, ``--propagate``, ``--extra-node-info``, ``--nodefile``, ``--bb``, ...: everything
+  not in ``_MAPPED`` below;
+- values pyslurm turns into something else: ``--mem=0`` (pyslurm sends 0 as "not set", sbatch
+  means "all of the node's memory"), ``--mem-per-gpu`` (pyslurm 25.11.2 raises NameError in
+  ``_set_memory``), ``--exclusive=user|mcs|topo``, ``--begin``/``--deadline`` in sbatch's relative
+  forms (``now+1hour``: pyslurm takes only timestamps), ``--ntasks-per-gpu`` (pyslurm adds a
+  ``--gpu-bind=single:N`` Slurm 25.11 refuses as an invalid TRES specification, and refuses it
+  with ``--nodes``, which sbatch does not), both ``--gres`` and ``--gpus-per-node``.
+
+What sbatch works out itself before it sends the request, this module does too (pyslurm sends
+``ntasks=1`` when none is given): the implicit task count (``_implicit_ntasks``).
+
+The job's environment is in the script (``cli.render_script``) and the job starts as with
+``sbatch --export=NONE`` (the portal refuses ``--export`` in scripts).
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+from collections.abc import Callable
+from typing import Any
+
+from gpuportal_cli.sbatch_directives import DirectiveError, parse_time_minutes
+
+from .request import spec_request
+from .types import JobSpec, SlurmRejected
+
+
+class NotExpressible(Exception):
+    """An option of the request that pyslurm cannot submit as sbatch would."""
+
+    def __init__(self, option: str, why: str = "pyslurm 25.11 has no attribute for it"):
+        super().__init__(f"--{option}: {why}")
+        self.option = option
+
+
+def _text(value: str | None) -> str:
+    return value or ""
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or "")
+    except ValueError:
+        raise SlurmRejected(f"sbatch: error: invalid number {value!r}") from None
+
+
+def _minutes(option: str) -> Callable[[str | None], int]:
+    def convert(value: str | None) -> int:
+        try:
+            minutes = parse_time_minutes(value or "", option=option)
+        except DirectiveError as exc:
+            raise SlurmRejected(f"sbatch: error: {exc}") from None
+        if minutes is None:  # UNLIMITED / INFINITE: pyslurm's timestr_to_mins says so itself
+            raise NotExpressible(option, "an unlimited time is not passed through pyslurm")
+        return int(minutes)  # an int: pyslurm refuses digit strings for time_limit
+
+    return convert
+
+
+def _memory(option: str) -> Callable[[str | None], str]:
+    def convert(value: str | None) -> str:
+        text = (value or "").strip().upper().removesuffix("B")
+        if re.fullmatch(r"0+[KMGT]?", text):
+            raise NotExpressible(option, "pyslurm sends 0 as 'not set'; sbatch means all of the node's memory")
+        return text  # pyslurm's dehumanize: "4096", "4G" (MiB by default, as sbatch)
+
+    return convert
+
+
+def _gpu_count(value: str | None) -> str:
+    """--gpus / --gpus-per-task values ("2", "a100:2", "gpu:a100:2") for from_gres_dict(typ="gpu")."""
+    text = (value or "").removeprefix("gpu:")
+    return text if ":" in text or text.isdigit() else f"{text}:1"  # "a100" alone: one of that type
+
+
+def _gres(value: str | None) -> str:
+    """--gres values ("gpu:2", "gpu:a100:2", "gpu", "gres:gpu:2") with a count on every item."""
+    items = []
+    for item in (value or "").removeprefix("gres:").split(","):
+        parts = item.split(":")
+        items.append(item if len(parts) > 1 and parts[-1].isdigit() else f"{item}:1")
+    return ",".join(items)
+
+
+def _signal(value: str | None) -> dict[str, Any]:
+    """sbatch's ``[{R|B}:]<sig_num>[@sig_time]``, as the dict pyslurm takes (its own string parser
+    wants Python's signal names, "SIGUSR1", where sbatch also takes "USR1")."""
+    match = re.fullmatch(r"(?:([RB]+):)?([A-Za-z0-9]+)(?:@(\d+))?", value or "")
+    if not match:
+        raise SlurmRejected(f"sbatch: error: Invalid --signal specification: {value}")
+    flags, name, seconds = match.groups()
+    if name.isdigit():
+        number = int(name)
+    else:
+        upper = name.upper()
+        member = getattr(signals.Signals, upper if upper.startswith("SIG") else f"SIG{upper}", None)
+        if member is None:
+            raise SlurmRejected(f"sbatch: error: Invalid --signal specification: {value}")
+        number = int(member)
+    result: dict[str, Any] = {"signal": number, "batch_only": "B" in (flags or ""),
+                              "allow_reservation_overlap": "R" in (flags or "")}  # fmt: skip
+    if seconds:
+        result["time"] = int(seconds)
+    return result
+
+
+def _exclusive(value: str | None) -> str:
+    if value is not None:
+        raise NotExpressible("exclusive", f"pyslurm has no --exclusive={value}")
+    return "no"
+
+
+def _constant(result: Any) -> Callable[[str | None], Any]:
+    return lambda _value: result
+
+
+# sbatch long option -> (JobSubmitDescription attribute, converter of the option's value)
+_MAPPED: dict[str, tuple[str, Callable[[str | None], Any]]] = {
+    "job-name": ("name", _text),
+    "account": ("account", _text),
+    "partition": ("partitions", _text),
+    "qos": ("qos", _text),
+    "reservation": ("reservations", _text),
+    "comment": ("comment", _text),
+    "chdir": ("working_directory", _text),
+    "output": ("standard_output", _text),
+    "error": ("standard_error", _text),
+    "input": ("standard_in", _text),
+    "open-mode": ("log_files_open_mode", _text),
+    "uid": ("user_id", _int),
+    "gid": ("group_id", _int),
+    "nodes": ("nodes", _text),  # "2" or "1-2": pyslurm's _parse_nodes reads both
+    "ntasks": ("ntasks", _int),
+    "ntasks-per-node": ("ntasks_per_node", _int),
+    "ntasks-per-socket": ("ntasks_per_socket", _int),
+    "ntasks-per-core": ("ntasks_per_core", _int),
+    "cpus-per-task": ("cpus_per_task", _int),
+    "cpus-per-gpu": ("cpus_per_gpu", _int),
+    "mincpus": ("min_cpus_per_node", _int),
+    "sockets-per-node": ("sockets_per_node", _int),
+    "cores-per-socket": ("cores_per_socket", _int),
+    "threads-per-core": ("threads_per_core", _int),
+    "mem": ("memory_per_node", _memory("mem")),
+    "mem-per-cpu": ("memory_per_cpu", _memory("mem-per-cpu")),
+    "tmp": ("temporary_disk_per_node", _memory("tmp")),
+    "gres": ("gres_per_node", _gres),
+    "gpus-per-node": ("gres_per_node", lambda value: _gres(f"gpu:{_gpu_count(value)}")),  # sbatch: tres_per_node too
+    "gpus": ("gpus", _gpu_count),
+    "gpus-per-task": ("gpus_per_task", _gpu_count),
+    "gpus-per-socket": ("gpus_per_socket", _gpu_count),
+    "exclusive": ("resource_sharing", _exclusive),
+    "oversubscribe": ("resource_sharing", _constant("yes")),
+    "array": ("array", _text),
+    "time": ("time_limit", _minutes("time")),
+    "time-min": ("time_limit_min", _minutes("time-min")),
+    "constraint": ("constraints", _text),
+    "exclude": ("excluded_nodes", _text),
+    "nodelist": ("required_nodes", _text),
+    "contiguous": ("requires_contiguous_nodes", _constant(True)),
+    "dependency": ("dependencies", _text),
+    "nice": ("nice", lambda value: 100 if value is None else _int(value)),
+    "signal": ("signal", _signal),
+    "requeue": ("is_requeueable", _constant(True)),
+    "no-requeue": ("is_requeueable", _constant(False)),
+    "mail-type": ("mail_types", _text),
+    "mail-user": ("mail_user", _text),
+    "licenses": ("licenses", _text),
+    "wckey": ("wckey", _text),
+    "distribution": ("distribution", _text),
+    "no-kill": ("kill_on_node_fail", _constant(False)),
+    "overcommit": ("overcommit", _constant(True)),
+    "spread-job": ("spreads_over_nodes", _constant(True)),
+    "use-min-nodes": ("use_min_nodes", _constant(True)),
+    "kill-on-invalid-dep": ("kill_on_invalid_dependency", lambda value: (value or "yes").lower() == "yes"),
+    "hold": ("priority", _constant(0)),  # sbatch --hold: priority 0 (tests; scripts may not hold)
+}
+
+# Options that change only how sbatch itself behaves, not the job: nothing to pass.
+_CLIENT_ONLY = frozenset({"parsable", "quiet", "verbose", "ignore-pbs"})
+
+
+def _implicit_ntasks(kwargs: dict[str, Any], seen: set[str]) -> None:
+    """sbatch's task count when the script gives none (src/sbatch/opt.c, "massage the numbers"):
+    one task per node for a fixed node count (times --sockets-per-node, --cores-per-socket,
+    --threads-per-core), --ntasks-per-node per node; else Slurm's default of one."""
+    if "ntasks" in seen:
+        return
+    low, _, high = str(kwargs.get("nodes") or "1").partition("-")
+    nodes = max(_int(low), 1)
+    if "ntasks-per-node" in seen:
+        kwargs["ntasks"] = kwargs["ntasks_per_node"] * nodes
+    elif "nodes" in seen and (not high or high == low):
+        tasks = nodes
+        for attribute in ("sockets_per_node", "cores_per_socket", "threads_per_core"):
+            tasks *= kwargs.get(attribute) or 1
+        kwargs["ntasks"] = tasks
+
+
+def description_kwargs(spec: JobSpec) -> dict[str, Any]:
+    """The JobSubmitDescription keyword arguments for what Slurm would get from sbatch for this
+    spec (the script's directives and the portal's command line), without ``script``.
+
+    Raises NotExpressible for an option pyslurm cannot pass as sbatch would (see the module
+    docstring), SlurmRejected for a value sbatch refuses."""
+    # as sbatch --export=NONE (the environment is in the script); the name sbatch gives a script
+    # read from stdin, as the cli backend sends it, unless the request names the job
+    kwargs: dict[str, Any] = {"environment": "NONE", "name": "sbatch"}
+    seen: set[str] = set()
+    for option, value in spec_request(spec):  # in order: a later occurrence wins, as in sbatch
+        if option in _CLIENT_ONLY:
+            continue
+        if option not in _MAPPED:
+            raise NotExpressible(option)
+        attribute, convert = _MAPPED[option]
+        if attribute == "gres_per_node" and option not in seen and {"gres", "gpus-per-node"} & seen:
+            raise NotExpressible(option, "pyslurm has one attribute for --gres and --gpus-per-node together")
+        kwargs[attribute] = convert(value)
+        seen.add(option)
+    _implicit_ntasks(kwargs, seen)
+    if isinstance(kwargs.get("signal"), dict) and "time" not in kwargs["signal"]:
+        kwargs["signal"]["time"] = 60  # sbatch's default warning time
+    return kwargs
