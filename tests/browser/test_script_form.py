@@ -55,3 +55,17 @@ def test_member_uploads_a_script_sees_the_fields_filled_changes_the_time_and_sub
     assert sorted(job.overrides) == sorted(alone.overrides + [["time", "10"]])
     assert (job.gpus, job.gpu_type, job.time_limit_minutes, job.script) == (2, "a100", 10, SCRIPT.read_text())
     browsing.assert_clean()
+
+
+def test_read_script_works_without_javascript(portal, browsing):
+    page = browsing.page(javascript=False)
+    log_in(page, "alice")
+    page.goto(browsing.base_url + "/jobs/new/")
+    page.get_by_label("Script:", exact=True).fill(SCRIPT.read_text())
+    page.get_by_role("button", name="Read script").click()
+    expect(page.get_by_label("GPUs:", exact=True)).to_have_value("2")
+    expect(page.get_by_label("CPUs per task:", exact=True)).to_have_value("4")
+    expect(page.get_by_label("Time limit:", exact=True)).to_have_value("0:05:00")
+    expect(page.locator("table.directives")).to_contain_text("--cpus-per-task=4")
+    assert Job.objects.count() == 0  # reading is not submitting
+    browsing.assert_clean()
