@@ -8,9 +8,9 @@ import re
 import uuid
 
 from django import forms
+from gpuportal_cli.sbatch import parse_time_minutes
 
 from jobs.choices import TemplateScope
-from gpuportal_cli.sbatch import parse_time_minutes
 from jobs.script_fields import overrides_only, uploaded_script_text
 from portal.roles import is_admin
 from portal.selectors import teams_user_can_submit_to

@@ -11,8 +11,8 @@ total from the one on the screen)."""
 from __future__ import annotations
 
 from django import forms
-
 from gpuportal_cli.sbatch_directives import DirectiveError, parse_directives, script_request
+
 from jobs.spec import MAX_SCRIPT_BYTES
 
 # the form fields a script fills (reading a script sets each: its directive's value, else empty)

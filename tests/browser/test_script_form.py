@@ -69,3 +69,16 @@ def test_read_script_works_without_javascript(portal, browsing):
     expect(page.locator("table.directives")).to_contain_text("--cpus-per-task=4")
     assert Job.objects.count() == 0  # reading is not submitting
     browsing.assert_clean()
+
+
+def test_pasting_a_script_fills_the_fields(portal, browsing):
+    page = browsing.page()
+    log_in(page, "alice")
+    page.goto(browsing.base_url + "/jobs/new/")
+    script = page.get_by_label("Script:", exact=True)
+    script.fill(SCRIPT.read_text())
+    script.dispatch_event("paste")  # what the browser fires after the text lands (htmx reads on paste)
+    expect(page.get_by_label("GPUs:", exact=True)).to_have_value("2")
+    expect(page.get_by_label("Time limit:", exact=True)).to_have_value("0:05:00")
+    expect(page.locator("table.directives")).to_contain_text("--gres=gpu:a100:2")
+    browsing.assert_clean()
