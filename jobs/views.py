@@ -247,7 +247,8 @@ def job_new(request):
         # unbound: the values the form shows, field defaults included (GPUs 1), as htmx would post them
         "quote": _quote_from(form.data if form.is_bound else {name: form[name].value() for name in QuoteForm.base_fields}),
     }
-    status = 400 if request.method == "POST" and not (read and not form.errors) else 200
+    status = 400 if request.method == "POST" and not (read and (_is_htmx(request) or not form.errors)) else 200
+    # (htmx swaps no 4xx answer: a file it could not read is said beside the file field, with a 200)
     return render(request, "jobs/job_form.html", context, status=status)
 
 

@@ -116,6 +116,14 @@ def test_a_bad_upload_is_an_error_beside_the_file_field(client_for, inventory, r
     assert Job.objects.count() == 0
 
 
+def test_a_bad_upload_read_by_htmx_is_said_in_the_swapped_form(client_for, inventory):
+    data = {"team": "vision", "read_script": "1", "script": "", "script_file": SimpleUploadedFile("job.sh", b"\x00\x01")}
+    response = client_for("member").post(reverse("jobs:new"), data, **HTMX)
+    assert response.status_code == 200  # htmx swaps no 4xx answer
+    assert "binary" in response.context["form"].errors["script_file"][0]
+    assert 'id="job-form-page"' in response.content.decode()
+
+
 def test_submitting_with_a_file_and_no_read_submits_the_file(client_for, inventory, relays):
     data = {"team": "vision", "idempotency_key": "k-file", "script": "", "script_file": SimpleUploadedFile("ddp.sbatch", DDP.encode())}
     response = client_for("member").post(reverse("jobs:new"), data)
