@@ -42,10 +42,9 @@ def uploaded_script_text(upload) -> str:
     return text.replace("\r\n", "\n")
 
 
-def fields_from_script(script: str, *, partitions: set[str] | None = None) -> dict:
+def fields_from_script(script: str) -> dict:
     """The form values the script's directives give, in the form's units (a field the script does not
-    set is absent). Unparseable scripts give {} (the directive table says why). ``partitions``: the
-    partition choices; a script's partition outside them stays for the script to decide."""
+    set is absent). Unparseable scripts give {} (the directive table says why)."""
     try:
         request = script_request(parse_directives((script or "").replace("\r\n", "\n")))
     except DirectiveError:
@@ -54,7 +53,7 @@ def fields_from_script(script: str, *, partitions: set[str] | None = None) -> di
     values: dict = {}
     if request.name:
         values["name"] = request.name
-    if request.partition and (partitions is None or request.partition in partitions):
+    if request.partition:
         values["partition"] = request.partition
     if request.gpu_type:
         values["gpu_type"] = request.gpu_type

@@ -264,13 +264,15 @@ def _form_read_from_script(request, summary) -> tuple[JobForm, str]:
         except forms.ValidationError as exc:
             problem = exc.messages[0]
     initial = {name: request.POST.get(name, "") for name in JobForm.base_fields if name != "script_file"}
-    partitions = {p["name"] for p in summary["partitions"]}
-    filled = fields_from_script(script, partitions=partitions)
+    form = JobForm(initial=initial, user=request.user, summary=summary)
+    filled = fields_from_script(script)
+    for name in ("partition", "gpu_type"):  # one the inventory does not offer stays for the script to decide
+        if filled.get(name) not in {value for value, _ in form.fields[name].choices}:
+            filled.pop(name, None)
     for name in SCRIPT_FIELDS:
         initial[name] = filled.get(name, "")
     initial["time_limit_minutes"] = format_minutes(filled.get("time_limit_minutes"))
     initial["script"] = script
-    form = JobForm(initial=initial, user=request.user, summary=summary)
     if problem:
         form.cleaned_data = {}
         form.add_error("script_file", problem)

@@ -77,6 +77,12 @@ def test_reading_a_script_empties_the_fields_a_previous_script_filled(client_for
     }  # fmt: skip
 
 
+def test_a_partition_or_gpu_type_the_inventory_lacks_stays_for_the_script(client_for, inventory):
+    script = "#!/bin/bash\n#SBATCH --partition=big\n#SBATCH --gres=gpu:v100:1\n"
+    form = _read(client_for("member"), script=script).context["form"]
+    assert (form["partition"].value(), form["gpu_type"].value(), form["gpus"].value()) == ("", "", 1)
+
+
 @pytest.mark.parametrize("headers", [{}, HTMX], ids=["plain", "htmx"])
 def test_uploaded_file_goes_into_the_textarea_and_fills_the_fields(client_for, inventory, headers):
     upload = SimpleUploadedFile("01-ddp.sbatch", DDP.replace("\n", "\r\n").encode(), content_type="application/octet-stream")
