@@ -118,6 +118,7 @@ def test_a_bad_upload_is_an_error_beside_the_file_field(client_for, inventory, r
         body = response.content.decode()
         group = body[body.index('for="id_script_file"'): body.index('for="id_script"')]
         assert "errorlist" in group and message in group and 'aria-invalid="true"' in group
+        assert 'aria-describedby="id_script_file_helptext id_script_file_error"' in group
         assert "echo kept" in body
     assert Job.objects.count() == 0
 
