@@ -269,10 +269,8 @@ def _form_read_from_script(request, summary) -> tuple[JobForm, str]:
     for name in ("partition", "gpu_type"):  # one the inventory does not offer stays for the script to decide
         if filled.get(name) not in {value for value, _ in form.fields[name].choices}:
             filled.pop(name, None)
-    for name in SCRIPT_FIELDS:
-        initial[name] = filled.get(name, "")
-    initial["time_limit_minutes"] = format_minutes(filled.get("time_limit_minutes"))
-    initial["script"] = script
+    form.initial.update({name: filled.get(name, "") for name in SCRIPT_FIELDS})
+    form.initial.update(time_limit_minutes=format_minutes(filled.get("time_limit_minutes")), script=script)
     if problem:
         form.cleaned_data = {}
         form.add_error("script_file", problem)
@@ -376,7 +374,7 @@ def _template_spec(values: dict) -> dict:
 def template_create_from_form(request):
     """"Save as template" on the submission form: the form's spec under a template name and scope."""
     summary = cluster_summary()
-    form = JobForm(request.POST, user=request.user, summary=summary)
+    form = JobForm(request.POST, request.FILES, user=request.user, summary=summary)
     template_form = TemplateSaveForm(request.POST, user=request.user)
     if form.is_valid() and template_form.is_valid() and not _has_untemplated_overrides(form):
         try:
