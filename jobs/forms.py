@@ -8,9 +8,10 @@ import re
 import uuid
 
 from django import forms
+from gpuportal_cli.sbatch import parse_time_minutes
 
 from jobs.choices import TemplateScope
-from gpuportal_cli.sbatch import parse_time_minutes
+from jobs.script_fields import overrides_only, uploaded_script_text
 from portal.roles import is_admin
 from portal.selectors import teams_user_can_submit_to
 
@@ -85,20 +86,25 @@ class JobForm(forms.Form):
     (``cluster_summary()``), teams from ``teams_user_can_submit_to``."""
 
     team = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None)
-    # Every field below may stay empty: the script's #SBATCH lines decide; a value overrides them.
+    # Every field below may stay empty: the script's #SBATCH lines decide; a value overrides them
+    # ("Read script" fills them from the script; a value equal to the script's is no override).
     name = forms.CharField(max_length=128, required=False, help_text="Letters, digits, '.', '_' or '-'. Empty: the script's --job-name.")
     partition = forms.ChoiceField(choices=(), required=False)
     gpu_type = forms.ChoiceField(choices=(), required=False, label="GPU type")
     gpus = forms.IntegerField(min_value=1, required=False, label="GPUs", help_text="For the whole job. Empty: the script's GPU directive.")
     nodes = forms.IntegerField(min_value=1, required=False, help_text="Empty: the script's --nodes (else 1).")
-    cpus_per_gpu = forms.IntegerField(min_value=1, required=False, label="CPUs per GPU", help_text="Empty: the script's --cpus-per-task/--cpus-per-gpu.")
+    ntasks = forms.IntegerField(min_value=1, required=False, label="Tasks", help_text="Empty: the script's --ntasks (else one per node).")
+    cpus_per_task = forms.IntegerField(min_value=1, required=False, label="CPUs per task", help_text="Empty: the script's --cpus-per-task.")
+    cpus_per_gpu = forms.IntegerField(min_value=1, required=False, label="CPUs per GPU", help_text="Empty: the script's --cpus-per-gpu.")
     memory_gb = forms.IntegerField(min_value=1, required=False, label="Memory per node (GB)", help_text="Empty: the partition's default.")
     time_limit_minutes = TimeLimitField(
         required=False,
         label="Time limit",
         help_text="Minutes, or 1:30:00, 2-00:00:00, 2h, 90m. Empty: the partition's default.",
     )
-    script = forms.CharField(widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}), strip=False)
+    array = forms.CharField(max_length=1024, required=False, label="Array", help_text="Task indexes, e.g. 0-9 or 1-100%10. Empty: the script's --array (else no array).")
+    script_file = forms.FileField(required=False, label="Script file", help_text="A .sbatch or .sh file: it replaces the script below.")
+    script = forms.CharField(widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}), strip=False, required=False)
     workdir = forms.CharField(max_length=1024, required=False, label="Working directory", help_text="Absolute path; empty: the site default.")
     environment = EnvironmentField(required=False, help_text=ENV_HELP)
     idempotency_key = forms.CharField(widget=forms.HiddenInput, required=False, max_length=255)
@@ -125,12 +131,24 @@ class JobForm(forms.Form):
         if not self.is_bound and not self.initial.get("idempotency_key"):
             self.initial["idempotency_key"] = uuid.uuid4().hex
 
+    def clean_script_file(self):
+        upload = self.cleaned_data.get("script_file")
+        return uploaded_script_text(upload) if upload else None
+
+    def clean_script(self):
+        script = self.cleaned_data.get("script_file") or self.cleaned_data.get("script") or ""
+        if not script.strip():
+            raise forms.ValidationError("This field is required.")
+        return script
+
     def clean_idempotency_key(self):
         return self.cleaned_data.get("idempotency_key") or None
 
-    def job_kwargs(self) -> dict:
-        """Keyword arguments for job_submit / job_template_create."""
-        data = self.cleaned_data
+    def job_kwargs(self, *, as_filled: bool = False) -> dict:
+        """Keyword arguments for job_submit: the fields that override the script (one equal to the
+        script's directive does not: jobs.script_fields). ``as_filled``: every field as shown (a
+        template keeps them as its spec)."""
+        data = self.cleaned_data if as_filled else overrides_only(self.cleaned_data, self.cleaned_data["script"])
         return {
             "name": data.get("name") or None,
             "script": data["script"],
@@ -138,9 +156,12 @@ class JobForm(forms.Form):
             "gpu_type": data.get("gpu_type") or "",
             "gpus": data.get("gpus"),
             "nodes": data.get("nodes"),
+            "ntasks": data.get("ntasks"),
+            "cpus_per_task": data.get("cpus_per_task"),
             "cpus_per_gpu": data.get("cpus_per_gpu"),
             "memory_gb": data.get("memory_gb"),
             "time_limit_minutes": data.get("time_limit_minutes"),
+            "array": data.get("array") or None,
             "workdir": data.get("workdir") or None,
             "environment": data.get("environment") or {},
         }
@@ -174,9 +195,12 @@ class QuoteForm(forms.Form):
     gpu_type = forms.CharField(required=False)
     gpus = forms.IntegerField(min_value=1, required=False)
     nodes = forms.IntegerField(min_value=1, required=False)
+    ntasks = forms.IntegerField(min_value=1, required=False)
+    cpus_per_task = forms.IntegerField(min_value=1, required=False)
     cpus_per_gpu = forms.IntegerField(min_value=1, required=False)
     memory_gb = forms.IntegerField(min_value=1, required=False)
     time_limit_minutes = TimeLimitField(required=False)
+    array = forms.CharField(required=False)
     script = forms.CharField(required=False, strip=False)
 
 

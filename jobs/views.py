@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -19,11 +20,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from jobs.choices import LIVE_STATES, JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
-from jobs.forms import JobForm, QuoteForm, TemplateSaveForm, initial_from_spec
+from jobs.forms import JobForm, QuoteForm, TemplateSaveForm, format_minutes, initial_from_spec
 from jobs.models import Job
 from jobs.selectors import job_output, job_templates_visible_to, jobs_visible_to
 from jobs.services import job_cancel, job_quote, job_submit, job_template_create, job_template_delete
 from jobs.arrays import array_task_counts
+from jobs.script_fields import SCRIPT_FIELDS, fields_from_script, uploaded_script_text
 from jobs.spec import directives_table
 from portal.exceptions import ApplicationError, form_add_application_error
 from portal.roles import is_admin
@@ -200,8 +202,11 @@ def _initial_for(request) -> tuple[dict, str]:
 def job_new(request):
     summary = cluster_summary()
     note = ""
-    if request.method == "POST":
-        form = JobForm(request.POST, user=request.user, summary=summary)
+    read = request.method == "POST" and "read_script" in request.POST
+    if read:
+        form, note = _form_read_from_script(request, summary)
+    elif request.method == "POST":
+        form = JobForm(request.POST, request.FILES, user=request.user, summary=summary)
         if form.is_valid():
             try:
                 job, created = job_submit(
@@ -242,8 +247,38 @@ def job_new(request):
         # unbound: the values the form shows, field defaults included (GPUs 1), as htmx would post them
         "quote": _quote_from(form.data if form.is_bound else {name: form[name].value() for name in QuoteForm.base_fields}),
     }
-    status = 400 if request.method == "POST" else 200
+    status = 400 if request.method == "POST" and not (read and (_is_htmx(request) or not form.errors)) else 200
+    # (htmx swaps no 4xx answer: a file it could not read is said beside the file field, with a 200)
     return render(request, "jobs/job_form.html", context, status=status)
+
+
+def _form_read_from_script(request, summary) -> tuple[JobForm, str]:
+    """"Read script" (a button without JavaScript; htmx on paste and on choosing a file): the form
+    again, its script the uploaded file's text (else the textarea's), its script fields what the
+    script's directives say (empty where the script is silent), the other fields as posted."""
+    upload = request.FILES.get("script_file")
+    script, problem = request.POST.get("script", ""), ""
+    if upload:
+        try:
+            script = uploaded_script_text(upload)
+        except forms.ValidationError as exc:
+            problem = exc.messages[0]
+    initial = {name: request.POST.get(name, "") for name in JobForm.base_fields if name != "script_file"}
+    form = JobForm(initial=initial, user=request.user, summary=summary)
+    filled = fields_from_script(script)
+    for name in ("partition", "gpu_type"):  # one the inventory does not offer stays for the script to decide
+        if filled.get(name) not in {value for value, _ in form.fields[name].choices}:
+            filled.pop(name, None)
+    form.initial.update({name: filled.get(name, "") for name in SCRIPT_FIELDS})
+    form.initial.update(time_limit_minutes=format_minutes(filled.get("time_limit_minutes")), script=script)
+    if problem:
+        form.cleaned_data = {}
+        form.add_error("script_file", problem)
+        return form, ""
+    given = ", ".join(form.fields[name].label or name.replace("_", " ").capitalize() for name in SCRIPT_FIELDS if name in filled)
+    return form, (f"Read from the script: {given}. " if given else "The script sets none of the fields. ") + (
+        "Fields left as the script says are not overrides; change one to override the script."
+    )
 
 
 def _quote_from(data) -> dict:
@@ -268,6 +303,9 @@ def _quote_from(data) -> dict:
             cpus_per_gpu=values.get("cpus_per_gpu"),
             memory_gb=values.get("memory_gb"),
             time_limit_minutes=values.get("time_limit_minutes"),
+            ntasks=values.get("ntasks"),
+            cpus_per_task=values.get("cpus_per_task"),
+            array=values.get("array") or None,
             script=script,
         )
     except ApplicationError as exc:
@@ -312,9 +350,21 @@ def _save_template(request, *, spec: dict, team, form: TemplateSaveForm):
     )
 
 
+UNTEMPLATED_FIELDS = ("ntasks", "cpus_per_task", "array")  # a template keeps these in its script only
+
+
+def _has_untemplated_overrides(form: JobForm) -> bool:
+    """An override a template cannot keep is an error beside its field (not silently dropped)."""
+    kwargs = form.job_kwargs()
+    for name in UNTEMPLATED_FIELDS:
+        if kwargs.get(name) not in (None, ""):
+            form.add_error(name, "A template keeps this in its script only: put the #SBATCH line in the script, or leave the field as the script says.")
+    return bool(form.errors)
+
+
 def _template_spec(values: dict) -> dict:
     """A submission's fields as a template's spec (the template has its own name)."""
-    spec = {key: value for key, value in values.items() if key != "name"}
+    spec = {key: value for key, value in values.items() if key != "name" and key not in UNTEMPLATED_FIELDS}
     spec["workdir"] = spec.get("workdir") or ""
     return spec
 
@@ -324,12 +374,12 @@ def _template_spec(values: dict) -> dict:
 def template_create_from_form(request):
     """"Save as template" on the submission form: the form's spec under a template name and scope."""
     summary = cluster_summary()
-    form = JobForm(request.POST, user=request.user, summary=summary)
+    form = JobForm(request.POST, request.FILES, user=request.user, summary=summary)
     template_form = TemplateSaveForm(request.POST, user=request.user)
-    if form.is_valid() and template_form.is_valid():
+    if form.is_valid() and template_form.is_valid() and not _has_untemplated_overrides(form):
         try:
             template = _save_template(
-                request, spec=_template_spec(form.job_kwargs()), team=form.cleaned_data["team"], form=template_form
+                request, spec=_template_spec(form.job_kwargs(as_filled=True)), team=form.cleaned_data["team"], form=template_form
             )
         except ApplicationError as exc:
             form_add_application_error(template_form, _template_error(exc))

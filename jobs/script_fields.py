@@ -1,0 +1,92 @@
+"""The submission form read from a script: an uploaded file's text, the form fields its ``#SBATCH``
+directives fill, and which filled fields are overrides at submit.
+
+The rule: a field whose value is what the script's own directive says is *not* an override (the
+script decides, as if the field were empty), so submitting a form filled from a script gives Slurm
+exactly what the script alone does; a field the user changed is an override, as on sbatch's command
+line. The GPU count is the job's total, so when the node count is an override the GPU count the form
+shows is kept as an override too (the script's per-node count × the new nodes would be a different
+total from the one on the screen)."""
+
+from __future__ import annotations
+
+from django import forms
+from gpuportal_cli.sbatch_directives import DirectiveError, parse_directives, script_request
+
+from jobs.spec import MAX_SCRIPT_BYTES
+
+# the form fields a script fills (reading a script sets each: its directive's value, else empty)
+SCRIPT_FIELDS = (
+    "name", "partition", "gpu_type", "gpus", "nodes", "ntasks", "cpus_per_task", "cpus_per_gpu",
+    "memory_gb", "time_limit_minutes", "array",
+)  # fmt: skip
+SCRIPT_UPLOAD_SUFFIXES = (".sbatch", ".sh", ".slurm", ".bash", ".job", ".txt")
+
+
+def uploaded_script_text(upload) -> str:
+    """An uploaded batch script's text; ValidationError for a file too large, not UTF-8 text, or empty."""
+    if upload.size > MAX_SCRIPT_BYTES:
+        raise forms.ValidationError(f"The file is larger than {MAX_SCRIPT_BYTES // 1024} KiB; a batch script is text.")
+    name = (upload.name or "").lower()
+    if "." in name and not name.endswith(SCRIPT_UPLOAD_SUFFIXES):
+        raise forms.ValidationError(f"Upload a batch script ({', '.join(SCRIPT_UPLOAD_SUFFIXES)}).")
+    raw = upload.read(MAX_SCRIPT_BYTES + 1)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise forms.ValidationError("The file is not UTF-8 text; upload the batch script itself.") from None
+    if "\x00" in text:
+        raise forms.ValidationError("The file is binary, not a batch script.")
+    if not text.strip():
+        raise forms.ValidationError("The file is empty.")
+    return text.replace("\r\n", "\n")
+
+
+def fields_from_script(script: str) -> dict:
+    """The form values the script's directives give, in the form's units (a field the script does not
+    set is absent). Unparseable scripts give {} (the directive table says why)."""
+    try:
+        request = script_request(parse_directives((script or "").replace("\r\n", "\n")))
+    except DirectiveError:
+        return {}
+    options = request.options
+    values: dict = {}
+    if request.name:
+        values["name"] = request.name
+    if request.partition:
+        values["partition"] = request.partition
+    if request.gpu_type:
+        values["gpu_type"] = request.gpu_type
+    if request.gpu_form:
+        if request.gpu_form == "gpus":
+            values["gpus"] = request.gpu_count
+        elif request.gpu_form in ("gres", "gpus-per-node") and request.nodes_min == request.nodes_max:
+            values["gpus"] = request.gpu_count * request.nodes_max
+    if "nodes" in options and request.nodes_min == request.nodes_max:
+        values["nodes"] = request.nodes_max
+    if request.ntasks is not None:
+        values["ntasks"] = request.ntasks
+    if request.cpus_per_task is not None:
+        values["cpus_per_task"] = request.cpus_per_task
+    if request.cpus_per_gpu is not None:
+        values["cpus_per_gpu"] = request.cpus_per_gpu
+    if request.mem_mb and request.mem_mb % 1024 == 0:
+        values["memory_gb"] = request.mem_mb // 1024
+    if request.time_limit_minutes:
+        values["time_limit_minutes"] = request.time_limit_minutes
+    if request.array:
+        values["array"] = request.array
+    return values
+
+
+def overrides_only(values: dict, script: str) -> dict:
+    """``values`` (cleaned form fields) with every field that equals the script's directive emptied:
+    what is left overrides the script."""
+    from_script = fields_from_script(script)
+    kept = dict(values)
+    for name in SCRIPT_FIELDS:
+        if name in kept and name in from_script and kept[name] == from_script[name]:
+            kept[name] = None
+    if kept.get("nodes") is not None and values.get("gpus") is not None:
+        kept["gpus"] = values["gpus"]
+    return kept
