@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.exceptions import ApplicationError, Conflict
-from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
+from portal.models import ApiToken, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
 from portal.proxies import client_address
 from portal.slurm import Association, SlurmError, get_gateway
 
@@ -248,13 +248,15 @@ def sync_record_failure(kind: str, *, error: str) -> None:
 
 
 def cluster_sync() -> dict:
-    """Read partitions and nodes (two Slurm calls) and record them in bulk. On a Slurm error the
+    """Read partitions, nodes and the cluster's policy (QOS, node features, MaxArraySize: a fixed
+    number of Slurm calls, ``gateway.policy()``) and record them in bulk. On a Slurm error the
     previous inventory stays and the sync status says since when it is stale."""
     gateway = get_gateway()
     started = time.monotonic()
     try:
         partitions = gateway.partitions()
         nodes = gateway.nodes()
+        policy = gateway.policy()
     except SlurmError as exc:
         sync_record_failure("cluster", error=str(exc))
         raise
@@ -292,6 +294,7 @@ def cluster_sync() -> dict:
                     cpus_total=n.cpus_total,
                     cpus_allocated=n.cpus_allocated,
                     memory_mb=n.memory_mb,
+                    features=list(policy.node_features.get(n.name, ())),
                     reason=n.reason[:255],
                     seen_at=now,
                 )
@@ -301,8 +304,17 @@ def cluster_sync() -> dict:
             unique_fields=["name"],
             update_fields=[
                 "state", "available", "partitions", "gpu_type", "gpus_total", "gpus_allocated",
-                "cpus_total", "cpus_allocated", "memory_mb", "reason", "seen_at",
+                "cpus_total", "cpus_allocated", "memory_mb", "features", "reason", "seen_at",
             ],
+        )
+        ClusterPolicyInfo.objects.update_or_create(
+            pk=1,
+            defaults={
+                "qos": list(policy.qos),
+                "account_qos": {account: list(names) for account, names in policy.account_qos.items()},
+                "max_array_size": policy.max_array_size,
+                "seen_at": now,
+            },
         )
         sync_record_success("cluster", at=now, data={"duration_ms": round((time.monotonic() - started) * 1000, 1)})
     return {"partitions": len(partitions), "nodes": len(nodes)}
