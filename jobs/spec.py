@@ -464,9 +464,10 @@ def _check_policy(policy: ClusterPolicyInfo | None, capacity: PartitionCapacity,
     missing = unmatched(constraint, [n.features for n in capacity.nodes]) if constraint else None
     if missing:
         known = ", ".join(sorted({f for n in capacity.nodes for f in n.features})) or "none"
+        wanted = [f"{term.partition('*')[2]} nodes with feature {term.partition('*')[0]}" if "*" in term else f"feature {term}" for term in missing]
         errors.directive(
-            opt("constraint"), f"invalid feature specification: no node of partition {capacity.name} has "
-            f"{' or '.join(missing)} (features there: {known}).", fallback="constraint",
+            opt("constraint"), f"invalid feature specification: partition {capacity.name} has no {' or '.join(wanted)} "
+            f"(features there: {known}).", fallback="constraint",
         )  # fmt: skip
 
 
