@@ -6,7 +6,8 @@ The syntax (sbatch(1), ``--constraint``): feature names joined by ``&`` (AND) an
 and ``(...)`` (grouping). ``,`` is read as AND.
 
 What is refused: an expression every reading of which needs a feature no node of the partition has,
-or more nodes with a feature than the partition has. A term is judged against the union of the
+or more nodes with a feature than the partition has. Names are compared case-insensitively (a
+refusal must be certain). A term is judged against the union of the
 partition's features (``[a*2&b*4]`` asks different nodes for different features, so a per-node
 reading would refuse what Slurm runs). What this module cannot read (another character, unbalanced
 brackets) is left to Slurm: ``unmatched`` answers None, never a false refusal.
@@ -71,7 +72,7 @@ class _Parser:
         kind, text, count = self.tokens[self.index]
         self.index += 1
         if kind == "name":
-            have = self.features.get(text, 0)
+            have = self.features.get(text.lower(), 0)
             if not have:
                 return [text]
             return [f"{text}*{count}"] if count > have else []
@@ -91,7 +92,7 @@ def unmatched(expression: str, node_features: Sequence[Sequence[str]]) -> list[s
     module cannot read it (Slurm decides). ``name*N`` cannot be met by fewer than N such nodes."""
     counts: dict[str, int] = {}
     for features in node_features:
-        for name in set(features):
+        for name in {f.lower() for f in features}:
             counts[name] = counts.get(name, 0) + 1
     try:
         tokens = _tokens(expression)

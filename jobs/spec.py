@@ -454,10 +454,10 @@ def _check_policy(policy: ClusterPolicyInfo | None, capacity: PartitionCapacity,
     if policy is None:
         return
     qos = (request.qos or "").strip()
-    if qos and qos not in policy.qos:
+    if qos and qos.lower() not in {q.lower() for q in policy.qos}:  # Slurm matches QOS names case-insensitively
         known = ", ".join(policy.qos) or "none"
         errors.directive(opt("qos"), f"invalid qos specification: the cluster has no QOS {qos!r} (QOS here: {known}).", fallback="qos")
-    elif qos and account in policy.account_qos and qos not in policy.account_qos[account]:
+    elif qos and account in policy.account_qos and qos.lower() not in {q.lower() for q in policy.account_qos[account]}:
         allowed = ", ".join(policy.account_qos[account])
         errors.directive(opt("qos"), f"invalid qos specification: account {account!r} may use QOS {allowed}, not {qos!r}.", fallback="qos")
     constraint = (request.constraint or "").strip()

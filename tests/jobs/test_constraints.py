@@ -30,6 +30,7 @@ NODES = [("a100", "ib", "nvlink"), ("a100", "ib", "nvlink"), ("h100", "ib")]
         ("ib*4", ["ib*4"]),
         ("(v100|a100)&(x|y)", ["x", "y"]),
         (" a100 & ib ", []),
+        ("NVLink", []),
     ],
 )
 def test_only_what_certainly_cannot_match_is_refused(expression, missing):

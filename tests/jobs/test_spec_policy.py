@@ -59,6 +59,7 @@ def test_refused_before_slurm_in_slurms_words(api_client_for, policy, relays, sc
     "script",
     [
         "#SBATCH --gres=gpu:1 --qos=normal\n",
+        "#SBATCH --gres=gpu:1 --qos=NORMAL\n",  # sbatch accepts it: QOS names match case-insensitively
         "#SBATCH --gres=gpu:1 -C nvlink\n",
         "#SBATCH --gres=gpu:1 -C 'ib&nvlink'\n",
         "#SBATCH --gres=gpu:1 --constraint=v100|nvlink\n",  # one branch can match
