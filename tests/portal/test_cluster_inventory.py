@@ -73,6 +73,26 @@ def test_sync_cluster_records_what_the_cluster_itself_says_about_qos_features_an
         assert ",".join(node.features) == ("" if features[node.name] == "(null)" else features[node.name])
 
 
+def test_without_slurmdbd_the_partitions_and_nodes_are_still_recorded_and_the_last_policy_stays(gateway, monkeypatch):
+    """sacctmgr needs slurmdbd, which the shared cluster must keep: its failure is the one thing faked."""
+    cluster_sync()
+    ClusterPolicyInfo.objects.update(qos=["normal", "high"])
+    NodeInfo.objects.filter(name="a100-01").update(features=["ib"])
+    PartitionInfo.objects.filter(name="debug").update(max_time_minutes=1)
+
+    class NoSlurmdbd(CountingGateway):
+        def policy(self):
+            raise SlurmUnavailable("sacctmgr: error: Problem talking to the database: Connection refused", command="sacctmgr")
+
+    monkeypatch.setattr("portal.services.get_gateway", lambda: NoSlurmdbd(gateway))
+    assert cluster_sync() == {"partitions": 2, "nodes": 3}
+    assert PartitionInfo.objects.get(name="debug").max_time_minutes == 60  # read again
+    assert ClusterPolicyInfo.objects.get().qos == ["normal", "high"]  # the last policy read
+    assert NodeInfo.objects.get(name="a100-01").features == ["ib"]
+    status = SyncStatus.objects.get(kind="cluster")
+    assert status.failing_since is None and "Problem talking to the database" in status.data["policy_error"]
+
+
 def test_cluster_api_shows_gpus_per_type_and_partition(gateway, api_client_for):
     cluster_sync()
     response = api_client_for("member").get("/api/v1/cluster/")
