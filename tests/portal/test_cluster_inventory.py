@@ -43,7 +43,7 @@ def test_sync_cluster_records_partitions_nodes_and_policy_in_a_fixed_number_of_s
     call_command("sync_cluster", stdout=out)
     assert dict(counting.calls) == {"nodes": 1, "partitions": 1, "policy": 1}
     if gateway.name == "cli":  # two for partitions and nodes, four for the policy: none per node, QOS or account
-        assert sorted(commands) == ["sacctmgr", "sacctmgr", "scontrol", "scontrol", "scontrol", "scontrol"]
+        assert sorted(commands) == ["sacctmgr", "scontrol", "scontrol", "scontrol", "scontrol", "scontrol"]
     assert "Recorded 2 partitions and 3 nodes." in out.getvalue()
 
     gpu = PartitionInfo.objects.get(name="gpu")

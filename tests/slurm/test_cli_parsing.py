@@ -218,6 +218,8 @@ def test_parse_policy_samples():
     config = "Configuration data as of 2026-12-01T09:00:00\nMaxArraySize            = 1001\nMaxJobCount             = 10000\n"
     assert cli.parse_max_array_size(config) == 1001
     assert cli.parse_max_array_size("MaxJobCount = 10000\n") is None
+    assoc_mgr = "Current Association Manager state\n\nQOS Records\n\nQOS=normal(1)\n    UsageRaw=923.000000\nQOS=high(2)\n    MaxWallPJ=\n"
+    assert cli.parse_assoc_mgr_qos(assoc_mgr) == ("high", "normal")
 
 
 def test_parse_reservations_sample():
