@@ -30,8 +30,9 @@ from gpuportal_cli.sbatch_directives import (
     parse_directives,
     script_request,
 )
+from jobs.constraints import unmatched
 from portal.exceptions import ApplicationError
-from portal.models import NodeInfo, PartitionInfo
+from portal.models import ClusterPolicyInfo, NodeInfo, PartitionInfo
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -412,6 +413,9 @@ def validate_job_spec(
 
     spec = None
     if capacity is not None and request is not None:
+        if "policy" not in cache:
+            cache["policy"] = ClusterPolicyInfo.objects.first()
+        _check_policy(cache["policy"], capacity, request, errors, account)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:
         if not errors:
@@ -434,6 +438,37 @@ def validate_job_spec(
 
 def overrides_has(overrides: list[Directive], option: str) -> bool:
     return any(d.option == option for d in overrides)
+
+
+def _check_policy(policy: ClusterPolicyInfo | None, capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors, account: str) -> None:
+    """QOS, constraint and array size against what the last sync read from the cluster, in the
+    words of Slurm's refusal. Nothing read yet (no policy): QOS and features are left to Slurm, the
+    array to the SLURM_MAX_ARRAY_SIZE setting."""
+    opt = request.options.get
+    max_array = (policy.max_array_size if policy else None) or settings.SLURM_MAX_ARRAY_SIZE
+    if request.array_indexes and max_array and max(request.array_indexes) >= max_array:
+        errors.directive(
+            opt("array"), f"invalid job array specification: index {max(request.array_indexes)} is beyond the cluster's "
+            f"MaxArraySize ({max_array}: indexes 0–{max_array - 1}).", fallback="array",
+        )  # fmt: skip
+    if policy is None:
+        return
+    qos = (request.qos or "").strip()
+    if qos and qos.lower() not in {q.lower() for q in policy.qos}:  # Slurm matches QOS names case-insensitively
+        known = ", ".join(policy.qos) or "none"
+        errors.directive(opt("qos"), f"invalid qos specification: the cluster has no QOS {qos!r} (QOS here: {known}).", fallback="qos")
+    elif qos and account in policy.account_qos and qos.lower() not in {q.lower() for q in policy.account_qos[account]}:
+        allowed = ", ".join(policy.account_qos[account])
+        errors.directive(opt("qos"), f"invalid qos specification: account {account!r} may use QOS {allowed}, not {qos!r}.", fallback="qos")
+    constraint = (request.constraint or "").strip()
+    missing = unmatched(constraint, [n.features for n in capacity.nodes]) if constraint else None
+    if missing:
+        known = ", ".join(sorted({f for n in capacity.nodes for f in n.features})) or "none"
+        wanted = [f"{term.partition('*')[2]} nodes with feature {term.partition('*')[0]}" if "*" in term else f"feature {term}" for term in missing]
+        errors.directive(
+            opt("constraint"), f"invalid feature specification: partition {capacity.name} has no {' or '.join(wanted)} "
+            f"(features there: {known}).", fallback="constraint",
+        )  # fmt: skip
 
 
 def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors, script_options: dict) -> dict | None:
@@ -495,9 +530,6 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
         time_n = capacity.default_time_minutes or capacity.max_time_minutes or 60
     elif capacity.max_time_minutes is not None and time_n > capacity.max_time_minutes:
         errors.directive(opt("time"), f"at most {capacity.max_time_minutes} minutes in partition {capacity.name}.", fallback="time_limit_minutes")
-    max_array = settings.SLURM_MAX_ARRAY_SIZE
-    if request.array_indexes and max_array and request.array_indexes[-1] >= max_array:
-        errors.directive(opt("array"), f"array index {request.array_indexes[-1]} is beyond the cluster's MaxArraySize ({max_array}: indexes 0–{max_array - 1}).", fallback="array")
     if errors:
         return None
     memory_gb = None

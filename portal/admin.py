@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
 from portal import services
-from portal.models import ApiToken, AuditEvent, Membership, NodeInfo, PartitionInfo, Profile, SyncStatus, Team
+from portal.models import ApiToken, AuditEvent, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, SyncStatus, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -56,7 +56,12 @@ class PartitionInfoAdmin(admin.ModelAdmin):
 
 @admin.register(NodeInfo)
 class NodeInfoAdmin(admin.ModelAdmin):
-    list_display = ["name", "state", "gpu_type", "gpus_total", "gpus_allocated", "seen_at"]
+    list_display = ["name", "state", "gpu_type", "gpus_total", "gpus_allocated", "features", "seen_at"]
+
+
+@admin.register(ClusterPolicyInfo)
+class ClusterPolicyInfoAdmin(admin.ModelAdmin):
+    list_display = ["qos", "max_array_size", "seen_at"]
 
 
 @admin.register(SyncStatus)

@@ -158,6 +158,7 @@ class NodeInfo(models.Model):
     cpus_total = models.PositiveIntegerField(default=0)
     cpus_allocated = models.PositiveIntegerField(default=0)
     memory_mb = models.PositiveBigIntegerField(default=0)
+    features = models.JSONField(default=list)  # AvailableFeatures (what --constraint names)
     reason = models.CharField(max_length=255, blank=True)
     seen_at = models.DateTimeField()
 
@@ -166,6 +167,19 @@ class NodeInfo(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ClusterPolicyInfo(models.Model):
+    """What the cluster allows beyond partitions and nodes, as last seen by sync_cluster (one row):
+    its QOS, the QOS each account may use, MaxArraySize."""
+
+    qos = models.JSONField(default=list)
+    account_qos = models.JSONField(default=dict)  # account -> [QOS, ...]; an account absent: not known
+    max_array_size = models.PositiveIntegerField(null=True, blank=True)  # None: Slurm did not say
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"cluster policy of {self.seen_at:%Y-%m-%d %H:%M}"
 
 
 class SyncStatus(models.Model):

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.exceptions import ApplicationError, Conflict
-from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
+from portal.models import ApiToken, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
 from portal.proxies import client_address
 from portal.slurm import Association, SlurmError, get_gateway
 
@@ -248,7 +248,8 @@ def sync_record_failure(kind: str, *, error: str) -> None:
 
 
 def cluster_sync() -> dict:
-    """Read partitions and nodes (two Slurm calls) and record them in bulk. On a Slurm error the
+    """Read partitions, nodes and the cluster's policy (QOS, node features, MaxArraySize: a fixed
+    number of Slurm calls, ``gateway.policy()``) and record them in bulk. On a Slurm error the
     previous inventory stays and the sync status says since when it is stale."""
     gateway = get_gateway()
     started = time.monotonic()
@@ -258,6 +259,11 @@ def cluster_sync() -> dict:
     except SlurmError as exc:
         sync_record_failure("cluster", error=str(exc))
         raise
+    try:  # sacctmgr needs slurmdbd: without it the partitions and nodes are still worth recording
+        policy, policy_error = gateway.policy(), ""
+    except SlurmError as exc:
+        logger.warning("cluster sync: the policy (QOS, features, MaxArraySize) was not read: %s", exc)
+        policy, policy_error = None, str(exc)[:500]
     now = timezone.now()
     with transaction.atomic():
         PartitionInfo.objects.exclude(name__in=[p.name for p in partitions]).delete()
@@ -292,6 +298,7 @@ def cluster_sync() -> dict:
                     cpus_total=n.cpus_total,
                     cpus_allocated=n.cpus_allocated,
                     memory_mb=n.memory_mb,
+                    features=list(policy.node_features.get(n.name, ())) if policy else [],
                     reason=n.reason[:255],
                     seen_at=now,
                 )
@@ -301,10 +308,23 @@ def cluster_sync() -> dict:
             unique_fields=["name"],
             update_fields=[
                 "state", "available", "partitions", "gpu_type", "gpus_total", "gpus_allocated",
-                "cpus_total", "cpus_allocated", "memory_mb", "reason", "seen_at",
+                "cpus_total", "cpus_allocated", "memory_mb", "reason", "seen_at", *(["features"] if policy else []),
             ],
         )
-        sync_record_success("cluster", at=now, data={"duration_ms": round((time.monotonic() - started) * 1000, 1)})
+        if policy is not None:  # else the last policy read stays (and the nodes keep their features)
+            ClusterPolicyInfo.objects.update_or_create(
+                pk=1,
+                defaults={
+                    "qos": list(policy.qos),
+                    "account_qos": {account: list(names) for account, names in policy.account_qos.items()},
+                    "max_array_size": policy.max_array_size,
+                    "seen_at": now,
+                },
+            )
+        data = {"duration_ms": round((time.monotonic() - started) * 1000, 1)}
+        if policy_error:
+            data["policy_error"] = policy_error
+        sync_record_success("cluster", at=now, data=data)
     return {"partitions": len(partitions), "nodes": len(nodes)}
 
 

@@ -195,7 +195,8 @@ SLURM_BIN_DIR = env.str("SLURM_BIN_DIR", "")
 SLURM_HEALTH_MAX_AGE = env.int("SLURM_HEALTH_MAX_AGE", 120, minimum=5)
 # Unix users jobs run as: the portal submits as root with --uid/--gid (see docs/deploy.md)
 SLURM_SUBMIT_AS_USER = env.bool("SLURM_SUBMIT_AS_USER", True)
-# The cluster's MaxArraySize (slurm.conf; Slurm's default 1001): array indexes run 0 .. this - 1.
+# MaxArraySize until the inventory sync has read the cluster's own (scontrol show config; Slurm's default 1001):
+# array indexes run 0 .. this - 1.
 SLURM_MAX_ARRAY_SIZE = env.int("SLURM_MAX_ARRAY_SIZE", 1001, minimum=1)
 
 # Jobs

@@ -11,6 +11,7 @@ from .types import (
     AccountingRecord,
     Association,
     AssociationLimits,
+    ClusterPolicy,
     JobSpec,
     Node,
     Partition,
@@ -86,6 +87,11 @@ class SlurmGateway(abc.ABC):
     @abc.abstractmethod
     def nodes(self) -> list[Node]:
         ...
+
+    @abc.abstractmethod
+    def policy(self) -> ClusterPolicy:
+        """QOS names and the QOS each account may use, node features and MaxArraySize: a fixed
+        number of calls (not one per node, QOS or account)."""
 
     # Reservations
     @property

@@ -36,6 +36,7 @@ from .types import (
     AccountingRecord,
     Association,
     AssociationLimits,
+    ClusterPolicy,
     JobSpec,
     Node,
     Partition,
@@ -307,6 +308,39 @@ def parse_nodes(stdout: str) -> list[Node]:
     return out
 
 
+def parse_node_features(stdout: str) -> dict[str, tuple[str, ...]]:
+    """``scontrol show node -o`` -> {node: AvailableFeatures} (``(null)``: none)."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("NodeName="):
+            kv = parsing.parse_kv_line(line)
+            out[kv["NodeName"]] = parsing.split_list(kv.get("AvailableFeatures", ""))
+    return out
+
+
+def parse_account_qos(stdout: str) -> dict[str, tuple[str, ...]]:
+    """``sacctmgr -n -P show assoc format=Account,QOS`` -> {account: every QOS one of its
+    associations (the account's or a user's in it) allows}. An association whose QOS column is
+    empty says nothing, so an account with only such rows is left out (nothing known, nothing refused)."""
+    out: dict[str, set[str]] = {}
+    for line in stdout.splitlines():
+        account, sep, qos = line.partition("|")
+        if sep and account and qos.strip():
+            out.setdefault(account, set()).update(q for q in qos.strip().split(",") if q)
+    return {account: tuple(sorted(names)) for account, names in out.items()}
+
+
+def parse_assoc_mgr_qos(stdout: str) -> tuple[str, ...]:
+    """``scontrol show assoc_mgr flags=qos`` -> the QOS names (records start ``QOS=name(id)``)."""
+    return tuple(sorted(set(re.findall(r"^QOS=(.+)\(\d+\)\s*$", stdout, re.M))))
+
+
+def parse_max_array_size(stdout: str) -> int | None:
+    """``scontrol show config`` -> MaxArraySize (None when absent)."""
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", stdout, re.M)
+    return int(match.group(1)) if match else None
+
+
 def parse_reservations(stdout: str) -> list[Reservation]:
     out = []
     for line in stdout.splitlines():
@@ -487,6 +521,20 @@ class CliGateway(SlurmGateway):
 
     def nodes(self) -> list[Node]:
         return parse_nodes(self._run([self._exe("scontrol"), "show", "node", "-o"]))
+
+    def policy(self) -> ClusterPolicy:
+        """Four calls: the QOS slurmctld holds (``scontrol show assoc_mgr flags=qos``: 10 ms, where
+        ``sacctmgr show qos`` asks slurmdbd), sacctmgr show assoc, scontrol show config and node."""
+        qos = self._run([self._exe("scontrol"), "show", "assoc_mgr", "flags=qos"])
+        assoc = self._sacctmgr("show", "assoc", f"cluster={self.cluster}", "format=Account,QOS")
+        config = self._run([self._exe("scontrol"), "show", "config"])
+        nodes = self._run([self._exe("scontrol"), "show", "node", "-o"])
+        return ClusterPolicy(
+            qos=parse_assoc_mgr_qos(qos),
+            account_qos=parse_account_qos(assoc),
+            node_features=parse_node_features(nodes),
+            max_array_size=parse_max_array_size(config),
+        )
 
     # -- reservations ----------------------------------------------------------------------------
 

@@ -476,6 +476,9 @@ class PyslurmGateway(SlurmGateway):
     def associations(self) -> list[Association]:
         return self._cli.associations()
 
+    def policy(self):
+        return self._cli.policy()  # QOS, features, MaxArraySize: read as the cli backend reads them
+
     def account_add(self, account: str, *, description: str = "", parent: str = "") -> None:
         self._cli.account_add(account, description=description, parent=parent)
 

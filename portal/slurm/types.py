@@ -153,6 +153,17 @@ class Node:
 
 
 @dataclass(frozen=True)
+class ClusterPolicy:
+    """What the cluster allows a job beyond partitions and nodes (read once per inventory sync):
+    QOS names, the QOS each account's associations may use, node features, MaxArraySize."""
+
+    qos: tuple[str, ...]
+    account_qos: dict[str, tuple[str, ...]]  # account -> QOS its associations allow (union)
+    node_features: dict[str, tuple[str, ...]]  # node -> AvailableFeatures
+    max_array_size: int | None  # None: Slurm did not say
+
+
+@dataclass(frozen=True)
 class ReservationSpec:
     name: str
     start: dt.datetime

@@ -4,13 +4,18 @@ API show GPUs per type and partition; when Slurm cannot be read they say the dat
 from __future__ import annotations
 
 import io
+import os
+import re
+import subprocess
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 
-from portal.models import NodeInfo, PartitionInfo, SyncStatus
+from portal.models import ClusterPolicyInfo, NodeInfo, PartitionInfo, SyncStatus
 from portal.services import cluster_sync
 from portal.slurm import SlurmUnavailable, get_gateway, reset_gateway
+from portal.slurm.cli import _clean_env
 from tests.support import CountingGateway
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slurm]
@@ -23,12 +28,22 @@ def gateway():
     reset_gateway()
 
 
-def test_sync_cluster_records_partitions_and_nodes_in_two_slurm_calls(gateway, monkeypatch):
+def test_sync_cluster_records_partitions_nodes_and_policy_in_a_fixed_number_of_slurm_calls(gateway, monkeypatch):
     counting = CountingGateway(gateway)
     monkeypatch.setattr("portal.services.get_gateway", lambda: counting)
+    commands = []
+    real_run = subprocess.run
+
+    def run(argv, *args, **kwargs):
+        commands.append(os.path.basename(argv[0]))
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr("portal.slurm.cli.subprocess.run", run)
     out = io.StringIO()
     call_command("sync_cluster", stdout=out)
-    assert dict(counting.calls) == {"nodes": 1, "partitions": 1}
+    assert dict(counting.calls) == {"nodes": 1, "partitions": 1, "policy": 1}
+    if gateway.name == "cli":  # two for partitions and nodes, four for the policy: none per node, QOS or account
+        assert sorted(commands) == ["sacctmgr", "scontrol", "scontrol", "scontrol", "scontrol", "scontrol"]
     assert "Recorded 2 partitions and 3 nodes." in out.getvalue()
 
     gpu = PartitionInfo.objects.get(name="gpu")
@@ -39,6 +54,43 @@ def test_sync_cluster_records_partitions_and_nodes_in_two_slurm_calls(gateway, m
     assert set(nodes) == {"a100-01", "a100-02", "h100-01"}
     assert [(nodes[n].gpu_type, nodes[n].gpus_total) for n in sorted(nodes)] == [("a100", 4), ("a100", 4), ("h100", 4)]
     assert SyncStatus.objects.get(kind="cluster").failing_since is None
+
+
+def test_sync_cluster_records_what_the_cluster_itself_says_about_qos_features_and_array_size(gateway):
+    """Compared with Slurm's own commands, run here (the local cluster has no node features: its
+    nodes record none, and a constraint is then refused by the spec; see tests/jobs/test_spec_policy.py)."""
+    cluster_sync()
+    env = _clean_env(settings.SLURM_CONF)
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, env=env, check=True).stdout
+    qos = subprocess.run(["sacctmgr", "-nP", "show", "qos", "format=name"], capture_output=True, text=True, env=env, check=True).stdout
+    nodes = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True, env=env, check=True).stdout
+    policy = ClusterPolicyInfo.objects.get()
+    assert policy.max_array_size == int(re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.M).group(1))
+    assert sorted(policy.qos) == sorted(qos.split()) and "normal" in policy.qos
+    assert "normal" in policy.account_qos["root"]
+    features = dict(re.findall(r"NodeName=(\S+) .*?AvailableFeatures=(\S+)", nodes))
+    for node in NodeInfo.objects.all():
+        assert ",".join(node.features) == ("" if features[node.name] == "(null)" else features[node.name])
+
+
+def test_without_slurmdbd_the_partitions_and_nodes_are_still_recorded_and_the_last_policy_stays(gateway, monkeypatch):
+    """sacctmgr needs slurmdbd, which the shared cluster must keep: its failure is the one thing faked."""
+    cluster_sync()
+    ClusterPolicyInfo.objects.update(qos=["normal", "high"])
+    NodeInfo.objects.filter(name="a100-01").update(features=["ib"])
+    PartitionInfo.objects.filter(name="debug").update(max_time_minutes=1)
+
+    class NoSlurmdbd(CountingGateway):
+        def policy(self):
+            raise SlurmUnavailable("sacctmgr: error: Problem talking to the database: Connection refused", command="sacctmgr")
+
+    monkeypatch.setattr("portal.services.get_gateway", lambda: NoSlurmdbd(gateway))
+    assert cluster_sync() == {"partitions": 2, "nodes": 3}
+    assert PartitionInfo.objects.get(name="debug").max_time_minutes == 60  # read again
+    assert ClusterPolicyInfo.objects.get().qos == ["normal", "high"]  # the last policy read
+    assert NodeInfo.objects.get(name="a100-01").features == ["ib"]
+    status = SyncStatus.objects.get(kind="cluster")
+    assert status.failing_since is None and "Problem talking to the database" in status.data["policy_error"]
 
 
 def test_cluster_api_shows_gpus_per_type_and_partition(gateway, api_client_for):

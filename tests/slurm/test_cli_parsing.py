@@ -210,6 +210,18 @@ def test_parse_nodes_sample():
     assert drained.reason.startswith("gres/gpu count reported lower")
 
 
+def test_parse_policy_samples():
+    with_features = SCONTROL_NODES.replace("AvailableFeatures=(null)", "AvailableFeatures=ib,nvlink", 1)
+    assert cli.parse_node_features(with_features) == {"a100-01": ("ib", "nvlink"), "a100-02": (), "h100-01": ()}
+    assoc = "vision|normal\nvision|high,normal\nnlp|\nroot|normal\n"  # a user row may allow more; nlp: not known
+    assert cli.parse_account_qos(assoc) == {"vision": ("high", "normal"), "root": ("normal",)}
+    config = "Configuration data as of 2026-12-01T09:00:00\nMaxArraySize            = 1001\nMaxJobCount             = 10000\n"
+    assert cli.parse_max_array_size(config) == 1001
+    assert cli.parse_max_array_size("MaxJobCount = 10000\n") is None
+    assoc_mgr = "Current Association Manager state\n\nQOS Records\n\nQOS=normal(1)\n    UsageRaw=923.000000\nQOS=high(2)\n    MaxWallPJ=\n"
+    assert cli.parse_assoc_mgr_qos(assoc_mgr) == ("high", "normal")
+
+
 def test_parse_reservations_sample():
     (resv,) = cli.parse_reservations(SCONTROL_RESERVATIONS)
     assert resv.name == "zzprobe_r"

@@ -160,6 +160,17 @@ def test_nodes(gateway):
     assert totals == {"a100": 8, "h100": 4}
 
 
+def test_policy_qos_features_and_max_array_size(gateway):
+    """What the spec checks QOS, --constraint and --array against (the local clusters: QOS normal,
+    no node features, MaxArraySize left at Slurm's default)."""
+    policy = gateway.policy()
+    assert "normal" in policy.qos
+    assert "normal" in policy.account_qos["root"]
+    assert set(policy.node_features) == {"a100-01", "a100-02", "h100-01"}
+    assert all(features == () for features in policy.node_features.values())
+    assert policy.max_array_size == 1001
+
+
 def test_account_gpu_minutes_is_sreports_answer(gateway):
     """sreport accepts the gateway's argv (a wrong one exits nonzero: SlurmRejected) and answers
     whole GPU-minutes per known account; a window in the future has no usage."""
