@@ -23,9 +23,8 @@ def gateway():
     reset_gateway()
 
 
-def test_sync_cluster_records_partitions_and_nodes_in_two_slurm_calls(gateway, monkeypatch):
-    counting = CountingGateway(gateway)
-    monkeypatch.setattr("portal.services.get_gateway", lambda: counting)
+def test_sync_cluster_records_partitions_and_nodes_in_two_slurm_calls(gateway, use_gateway):
+    counting = use_gateway(CountingGateway(gateway))
     out = io.StringIO()
     call_command("sync_cluster", stdout=out)
     assert dict(counting.calls) == {"nodes": 1, "partitions": 1}
