@@ -20,8 +20,10 @@ from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import jobs_sweep
 from portal.models import Membership
-from portal.services import membership_set
+from portal.services import membership_set, team_mirror_sweep
+from portal.tasks import team_mirror_sweep_task
 from tests.conftest import _use_broker
+from tests.fakes import FakeGateway
 from tests.support import job_payload
 
 pytestmark = pytest.mark.django_db
@@ -131,3 +133,14 @@ def test_budget_alert_sweeper_enqueues_alerts_not_emailed(world, broker):
     assert budget_alert_sweep(now=later) == [alert.pk]
     assert broker.sent() == [("accounting.tasks.budget_alert_deliver_task", repr((alert.pk,)))]
     assert sent.pk not in budget_alert_sweep(now=later)
+
+
+def test_team_mirror_sweep_makes_slurm_match_every_team_once(world, use_gateway):
+    """A mirror the broker lost leaves Slurm without the team's account and users: the sweep adds them."""
+    gateway = use_gateway(FakeGateway())
+    done = team_mirror_sweep_task()
+    assert gateway.calls["associations"] == 1  # one read of Slurm for all teams
+    rows = {(a.account, a.user) for a in gateway.associations()}
+    assert {("vision", ""), ("vision", "alice"), ("vision", "bob"), ("nlp", ""), ("nlp", "carol"), ("nlp", "dave")} <= rows
+    assert "account vision is missing in Slurm" in done
+    assert team_mirror_sweep() == []  # in sync: nothing to do
