@@ -162,10 +162,16 @@ def test_query_count_does_not_grow_with_records(rates, world, django_assert_max_
     assert UsageRecord.objects.count() == 210
 
 
-def test_first_ingest_backfills_in_windows(rates, world, use_gateway, settings):
+@pytest.fixture
+def one_job_gateway(use_gateway):
+    """The ingestion's gateway: the fake, with one finished one-hour job."""
+    return use_gateway(FakeGateway([acct(hours=1)]))
+
+
+def test_first_ingest_backfills_in_windows(rates, world, one_job_gateway, settings):
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 35
     settings.ACCOUNTING_INGEST_WINDOW_DAYS = 7
-    gateway = use_gateway(FakeGateway([acct(hours=1)]))
+    gateway = one_job_gateway
     now = at(2026, 1, 20, 12)
     usage_ingest(now=now)
     assert gateway.accounting_windows[0][0] == now - dt.timedelta(days=35) and gateway.accounting_windows[-1][1] == now
@@ -174,18 +180,17 @@ def test_first_ingest_backfills_in_windows(rates, world, use_gateway, settings):
     assert UsageRecord.objects.count() == 1
 
 
-def test_usage_ingest_windows_and_high_water_mark(rates, world, use_gateway, settings):
-    settings.ACCOUNTING_INGEST_OVERLAP_SECONDS = 600
-    settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 1
-    gateway = use_gateway(FakeGateway([acct(hours=1)]))
+def test_usage_ingest_windows_and_high_water_mark(rates, world, one_job_gateway, settings):
+    settings.ACCOUNTING_INGEST_OVERLAP_SECONDS, settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 600, 1
     now = at(2026, 1, 20, 12)
     result = usage_ingest(now=now)
-    assert len(gateway.accounting_windows) == 1 and gateway.accounting_windows[0][1] == now
+    windows = one_job_gateway.accounting_windows
+    assert len(windows) == 1 and windows[0][1] == now
     status = SyncStatus.objects.get(kind="usage")
     assert status.data["high_water_mark"] == now.isoformat() and status.last_success_at is not None
     later = now + dt.timedelta(minutes=1)
     usage_ingest(now=later)
-    assert gateway.accounting_windows[1] == (now - dt.timedelta(seconds=600), later)  # one call, with the overlap
+    assert windows[1] == (now - dt.timedelta(seconds=600), later)  # one call, with the overlap
     assert result.written == 1 and UsageRecord.objects.count() == 1
 
 
