@@ -1,13 +1,13 @@
 """The outbox: enqueue work for rows the current transaction writes, once it commits. One policy.
 
 The row is the truth and the task only carries its id: a broker that does not answer is logged
-and swallowed, never turned into an error for a client whose row is committed. Every kind of work
+and swallowed, never turned into an error for a client whose row is committed. Each kind of work
 enqueued here has a periodic sweeper (portal/celery.py) that finds the rows still waiting and
 enqueues them again: jobs.tasks.jobs_sweep_task (relays, cancels), accounting.tasks.booking_cleanup_task
 (reservations), quota_rollover_task (quota limits), portal.tasks.team_mirror_sweep_task (teams),
-budget_alert_sweep_task (alert e-mails). Not yet swept: re-pricing after a new rate (no row records
-that it is done; rerun with the rate's effective date) and job-end e-mails (a lost notice is not
-re-sent; the job page shows the end)."""
+budget_alert_sweep_task (alert e-mails). Two kinds have none yet: re-pricing after a new rate (no row records that
+it was done: a sweeper needs one) and job-end e-mails (a lost notice is not re-sent; the job page
+shows the end)."""
 
 from __future__ import annotations
 
