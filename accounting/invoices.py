@@ -13,7 +13,9 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.template.loader import render_to_string
 
-from accounting.selectors import billing_midnight, booking_charges, invoice_lines, jobs_by_uuid, next_month
+from accounting.calendar import billing_midnight, next_month
+from accounting.charging import booking_charge_mode
+from accounting.selectors import booking_charges, invoice_lines, jobs_by_uuid
 from portal.models import Team
 
 CENT = Decimal("0.01")
@@ -67,7 +69,7 @@ def invoice(*, team: Team, month: dt.date) -> dict:
         # inside a booking then costs nothing above). With "used", lines are listed at cost 0.
         "bookings": bookings,
         "bookings_cost": bookings_cost,
-        "booking_charge_mode": settings.BOOKING_CHARGE_MODE,
+        "booking_charge_mode": booking_charge_mode(),
         "total": total_cost + bookings_cost,
         "provisional": any(s.provisional for s in slices),
         "currency": settings.DEFAULT_CURRENCY,

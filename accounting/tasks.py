@@ -137,6 +137,14 @@ def budget_alert_deliver_task(alert_id: int) -> None:
     budget_alert_webhook_task.delay(alert_id)
 
 
+@shared_task(acks_late=True, ignore_result=True)
+def budget_alert_sweep_task() -> list[int]:
+    """Periodic (portal/celery.py, budget-alert-sweep): re-enqueue alerts whose e-mail was lost."""
+    from accounting.services import budget_alert_sweep
+
+    return budget_alert_sweep()
+
+
 @shared_task(
     acks_late=True, ignore_result=True, autoretry_for=(Exception,), retry_backoff=10, retry_backoff_max=600,
     max_retries=6, soft_time_limit=30, time_limit=60,

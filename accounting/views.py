@@ -12,8 +12,10 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
+from accounting.charging import booking_charge_mode
 from accounting.forms import CostReportForm, DateRangeForm, RateForm
 from accounting.invoices import invoice, invoice_pdf
+from accounting.models import Rate
 from accounting.reports import report_page_data, rows_to_csv
 from accounting.selectors import (
     billing_date,
@@ -24,8 +26,7 @@ from accounting.selectors import (
     rates_current,
     usage_teams_visible_to,
 )
-from accounting.models import Rate
-from accounting.services import rate_create
+from accounting.services import may_set_prices, rate_create
 from portal.exceptions import ApplicationError, form_add_application_error
 from portal.roles import can_read_cost_reports, is_admin
 
@@ -33,11 +34,11 @@ from portal.roles import can_read_cost_reports, is_admin
 @login_required
 def rate_list(request):
     """Everyone logged in reads the prices in force; admins add a rate (effective from a date)."""
-    admin = is_admin(request.user)
+    admin = may_set_prices(request.user)
     form = RateForm(initial={"effective_from": billing_date(timezone.now())}) if admin else None
     if request.method == "POST":
         if not admin:
-            raise PermissionDenied("Only admins set prices.")
+            raise PermissionDenied("Only admins set prices.")  # before the form: no form errors for them
         form = RateForm(request.POST)
         if form.is_valid():
             try:
@@ -217,7 +218,7 @@ def booking_list(request):
     return render(request, "accounting/booking_list.html", {
         "calendar": calendar, "form": form, "bookings": bookings, "managed": managed, "now": now,
         "is_admin": is_admin(request.user), "auto_approve": settings.BOOKING_AUTO_APPROVE_GPU_HOURS,
-        "charge_mode": settings.BOOKING_CHARGE_MODE,
+        "charge_mode": booking_charge_mode(),
     }, status=400 if request.method == "POST" else 200)  # fmt: skip
 
 

@@ -11,6 +11,7 @@ The 100 000-record synthetic ingest rate and the 1 000 000-row cost report are b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import sys
 import time
@@ -43,6 +44,7 @@ def run(*, quick: bool = False, since: dt.datetime | None = None, runs: int | No
     common.print_header(section.title)
     common.world()
     real = portal.slurm.get_gateway()
+    gateways = contextlib.ExitStack()  # portal.slurm.use_gateway for the timed wrappers
     totals, reads, upserts = [], [], []
     result = None
     try:
@@ -50,7 +52,7 @@ def run(*, quick: bool = False, since: dt.datetime | None = None, runs: int | No
             with connection.cursor() as cursor:
                 cursor.execute(f"TRUNCATE {UsageSlice._meta.db_table}, {UsageRecord._meta.db_table} CASCADE")
             timed = _Timed(real)
-            portal.slurm._gateway = timed
+            gateways.enter_context(portal.slurm.use_gateway(timed))
             began = time.perf_counter()
             result = usage_ingest(since=since)
             total = time.perf_counter() - began
@@ -59,7 +61,7 @@ def run(*, quick: bool = False, since: dt.datetime | None = None, runs: int | No
             reads.append(sacct)
             upserts.append(total - sacct)
     finally:
-        portal.slurm._gateway = real
+        gateways.close()
     n = result.read
     runs_text = (
         f"median of {runs} runs; {n} allocations read, {result.started} started, {result.written} written"

@@ -17,6 +17,7 @@ running GPUs so the shared cluster stays usable."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import subprocess
 import sys
@@ -211,7 +212,7 @@ def _accepted_jobs(world, n: int, name: str) -> list:
     from jobs import services
 
     ids = []
-    with mock.patch.object(services, "_enqueue_relay", lambda job_id: None):
+    with mock.patch.object(services, "after_commit", lambda *args: None):
         for _ in range(n):
             body = job_body(name)
             body.pop("team")
@@ -229,9 +230,10 @@ def profile_relay(world, n: int, section: common.Section) -> float:
 
     ids = _accepted_jobs(world, n, "relay-profile")
     real = portal.slurm.get_gateway()
+    gateways = contextlib.ExitStack()  # portal.slurm.use_gateway for the timed wrappers
     timed = _Timed(real)
     timer = QueryTimer()
-    portal.slurm._gateway = timed
+    gateways.enter_context(portal.slurm.use_gateway(timed))
     per_job = []
     try:
         with connection.execute_wrapper(timer):
@@ -242,7 +244,7 @@ def profile_relay(world, n: int, section: common.Section) -> float:
                 if outcome != "submitted":
                     print(f"  ! relay of {job_id}: {outcome}", file=sys.stderr)
     finally:
-        portal.slurm._gateway = real
+        gateways.close()
     total = sum(per_job)
     sbatch = timed.seconds.get("submit", 0.0)
     section.add("relay service in-process, per job (median)", common.median(per_job) * 1000, "ms", f"median of {n} jobs",
@@ -268,7 +270,7 @@ def api_profile(world, n: int = 30) -> tuple[int, float]:
 
     client = Client(HTTP_AUTHORIZATION=f"Token {world.token}")
     timer = QueryTimer()
-    with mock.patch.object(services, "_enqueue_relay", lambda job_id: None):
+    with mock.patch.object(services, "after_commit", lambda *args: None):
         client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")  # warm
         with connection.execute_wrapper(timer):
             response = client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")

@@ -12,6 +12,7 @@ cancelled at the end."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 import uuid
@@ -111,12 +112,13 @@ def time_cycles(cycles: int) -> tuple[list[float], list[int], list[int], dict]:
     from jobs.services import jobs_sync
 
     real = portal.slurm.get_gateway()
+    gateways = contextlib.ExitStack()  # portal.slurm.use_gateway for the timed wrappers
     seconds, calls, queries = [], [], []
     stats: dict = {}
     try:
         for _ in range(cycles):
             timed = _Timed(real)
-            portal.slurm._gateway = timed
+            gateways.enter_context(portal.slurm.use_gateway(timed))
             timer = QueryTimer()
             began = time.perf_counter()
             with connection.execute_wrapper(timer):
@@ -125,7 +127,7 @@ def time_cycles(cycles: int) -> tuple[list[float], list[int], list[int], dict]:
             calls.append(sum(timed.calls.values()))
             queries.append(timer.count)
     finally:
-        portal.slurm._gateway = real
+        gateways.close()
     return seconds, calls, queries, stats
 
 

@@ -167,7 +167,7 @@ def world(*, slurm: bool = True) -> World:
         cluster_sync()
     team = Team.objects.filter(slug=BENCH_TEAM).first()
     if team is None:
-        with mock.patch("portal.services._enqueue_team_mirror", lambda team_id: None):  # mirrored below
+        with mock.patch("portal.services.after_commit", lambda *args: None):  # mirrored below
             team = team_create(
                 name="Benchmarks",
                 slug=BENCH_TEAM,
@@ -176,7 +176,7 @@ def world(*, slurm: bool = True) -> World:
             )
     user, _ = get_user_model().objects.get_or_create(username=BENCH_USER)
     if not is_member(user, team):
-        with mock.patch("portal.services._enqueue_team_mirror", lambda team_id: None):
+        with mock.patch("portal.services.after_commit", lambda *args: None):
             membership_set(team=team, user=user)
     if slurm:
         team_mirror(team=team)

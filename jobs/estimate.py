@@ -10,6 +10,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.utils import timezone
 
+from accounting.rates import gpu_hour_price
 from jobs.spec import ValidSpec
 
 TWO_PLACES = Decimal("0.01")
@@ -29,11 +30,7 @@ class JobQuote:
 
 
 def _price_of(*, gpu_type: str, partition: str, at: dt.datetime) -> tuple[Decimal, str] | None:
-    """accounting.selectors.gpu_hour_price, or None while the accounting app cannot answer."""
-    try:
-        from accounting.selectors import gpu_hour_price
-    except ImportError:
-        return None
+    """accounting.rates.gpu_hour_price: the price in force and its currency, or None (no rate)."""
     return gpu_hour_price(gpu_type=gpu_type, partition=partition, at=at)
 
 

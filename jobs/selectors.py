@@ -17,8 +17,7 @@ from django.db.models import Prefetch, Q, QuerySet
 from jobs.choices import STREAM_SUFFIX, TERMINAL_STATES, JobState, OutputStream
 from jobs.models import Job, JobEvent, JobTemplate
 from jobs.output_paths import expand_output_pattern
-from portal.models import Membership
-from portal.roles import is_admin
+from portal.roles import is_admin, member_team_ids
 
 OUTPUT_MAX_LENGTH = 1024 * 1024  # one read of job output returns at most 1 MiB
 OUTPUT_DEFAULT_LENGTH = 64 * 1024
@@ -32,7 +31,7 @@ def jobs_visible_to(user) -> QuerySet[Job]:
     jobs = Job.objects.select_related("team", "submitter")
     if is_admin(user):
         return jobs
-    return jobs.filter(team_id__in=Membership.objects.filter(user=user).values("team_id"))
+    return jobs.filter(team_id__in=member_team_ids(user))
 
 
 def job_detail(*, user, job_id) -> Job:
@@ -53,7 +52,7 @@ def job_templates_visible_to(user) -> QuerySet[JobTemplate]:
     return templates.filter(
         Q(scope="site")
         | Q(scope="personal", owner=user)
-        | Q(scope="team", team_id__in=Membership.objects.filter(user=user).values("team_id"))
+        | Q(scope="team", team_id__in=member_team_ids(user))
     )
 
 

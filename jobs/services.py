@@ -26,6 +26,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from accounting.services import budget_hold_check
+from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array
 from jobs.choices import (
     LIVE_STATES,
     TERMINAL_STATES,
@@ -34,12 +36,11 @@ from jobs.choices import (
     state_from_slurm,
     transition_allowed,
 )
-from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array
 from jobs.estimate import JobQuote, quote_for
 from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent, JobTemplate
 from jobs.spec import (
     CONTROL_CHARS_RE,
-    DEFAULT_SHEBANG,
+    DEFAULT_SHEBANG,  # noqa: F401 — re-exported (bench/bench_relay.py)
     ENV_NAME_RE,
     MAX_ENV_ENTRIES,
     MAX_SCRIPT_BYTES,
@@ -49,8 +50,9 @@ from jobs.spec import (
 )
 from portal.db import bulk_update_values
 from portal.exceptions import ApplicationError, Conflict
-from portal.models import Membership, Role, Team
-from portal.roles import is_admin
+from portal.models import Team
+from portal.outbox import after_commit
+from portal.roles import is_admin, is_manager, is_member
 from portal.services import audit_record
 from portal.slurm import JobSpec, SlurmRejected, SlurmUnavailable, get_gateway
 
@@ -97,13 +99,9 @@ def job_quote(
 
 
 def _check_budget(team: Team, estimate: JobQuote, booking_id: uuid.UUID | None = None) -> None:
-    """Hook for the quotas issue: ``accounting.services.budget_hold_check(team=, estimate=, booking_id=)``
-    raises an ApplicationError (409) when the job does not fit the team's budget. No-op while absent.
-    Must run inside job_submit's transaction (it locks the team row until the job is committed)."""
-    try:
-        from accounting.services import budget_hold_check
-    except ImportError:
-        return
+    """``accounting.services.budget_hold_check`` raises an ApplicationError (409) when the job does not
+    fit the team's budget. Must run inside job_submit's transaction (it locks the team row until the
+    job is committed)."""
     budget_hold_check(team=team, estimate=estimate, booking_id=booking_id)
 
 
@@ -123,7 +121,7 @@ def _team_for_submit(*, user, team: Team | None) -> Team:
 
     if team is None or not user.is_authenticated:
         raise ApplicationError("No such team.", errors={"team": ["No such team."]})
-    if not Membership.objects.filter(team=team, user=user).exists():
+    if not is_member(user, team):
         if teams_visible_to(user).filter(pk=team.pk).exists():
             raise ApplicationError(
                 f"You are not a member of team {team.name}.", errors={"team": [f"You are not a member of team {team.name}."]}
@@ -260,7 +258,9 @@ def job_submit(
                 data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
                       "time_limit_minutes": job.time_limit_minutes},
             )  # fmt: skip
-            _enqueue_relay(job.pk)
+            from jobs.tasks import job_relay  # jobs.tasks imports this module
+
+            after_commit(job_relay, str(job.pk))
     except IntegrityError:
         # Another request with the same key won the race (the constraint is the only judge).
         if idempotency_key is None:
@@ -398,7 +398,9 @@ def job_submit_batch(
                 data={"count": len(rows), "jobs": [str(job.pk) for job in rows],
                       "gpus": sum(job.gpus for job in rows)},
             )  # fmt: skip
-            _enqueue_relay_batch([job.pk for job in rows])
+            from jobs.tasks import job_relay_batch  # jobs.tasks imports this module
+
+            after_commit(job_relay_batch, [str(job.pk) for job in rows])
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -420,44 +422,6 @@ def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:
             errors={"idempotency_key": [f"Already used for job {job.pk} with a different request body."]},
         )
     return job
-
-
-def _publish(task, job_id) -> None:
-    """Enqueue a task for a job that is already committed. A broker that does not answer must not
-    turn a stored job into an error for the client (the row is the truth; the sweeper re-enqueues
-    ACCEPTED jobs and unsent cancels), so the failure is logged and swallowed."""
-    from kombu.exceptions import OperationalError as BrokerError
-
-    try:
-        task.delay(str(job_id))
-    except BrokerError as exc:
-        logger.warning("job %s: %s not enqueued (broker unavailable: %s); the sweeper will retry", job_id, task.name, exc)
-
-
-def _enqueue_relay(job_id) -> None:
-    from jobs.tasks import job_relay
-
-    transaction.on_commit(lambda: _publish(job_relay, job_id))
-
-
-def _enqueue_relay_batch(job_ids: list) -> None:
-    from kombu.exceptions import OperationalError as BrokerError
-
-    from jobs.tasks import job_relay_batch
-
-    def publish():
-        try:
-            job_relay_batch.delay([str(job_id) for job_id in job_ids])
-        except BrokerError as exc:
-            logger.warning("%d jobs: batched relay not enqueued (broker unavailable: %s); the sweeper will retry", len(job_ids), exc)
-
-    transaction.on_commit(publish)
-
-
-def _enqueue_cancel_relay(job_id) -> None:
-    from jobs.tasks import job_cancel_relay
-
-    transaction.on_commit(lambda: _publish(job_cancel_relay, job_id))
 
 
 # ---------------------------------------------------------------- relay to Slurm
@@ -770,7 +734,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
 def _may_cancel(user, job: Job) -> bool:
     if is_admin(user) or job.submitter_id == user.pk:
         return True
-    return Membership.objects.filter(team_id=job.team_id, user=user, role=Role.MANAGER).exists()
+    return is_manager(user, job.team_id)
 
 
 def job_cancel(*, user, job: Job, request=None) -> Job:
@@ -798,7 +762,9 @@ def job_cancel(*, user, job: Job, request=None) -> Job:
             if not requested:
                 job.refresh_from_db(fields=["state"])
                 raise Conflict(f"Job already ended ({job.state}).", errors={"state": [f"Job already ended ({job.state})."]})
-            _enqueue_cancel_relay(job.pk)
+            from jobs.tasks import job_cancel_relay  # jobs.tasks imports this module
+
+            after_commit(job_cancel_relay, str(job.pk))
         audit_record(
             actor=user, action="job.cancel", target=job, team=job.team, request=request,
             data={"state": job.state, "slurm_job_id": job.slurm_job_id, "before_slurm": bool(done)},
@@ -1026,18 +992,10 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
             bulk_update_values(Job.objects.filter(state__in=LIVE_STATES), to_update, sorted(update_fields))
             JobEvent.objects.bulk_create(events, batch_size=1000)
         if ended:
-            transaction.on_commit(lambda: _enqueue_job_end_notices(ended))
+            from jobs.tasks import job_end_notify  # jobs.tasks imports this module
+
+            after_commit(job_end_notify, ended)
     return len(to_update)
-
-
-def _enqueue_job_end_notices(job_ids: list[str]) -> None:
-    """One task per sync cycle for all jobs that ended in it; a broker error only loses the emails."""
-    from jobs.tasks import job_end_notify
-
-    try:
-        job_end_notify.delay(job_ids)
-    except Exception:  # noqa: BLE001 — a notice is not worth failing the sync for
-        logger.warning("could not enqueue job-end notices for %d job(s)", len(job_ids), exc_info=True)
 
 
 def job_end_notify_send(*, job_ids: list[str]) -> int:
@@ -1127,7 +1085,7 @@ def job_template_create(
     if scope == TemplateScope.PERSONAL:
         owner, team = user, None
     elif scope == TemplateScope.TEAM:
-        if team is None or not Membership.objects.filter(team=team, user=user).exists():
+        if team is None or not is_member(user, team):
             raise ApplicationError("No such team.", errors={"team": ["No such team (or you are not a member)."]})
     else:
         team = None
@@ -1178,9 +1136,7 @@ def job_template_delete(*, user, template: JobTemplate) -> None:
     if template.scope == TemplateScope.PERSONAL:
         allowed = allowed or template.owner_id == user.pk
     elif template.scope == TemplateScope.TEAM:
-        allowed = allowed or template.created_by_id == user.pk or Membership.objects.filter(
-            team_id=template.team_id, user=user, role=Role.MANAGER
-        ).exists()
+        allowed = allowed or template.created_by_id == user.pk or is_manager(user, template.team_id)
     if not allowed:
         raise ApplicationError("You may not delete this template.", status_code=403)
     template.delete()

@@ -25,6 +25,9 @@ def _beat_schedule() -> dict:
         # quota period roll-over (Slurm usage reset + new limits) and limit drift repair
         "quota-rollover": {"task": "accounting.tasks.quota_rollover_task", "schedule": 300.0},
         "booking-cleanup": {"task": "accounting.tasks.booking_cleanup_task", "schedule": 60.0},
+        # the sweepers of the outbox (portal/outbox.py) for work that has no other one
+        "team-mirror-sweep": {"task": "portal.tasks.team_mirror_sweep_task", "schedule": 300.0},
+        "budget-alert-sweep": {"task": "accounting.tasks.budget_alert_sweep_task", "schedule": 300.0},
     }
 
 

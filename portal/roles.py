@@ -21,20 +21,26 @@ def can_read_cost_reports(user) -> bool:
     return is_admin(user) or is_finance(user)
 
 
-def team_role(user, team: Team) -> str | None:
-    """The user's role in the team, or None. Uses prefetched memberships when present."""
+def team_role(user, team: Team | int) -> str | None:
+    """The user's role in the team (a Team or its pk), or None."""
     if not user.is_authenticated:
         return None
-    membership = Membership.objects.filter(user=user, team=team).only("role").first()
+    team_id = team.pk if isinstance(team, Team) else team
+    membership = Membership.objects.filter(user=user, team_id=team_id).only("role").first()
     return membership.role if membership else None
 
 
-def is_member(user, team: Team) -> bool:
+def is_member(user, team: Team | int) -> bool:
     return team_role(user, team) is not None
 
 
-def is_manager(user, team: Team) -> bool:
+def is_manager(user, team: Team | int) -> bool:
     return team_role(user, team) == Role.MANAGER
+
+
+def member_team_ids(user):
+    """A subquery of the pks of the teams the user belongs to (any role), for ``team_id__in=``."""
+    return Membership.objects.filter(user=user).values("team_id")
 
 
 def team_manager_emails(team: Team) -> list[str]:

@@ -14,20 +14,16 @@ from django.utils import timezone
 
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import ApiToken, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
+from portal.outbox import after_commit
 from portal.proxies import client_address
 from portal.slurm import Association, SlurmError, get_gateway
+from portal.tasks import team_mirror_to_slurm
 
 logger = logging.getLogger(__name__)
 User = get_user_model()
 
 
 # ---------------------------------------------------------------- teams and memberships
-
-
-def _enqueue_team_mirror(team_id: int) -> None:
-    from portal.tasks import team_mirror_to_slurm
-
-    transaction.on_commit(lambda: team_mirror_to_slurm.delay(team_id))
 
 
 @transaction.atomic
@@ -39,7 +35,7 @@ def team_create(
     team.save()
     audit_record(actor=actor, action="team.create", target=team, team=team, request=request,
                  data={"slug": slug, "slurm_account": slurm_account})
-    _enqueue_team_mirror(team.pk)
+    after_commit(team_mirror_to_slurm, team.pk)
     return team
 
 
@@ -48,7 +44,7 @@ def team_set_active(*, team: Team, active: bool, actor=None, request=None) -> Te
     Team.objects.filter(pk=team.pk).update(active=active)
     team.refresh_from_db()
     audit_record(actor=actor, action="team.set_active", target=team, team=team, request=request, data={"active": active})
-    _enqueue_team_mirror(team.pk)
+    after_commit(team_mirror_to_slurm, team.pk)
     return team
 
 
@@ -62,7 +58,7 @@ def membership_set(*, team: Team, user, role: str = Role.MEMBER, actor=None, req
     audit_record(actor=actor, action="team.member_set", target=team, team=team, request=request,
                  data={"user": user.username, "role": role, "added": created})
     if created:
-        _enqueue_team_mirror(team.pk)
+        after_commit(team_mirror_to_slurm, team.pk)
     return membership
 
 
@@ -73,7 +69,7 @@ def membership_remove(*, team: Team, user, actor=None, request=None) -> None:
         raise ApplicationError("Not a member.", errors={"user": f"{user} is not a member of {team}."}, status_code=404)
     audit_record(actor=actor, action="team.member_remove", target=team, team=team, request=request,
                  data={"user": user.username})
-    _enqueue_team_mirror(team.pk)
+    after_commit(team_mirror_to_slurm, team.pk)
 
 
 def profile_ensure(*, user) -> Profile:
@@ -173,9 +169,17 @@ def default_accounts() -> dict[str, str]:
 
 def team_mirror(*, team: Team) -> list[AssociationAction]:
     """Make Slurm's associations for one team match the portal. Returns what was done."""
-    gateway = get_gateway()
-    associations = gateway.associations()
-    actions = association_plan(teams=[team], associations=associations)
+    return _teams_mirror([team])
+
+
+def team_mirror_sweep() -> list[AssociationAction]:
+    """The sweeper of team_mirror_to_slurm (a mirror the broker lost): every team at once, one read of
+    Slurm's associations and a fix only where they differ (nothing to do when in sync)."""
+    return _teams_mirror(list(Team.objects.all()))
+
+
+def _teams_mirror(teams: list[Team]) -> list[AssociationAction]:
+    actions = association_plan(teams=teams, associations=get_gateway().associations())
     association_apply(actions=actions, default_for=default_accounts())
     return actions
 

@@ -33,6 +33,22 @@ def team_mirror_to_slurm(self, team_id: int) -> list[str]:
     return [a.describe() for a in actions]
 
 
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=120, time_limit=180)
+def team_mirror_sweep_task() -> list[str] | None:
+    """Periodic (portal/celery.py, team-mirror-sweep): mirror every team, for the mirrors the broker
+    lost. A Slurm failure waits for the next beat."""
+    from portal.services import team_mirror_sweep
+
+    try:
+        actions = team_mirror_sweep()
+    except SlurmUnavailable as exc:
+        logger.warning("team mirror sweep: Slurm unavailable: %s", exc)
+        return None
+    for action in actions:
+        logger.info("slurm association: %s (fixed by the sweep)", action.describe())
+    return [a.describe() for a in actions]
+
+
 @shared_task(acks_late=True, ignore_result=True)
 def cluster_sync_task() -> dict | None:
     from portal.services import cluster_sync

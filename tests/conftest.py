@@ -39,6 +39,7 @@ def pytest_configure(config):
 # Slurm cluster, Celery worker, Chromium or other local service. The markers below are given by the
 # module (pytestmark) or, so that no test can slip into the fast tier by forgetting one, derived from
 # the fixtures a test uses and the directory it is in. Every test without one of them is "fast".
+# ``fake`` (the gateway contract on tests/fakes.py) is fast too: it names what the test runs on.
 
 SLOW_MARKERS = ("slurm", "celery", "browser", "faults", "external", "fuzz")
 _FIXTURE_MARKERS = {
@@ -190,6 +191,18 @@ def client_for(world, client):
 
 
 @pytest.fixture
+def use_gateway():
+    """``use_gateway(gateway)``: get_gateway() answers ``gateway`` until the test ends (the one way
+    tests choose the gateway: portal.slurm.use_gateway). Returns the gateway."""
+    import contextlib
+
+    from portal import slurm
+
+    with contextlib.ExitStack() as stack:
+        yield lambda gateway: stack.enter_context(slurm.use_gateway(gateway))
+
+
+@pytest.fixture
 def relays(monkeypatch):
     """Record relay/cancel enqueues instead of running them: unit, security and fuzz tests never
     reach Slurm. ``calls["relay"]`` gets job ids, ``calls["relay_batch"]`` lists of ids."""
@@ -301,9 +314,8 @@ def _start_worker(name: str, queue: str, slurm_env: dict[str, str]):
     """A real ``celery worker`` subprocess on ``queue`` of the dedicated broker database, connected
     to the pytest test database, with ``slurm_env`` (SLURM_BACKEND, SLURM_CONF ...) over ours.
     Returns (process, log file, log path) once it answers a ping."""
-    from django.conf import settings
-
     import redis
+    from django.conf import settings
 
     redis.Redis.from_url(WORKER_BROKER_URL).delete(queue)
     db = settings.DATABASES["default"]

@@ -8,7 +8,6 @@ import datetime as dt
 from collections.abc import Iterable
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.apps import apps
 from django.db.models import DecimalField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -19,6 +18,7 @@ from accounting.models import Quota, QuotaState, UsageRecord
 from accounting.selectors.bookings import bookings_holding_capacity
 from accounting.selectors.usage import aggregate_slices, slices_in
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
+from jobs.models import Job
 from portal.models import Team
 from portal.selectors import teams_visible_to
 
@@ -82,9 +82,7 @@ def _held_hours(team_ids: Iterable[int], since: dt.datetime) -> dict[tuple[int, 
     charged by reserved hours. One query, on two partial indexes (live jobs; ran but unaccounted), so
     its cost follows the jobs in flight, not the team's history: it runs under the team lock of every
     submission."""
-    # the reverse direction (accounting → jobs): the second part of issue 18 makes holds accounting's
-    # own rows and drops the jobs.choices import and this get_model
-    job_model = apps.get_model("jobs", "Job")
+    # accounting → jobs.models: until holds are accounting's own rows (issue 16)
     ingested = (
         UsageRecord.objects.filter(portal_job_uuid=OuterRef("pk"))
         .values("portal_job_uuid")
@@ -92,7 +90,7 @@ def _held_hours(team_ids: Iterable[int], since: dt.datetime) -> dict[tuple[int, 
         .values("total")
     )
     ended = TERMINAL_STATES - {JobState.SUBMIT_FAILED}
-    queryset = job_model.objects.filter(team_id__in=list(team_ids)).filter(
+    queryset = Job.objects.filter(team_id__in=list(team_ids)).filter(
         Q(state__in=LIVE_STATES) | Q(state__in=ended, started_at__isnull=False, accounted_at__isnull=True, ended_at__gte=since)
     )
     if bookings_charge_reserved():

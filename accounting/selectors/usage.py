@@ -8,7 +8,6 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.apps import apps
 from django.conf import settings
 from django.db.models import (
     Case,
@@ -29,6 +28,7 @@ from django.db.models.functions import Cast, Greatest, Least
 from accounting.calendar import HOUR, billing_midnight, billing_zone, month_start, next_month, range_bounds
 from accounting.models import UsageRecord, UsageSlice
 from accounting.selectors.bookings import booking_charges
+from jobs.models import Job
 from portal.models import Team
 from portal.roles import can_read_cost_reports, is_manager
 from portal.selectors import teams_visible_to
@@ -223,16 +223,11 @@ def invoice_lines(*, team: Team, month: dt.date) -> QuerySet[UsageSlice]:
 
 
 def jobs_by_uuid(uuids: Iterable) -> dict:
-    """Portal jobs (jobs.Job) by pk for usage records tagged gpuportal:<uuid>; {} when the jobs app
-    has no Job model yet. One query."""
+    """Portal jobs (jobs.Job) by pk for usage records tagged gpuportal:<uuid>. One query."""
     wanted = {u for u in uuids if u}
     if not wanted:
         return {}
-    try:
-        job_model = apps.get_model("jobs", "Job")
-    except LookupError:
-        return {}
-    return {job.pk: job for job in job_model.objects.filter(pk__in=wanted)}
+    return {job.pk: job for job in Job.objects.filter(pk__in=wanted)}
 
 
 def usage_records_of_team(team: Team) -> QuerySet[UsageRecord]:

@@ -16,6 +16,7 @@ from accounting.services.alerts import (
     QUOTA_ALERT_THRESHOLDS,
     budget_alert_email,
     budget_alert_payload,
+    budget_alert_sweep,
     budget_alert_webhook,
     budget_alerts_check,
 )
@@ -33,7 +34,7 @@ from accounting.services.bookings import (
 from accounting.services.budget import QUOTA_PAGE, budget_hold_check
 from accounting.services.ingestion import IngestResult, usage_ingest, usage_records_upsert, usage_window_start
 from accounting.services.quotas import quota_approve, quota_cancel, quota_reject, quota_request
-from accounting.services.rates import rate_create
+from accounting.services.rates import may_set_prices, rate_create
 from accounting.services.repricing import slice_record, usage_reprice
 from accounting.services.reservations import (
     RESERVE_LEASE,
@@ -53,8 +54,8 @@ __all__ = [
     "BOOKING_LOCK_NAMESPACE", "BOOKING_PAST_GRACE", "QUOTA_ALERT_THRESHOLDS", "QUOTA_PAGE", "RESERVE_LEASE",
     "ROLLOVER_KIND", "IngestResult", "TypeCapacity", "booking_approve", "booking_cancel", "booking_cleanup",
     "booking_create", "booking_reject", "booking_reserve_run", "booking_unreserve_run", "bookings_whole_nodes",
-    "budget_alert_email", "budget_alert_payload", "budget_alert_webhook", "budget_alerts_check", "budget_hold_check",
+    "budget_alert_email", "budget_alert_payload", "budget_alert_sweep", "budget_alert_webhook", "budget_alerts_check", "budget_hold_check",
     "quota_approve", "quota_cancel", "quota_expected_limits", "quota_limit_drift", "quota_limits_apply",
-    "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
+    "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
     "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_window_start",
 ]  # fmt: skip

@@ -12,13 +12,13 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from kombu.exceptions import OperationalError as BrokerError
 
 from accounting.models import BudgetAlert
 from accounting.selectors.budgets import budget_rows, quotas_effective
 from accounting.services.budget import QUOTA_PAGE
 from accounting.tasks import budget_alert_deliver_task
 from portal.models import Team
+from portal.outbox import after_commit, publish
 from portal.roles import team_manager_emails
 from portal.services import audit_record
 
@@ -55,19 +55,12 @@ def budget_alerts_check(*, team: Team | None = None, at: dt.datetime | None = No
             except IntegrityError:
                 continue  # another check recorded it first
             created.append(alert)
-            transaction.on_commit(lambda pk=alert.pk: _enqueue_alert(pk))
+            after_commit(budget_alert_deliver_task, alert.pk)
     return created
 
 
 def _two_places(value) -> Decimal:
     return Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP)
-
-
-def _enqueue_alert(alert_id: int) -> None:
-    try:
-        budget_alert_deliver_task.delay(alert_id)
-    except BrokerError as exc:
-        logger.warning("budget alert %s not enqueued (broker unavailable: %s)", alert_id, exc)
 
 
 def budget_alert_payload(alert) -> dict:
@@ -85,6 +78,24 @@ def budget_alert_payload(alert) -> dict:
         "quota_id": quota.pk,
         "at": alert.created_at.isoformat(),
     }
+
+
+ALERT_SWEEP_AFTER = dt.timedelta(minutes=5)
+ALERT_SWEEP_WITHIN = dt.timedelta(days=7)
+
+
+def budget_alert_sweep(*, now: dt.datetime | None = None) -> list[int]:
+    """The sweeper of budget_alert_deliver_task: alerts of the last week not e-mailed five minutes
+    after they were recorded are enqueued again (budget_alert_email claims each once)."""
+    now = now or timezone.now()
+    ids = list(
+        BudgetAlert.objects.filter(
+            emailed_at__isnull=True, created_at__lt=now - ALERT_SWEEP_AFTER, created_at__gte=now - ALERT_SWEEP_WITHIN
+        ).values_list("pk", flat=True)[:1000]
+    )
+    for alert_id in ids:
+        publish(budget_alert_deliver_task, alert_id)
+    return ids
 
 
 def budget_alert_email(*, alert_id: int) -> bool:

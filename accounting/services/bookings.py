@@ -15,7 +15,6 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from kombu.exceptions import OperationalError as BrokerError
 
 from accounting import tasks
 from accounting.calendar import HOUR, billing_date, billing_midnight, billing_zone
@@ -26,6 +25,7 @@ from accounting.selectors.budgets import budget_rows, quotas_effective
 from accounting.services.budget import no_quota, no_quota_unlimited, over_budget
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import NodeInfo, Team
+from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
 from portal.slurm import SlurmError, get_gateway
@@ -237,16 +237,8 @@ def _booking_budget_check(*, team: Team, gpu_type: str, gpus: int, start: dt.dat
 
 
 def enqueue_booking_task(task_name: str, booking_id) -> None:
-    """Enqueue a reservation task after commit; a broker failure is logged (booking_cleanup_task retries)."""
-    task = getattr(tasks, task_name)
-
-    def publish():
-        try:
-            task.delay(str(booking_id))
-        except BrokerError as exc:  # booking_cleanup_task picks it up later
-            logger.warning("booking %s: %s not enqueued (broker unavailable: %s)", booking_id, task_name, exc)
-
-    transaction.on_commit(publish)
+    """Enqueue a reservation task after commit (the outbox; booking_cleanup_task is its sweeper)."""
+    after_commit(getattr(tasks, task_name), str(booking_id))
 
 
 def booking_create(

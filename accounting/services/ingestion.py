@@ -7,8 +7,8 @@ mark lives in ``SyncStatus(kind="usage").data``; each window starts ``ACCOUNTING
 before it, or earlier when a recent provisional (running) record has not been re-read since. Records
 whose values did not change are not written again, so re-ingesting a window is a no-op.
 
-The jobs app is reached through ``apps.get_model`` (Job.accounted_at, Job.booking_id) until the second
-part of issue 18 makes the dependency one-way (ingestion then releases accounting's own budget holds)."""
+Ingestion reads and writes jobs.models.Job (Job.accounted_at, Job.booking_id): accounting → jobs'
+models, until the budget hold becomes accounting's own rows (issue 16; ingestion then releases them)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -31,6 +30,7 @@ from accounting.calendar import HOUR
 from accounting.models import Booking, UsageRecord
 from accounting.rates import RateBook
 from accounting.services.repricing import SIX, slices_replace
+from jobs.models import Job
 from portal.db import any_of, bulk_upsert_copy
 from portal.models import SyncStatus, Team
 from portal.services import sync_record_failure, sync_record_success
@@ -151,8 +151,7 @@ def _mark_jobs_accounted(job_uuids: set, now: dt.datetime) -> None:
     (jobs.Job.accounted_at; accounting.selectors._held_hours). One UPDATE."""
     if not job_uuids:
         return
-    job_model = apps.get_model("jobs", "Job")
-    job_model.objects.filter(pk__in=any_of(job_uuids, "uuid"), accounted_at__isnull=True).update(accounted_at=now)
+    Job.objects.filter(pk__in=any_of(job_uuids, "uuid"), accounted_at__isnull=True).update(accounted_at=now)
 
 
 def _started(record: AccountingRecord) -> bool:
@@ -203,8 +202,7 @@ def _bookings_by_portal_job(uuids: set) -> dict:
     """Booking id per portal job (jobs.Job.booking_id) for jobs submitted into a booking; one query."""
     if not uuids:
         return {}
-    job_model = apps.get_model("jobs", "Job")
-    return dict(job_model.objects.filter(pk__in=uuids, booking_id__isnull=False).values_list("pk", "booking_id"))
+    return dict(Job.objects.filter(pk__in=uuids, booking_id__isnull=False).values_list("pk", "booking_id"))
 
 
 def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:

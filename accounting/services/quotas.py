@@ -16,13 +16,13 @@ from decimal import Decimal
 
 from django.db import transaction
 from django.utils import timezone
-from kombu.exceptions import OperationalError as BrokerError
 
 from accounting.calendar import current_month, next_month
 from accounting.models import Quota, QuotaState
 from accounting.tasks import quota_mirror_task
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import NodeInfo, Team
+from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
 
@@ -124,7 +124,7 @@ def quota_approve(*, quota, user, comment: str = "", request=None):
         data={"comment": comment or "", "gpu_hours": str(quota.gpu_hours), "gpu_type": quota.gpu_type,
               "period": quota.period_label, "max_gpus": quota.max_gpus, "superseded": [o.pk for o in older]},
     )  # fmt: skip
-    _enqueue_quota_mirror(quota.team_id)
+    after_commit(quota_mirror_task, quota.team_id)
     return quota
 
 
@@ -166,16 +166,6 @@ def quota_cancel(*, quota, user, request=None):
     quota.refresh_from_db()
     audit_record(actor=user, action="quota.cancel", target=quota, team=quota.team, request=request, data={"was": was})
     if was == QuotaState.APPROVED:
-        _enqueue_quota_mirror(quota.team_id)
+        after_commit(quota_mirror_task, quota.team_id)
     return quota
-
-
-def _enqueue_quota_mirror(team_id: int) -> None:
-    def publish():
-        try:
-            quota_mirror_task.delay(team_id)
-        except BrokerError as exc:  # the periodic roll-over/drift check mends it later
-            logger.warning("team %s: quota mirror not enqueued (broker unavailable: %s)", team_id, exc)
-
-    transaction.on_commit(publish)
 

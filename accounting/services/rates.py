@@ -13,7 +13,13 @@ from django.db import transaction
 from accounting.models import Rate
 from accounting.tasks import usage_reprice_task
 from portal.exceptions import ApplicationError, Conflict
+from portal.outbox import after_commit
 from portal.roles import is_admin
+
+
+def may_set_prices(user) -> bool:
+    """Only admins set prices: rate_create's rule, which the rates page asks before showing its form."""
+    return is_admin(user)
 
 
 @transaction.atomic
@@ -29,7 +35,7 @@ def rate_create(
 ) -> Rate:
     """Add a price. Only admins set prices (403 otherwise); ``created_by=None`` is the system (the demo
     seed, commands). Usage from ``effective_from`` on is re-priced after commit."""
-    if created_by is not None and not is_admin(created_by):
+    if created_by is not None and not may_set_prices(created_by):
         raise ApplicationError("Only admins set prices.", status_code=403)
     currency = (currency or settings.DEFAULT_CURRENCY).upper()
     if currency != settings.DEFAULT_CURRENCY:
@@ -54,9 +60,5 @@ def rate_create(
     )
     rate.full_clean()
     rate.save()
-    transaction.on_commit(lambda: _enqueue_reprice(gpu_type, effective_from))
+    after_commit(usage_reprice_task, gpu_type, effective_from.isoformat())
     return rate
-
-
-def _enqueue_reprice(gpu_type: str, since: dt.date) -> None:
-    usage_reprice_task.delay(gpu_type, since.isoformat())

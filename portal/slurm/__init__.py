@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from .base import SlurmGateway
 from .types import (
     AccountingRecord,
@@ -33,18 +36,33 @@ __all__ = [
     "SlurmRejected",
     "SlurmUnavailable",
     "get_gateway",
+    "use_gateway",
 ]
 
 _gateway: SlurmGateway | None = None
+_override: list[SlurmGateway] = []  # use_gateway's stack (module-wide: threads the test starts see it too)
+
+
+@contextlib.contextmanager
+def use_gateway(gateway: SlurmGateway) -> Iterator[SlurmGateway]:
+    """While the block runs, get_gateway() answers ``gateway`` (tests, benchmarks): the one override
+    point of the gateway. Nests; the innermost wins."""
+    _override.append(gateway)
+    try:
+        yield gateway
+    finally:
+        _override.remove(gateway)
 
 
 def get_gateway() -> SlurmGateway:
-    """The configured backend (settings.SLURM_BACKEND: auto, cli or pyslurm), built once per process.
+    """use_gateway's gateway while one is in use, else the configured backend (settings.SLURM_BACKEND: auto, cli or pyslurm), built once per process.
 
     ``auto`` is pyslurm when it is installed AND built for the cluster's Slurm major.minor
     (``sinfo --version`` of SLURM_BIN_DIR, which needs no controller): pyslurm 25.11 cannot talk
     to a 22.05 controller, and one venv serves both local clusters."""
     global _gateway
+    if _override:
+        return _override[-1]
     if _gateway is None:
         from django.conf import settings
 

@@ -14,38 +14,28 @@ from accounting.services import usage_records_upsert
 from portal.slurm.cli import sreport_argv
 from portal.slurm.parsing import parse_account_minutes
 from tests.accounting.helpers import acct, at
+from tests.fakes import FakeGateway
 
 pytestmark = pytest.mark.django_db
 
 
-class FakeGateway:
-    def __init__(self, records):
-        self.records, self.calls = records, []
-
-    def accounting(self, start, end):
-        self.calls.append((start, end))
-        return list(self.records)
-
-
-def test_ingest_usage_command(world, monkeypatch, settings):
-    gateway = FakeGateway([acct(hours=2), acct(user="carol", account="nlp")])
-    monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
+def test_ingest_usage_command(world, use_gateway, settings):
+    gateway = use_gateway(FakeGateway([acct(hours=2), acct(user="carol", account="nlp")]))
     settings.ACCOUNTING_INGEST_WINDOW_DAYS = 400
     out = StringIO()
     call_command("ingest_usage", "--since", "2026-01-01", stdout=out)
     assert "2 written" in out.getvalue() and UsageRecord.objects.count() == 2
-    assert gateway.calls[0][0] == dt.datetime(2026, 1, 1, tzinfo=dt.UTC) and len(gateway.calls) == 1
+    assert gateway.accounting_windows[0][0] == dt.datetime(2026, 1, 1, tzinfo=dt.UTC) and len(gateway.accounting_windows) == 1
     with pytest.raises(CommandError, match="--since"):
         call_command("ingest_usage", "--since", "January")
 
 
-def test_usage_ingest_task_runs_the_service(world, monkeypatch):
+def test_usage_ingest_task_runs_the_service(world, use_gateway):
     from accounting.tasks import usage_ingest_task
 
-    gateway = FakeGateway([acct()])
-    monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
+    gateway = use_gateway(FakeGateway([acct()]))
     result = usage_ingest_task.delay().get()
-    assert result["written"] == 1 and len(gateway.calls) >= 1
+    assert result["written"] == 1 and len(gateway.accounting_windows) >= 1
 
 
 
@@ -69,31 +59,29 @@ def january(world, settings):
     usage_records_upsert(records=[acct(start=at(2026, 1, 5), hours=2, gpus=2), acct(account="nlp", user="carol", hours=1)])
 
 
-def _stub_sreport(monkeypatch, answer):
+def _stub_sreport(use_gateway, answer):
     """The command's gateway answers account_gpu_minutes with ``answer`` (the comparison logic alone)."""
-    class Gateway:
-        def account_gpu_minutes(self, start, end):
-            return answer(start, end)
-
-    monkeypatch.setattr("accounting.management.commands.reconcile_usage.get_gateway", lambda: Gateway())
+    gateway = FakeGateway()
+    gateway.account_gpu_minutes = answer
+    use_gateway(gateway)
 
 
-def test_reconcile_no_differences(january, monkeypatch):
+def test_reconcile_no_differences(january, use_gateway):
     seen = {}
 
     def fake(start, end):
         seen["range"] = (start, end)
         return {"vision": 240, "nlp": 60}
 
-    _stub_sreport(monkeypatch, fake)
+    _stub_sreport(use_gateway, fake)
     out = StringIO()
     call_command("reconcile_usage", "--month", "2026-01", stdout=out)
     assert "no differences" in out.getvalue()
     assert seen["range"] == (at(2026, 1, 1), at(2026, 2, 1))
 
 
-def test_reconcile_differences_exit_1(january, monkeypatch):
-    _stub_sreport(monkeypatch, lambda start, end: {"vision": 200, "ghost": 5})
+def test_reconcile_differences_exit_1(january, use_gateway):
+    _stub_sreport(use_gateway, lambda start, end: {"vision": 200, "ghost": 5})
     out = StringIO()
     with pytest.raises(SystemExit) as exc:
         call_command("reconcile_usage", "--month", "2026-01", stdout=out)

@@ -27,6 +27,7 @@ from portal.models import AuditEvent, NodeInfo, PartitionInfo, Role, SyncStatus
 from portal.slurm import AssociationLimits
 from tests.accounting.helpers import acct
 from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFactory
+from tests.fakes import FakeGateway
 from tests.support import job_payload
 
 pytestmark = pytest.mark.django_db
@@ -435,25 +436,11 @@ def test_permission_matrix(world, client_for, api_client_for, method, url, role)
 # ---------------------------------------------------------------- Slurm limits (fake gateway)
 
 
-class FakeLimitsGateway:
-    def __init__(self):
-        self.limits: dict[str, AssociationLimits] = {}
-        self.resets: list[str] = []
-
-    def association_limits_get(self, account):
-        return self.limits.get(account, AssociationLimits(account=account))
-
-    def association_limits_set(self, limits):
-        self.limits[limits.account] = limits
-
-    def account_usage_reset(self, account):
-        self.resets.append(account)
-
-
 @pytest.fixture
-def fake_gateway(monkeypatch):
-    gateway = FakeLimitsGateway()
-    monkeypatch.setattr("accounting.services.slurm_limits.get_gateway", lambda: gateway)
+def fake_gateway(use_gateway):
+    gateway = use_gateway(FakeGateway())
+    for account in ("vision", "nlp"):
+        gateway.account_add(account)
     return gateway
 
 
@@ -501,7 +488,6 @@ def test_slurm_reconcile_prints_drift_and_apply_fixes_it(world, fake_gateway, mo
 
     from portal.management.commands import slurm_reconcile
 
-    monkeypatch.setattr(slurm_reconcile, "get_gateway", lambda: type("G", (), {"associations": lambda self: []})())
     monkeypatch.setattr(slurm_reconcile, "association_plan", lambda **kw: [])
     out = io.StringIO()
     call_command("slurm_reconcile", stdout=out)

@@ -13,6 +13,7 @@ from accounting.services import rate_create, usage_ingest, usage_records_upsert
 from portal.models import SyncStatus
 from tests.accounting.helpers import acct, at, never_started
 from tests.factories import JobFactory
+from tests.fakes import FakeGateway
 
 pytestmark = pytest.mark.django_db
 
@@ -162,57 +163,41 @@ def test_query_count_does_not_grow_with_records(rates, world, django_assert_max_
 
 
 @pytest.fixture
-def ingest_from(monkeypatch):
-    """Point the ingestion at a fake gateway; returns it (the ingestion's one get_gateway)."""
-
-    def use(gateway):
-        monkeypatch.setattr("accounting.services.ingestion.get_gateway", lambda: gateway)
-        return gateway
-
-    return use
+def one_job_gateway(use_gateway):
+    """The ingestion's gateway: the fake, with one finished one-hour job."""
+    return use_gateway(FakeGateway([acct(hours=1)]))
 
 
-class FakeGateway:
-    def __init__(self, records):
-        self.records = records
-        self.calls = []
-
-    def accounting(self, start, end):
-        self.calls.append((start, end))
-        return [r for r in self.records]
-
-
-def test_first_ingest_backfills_in_windows(rates, world, ingest_from, settings):
+def test_first_ingest_backfills_in_windows(rates, world, one_job_gateway, settings):
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 35
     settings.ACCOUNTING_INGEST_WINDOW_DAYS = 7
-    gateway = ingest_from(FakeGateway([acct(hours=1)]))
+    gateway = one_job_gateway
     now = at(2026, 1, 20, 12)
     usage_ingest(now=now)
-    assert gateway.calls[0][0] == now - dt.timedelta(days=35) and gateway.calls[-1][1] == now
-    assert len(gateway.calls) == 5  # one call per 7-day window
-    assert all(a[1] == b[0] for a, b in zip(gateway.calls, gateway.calls[1:]))
+    assert gateway.accounting_windows[0][0] == now - dt.timedelta(days=35) and gateway.accounting_windows[-1][1] == now
+    assert len(gateway.accounting_windows) == 5  # one call per 7-day window
+    assert all(a[1] == b[0] for a, b in zip(gateway.accounting_windows, gateway.accounting_windows[1:]))
     assert UsageRecord.objects.count() == 1
 
 
-def test_usage_ingest_windows_and_high_water_mark(rates, world, ingest_from, settings):
-    settings.ACCOUNTING_INGEST_OVERLAP_SECONDS = 600
-    settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 1
-    gateway = ingest_from(FakeGateway([acct(hours=1)]))
+def test_usage_ingest_windows_and_high_water_mark(rates, world, one_job_gateway, settings):
+    settings.ACCOUNTING_INGEST_OVERLAP_SECONDS, settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 600, 1
     now = at(2026, 1, 20, 12)
     result = usage_ingest(now=now)
-    assert len(gateway.calls) == 1 and gateway.calls[0][1] == now
+    windows = one_job_gateway.accounting_windows
+    assert len(windows) == 1 and windows[0][1] == now
     status = SyncStatus.objects.get(kind="usage")
     assert status.data["high_water_mark"] == now.isoformat() and status.last_success_at is not None
     later = now + dt.timedelta(minutes=1)
     usage_ingest(now=later)
-    assert gateway.calls[1] == (now - dt.timedelta(seconds=600), later)  # one call, with the overlap
+    assert windows[1] == (now - dt.timedelta(seconds=600), later)  # one call, with the overlap
     assert result.written == 1 and UsageRecord.objects.count() == 1
 
 
-def test_usage_ingest_rereads_from_oldest_provisional(rates, world, ingest_from, settings):
+def test_usage_ingest_rereads_from_oldest_provisional(rates, world, use_gateway, settings):
     settings.ACCOUNTING_INGEST_BACKFILL_DAYS = 1
     settings.ACCOUNTING_INGEST_OVERLAP_SECONDS = 600
-    gateway = ingest_from(FakeGateway([acct(hours=None, job_id=5)]))
+    gateway = use_gateway(FakeGateway([acct(hours=None, job_id=5)]))
     t0 = at(2026, 1, 20, 12)
     usage_ingest(now=t0)
     gateway.records = []  # slurmdbd late: the job is not in the next windows
@@ -220,17 +205,17 @@ def test_usage_ingest_rereads_from_oldest_provisional(rates, world, ingest_from,
     usage_ingest(now=t1)
     t2 = t1 + dt.timedelta(minutes=1)
     usage_ingest(now=t2)
-    assert gateway.calls[2][0] == t0 - dt.timedelta(minutes=10)  # still re-reading the running job
+    assert gateway.accounting_windows[2][0] == t0 - dt.timedelta(minutes=10)  # still re-reading the running job
 
 
-def test_usage_ingest_records_failure(world, ingest_from):
+def test_usage_ingest_records_failure(world, use_gateway):
     from portal.slurm import SlurmUnavailable
 
     class Down:
         def accounting(self, start, end):
             raise SlurmUnavailable("slurmdbd down")
 
-    ingest_from(Down())
+    use_gateway(Down())
     with pytest.raises(SlurmUnavailable):
         usage_ingest(now=at(2026, 1, 20))
     status = SyncStatus.objects.get(kind="usage")

@@ -208,7 +208,7 @@ def _assert_no_state_went_back(before: dict, after: dict) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_database_connection_dropped_mid_sync_and_mid_relay_the_next_cycle_recovers_and_no_state_goes_back(
-    cluster, monkeypatch
+    cluster, monkeypatch, use_gateway
 ):
     # Jobs really in Slurm (eager relays), plus one whose relay loses the database right after sbatch.
     ids = [submit_tiny(cluster, f"db-{i}", script="#!/bin/bash\nsleep 2\n").pk for i in range(8)]
@@ -229,8 +229,7 @@ def test_database_connection_dropped_mid_sync_and_mid_relay_the_next_cycle_recov
 
             return dropping
 
-    gateway = DroppingGateway()
-    monkeypatch.setattr(services, "get_gateway", lambda: gateway)
+    gateway = use_gateway(DroppingGateway())
 
     # 1. mid-relay: sbatch succeeded, the write of its id fails
     gateway.drop_on = "submit"

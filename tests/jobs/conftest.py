@@ -8,9 +8,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import NodeInfo, PartitionInfo
-
 from tests.support import CountingGateway, job_payload, slurm_tags, wait_for  # noqa: F401 (re-exported)
-
 
 # ---------------------------------------------------------------- unit-test helpers
 
@@ -34,11 +32,8 @@ def inventory(db):
 
 
 @pytest.fixture
-def counting_gateway(monkeypatch):
-    """The real gateway wrapped to count calls, installed where the jobs services look it up."""
-    from jobs import services
+def counting_gateway(use_gateway):
+    """The real gateway wrapped to count calls, in use for the test."""
     from portal.slurm import get_gateway
 
-    gateway = CountingGateway(get_gateway())
-    monkeypatch.setattr(services, "get_gateway", lambda: gateway)
-    return gateway
+    return use_gateway(CountingGateway(get_gateway()))

@@ -193,7 +193,6 @@ def test_batched_relay_query_count_does_not_grow_with_the_batch(world, inventory
     gateway = get_gateway()
     ids = iter(range(900_000, 901_000))
     monkeypatch.setattr(type(gateway), "submit", lambda self, spec: next(ids))
-    monkeypatch.setattr(services, "get_gateway", lambda: gateway)
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 

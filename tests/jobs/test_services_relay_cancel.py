@@ -13,15 +13,14 @@ from jobs.models import Job, JobEvent
 from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, job_submit, jobs_sweep
 from portal.exceptions import ApplicationError, Conflict
 from portal.slurm import SlurmUnavailable
-from tests.jobs.fakes import FakeGateway, queue_entry
+from tests.fakes import FakeGateway, queue_entry
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def fake(monkeypatch, settings):
-    gateway = FakeGateway()
-    monkeypatch.setattr(services, "get_gateway", lambda: gateway)
+def fake(use_gateway, settings):
+    gateway = use_gateway(FakeGateway())
     settings.SLURM_SUBMIT_AS_USER = False  # no Unix accounts needed for the fake
     return gateway
 

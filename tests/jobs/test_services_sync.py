@@ -3,25 +3,21 @@ accounting only when needed, constant queries."""
 
 from __future__ import annotations
 
-
 import pytest
 from django.utils import timezone
 
-from jobs import services
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services import jobs_sync
 from portal.models import SyncStatus
-from tests.jobs.fakes import FakeGateway, accounting_record, queue_entry
+from tests.fakes import FakeGateway, accounting_record, queue_entry
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def fake(monkeypatch):
-    gateway = FakeGateway()
-    monkeypatch.setattr(services, "get_gateway", lambda: gateway)
-    return gateway
+def fake(use_gateway):
+    return use_gateway(FakeGateway())
 
 
 def make_jobs(world, n, *, state=JobState.PENDING, first_id=100):

@@ -28,9 +28,8 @@ def gateway():
     reset_gateway()
 
 
-def test_sync_cluster_records_partitions_nodes_and_policy_in_a_fixed_number_of_slurm_calls(gateway, monkeypatch):
-    counting = CountingGateway(gateway)
-    monkeypatch.setattr("portal.services.get_gateway", lambda: counting)
+def test_sync_cluster_records_partitions_nodes_and_policy_in_a_fixed_number_of_slurm_calls(gateway, use_gateway, monkeypatch):
+    counting = use_gateway(CountingGateway(gateway))
     commands = []
     real_run = subprocess.run
 
@@ -73,7 +72,7 @@ def test_sync_cluster_records_what_the_cluster_itself_says_about_qos_features_an
         assert ",".join(node.features) == ("" if features[node.name] == "(null)" else features[node.name])
 
 
-def test_without_slurmdbd_the_partitions_and_nodes_are_still_recorded_and_the_last_policy_stays(gateway, monkeypatch):
+def test_without_slurmdbd_the_partitions_and_nodes_are_still_recorded_and_the_last_policy_stays(gateway, use_gateway):
     """sacctmgr needs slurmdbd, which the shared cluster must keep: its failure is the one thing faked."""
     cluster_sync()
     ClusterPolicyInfo.objects.update(qos=["normal", "high"])
@@ -84,7 +83,7 @@ def test_without_slurmdbd_the_partitions_and_nodes_are_still_recorded_and_the_la
         def policy(self):
             raise SlurmUnavailable("sacctmgr: error: Problem talking to the database: Connection refused", command="sacctmgr")
 
-    monkeypatch.setattr("portal.services.get_gateway", lambda: NoSlurmdbd(gateway))
+    use_gateway(NoSlurmdbd(gateway))
     assert cluster_sync() == {"partitions": 2, "nodes": 3}
     assert PartitionInfo.objects.get(name="debug").max_time_minutes == 60  # read again
     assert ClusterPolicyInfo.objects.get().qos == ["normal", "high"]  # the last policy read
