@@ -20,6 +20,7 @@ from portal.slurm import (
     SlurmRejected,
     SlurmUnavailable,
 )
+from portal.slurm.types import ClusterPolicy
 
 CLUSTER = "fake"
 
@@ -136,6 +137,11 @@ class FakeGateway(SlurmGateway):
     def nodes(self):
         self._call("nodes")
         return list(self.node_list)
+
+    def policy(self):
+        self._call("policy")
+        return ClusterPolicy(qos=("normal",), account_qos={}, node_features={n.name: () for n in self.node_list},
+                             max_array_size=1001)  # fmt: skip
 
     def reservation_create(self, spec):
         self._call("reservation_create")
