@@ -22,7 +22,6 @@ import functools
 import logging
 import os
 import re
-import shlex
 import subprocess
 import time
 from collections.abc import Collection
@@ -30,8 +29,27 @@ from dataclasses import dataclass
 
 from . import parsing
 from .base import SlurmGateway
+from .cli_argv import check_text, render_script, sbatch_argv, sreport_argv
+from .cli_output import (
+    QUEUE_FIELDS,
+    QUEUE_FORMAT,
+    SACCT_FIELDS,
+    limits_update,
+    parse_account_qos,
+    parse_assoc_mgr_qos,
+    parse_associations,
+    parse_job_id,
+    parse_limits,
+    parse_max_array_size,
+    parse_node_features,
+    parse_nodes,
+    parse_partitions,
+    parse_queue,
+    parse_reservations,
+    parse_sacct,
+)
 from .parsing import FIELD_SEP
-from .request import spec_options, spec_script
+from .request import spec_script
 from .types import (
     AccountingRecord,
     Association,
@@ -47,29 +65,19 @@ from .types import (
     SlurmUnavailable,
 )
 
+# Re-exported: the argv builders (portal.slurm.cli_argv) and output parsers (portal.slurm.cli_output)
+# are importable from here as before the split.
+__all__ = [
+    "QUEUE_FIELDS", "QUEUE_FORMAT", "SACCT_FIELDS", "CliGateway", "check_text", "is_idempotent_success",
+    "limits_update", "parse_account_qos", "parse_assoc_mgr_qos", "parse_associations", "parse_job_id",
+    "parse_limits", "parse_max_array_size", "parse_node_features", "parse_nodes", "parse_partitions",
+    "parse_queue", "parse_reservations", "parse_sacct", "render_script", "sbatch_argv", "sreport_argv",
+]  # fmt: skip
+
 logger = logging.getLogger(__name__)
 
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
 # Environment variables that change what Slurm's commands do; never inherited by them.
 _SCRUBBED_ENV_PREFIXES = ("SBATCH_", "SQUEUE_", "SACCT_", "SINFO_", "SCANCEL_", "SCONTROL_", "SACCTMGR_", "SLURM_")
-
-# squeue -o: comment (%k) is last so that, in theory, a separator inside it cannot shift fields.
-# %A: the job's own id (an array task's too), %F: its array's id, %K: the array index(es) of the row
-QUEUE_FIELDS = ("%i", "%u", "%a", "%P", "%T", "%r", "%N", "%D", "%V", "%S", "%e", "%l", "%b", "%v", "%A", "%F", "%K", "%j", "%k")
-QUEUE_FORMAT = FIELD_SEP.join(QUEUE_FIELDS)
-
-# sacct -o: free-text fields (JobName, Comment) last, Comment very last.
-SACCT_FIELDS = (
-    "JobIDRaw", "User", "Account", "Partition", "State", "ExitCode", "Submit", "Start", "End",
-    "ElapsedRaw", "TimelimitRaw", "NNodes", "NodeList", "AllocTRES", "ReqTRES", "Reservation",
-    "Cluster", "JobID", "JobName", "Comment",
-)  # fmt: skip
-
-# How far back find_by_comment() looks in accounting once the job left the controller.
-
-# Keys of GrpTRES/GrpTRESMins the portal manages (and clears when absent).
-_MANAGED_TRES_RE = re.compile(r"^gres/gpu(:[^=,]+)?$")
 
 
 # ==============================================================================================
@@ -106,309 +114,6 @@ def _clean_env(slurm_conf: str) -> dict[str, str]:
     env["SLURM_TIME_FORMAT"] = "standard"  # 2024-05-01T12:34:56, in TZ's zone:
     env["TZ"] = "UTC"  # every time the gateway parses or sends (parsing.parse_time/format_time)
     return env
-
-
-def check_text(value: str, what: str) -> str:
-    """Reject control characters in single-line values (they would break output parsing)."""
-    if _CONTROL_CHARS_RE.search(value):
-        raise SlurmRejected(f"{what} must not contain control characters: {value!r}")
-    return value
-
-
-def render_script(script: str, environment: dict[str, str]) -> str:
-    """The batch script with ``export NAME='value'`` lines for the job's environment.
-
-    The job runs with ``--export=NONE`` (nothing of the portal's own environment leaks into it);
-    variables are written into the script, quoted with ``shlex.quote`` after checking each name,
-    right after the leading comment block (shebang and ``#SBATCH`` lines, which sbatch reads only
-    before the first command). Only bash on the compute node ever interprets them."""
-    if "\x00" in script:
-        raise SlurmRejected("The batch script must not contain NUL characters")
-    if not environment:
-        return script
-    lines = []
-    for name in sorted(environment):
-        if not _ENV_NAME_RE.match(name):
-            raise SlurmRejected(f"Invalid environment variable name: {name!r}")
-        value = environment[name]
-        if "\x00" in value:
-            raise SlurmRejected(f"Environment variable {name} must not contain NUL characters")
-        lines.append(f"export {name}={shlex.quote(value)}")
-    block = "# Environment set by gpuportal\n" + "\n".join(lines) + "\n"
-    script_lines = script.splitlines(keepends=True)
-    insert_at = 0
-    for index, line in enumerate(script_lines):
-        stripped = line.strip()
-        if stripped == "" or stripped.startswith("#"):
-            insert_at = index + 1
-            continue
-        break
-    head = "".join(script_lines[:insert_at])
-    if head and not head.endswith("\n"):
-        head += "\n"
-    return head + block + "".join(script_lines[insert_at:])
-
-
-def sbatch_argv(spec: JobSpec, sbatch: str = "sbatch") -> list[str]:
-    """sbatch's argv for a job spec (the script, from ``spec_script``, goes to stdin). Pure: unit-tested."""
-    check_text(spec.name, "Job name")
-    check_text(spec.comment, "Job comment")
-    argv = [sbatch, "--parsable", "--export=NONE"]
-    for option, value in spec_options(spec):
-        if value is None:
-            argv.append(f"--{option}")
-        else:
-            argv.append(f"--{option}={check_text(value, f'--{option}')}")
-    return argv
-
-
-# --- output parsers (pure, unit-tested on captured output) --------------------------------------
-
-
-def parse_job_id(stdout: str) -> int:
-    """``sbatch --parsable`` prints "123" or "123;cluster"."""
-    first = stdout.strip().splitlines()[0] if stdout.strip() else ""
-    job_id = parsing.parse_int(first.split(";", 1)[0], None)
-    if job_id is None:
-        raise SlurmRejected(f"sbatch printed no job id: {stdout!r}")
-    return job_id
-
-
-def parse_queue(stdout: str) -> list[QueueEntry]:
-    entries = []
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split(FIELD_SEP, len(QUEUE_FIELDS) - 1)
-        if len(fields) != len(QUEUE_FIELDS):
-            logger.warning("squeue line with %d fields ignored: %r", len(fields), line)
-            continue
-        (job_id, user, account, partition, state, reason, nodes, num_nodes, submit, start, end,
-         limit, tres, reservation, own_id, array_id, array_index, name, comment) = fields  # fmt: skip
-        job_id_int = parsing.parse_int(own_id, None)
-        if job_id_int is None:
-            job_id_int = parsing.parse_int(job_id, None)
-        if job_id_int is None:
-            continue
-        array_tasks = "" if array_index.strip() in ("", "N/A") else array_index.strip().split("%")[0]
-        entries.append(
-            QueueEntry(
-                array_job_id=parsing.parse_int(array_id, None) if array_tasks else None,
-                array_tasks=array_tasks,
-                job_id=job_id_int,
-                name=name,
-                user=user,
-                account=account,
-                partition=partition,
-                state=parsing.base_state(state),
-                reason=reason,
-                comment="" if comment == "(null)" else comment,
-                nodes=parsing.null_to_empty(nodes),
-                num_nodes=parsing.parse_int(num_nodes, 0) or 0,
-                submit_time=parsing.parse_time(submit),
-                start_time=parsing.parse_time(start),
-                end_time=parsing.parse_time(end),
-                time_limit_minutes=parsing.parse_duration_minutes(limit),
-                tres_per_node=parsing.tres_per_node(tres),
-                reservation=parsing.null_to_empty(reservation),
-            )
-        )
-    return entries
-
-
-def parse_sacct(stdout: str) -> list[AccountingRecord]:
-    records = []
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split(FIELD_SEP, len(SACCT_FIELDS) - 1)
-        if len(fields) != len(SACCT_FIELDS):
-            logger.warning("sacct line with %d fields ignored: %r", len(fields), line)
-            continue
-        (job_id, user, account, partition, state, exit_code, submit, start, end, elapsed, limit,
-         num_nodes, nodes, alloc_tres, req_tres, reservation, cluster, array_job, name, comment) = fields  # fmt: skip
-        job_id_int = parsing.parse_int(job_id, None)
-        if job_id_int is None:
-            continue
-        array_base, underscore, array_tasks = array_job.partition("_")  # "559_3", "559_[2-3%2]"
-        array_tasks = array_tasks.strip("[]").split("%")[0] if underscore else ""
-        records.append(
-            AccountingRecord(
-                array_job_id=parsing.parse_int(array_base, None) if array_tasks else None,
-                array_tasks=array_tasks,
-                job_id=job_id_int,
-                name=name,
-                user=user,
-                account=account,
-                partition=partition,
-                state=parsing.base_state(state),
-                exit_code=parsing.parse_exit_code(exit_code),
-                submit_time=parsing.parse_time(submit),
-                start_time=parsing.parse_time(start),
-                end_time=parsing.parse_time(end),
-                elapsed_seconds=parsing.parse_int(elapsed, 0) or 0,
-                time_limit_minutes=parsing.parse_minutes_raw(limit),
-                num_nodes=parsing.parse_int(num_nodes, 0) or 0,
-                nodes="" if nodes == "None assigned" else parsing.null_to_empty(nodes),
-                alloc_tres=parsing.parse_tres(alloc_tres),
-                req_tres=parsing.parse_tres(req_tres),
-                comment=comment,
-                reservation=reservation,
-                cluster=cluster,
-            )
-        )
-    return records
-
-
-def parse_partitions(stdout: str) -> list[Partition]:
-    out = []
-    for line in stdout.splitlines():
-        if not line.startswith("PartitionName="):
-            continue
-        kv = parsing.parse_kv_line(line)
-        out.append(
-            Partition(
-                name=kv["PartitionName"],
-                is_default=kv.get("Default", "NO").upper() == "YES",
-                state=kv.get("State", "UNKNOWN").upper(),
-                default_time_minutes=parsing.parse_duration_minutes(kv.get("DefaultTime", "NONE")),
-                max_time_minutes=parsing.parse_duration_minutes(kv.get("MaxTime", "UNLIMITED")),
-                nodes=parsing.expand_hostlist(kv.get("Nodes", "")),
-            )
-        )
-    return out
-
-
-def parse_nodes(stdout: str) -> list[Node]:
-    out = []
-    for line in stdout.splitlines():
-        if not line.startswith("NodeName="):
-            continue
-        kv = parsing.parse_kv_line(line)
-        gpu_type, gpus_total = "", 0
-        for name, typ, count in parsing.parse_gres(kv.get("Gres", "")):
-            if name == "gpu":
-                gpus_total += count
-                gpu_type = gpu_type or typ
-        alloc = parsing.parse_tres(kv.get("AllocTRES", ""))
-        out.append(
-            Node(
-                name=kv["NodeName"],
-                state=kv.get("State", "UNKNOWN").upper(),
-                partitions=parsing.split_list(kv.get("Partitions", "")),
-                gpu_type=gpu_type,
-                gpus_total=gpus_total,
-                gpus_allocated=alloc.get("gres/gpu", 0),
-                cpus_total=parsing.parse_int(kv.get("CPUTot", "0"), 0) or 0,
-                cpus_allocated=parsing.parse_int(kv.get("CPUAlloc", "0"), 0) or 0,
-                memory_mb=parsing.parse_int(kv.get("RealMemory", "0"), 0) or 0,
-                reason=parsing.null_to_empty(kv.get("Reason", "")),
-            )
-        )
-    return out
-
-
-def parse_node_features(stdout: str) -> dict[str, tuple[str, ...]]:
-    """``scontrol show node -o`` -> {node: AvailableFeatures} (``(null)``: none)."""
-    out = {}
-    for line in stdout.splitlines():
-        if line.startswith("NodeName="):
-            kv = parsing.parse_kv_line(line)
-            out[kv["NodeName"]] = parsing.split_list(kv.get("AvailableFeatures", ""))
-    return out
-
-
-def parse_account_qos(stdout: str) -> dict[str, tuple[str, ...]]:
-    """``sacctmgr -n -P show assoc format=Account,QOS`` -> {account: every QOS one of its
-    associations (the account's or a user's in it) allows}. An association whose QOS column is
-    empty says nothing, so an account with only such rows is left out (nothing known, nothing refused)."""
-    out: dict[str, set[str]] = {}
-    for line in stdout.splitlines():
-        account, sep, qos = line.partition("|")
-        if sep and account and qos.strip():
-            out.setdefault(account, set()).update(q for q in qos.strip().split(",") if q)
-    return {account: tuple(sorted(names)) for account, names in out.items()}
-
-
-def parse_assoc_mgr_qos(stdout: str) -> tuple[str, ...]:
-    """``scontrol show assoc_mgr flags=qos`` -> the QOS names (records start ``QOS=name(id)``)."""
-    return tuple(sorted(set(re.findall(r"^QOS=(.+)\(\d+\)\s*$", stdout, re.M))))
-
-
-def parse_max_array_size(stdout: str) -> int | None:
-    """``scontrol show config`` -> MaxArraySize (None when absent)."""
-    match = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", stdout, re.M)
-    return int(match.group(1)) if match else None
-
-
-def parse_reservations(stdout: str) -> list[Reservation]:
-    out = []
-    for line in stdout.splitlines():
-        if not line.startswith("ReservationName="):
-            continue  # "No reservations in the system"
-        kv = parsing.parse_kv_line(line)
-        out.append(
-            Reservation(
-                name=kv["ReservationName"],
-                start=parsing.parse_time(kv.get("StartTime", "")),
-                end=parsing.parse_time(kv.get("EndTime", "")),
-                accounts=parsing.split_list(kv.get("Accounts", "")),
-                nodes=parsing.null_to_empty(kv.get("Nodes", "")),
-                tres=parsing.null_to_empty(kv.get("TRES", "")),
-                state=kv.get("State", "").upper(),
-            )
-        )
-    return out
-
-
-def parse_associations(assoc_stdout: str, users_stdout: str) -> list[Association]:
-    """``sacctmgr -n -P show assoc format=Cluster,Account,User,ParentName`` plus
-    ``sacctmgr -n -P show user withassoc format=User,DefaultAccount`` (user -> default account)."""
-    defaults: dict[str, str] = {}
-    for line in users_stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) >= 2 and parts[0]:
-            defaults[parts[0]] = parts[1]
-    out = []
-    for line in assoc_stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) < 4:
-            continue
-        cluster, account, user, parent = parts[:4]
-        out.append(
-            Association(
-                cluster=cluster,
-                account=account,
-                user=user,
-                is_default=bool(user) and defaults.get(user) == account,
-                parent=parent,
-            )
-        )
-    return out
-
-
-def parse_limits(account: str, stdout: str) -> AssociationLimits:
-    """``sacctmgr -n -P show assoc where account=A format=Account,User,GrpTRESMins,GrpTRES``."""
-    for line in stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) < 4 or parts[0] != account or parts[1]:
-            continue  # user rows carry no account limits
-        return AssociationLimits(
-            account=account,
-            grp_tres_mins=parsing.parse_tres(parts[2]),
-            grp_tres=parsing.parse_tres(parts[3]),
-        )
-    raise SlurmRejected(f"Account {account!r} has no association on this cluster")
-
-
-def limits_update(current: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
-    """What to set so the managed keys equal ``wanted``: wanted values, plus -1 for every managed key
-    (gres/gpu, gres/gpu:<type>) currently set but absent from ``wanted``. Unmanaged keys untouched."""
-    update = dict(wanted)
-    for key in current:
-        if _MANAGED_TRES_RE.match(key) and key not in wanted:
-            update[key] = -1
-    return update
 
 
 # --- the gateway -------------------------------------------------------------------------------
@@ -653,18 +358,6 @@ class CliGateway(SlurmGateway):
     def account_gpu_minutes(self, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
         argv = sreport_argv(start, end, cluster=self.cluster, sreport=self._exe("sreport"))
         return parsing.parse_account_minutes(self._run(argv))
-
-
-def sreport_argv(start: dt.datetime, end: dt.datetime, *, cluster: str = "", sreport: str = "sreport") -> list[str]:
-    """sreport's GPU-minutes per account and user in [start, end), times in UTC (the gateway runs
-    every command with TZ=UTC: sreport reads Start=/End= in that zone)."""
-    argv = [
-        sreport, "-n", "-P", "cluster", "AccountUtilizationByUser",
-        f"Start={parsing.format_time(start)}", f"End={parsing.format_time(end)}", "-T", "gres/gpu", "-t", "Minutes",
-    ]  # fmt: skip
-    if cluster:
-        argv.append(f"Clusters={cluster}")
-    return argv
 
 
 def is_idempotent_success(stdout: str, stderr: str, ok_patterns: tuple[str, ...]) -> bool:

@@ -248,7 +248,7 @@ def test_several_scripts_go_in_one_array_post_with_their_own_directives(fake_api
 
 
 def test_more_scripts_than_one_batch_holds_are_split_with_derived_keys(fake_api, tmp_path, monkeypatch):
-    monkeypatch.setattr("gpuportal_cli.main.BATCH_MAX", 2)
+    monkeypatch.setattr("gpuportal_cli.submit.BATCH_MAX", 2)
     paths = []
     for i in range(3):
         path = tmp_path / f"s{i}.sh"

@@ -1,0 +1,285 @@
+"""What the CLI backend (portal.slurm.cli) reads from Slurm's commands: the squeue/sacct field lists it
+asks for and the parsers of squeue, sacct, scontrol and sacctmgr output into typed results. Pure (no
+subprocess): unit-tested on captured output. The low-level pieces (times, TRES, hostlists) are
+portal.slurm.parsing."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from . import parsing
+from .parsing import FIELD_SEP
+from .types import (
+    AccountingRecord,
+    Association,
+    AssociationLimits,
+    Node,
+    Partition,
+    QueueEntry,
+    Reservation,
+    SlurmRejected,
+)
+
+logger = logging.getLogger(__name__)
+
+# squeue -o: comment (%k) is last so that, in theory, a separator inside it cannot shift fields.
+# %A: the job's own id (an array task's too), %F: its array's id, %K: the array index(es) of the row
+QUEUE_FIELDS = ("%i", "%u", "%a", "%P", "%T", "%r", "%N", "%D", "%V", "%S", "%e", "%l", "%b", "%v", "%A", "%F", "%K", "%j", "%k")
+QUEUE_FORMAT = FIELD_SEP.join(QUEUE_FIELDS)
+
+# sacct -o: free-text fields (JobName, Comment) last, Comment very last.
+SACCT_FIELDS = (
+    "JobIDRaw", "User", "Account", "Partition", "State", "ExitCode", "Submit", "Start", "End",
+    "ElapsedRaw", "TimelimitRaw", "NNodes", "NodeList", "AllocTRES", "ReqTRES", "Reservation",
+    "Cluster", "JobID", "JobName", "Comment",
+)  # fmt: skip
+
+# Keys of GrpTRES/GrpTRESMins the portal manages (and clears when absent).
+_MANAGED_TRES_RE = re.compile(r"^gres/gpu(:[^=,]+)?$")
+
+
+def parse_job_id(stdout: str) -> int:
+    """``sbatch --parsable`` prints "123" or "123;cluster"."""
+    first = stdout.strip().splitlines()[0] if stdout.strip() else ""
+    job_id = parsing.parse_int(first.split(";", 1)[0], None)
+    if job_id is None:
+        raise SlurmRejected(f"sbatch printed no job id: {stdout!r}")
+    return job_id
+
+
+def parse_queue(stdout: str) -> list[QueueEntry]:
+    entries = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split(FIELD_SEP, len(QUEUE_FIELDS) - 1)
+        if len(fields) != len(QUEUE_FIELDS):
+            logger.warning("squeue line with %d fields ignored: %r", len(fields), line)
+            continue
+        (job_id, user, account, partition, state, reason, nodes, num_nodes, submit, start, end,
+         limit, tres, reservation, own_id, array_id, array_index, name, comment) = fields  # fmt: skip
+        job_id_int = parsing.parse_int(own_id, None)
+        if job_id_int is None:
+            job_id_int = parsing.parse_int(job_id, None)
+        if job_id_int is None:
+            continue
+        array_tasks = "" if array_index.strip() in ("", "N/A") else array_index.strip().split("%")[0]
+        entries.append(
+            QueueEntry(
+                array_job_id=parsing.parse_int(array_id, None) if array_tasks else None,
+                array_tasks=array_tasks,
+                job_id=job_id_int,
+                name=name,
+                user=user,
+                account=account,
+                partition=partition,
+                state=parsing.base_state(state),
+                reason=reason,
+                comment="" if comment == "(null)" else comment,
+                nodes=parsing.null_to_empty(nodes),
+                num_nodes=parsing.parse_int(num_nodes, 0) or 0,
+                submit_time=parsing.parse_time(submit),
+                start_time=parsing.parse_time(start),
+                end_time=parsing.parse_time(end),
+                time_limit_minutes=parsing.parse_duration_minutes(limit),
+                tres_per_node=parsing.tres_per_node(tres),
+                reservation=parsing.null_to_empty(reservation),
+            )
+        )
+    return entries
+
+
+def parse_sacct(stdout: str) -> list[AccountingRecord]:
+    records = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split(FIELD_SEP, len(SACCT_FIELDS) - 1)
+        if len(fields) != len(SACCT_FIELDS):
+            logger.warning("sacct line with %d fields ignored: %r", len(fields), line)
+            continue
+        (job_id, user, account, partition, state, exit_code, submit, start, end, elapsed, limit,
+         num_nodes, nodes, alloc_tres, req_tres, reservation, cluster, array_job, name, comment) = fields  # fmt: skip
+        job_id_int = parsing.parse_int(job_id, None)
+        if job_id_int is None:
+            continue
+        array_base, underscore, array_tasks = array_job.partition("_")  # "559_3", "559_[2-3%2]"
+        array_tasks = array_tasks.strip("[]").split("%")[0] if underscore else ""
+        records.append(
+            AccountingRecord(
+                array_job_id=parsing.parse_int(array_base, None) if array_tasks else None,
+                array_tasks=array_tasks,
+                job_id=job_id_int,
+                name=name,
+                user=user,
+                account=account,
+                partition=partition,
+                state=parsing.base_state(state),
+                exit_code=parsing.parse_exit_code(exit_code),
+                submit_time=parsing.parse_time(submit),
+                start_time=parsing.parse_time(start),
+                end_time=parsing.parse_time(end),
+                elapsed_seconds=parsing.parse_int(elapsed, 0) or 0,
+                time_limit_minutes=parsing.parse_minutes_raw(limit),
+                num_nodes=parsing.parse_int(num_nodes, 0) or 0,
+                nodes="" if nodes == "None assigned" else parsing.null_to_empty(nodes),
+                alloc_tres=parsing.parse_tres(alloc_tres),
+                req_tres=parsing.parse_tres(req_tres),
+                comment=comment,
+                reservation=reservation,
+                cluster=cluster,
+            )
+        )
+    return records
+
+
+def parse_partitions(stdout: str) -> list[Partition]:
+    out = []
+    for line in stdout.splitlines():
+        if not line.startswith("PartitionName="):
+            continue
+        kv = parsing.parse_kv_line(line)
+        out.append(
+            Partition(
+                name=kv["PartitionName"],
+                is_default=kv.get("Default", "NO").upper() == "YES",
+                state=kv.get("State", "UNKNOWN").upper(),
+                default_time_minutes=parsing.parse_duration_minutes(kv.get("DefaultTime", "NONE")),
+                max_time_minutes=parsing.parse_duration_minutes(kv.get("MaxTime", "UNLIMITED")),
+                nodes=parsing.expand_hostlist(kv.get("Nodes", "")),
+            )
+        )
+    return out
+
+
+def parse_nodes(stdout: str) -> list[Node]:
+    out = []
+    for line in stdout.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        kv = parsing.parse_kv_line(line)
+        gpu_type, gpus_total = "", 0
+        for name, typ, count in parsing.parse_gres(kv.get("Gres", "")):
+            if name == "gpu":
+                gpus_total += count
+                gpu_type = gpu_type or typ
+        alloc = parsing.parse_tres(kv.get("AllocTRES", ""))
+        out.append(
+            Node(
+                name=kv["NodeName"],
+                state=kv.get("State", "UNKNOWN").upper(),
+                partitions=parsing.split_list(kv.get("Partitions", "")),
+                gpu_type=gpu_type,
+                gpus_total=gpus_total,
+                gpus_allocated=alloc.get("gres/gpu", 0),
+                cpus_total=parsing.parse_int(kv.get("CPUTot", "0"), 0) or 0,
+                cpus_allocated=parsing.parse_int(kv.get("CPUAlloc", "0"), 0) or 0,
+                memory_mb=parsing.parse_int(kv.get("RealMemory", "0"), 0) or 0,
+                reason=parsing.null_to_empty(kv.get("Reason", "")),
+            )
+        )
+    return out
+
+
+def parse_node_features(stdout: str) -> dict[str, tuple[str, ...]]:
+    """``scontrol show node -o`` -> {node: AvailableFeatures} (``(null)``: none)."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("NodeName="):
+            kv = parsing.parse_kv_line(line)
+            out[kv["NodeName"]] = parsing.split_list(kv.get("AvailableFeatures", ""))
+    return out
+
+
+def parse_account_qos(stdout: str) -> dict[str, tuple[str, ...]]:
+    """``sacctmgr -n -P show assoc format=Account,QOS`` -> {account: every QOS one of its
+    associations (the account's or a user's in it) allows}. An association whose QOS column is
+    empty says nothing, so an account with only such rows is left out (nothing known, nothing refused)."""
+    out: dict[str, set[str]] = {}
+    for line in stdout.splitlines():
+        account, sep, qos = line.partition("|")
+        if sep and account and qos.strip():
+            out.setdefault(account, set()).update(q for q in qos.strip().split(",") if q)
+    return {account: tuple(sorted(names)) for account, names in out.items()}
+
+
+def parse_assoc_mgr_qos(stdout: str) -> tuple[str, ...]:
+    """``scontrol show assoc_mgr flags=qos`` -> the QOS names (records start ``QOS=name(id)``)."""
+    return tuple(sorted(set(re.findall(r"^QOS=(.+)\(\d+\)\s*$", stdout, re.M))))
+
+
+def parse_max_array_size(stdout: str) -> int | None:
+    """``scontrol show config`` -> MaxArraySize (None when absent)."""
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", stdout, re.M)
+    return int(match.group(1)) if match else None
+
+
+def parse_reservations(stdout: str) -> list[Reservation]:
+    out = []
+    for line in stdout.splitlines():
+        if not line.startswith("ReservationName="):
+            continue  # "No reservations in the system"
+        kv = parsing.parse_kv_line(line)
+        out.append(
+            Reservation(
+                name=kv["ReservationName"],
+                start=parsing.parse_time(kv.get("StartTime", "")),
+                end=parsing.parse_time(kv.get("EndTime", "")),
+                accounts=parsing.split_list(kv.get("Accounts", "")),
+                nodes=parsing.null_to_empty(kv.get("Nodes", "")),
+                tres=parsing.null_to_empty(kv.get("TRES", "")),
+                state=kv.get("State", "").upper(),
+            )
+        )
+    return out
+
+
+def parse_associations(assoc_stdout: str, users_stdout: str) -> list[Association]:
+    """``sacctmgr -n -P show assoc format=Cluster,Account,User,ParentName`` plus
+    ``sacctmgr -n -P show user withassoc format=User,DefaultAccount`` (user -> default account)."""
+    defaults: dict[str, str] = {}
+    for line in users_stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 2 and parts[0]:
+            defaults[parts[0]] = parts[1]
+    out = []
+    for line in assoc_stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) < 4:
+            continue
+        cluster, account, user, parent = parts[:4]
+        out.append(
+            Association(
+                cluster=cluster,
+                account=account,
+                user=user,
+                is_default=bool(user) and defaults.get(user) == account,
+                parent=parent,
+            )
+        )
+    return out
+
+
+def parse_limits(account: str, stdout: str) -> AssociationLimits:
+    """``sacctmgr -n -P show assoc where account=A format=Account,User,GrpTRESMins,GrpTRES``."""
+    for line in stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) < 4 or parts[0] != account or parts[1]:
+            continue  # user rows carry no account limits
+        return AssociationLimits(
+            account=account,
+            grp_tres_mins=parsing.parse_tres(parts[2]),
+            grp_tres=parsing.parse_tres(parts[3]),
+        )
+    raise SlurmRejected(f"Account {account!r} has no association on this cluster")
+
+
+def limits_update(current: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
+    """What to set so the managed keys equal ``wanted``: wanted values, plus -1 for every managed key
+    (gres/gpu, gres/gpu:<type>) currently set but absent from ``wanted``. Unmanaged keys untouched."""
+    update = dict(wanted)
+    for key in current:
+        if _MANAGED_TRES_RE.match(key) and key not in wanted:
+            update[key] = -1
+    return update
