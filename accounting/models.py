@@ -367,7 +367,8 @@ class BudgetHold(models.Model):
     usage is ingested (the ingested GPU-hours become "used"), released when the job ends without
     running, its submission fails or it is cancelled before it starts (budget_holds_release), or when
     its final usage record arrives. ``job_uuid`` is the jobs app's Job pk, with no foreign key:
-    accounting imports nothing of jobs (import-linter) and a hold outlives nothing it needs."""
+    accounting imports nothing of jobs (import-linter); the usage ingestion finds a portal job's
+    booking here (``booking``), and a hold that ran keeps holding until its usage is ingested."""
 
     job_uuid = models.UUIDField(primary_key=True)
     team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="+")
@@ -404,8 +405,8 @@ class BudgetTotal(models.Model):
     period ends; ``used`` the GPU-hours ingested in the period (usage inside bookings left out when
     they charge their reserved hours), refreshed by every ingestion. The budget check of a job
     locks the team's rows (one statement), adds the new holds and compares — no aggregate over live
-    jobs or usage under the lock. Built when a quota is approved, or at the first hold that needs
-    it (accounting.services.budget)."""
+    jobs or usage under the lock. Built from the usage slices and the holds by the first placement
+    that needs it (accounting.services.budget), once per team, type and period."""
 
     team = models.ForeignKey("portal.Team", on_delete=models.CASCADE, related_name="+")
     gpu_type = models.CharField(max_length=32, blank=True)
