@@ -15,7 +15,7 @@ from django.template.loader import render_to_string
 
 from accounting.calendar import billing_midnight, next_month
 from accounting.charging import booking_charge_mode
-from accounting.selectors import booking_charges, invoice_lines, jobs_by_uuid
+from accounting.selectors import booking_charges, invoice_lines
 from portal.models import Team
 
 CENT = Decimal("0.01")
@@ -26,7 +26,6 @@ def invoice(*, team: Team, month: dt.date) -> dict:
     """One line per usage slice of the team in the month (a job crossing a month boundary or a rate
     change has one line per part), a summary per GPU type and rate, and totals. Two queries."""
     slices = list(invoice_lines(team=team, month=month))
-    jobs = jobs_by_uuid(s.record.portal_job_uuid for s in slices)
     lines, summary = [], defaultdict(lambda: {"gpu_seconds": 0, "cost": Decimal(0)})
     for s in slices:
         record = s.record
@@ -45,7 +44,7 @@ def invoice(*, team: Team, month: dt.date) -> dict:
             "price": s.price_per_gpu_hour,
             "cost": s.cost.quantize(CENT, ROUND_HALF_UP),
             "provisional": s.provisional,
-            "portal_job": jobs.get(record.portal_job_uuid),
+            "portal_job_uuid": record.portal_job_uuid,  # the jobs app's page: /jobs/<uuid>/
         })  # fmt: skip
         key = (s.gpu_type or "untyped", s.price_per_gpu_hour)
         summary[key]["gpu_seconds"] += s.gpu_seconds

@@ -356,3 +356,76 @@ class BudgetAlert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.quota_id} {self.threshold}%"
+
+
+# ---------------------------------------------------------------- budget holds and running totals
+
+
+class BudgetHold(models.Model):
+    """What one portal job holds of its team's budget until its usage is known: placed in the
+    transaction that stores the job (accounting.services.budget_holds_place), lowered as the job's
+    usage is ingested (the ingested GPU-hours become "used"), released when the job ends without
+    running, its submission fails or it is cancelled before it starts (budget_holds_release), or when
+    its final usage record arrives. ``job_uuid`` is the jobs app's Job pk, with no foreign key:
+    accounting imports nothing of jobs (import-linter); the usage ingestion finds a portal job's
+    booking here (``booking``), and a hold that ran keeps holding until its usage is ingested."""
+
+    job_uuid = models.UUIDField(primary_key=True)
+    team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="+")
+    # the GPU type the job asked for ("" = any type: held against the any-type quota only)
+    gpu_type = models.CharField(max_length=32, blank=True)
+    booking = models.ForeignKey(Booking, null=True, blank=True, on_delete=models.PROTECT, related_name="holds")
+    estimated_gpu_hours = models.DecimalField(max_digits=16, decimal_places=6)
+    estimated_cost = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
+    # what the hold counts in the running totals now: the estimate minus the GPU-hours ingested for the
+    # job so far (never below 0); 0 for a job covered by its booking (BOOKING_CHARGE_MODE=reserved)
+    # and once released
+    held_gpu_hours = models.DecimalField(max_digits=16, decimal_places=6)
+    created_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(held_gpu_hours__gte=0), name="budgethold_held_not_negative"),
+        ]
+        indexes = [
+            # seeding a running total: the team's unreleased holds (team=…, released_at IS NULL)
+            models.Index(fields=["team", "created_at"], name="budgethold_open", condition=models.Q(released_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_uuid} {self.held_gpu_hours}/{self.estimated_gpu_hours} GPU-h"
+
+
+class BudgetTotal(models.Model):
+    """The running figures of one team's budget period and GPU type ("" = every type): the key of a
+    quota (team, gpu_type, period), shared by a quota and the one that supersedes it. ``held`` is
+    the sum of ``held_gpu_hours`` of the team's unreleased holds of that type placed before the
+    period ends; ``used`` the GPU-hours ingested in the period (usage inside bookings left out when
+    they charge their reserved hours), refreshed by every ingestion. The budget check of a job
+    locks the team's rows (one statement), adds the new holds and compares — no aggregate over live
+    jobs or usage under the lock. Built from the usage slices and the holds by the first placement
+    that needs it (accounting.services.budget), once per team, type and period."""
+
+    team = models.ForeignKey("portal.Team", on_delete=models.CASCADE, related_name="+")
+    gpu_type = models.CharField(max_length=32, blank=True)
+    period_start = models.DateField()
+    period_end = models.DateField()
+    ends_at = models.DateTimeField()  # 00:00 of period_end in the billing time zone
+    held_gpu_hours = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
+    used_gpu_hours = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["team", "-period_start", "gpu_type"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "gpu_type", "period_start", "period_end"], name="budgettotal_unique_key"),
+        ]
+        indexes = [
+            # the budget check: the team's totals of periods not over yet (team=…, ends_at > now)
+            models.Index(fields=["team", "ends_at"], name="budgettotal_team_ends"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id} {self.gpu_type or 'any'} {self.period_start}–{self.period_end}: held {self.held_gpu_hours}, used {self.used_gpu_hours}"

@@ -33,7 +33,7 @@ def invoice_data(lines: int) -> dict:
             "job_id": 100000 + i, "name": NAMES[i % len(NAMES)], "user": f"user{i % 40:03d}", "partition": "gpu",
             "state": "COMPLETED", "gpu_type": "a100", "gpus": 1 + i % 4, "start": begin, "end": begin + dt.timedelta(hours=2),
             "gpu_hours": Decimal("2.00") * (1 + i % 4), "price": Decimal("8.00"), "cost": Decimal("16.00") * (1 + i % 4),
-            "provisional": False, "portal_job": None,
+            "provisional": False, "portal_job_uuid": None,
         })  # fmt: skip
     total = sum((r["cost"] for r in rows), Decimal(0))
     hours = sum((r["gpu_hours"] for r in rows), Decimal(0))

@@ -69,20 +69,18 @@ def submit_live(world, count: int) -> list:
 
 
 def history(world, count: int, first_id: int) -> list:
-    """Finished jobs (not in Slurm any more), one a minute back in time; their usage ingested five
-    minutes after they ended (``accounted_at``), as the periodic ingestion does."""
+    """Finished jobs (not in Slurm any more), one a minute back in time (their budget holds are
+    accounting's rows, which the sync never reads)."""
     import datetime as dt
 
     from django.utils import timezone
 
     now = timezone.now()
-    ingested = dt.timedelta(minutes=5)
     rows = []
     for i in range(count):
         at = now - dt.timedelta(minutes=first_id + i + 1)
         rows.append(common.make_job(world, slurm_cluster="history", slurm_job_id=10_000_000 + first_id + i,
-                                    created_at=at, submitted_at=at, started_at=at, ended_at=at,
-                                    accounted_at=at + ingested if at + ingested < now else None))  # fmt: skip
+                                    created_at=at, submitted_at=at, started_at=at, ended_at=at))  # fmt: skip
     return rows
 
 

@@ -8,8 +8,10 @@ import re
 import uuid
 
 from django import forms
+from django.utils import timezone
 from gpuportal_cli.sbatch import parse_time_minutes
 
+from accounting.selectors import bookings_usable_by
 from jobs.choices import TemplateScope
 from jobs.script_fields import overrides_only, uploaded_script_text
 from portal.roles import is_admin
@@ -65,13 +67,7 @@ def format_minutes(minutes: int | None) -> str:
 
 
 def _booking_choices(user) -> list[tuple[str, str]]:
-    """The user's teams' usable bookings (accounting.selectors.bookings_usable_by); [] without the app."""
-    try:
-        from accounting.selectors import bookings_usable_by
-    except ImportError:
-        return []
-    from django.utils import timezone
-
+    """The user's teams' usable bookings (accounting.selectors.bookings_usable_by)."""
     def local(value):
         return timezone.localtime(value).strftime("%Y-%m-%d %H:%M")
 

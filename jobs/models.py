@@ -52,8 +52,8 @@ class Job(models.Model):
     overrides = models.JSONField(default=list, blank=True)
     # The effective options ({option, value, line}; line 0: from a field), shown on the job's page.
     directives = models.JSONField(default=list, blank=True)
-    # The bookings model (accounting) does not exist yet: keep its id, turn into a FK later.
-    booking_id = models.UUIDField(null=True, blank=True)
+    # The booking the job runs in (its Slurm reservation); bookings are never deleted (cancelled).
+    booking = models.ForeignKey("accounting.Booking", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
 
     # Where it is
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.ACCEPTED)
@@ -81,9 +81,8 @@ class Job(models.Model):
     relay_token = models.UUIDField(null=True, blank=True)  # which relay run holds the claim
     relay_started_at = models.DateTimeField(null=True, blank=True)  # claim lease start
     last_relay_error = models.TextField(blank=True)
-    # Set by the usage ingestion when the job's final (non-provisional) usage record is written: from
-    # then on its real usage counts against the budget and its estimate holds nothing.
-    accounted_at = models.DateTimeField(null=True, blank=True)
+    # What the job holds of its team's budget is accounting's row (accounting.models.BudgetHold, placed
+    # in the transaction that stores the job, released or converted to usage by accounting).
 
     class Meta:
         ordering = ["-created_at"]
@@ -111,12 +110,6 @@ class Job(models.Model):
             # job lists across teams (admins; members of several teams): the newest first page without
             # sorting every visible row (100 000 jobs: 171 ms → 0.1 ms, bench/bench_pages.py)
             models.Index(fields=["-created_at"], name="job_created"),
-            # the budget hold (accounting.selectors._held_hours, under the team lock of every submit):
-            # jobs that ran and whose final usage is not ingested yet, a handful, not the team's history
-            models.Index(
-                fields=["team", "ended_at"], name="job_unaccounted",
-                condition=Q(started_at__isnull=False, accounted_at__isnull=True),
-            ),  # fmt: skip
             # "my jobs" filter and the CLI's default list
             models.Index(fields=["submitter", "-created_at"], name="job_submitter_created"),
             # look-ups by Slurm id (CLI `gpuportal job 1234`, admin search, accounting joins)

@@ -207,7 +207,7 @@ JOB_SYNC_INTERVAL_SECONDS = env.float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=
 
 # Accounting
 DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")
-# Quotas (accounting.services.budget_hold_check): a team without an approved quota for the current
+# Quotas (accounting.services.budget_holds_place): a team without an approved quota for the current
 # period is "blocked" (jobs refused with a 409 asking for a quota) or "unlimited".
 QUOTA_NO_QUOTA_POLICY = env.choice("QUOTA_NO_QUOTA_POLICY", "blocked", ("blocked", "unlimited"))
 

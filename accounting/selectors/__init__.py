@@ -45,7 +45,6 @@ from accounting.selectors.usage import (
     can_see_user_breakdown,
     cost_report,
     invoice_lines,
-    jobs_by_uuid,
     usage_by_team_and_month,
     usage_records_of_team,
     usage_teams_visible_to,
@@ -56,7 +55,7 @@ __all__ = [
     "booking_availability", "booking_charges", "booking_check_for_job", "booking_load_steps",
     "bookings_holding_capacity", "bookings_usable_by", "bookings_visible_to", "budget_burndown", "budget_rows",
     "can_read_invoice", "can_see_user_breakdown", "cost_report", "current_month", "gpu_hour_price", "invoice_lines",
-    "jobs_by_uuid", "month_start", "next_month", "quota_period_bounds", "quotas_effective", "quotas_visible_to",
+    "month_start", "next_month", "quota_period_bounds", "quotas_effective", "quotas_visible_to",
     "range_bounds", "rates_current", "team_budget", "team_budget_ratios", "usage_by_team_and_month",
     "usage_records_of_team", "usage_teams_visible_to",
 ]  # fmt: skip

@@ -8,17 +8,14 @@ import datetime as dt
 from collections.abc import Iterable
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import DecimalField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from accounting.calendar import HOUR, billing_date, billing_midnight
 from accounting.charging import bookings_charge_reserved
-from accounting.models import Quota, QuotaState, UsageRecord
+from accounting.models import BudgetHold, BudgetTotal, Quota, QuotaState
 from accounting.selectors.bookings import bookings_holding_capacity
 from accounting.selectors.usage import aggregate_slices, slices_in
-from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
-from jobs.models import Job
 from portal.models import Team
 from portal.selectors import teams_visible_to
 
@@ -74,66 +71,84 @@ def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[T
     return {key: Decimal(value) / HOUR for key, value in seconds.items()}
 
 
-def _held_hours(team_ids: Iterable[int], since: dt.datetime) -> dict[tuple[int, str], Decimal]:
-    """GPU-hours held per (team id, job gpu_type): for every job not yet accounted — live (ACCEPTED,
-    PENDING, RUNNING, …) or ended after ``since`` having started but without a final (non-provisional)
-    usage record yet (``accounted_at`` unset: the ingestion sets it) — its estimate minus what has
-    been ingested for it so far (never below 0). Jobs inside a booking hold nothing when bookings are
-    charged by reserved hours. One query, on two partial indexes (live jobs; ran but unaccounted), so
-    its cost follows the jobs in flight, not the team's history: it runs under the team lock of every
-    submission."""
-    # accounting → jobs.models: until holds are accounting's own rows (issue 16)
-    ingested = (
-        UsageRecord.objects.filter(portal_job_uuid=OuterRef("pk"))
-        .values("portal_job_uuid")
-        .annotate(total=Sum("gpu_hours"))
-        .values("total")
+def _held_hours(team_ids: Iterable[int], ends_at: dt.datetime) -> dict[tuple[int, str], Decimal]:
+    """GPU-hours held per (team id, GPU type asked) by the teams' unreleased budget holds placed
+    before ``ends_at`` (a period's end): what the running total of that period counts
+    (accounting.models.BudgetTotal). For quotas whose total is not built yet, and to build one. One
+    query (index budgethold_open)."""
+    rows = (
+        BudgetHold.objects.filter(team_id__in=list(team_ids), released_at__isnull=True, created_at__lt=ends_at)
+        .values("team_id", "gpu_type")
+        .annotate(total=Sum("held_gpu_hours"))
+        .order_by()
     )
-    ended = TERMINAL_STATES - {JobState.SUBMIT_FAILED}
-    queryset = Job.objects.filter(team_id__in=list(team_ids)).filter(
-        Q(state__in=LIVE_STATES) | Q(state__in=ended, started_at__isnull=False, accounted_at__isnull=True, ended_at__gte=since)
-    )
-    if bookings_charge_reserved():
-        queryset = queryset.filter(booking_id__isnull=True)
-    decimal = DecimalField(max_digits=16, decimal_places=6)
-    hold = Greatest(
-        ExpressionWrapper(F("estimated_gpu_hours") - Coalesce(Subquery(ingested, output_field=decimal), Value(Decimal(0)), output_field=decimal), output_field=decimal),
-        Value(Decimal(0)),
-        output_field=decimal,
-    )
-    rows = queryset.annotate(hold=hold).values("team_id", "gpu_type").annotate(total=Sum("hold")).order_by()
     return {(r["team_id"], r["gpu_type"]): Decimal(r["total"] or 0) for r in rows}
+
+
+def budget_total_figures(*, team: Team, gpu_type: str, period_start: dt.date, period_end: dt.date,
+                         held: bool = True) -> tuple[Decimal, Decimal]:  # fmt: skip
+    """(used, held) GPU-hours of one team, GPU type ("" = all) and period computed from usage slices
+    and budget holds: the first figures of a running total (BudgetTotal; once per team and period),
+    and what an ingestion refreshes ``used`` with (``held=False``). One aggregate query each."""
+    start_at, end_at = billing_midnight(period_start), billing_midnight(period_end)
+    used = _used_seconds([team.slurm_account], start_at, end_at)
+    held = _held_hours([team.pk], end_at) if held else {}
+    used_h = sum((v for (_, t), v in used.items() if not gpu_type or t == gpu_type), Decimal(0)) / HOUR
+    held_h = sum((v for (_, t), v in held.items() if not gpu_type or t == gpu_type), Decimal(0))
+    return used_h, held_h
+
+
+def totals_for(quotas: Iterable) -> dict[tuple[int, str, dt.date, dt.date], BudgetTotal]:
+    """The running totals (BudgetTotal) of the quotas' keys (team, gpu_type, period), those built.
+    One query."""
+    keys = {(q.team_id, q.gpu_type, q.period_start, q.period_end) for q in quotas}
+    if not keys:
+        return {}
+    condition = Q()
+    for team_id, gpu_type, start, end in keys:
+        condition |= Q(team_id=team_id, gpu_type=gpu_type, period_start=start, period_end=end)
+    return {(t.team_id, t.gpu_type, t.period_start, t.period_end): t for t in BudgetTotal.objects.filter(condition)}
 
 
 def _two(value: Decimal) -> Decimal:
     return Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP)
 
 
-def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool = True) -> list[dict]:
+def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool = True,
+                totals: dict | None = None) -> list[dict]:  # fmt: skip
     """Budget figures of approved quotas (any teams): budget, used, held, booked, remaining, consumed
-    (used + booked) and the day the budget runs out at the current burn rate. Queries per distinct
-    period (usually one): used, held, booked — constant in the number of teams and jobs.
+    (used + booked) and the day the budget runs out at the current burn rate. One query for the
+    quotas' running totals (BudgetTotal; ``totals`` when the caller has them), then per distinct
+    period (usually one): booked, and used and held only for quotas whose total is not built yet —
+    constant in the number of teams and jobs.
 
     used: accounted GPU-hours in the period (the team's account; the quota's GPU type, or all types);
-    held: estimates of jobs not yet accounted (see _held_hours; per type: jobs that asked for it);
+    held: what the budget holds of unfinished jobs hold (per type: jobs that asked for it);
     booked: approved bookings' reserved GPU-hours in the period."""
     now = at or timezone.now()
     periods: dict[tuple[dt.date, dt.date], list] = {}
     for quota in quotas:
         periods.setdefault((quota.period_start, quota.period_end), []).append(quota)
+    totals = totals_for(quotas) if totals is None else totals
     rows = []
     for (start, end), group in periods.items():
         start_at, end_at = billing_midnight(start), billing_midnight(end)
         teams = list({q.team_id: q.team for q in group}.values())
-        used = _used_seconds({t.slurm_account for t in teams}, start_at, end_at)
-        held = _held_hours([t.pk for t in teams], start_at) if with_held else {}
+        unbuilt = [q for q in group if (q.team_id, q.gpu_type, start, end) not in totals]
+        used = _used_seconds({q.team.slurm_account for q in unbuilt}, start_at, end_at) if unbuilt else {}
+        held = _held_hours({q.team_id for q in unbuilt}, end_at) if unbuilt and with_held else {}
         booked = _booked_hours_bulk(start_at, end_at, teams)
         for quota in group:
             account, kind = quota.team.slurm_account, quota.gpu_type
-            used_s = sum((v for (a, t), v in used.items() if a == account and (not kind or t == kind)), Decimal(0))
-            held_h = sum((v for (team_id, t), v in held.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
             booked_h = sum((v for (team_id, t), v in booked.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
-            used_h = used_s / HOUR
+            total = totals.get((quota.team_id, kind, start, end))
+            if total is not None:
+                used_h = Decimal(total.used_gpu_hours)
+                held_h = Decimal(total.held_gpu_hours) if with_held else Decimal(0)
+            else:
+                used_s = sum((v for (a, t), v in used.items() if a == account and (not kind or t == kind)), Decimal(0))
+                held_h = sum((v for (team_id, t), v in held.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
+                used_h = used_s / HOUR
             budget = Decimal(quota.gpu_hours)
             remaining = budget - used_h - held_h - booked_h
             elapsed = max((min(now, end_at) - start_at).total_seconds(), 0) / 86400

@@ -5,7 +5,7 @@ read a team's usage."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
@@ -28,7 +28,6 @@ from django.db.models.functions import Cast, Greatest, Least
 from accounting.calendar import HOUR, billing_midnight, billing_zone, month_start, next_month, range_bounds
 from accounting.models import UsageRecord, UsageSlice
 from accounting.selectors.bookings import booking_charges
-from jobs.models import Job
 from portal.models import Team
 from portal.roles import can_read_cost_reports, is_manager
 from portal.selectors import teams_visible_to
@@ -220,14 +219,6 @@ def invoice_lines(*, team: Team, month: dt.date) -> QuerySet[UsageSlice]:
         .select_related("record")
         .order_by("slice_start", "record__job_id")
     )
-
-
-def jobs_by_uuid(uuids: Iterable) -> dict:
-    """Portal jobs (jobs.Job) by pk for usage records tagged gpuportal:<uuid>. One query."""
-    wanted = {u for u in uuids if u}
-    if not wanted:
-        return {}
-    return {job.pk: job for job in Job.objects.filter(pk__in=wanted)}
 
 
 def usage_records_of_team(team: Team) -> QuerySet[UsageRecord]:

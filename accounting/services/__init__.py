@@ -7,7 +7,8 @@
 - ``bookings``      booking create / approve / reject / cancel, the capacity rule, the booking budget check
 - ``reservations``  the bookings' Slurm reservations (reserve, unreserve, cleanup)
 - ``quotas``        quota request / approve / reject / cancel
-- ``budget``        budget enforcement in the portal (budget_hold_check) and its refusal wording
+- ``budget``        budget enforcement in the portal: the jobs' budget holds and running totals
+                    (budget_holds_place / _release / _convert) and the refusal wording
 - ``slurm_limits``  budget enforcement in Slurm (association limits, drift, roll-over)
 - ``alerts``        budget alerts (80 % / 100 %), e-mail and webhook delivery
 """
@@ -31,7 +32,13 @@ from accounting.services.bookings import (
     bookings_whole_nodes,
     type_capacity,
 )
-from accounting.services.budget import QUOTA_PAGE, budget_hold_check
+from accounting.services.budget import (
+    QUOTA_PAGE,
+    HoldRequest,
+    budget_holds_convert,
+    budget_holds_place,
+    budget_holds_release,
+)
 from accounting.services.ingestion import IngestResult, usage_ingest, usage_records_upsert, usage_window_start
 from accounting.services.quotas import quota_approve, quota_cancel, quota_reject, quota_request
 from accounting.services.rates import may_set_prices, rate_create
@@ -54,7 +61,8 @@ __all__ = [
     "BOOKING_LOCK_NAMESPACE", "BOOKING_PAST_GRACE", "QUOTA_ALERT_THRESHOLDS", "QUOTA_PAGE", "RESERVE_LEASE",
     "ROLLOVER_KIND", "IngestResult", "TypeCapacity", "booking_approve", "booking_cancel", "booking_cleanup",
     "booking_create", "booking_reject", "booking_reserve_run", "booking_unreserve_run", "bookings_whole_nodes",
-    "budget_alert_email", "budget_alert_payload", "budget_alert_sweep", "budget_alert_webhook", "budget_alerts_check", "budget_hold_check",
+    "budget_alert_email", "budget_alert_payload", "budget_alert_sweep", "budget_alert_webhook", "budget_alerts_check",
+    "HoldRequest", "budget_holds_convert", "budget_holds_place", "budget_holds_release",
     "quota_approve", "quota_cancel", "quota_expected_limits", "quota_limit_drift", "quota_limits_apply",
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
     "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_window_start",

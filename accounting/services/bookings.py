@@ -183,8 +183,9 @@ def _validate_booking_input(*, team: Team | None, gpu_type: str, gpus, start, en
 
 def _lock_team(team: Team | None) -> None:
     """Lock the team row until the transaction ends: the first lock of booking_create/booking_approve,
-    taken in the same order as budget_hold_check (team, then anything else), so that a booking and a
-    job submission of one team are serialised and never both spend the last of its budget."""
+    taken in the same order as budget_holds_place (team, then anything else; its FOR KEY SHARE
+    conflicts with this FOR UPDATE), so that a booking and a job submission of one team are
+    serialised and never both spend the last of its budget."""
     if team is not None:
         Team.objects.select_for_update().filter(pk=team.pk).first()
 
@@ -266,7 +267,7 @@ def booking_create(
     )  # fmt: skip
     auto = is_admin(actor) or booking.gpu_hours <= Decimal(settings.BOOKING_AUTO_APPROVE_GPU_HOURS)
     with transaction.atomic():
-        # lock order: the team row (as budget_hold_check does for job submissions), then the type
+        # lock order: the team row (as budget_holds_place does for job submissions), then the type
         _lock_team(team)
         _booking_lock(gpu_type)
         nodes = _capacity_check(gpu_type=gpu_type, gpus=gpus, start=start, end=end)
@@ -301,7 +302,7 @@ def booking_approve(*, booking, actor, note: str = "", request=None, now: dt.dat
         raise ApplicationError("Only admins approve bookings.", status_code=403)
     now = now or timezone.now()
     with transaction.atomic():
-        # lock order: the team row (as budget_hold_check does for job submissions), then the type,
+        # lock order: the team row (as budget_holds_place does for job submissions), then the type,
         # then the booking row
         _lock_team(booking.team)
         _booking_lock(booking.gpu_type)

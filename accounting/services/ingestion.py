@@ -7,8 +7,8 @@ mark lives in ``SyncStatus(kind="usage").data``; each window starts ``ACCOUNTING
 before it, or earlier when a recent provisional (running) record has not been re-read since. Records
 whose values did not change are not written again, so re-ingesting a window is a no-op.
 
-Ingestion reads and writes jobs.models.Job (Job.accounted_at, Job.booking_id): accounting → jobs'
-models, until the budget hold becomes accounting's own rows (issue 16; ingestion then releases them)."""
+Portal jobs' usage moves from their budget holds to the teams' used figures in the same transaction
+(accounting.services.budget.budget_holds_convert): accounting's own rows, nothing of the jobs app."""
 
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Min, Q
+from django.db.models import Min, Q, Sum
 from django.utils import timezone
 
 from accounting.calendar import HOUR
-from accounting.models import Booking, UsageRecord
+from accounting.models import Booking, BudgetHold, UsageRecord
 from accounting.rates import RateBook
+from accounting.services.budget import budget_holds_convert
 from accounting.services.repricing import SIX, slices_replace
-from jobs.models import Job
 from portal.db import any_of, bulk_upsert_copy
 from portal.models import SyncStatus, Team
 from portal.services import sync_record_failure, sync_record_success
@@ -137,7 +137,7 @@ def usage_records_upsert(
                 saved = _upsert(changed)
                 result.written = len(saved)
                 result.slices = slices_replace(saved, RateBook.load({r.gpu_type for r in saved if r.gpus}))
-            _mark_jobs_accounted({r.portal_job_uuid for r in rows if r.portal_job_uuid and not r.provisional}, now)
+            _holds_convert(rows, changed, now)
         if high_water_mark is not None:
             mark = (status.data or {}).get("high_water_mark")
             if not mark or dt.datetime.fromisoformat(mark) < high_water_mark:
@@ -146,12 +146,22 @@ def usage_records_upsert(
     return result
 
 
-def _mark_jobs_accounted(job_uuids: set, now: dt.datetime) -> None:
-    """Portal jobs whose final usage record is now stored: their estimate stops holding budget
-    (jobs.Job.accounted_at; accounting.selectors._held_hours). One UPDATE."""
-    if not job_uuids:
-        return
-    Job.objects.filter(pk__in=any_of(job_uuids, "uuid"), accounted_at__isnull=True).update(accounted_at=now)
+def _holds_convert(rows: list[UsageRecord], changed: list[UsageRecord], now: dt.datetime) -> None:
+    """Portal jobs' ingested GPU-hours (all their records so far) leave their budget holds and count as
+    used; a final (non-provisional) record releases the hold; the running totals of the teams whose
+    usage changed get their used figures again (accounting.services.budget.budget_holds_convert).
+    One aggregate query for the jobs' usage, plus budget_holds_convert's."""
+    job_uuids = {r.portal_job_uuid for r in rows if r.portal_job_uuid}
+    ingested: dict = {}
+    if job_uuids:
+        ingested = dict(
+            UsageRecord.objects.filter(portal_job_uuid__in=any_of(job_uuids, "uuid"))
+            .values("portal_job_uuid").annotate(total=Sum("gpu_hours")).values_list("portal_job_uuid", "total").order_by()
+        )  # fmt: skip
+    final = {r.portal_job_uuid for r in rows if r.portal_job_uuid and not r.provisional}
+    since = min((r.start_time for r in changed), default=None)
+    budget_holds_convert(ingested=ingested, final=final, team_ids={r.team_id for r in changed if r.team_id},
+                         since=since, at=now)  # fmt: skip
 
 
 def _started(record: AccountingRecord) -> bool:
@@ -199,10 +209,10 @@ def _bookings_by_reservation(names: set[str]) -> dict:
 
 
 def _bookings_by_portal_job(uuids: set) -> dict:
-    """Booking id per portal job (jobs.Job.booking_id) for jobs submitted into a booking; one query."""
+    """Booking id per portal job for jobs submitted into a booking (their budget hold names it); one query."""
     if not uuids:
         return {}
-    return dict(Job.objects.filter(pk__in=uuids, booking_id__isnull=False).values_list("pk", "booking_id"))
+    return dict(BudgetHold.objects.filter(job_uuid__in=uuids, booking_id__isnull=False).values_list("job_uuid", "booking_id"))
 
 
 def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:

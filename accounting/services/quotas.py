@@ -3,8 +3,8 @@
 A quota is a team's GPU-hour budget for a period (a calendar month by default), for any GPU type
 or one type, with an optional cap on GPUs in use at once. Managers request, admins approve or
 reject; a newer approval for the same team, type and period supersedes the older one. Approved
-quotas are enforced twice: by the portal at submission (budget_hold_check, inside job_submit's
-transaction, under a lock on the team row) and by Slurm (GrpTRESMins / GrpTRES on the team's
+quotas are enforced twice: by the portal at submission (budget_holds_place, inside job_submit's
+transaction, under the row locks of the team's running totals) and by Slurm (GrpTRESMins / GrpTRES on the team's
 account, mirrored by accounting.tasks.quota_mirror_task; quota_limit_drift / quota_limits_apply
 for slurm_reconcile; quota_period_rollover at a new period)."""
 
@@ -86,7 +86,8 @@ def quota_request(
 
 
 def _quota_for_decision(quota_id):
-    """The quota row, locked, with its team row locked first (the order budget_hold_check uses)."""
+    """The quota row, locked, with its team row locked first (FOR UPDATE: it waits for the budget
+    holds being placed, which hold the team row FOR KEY SHARE, and they wait for it)."""
     team_id = Quota.objects.filter(pk=quota_id).values_list("team_id", flat=True).first()
     if team_id is None:
         raise ApplicationError("No such quota.", status_code=404)

@@ -17,7 +17,7 @@ Rules every function here follows:
   bulk update restricted to live rows, so a terminal state is never left;
 - Slurm is called outside any transaction, and in batches (one ``queue()`` per sync cycle).
 
-A test or bench that patches a module attribute (``RELAY_LEASE_SECONDS``, ``_check_budget``,
+A test or bench that patches a module attribute (``RELAY_LEASE_SECONDS``, ``_hold_budget``,
 ``after_commit``, ``ACCOUNTING_BY_ID_MAX``…) patches the submodule that uses it, not this package.
 """
 
@@ -40,7 +40,7 @@ from jobs.services.relay import (
 from jobs.services.submit import (
     IDEMPOTENCY_KEY_RE,
     MAX_BATCH_JOBS,
-    _check_budget,
+    _hold_budget,
     job_quote,
     job_submit,
     job_submit_batch,
@@ -63,8 +63,8 @@ __all__ = [
     "RELAY_LEASE_SECONDS",
     "RELAY_SOFT_TIME_LIMIT",
     "_apply_plan",
-    "_check_budget",
     "_claim",
+    "_hold_budget",
     "_lease_free",
     "_may_cancel",
     "_plan_job",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from accounting.services import budget_holds_release
 from jobs.choices import LIVE_STATES, JobState
 from jobs.models import Job, JobEvent
 from jobs.services.relay import job_relay_run
@@ -40,6 +41,7 @@ def job_cancel(*, user, job: Job, request=None) -> Job:
         ).update(state=JobState.CANCELLED, state_reason="Cancelled before it reached Slurm", ended_at=now, cancel_requested_at=now)
         if done:
             JobEvent.objects.create(job=job, state=JobState.CANCELLED, reason=f"Cancelled by {user} before it reached Slurm", at=now)
+            budget_holds_release(job_uuids=[job.pk], at=now)
         else:
             requested = Job.objects.filter(pk=job.pk, state__in=LIVE_STATES).update(
                 cancel_requested_at=now, cancel_sent_at=None

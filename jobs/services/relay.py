@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from accounting.services import budget_holds_release
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from portal.db import bulk_update_values
@@ -131,6 +132,7 @@ def _mark_cancelled_locally(job_id, *, token: uuid.UUID | None, reason: str) -> 
         done = query.update(state=JobState.CANCELLED, state_reason=reason, ended_at=now, relay_token=None, relay_started_at=None)
         if done:
             JobEvent.objects.create(job_id=job_id, state=JobState.CANCELLED, reason=reason, at=now)
+            budget_holds_release(job_uuids=[job_id], at=now)
     return bool(done)
 
 
@@ -196,6 +198,7 @@ def _submit_failed(job: Job, token: uuid.UUID, message: str) -> None:
         )  # fmt: skip
         if done:
             JobEvent.objects.create(job=job, state=JobState.SUBMIT_FAILED, reason=message[:1024], at=now)
+            budget_holds_release(job_uuids=[job.pk], at=now)
 
 
 RELAY_BATCH_THREADS = 4
@@ -317,6 +320,8 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
                  "last_relay_error", "unix_uid", "state_reason", "ended_at"],
             )  # fmt: skip
             JobEvent.objects.bulk_create(events)
+            # refused by Slurm or cancelled before it: never ran, holds nothing
+            budget_holds_release(job_uuids=[job.pk for job in updates if job.state != JobState.PENDING], at=now)
     if released:
         Job.objects.filter(pk__in=released, relay_token=token).update(
             relay_token=None, relay_started_at=None, last_relay_error=f"Slurm unavailable: {unavailable[0] if unavailable else 'time budget'}"[:4000]

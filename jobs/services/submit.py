@@ -1,4 +1,4 @@
-"""Submitting jobs: the quote, the budget check (accounting.services.budget_hold_check, inside the
+"""Submitting jobs: the quote, the budget holds (accounting.services.budget_holds_place, inside the
 submit's transaction), submit and batch submit (exactly once: Idempotency-Key and request fingerprint).
 The row is persisted first (ACCEPTED) and its relay is enqueued with ``on_commit``."""
 
@@ -9,13 +9,12 @@ import hashlib
 import json
 import re
 import uuid
-from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from accounting.services import budget_hold_check
+from accounting.services import HoldRequest, budget_holds_place
 from jobs.choices import JobState
 from jobs.estimate import JobQuote, quote_for
 from jobs.models import Job, JobEvent
@@ -59,11 +58,11 @@ def job_quote(
     return quote_for(spec, at=at)
 
 
-def _check_budget(team: Team, estimate: JobQuote, booking_id: uuid.UUID | None = None) -> None:
-    """``accounting.services.budget_hold_check`` raises an ApplicationError (409) when the job does not
-    fit the team's budget. Must run inside job_submit's transaction (it locks the team row until the
-    job is committed)."""
-    budget_hold_check(team=team, estimate=estimate, booking_id=booking_id)
+def _hold_budget(team: Team, jobs: list[Job], quotes: list[JobQuote]) -> None:
+    """The jobs' budget holds (``accounting.services.budget_holds_place``, which raises Conflict, 409,
+    when they do not fit the team's budget). Must run inside the transaction that inserts the jobs:
+    a refusal or a failing insert leaves no hold."""
+    budget_holds_place(team=team, holds=[HoldRequest(job.pk, quote, job.booking_id) for job, quote in zip(jobs, quotes, strict=True)])
 
 
 def request_fingerprint(payload: dict) -> str:
@@ -194,9 +193,9 @@ def job_submit(
                    fingerprint=fingerprint)  # fmt: skip
     try:
         with transaction.atomic():
-            # in the transaction that inserts the job: the budget check locks the team row, so the
-            # next submission for the team waits and then sees this job's hold
-            _check_budget(team, quote, booking_id)
+            # in the transaction that inserts the job: the hold is added to the team's running totals
+            # under their row lock, so the next submission for the team waits and then sees it
+            _hold_budget(team, [job], [quote])
             job.save(force_insert=True)
             JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
             audit_record(
@@ -260,10 +259,9 @@ def job_submit_batch(
     ``jobs``: dicts with job_submit's spec fields (name, script, partition, gpu_type, gpus, nodes,
     cpus_per_gpu, memory_gb, time_limit_minutes, workdir, environment, booking). Every spec is
     checked with the same validation as job_submit; the errors come back keyed by the spec's index
-    (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget is checked for the sum of the
-    estimates under the team row lock (one check per GPU type priced, each seeing the jobs of the
-    previous ones as held), then the jobs are bulk-inserted with their ACCEPTED events and one audit
-    event ``job.submit_batch``; ONE ``job_relay_batch`` is enqueued on commit.
+    (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget holds of all the jobs are placed at
+    once (each quota checked for the sum of the jobs it covers), then the jobs are bulk-inserted with
+    their ACCEPTED events and one audit event ``job.submit_batch``; ONE ``job_relay_batch`` is enqueued on commit.
     Returns (jobs in the given order, created). ``idempotency_key`` covers the whole batch."""
     if not isinstance(jobs, list) or not jobs:
         raise ApplicationError("Give a non-empty list of jobs.", errors={"jobs": ["Give a non-empty list of jobs."]})
@@ -320,22 +318,11 @@ def job_submit_batch(
             spec, quote, team=team, user=user, booking_id=booking_id,
             idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index), fingerprint=fingerprint,
         ))  # fmt: skip
-    # One budget check per kind of estimate (GPU type priced, assumed or not, booking), for the sum
-    # of its jobs; the jobs of a group are inserted before the next group's check, so that check
-    # sees them as held (the same transaction, under the same team lock).
-    groups: dict[tuple, list[int]] = {}
-    for index, (_spec, booking_id, quote) in enumerate(prepared):
-        groups.setdefault((quote.gpu_type, quote.gpu_type_assumed, booking_id), []).append(index)
     try:
         with transaction.atomic():
-            for indexes in groups.values():
-                quotes = [prepared[i][2] for i in indexes]
-                total = JobQuote(
-                    sum((q.gpu_hours for q in quotes), Decimal(0)), quotes[0].gpu_type, quotes[0].gpu_type_assumed,
-                    quotes[0].price_per_gpu_hour, None, quotes[0].currency, "",
-                )  # fmt: skip
-                _check_budget(team, total, prepared[indexes[0]][1])
-                Job.objects.bulk_create([rows[i] for i in indexes])
+            # one placement for the whole batch: every quota checked for the sum of its jobs
+            _hold_budget(team, rows, [quote for _spec, _booking_id, quote in prepared])
+            Job.objects.bulk_create(rows)
             JobEvent.objects.bulk_create(
                 [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
             )

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from accounting.services import budget_holds_release
 from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
 from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent
@@ -217,6 +218,10 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
         if to_update:
             bulk_update_values(Job.objects.filter(state__in=LIVE_STATES), to_update, sorted(update_fields))
             JobEvent.objects.bulk_create(events, batch_size=1000)
+            # ended without ever starting (cancelled while pending, …): its hold holds nothing any more;
+            # a job that ran keeps it until the usage ingestion converts it
+            never_ran = [job.id for job in to_update if job.state in TERMINAL_STATES and job.started_at is None]
+            budget_holds_release(job_uuids=never_ran, at=now)
         if ended:
             from jobs.tasks import job_end_notify  # jobs.tasks imports this module
 

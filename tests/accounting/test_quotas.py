@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounting import selectors, services
-from accounting.models import BudgetAlert, Quota, QuotaState, UsageRecord
+from accounting.models import BudgetAlert, BudgetHold, Quota, QuotaState, UsageRecord
 from accounting.services import usage_records_upsert
 from jobs.choices import JobState
 from jobs.models import Job
@@ -197,18 +197,20 @@ def test_running_job_holds_its_estimate_minus_what_was_ingested_so_far(world, in
     assert row["used"] > Decimal("1.9")
 
 
-def test_only_a_final_usage_record_marks_the_job_accounted(world, inventory, relays, api_client_for):
-    """Job.accounted_at, which the budget hold's index relies on: set by the ingestion when the
-    job's final record arrives, not by a running job's provisional one."""
+def test_only_a_final_usage_record_releases_the_jobs_budget_hold(world, inventory, relays, api_client_for):
+    """The job's BudgetHold (accounting's row): lowered by a running job's provisional record, released
+    by the final one — written by the ingestion, nothing written to the job."""
     quota(world.vision, 100)
     job_id = submit(api_client_for("member"), gpus=2, time_limit_minutes=240).json()["id"]
     start = timezone.now() - dt.timedelta(hours=1)
     Job.objects.filter(pk=job_id).update(state=JobState.RUNNING, started_at=start)
     usage_records_upsert(records=[acct(account="vision", start=start, hours=None, gpus=2, job_id=4242, comment=f"gpuportal:{job_id}")])
-    assert Job.objects.get(pk=job_id).accounted_at is None
+    hold = BudgetHold.objects.get(pk=job_id)
+    assert hold.released_at is None and hold.held_gpu_hours == Decimal("6")  # 8 estimated − 2 so far
     Job.objects.filter(pk=job_id).update(state=JobState.COMPLETED, ended_at=timezone.now())
     usage_records_upsert(records=[acct(account="vision", start=start, hours=1, gpus=2, job_id=4242, comment=f"gpuportal:{job_id}")])
-    assert UsageRecord.objects.count() == 1 and Job.objects.get(pk=job_id).accounted_at is not None
+    hold.refresh_from_db()
+    assert UsageRecord.objects.count() == 1 and hold.released_at is not None and hold.held_gpu_hours == 0
     assert selectors.team_budget(team=world.vision)[0]["held"] == Decimal("0.00")
 
 

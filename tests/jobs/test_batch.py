@@ -10,10 +10,12 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
+from accounting.models import BudgetHold, BudgetTotal, Quota
 from jobs import services
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services import job_relay_batch_run, job_submit_batch
+from portal.exceptions import Conflict
 from portal.models import AuditEvent
 from portal.slurm import get_gateway
 from tests.support import job_payload
@@ -96,15 +98,20 @@ def test_batch_idempotent_replay_returns_the_same_jobs_and_another_body_is_409(a
     assert Job.objects.count() == 3
 
 
-def test_batch_budget_is_checked_once_for_the_sum(world, inventory, batch_relays, monkeypatch):
-    seen = []
-    monkeypatch.setattr(services.submit, "_check_budget", lambda team, quote, booking_id=None: seen.append(quote.gpu_hours))
-    jobs, created = job_submit_batch(
-        user=world.alice, team=world.vision,
-        jobs=[{"name": f"s-{i}", "script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 2, "time_limit_minutes": 30} for i in range(4)],
-    )  # fmt: skip
+def test_batch_budget_is_checked_once_for_the_sum(world, inventory, batch_relays):
+    """One placement for the batch: each job gets its hold, every quota is checked for the sum, and a
+    batch that does not fit as a whole stores nothing."""
+    Quota.objects.filter(team=world.vision).update(gpu_hours=5)
+    spec = {"script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 2, "time_limit_minutes": 30}
+    jobs, created = job_submit_batch(user=world.alice, team=world.vision, jobs=[{"name": f"s-{i}", **spec} for i in range(4)])
     assert created and len(jobs) == 4
-    assert seen == [4]  # 4 jobs × 2 GPUs × 0.5 h, in one check
+    assert sorted(BudgetHold.objects.values_list("job_uuid", flat=True)) == sorted(j.pk for j in jobs)
+    assert BudgetTotal.objects.get(team=world.vision, gpu_type="").held_gpu_hours == 4  # 4 jobs × 2 GPUs × 0.5 h
+    with pytest.raises(Conflict) as exc:
+        job_submit_batch(user=world.alice, team=world.vision, jobs=[{"name": f"t-{i}", **spec} for i in range(2)])
+    assert "needs 2.0 GPU-h; 1.0 of 5.0 GPU-h left" in exc.value.message
+    assert Job.objects.count() == BudgetHold.objects.count() == 4
+    assert BudgetTotal.objects.get(team=world.vision, gpu_type="").held_gpu_hours == 4
 
 
 # ---------------------------------------------------------------- the batched relay

@@ -1,0 +1,249 @@
+"""Budget holds and running totals (accounting's own rows): placed in the transaction that stores
+the job, released when a job ends without running, converted to used by the ingestion; the totals
+always equal the sum of the open holds and of the ingested usage; the check's query count."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import random
+import sys
+import uuid
+from decimal import Decimal
+from types import SimpleNamespace
+
+import pytest
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from accounting.models import BudgetHold, BudgetTotal, Quota, UsageRecord
+from accounting.selectors.budgets import budget_total_figures, team_budget
+from accounting.services import HoldRequest, budget_holds_place, budget_holds_release, usage_records_upsert
+from jobs.choices import JobState
+from jobs.models import Job
+from jobs.services import job_cancel, job_relay_run, job_submit, jobs_sync
+from portal.exceptions import Conflict
+from portal.slurm import SlurmRejected
+from tests.accounting.helpers import acct
+from tests.factories import QuotaFactory
+from tests.fakes import FakeGateway, accounting_record
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fake(use_gateway, settings):
+    settings.SLURM_SUBMIT_AS_USER = False
+    return use_gateway(FakeGateway())
+
+
+def submit(world, *, gpus=2, minutes=60, gpu_type="a100"):
+    job, _ = job_submit(user=world.alice, team=world.vision, name="h", script="true", partition="gpu",
+                        gpu_type=gpu_type, gpus=gpus, time_limit_minutes=minutes)  # fmt: skip
+    return job
+
+
+def any_type_total(world) -> BudgetTotal:
+    return BudgetTotal.objects.get(team=world.vision, gpu_type="")
+
+
+def assert_totals_consistent(team) -> None:
+    """Every running total equals what its rows say: the open holds' GPU-hours (its type, placed
+    before its period ends) and the usage slices of its period."""
+    for total in BudgetTotal.objects.filter(team=team):
+        holds = BudgetHold.objects.filter(team=team, released_at__isnull=True, created_at__lt=total.ends_at)
+        if total.gpu_type:
+            holds = holds.filter(gpu_type=total.gpu_type)
+        assert total.held_gpu_hours == sum((h.held_gpu_hours for h in holds), Decimal(0)), total
+        used, _ = budget_total_figures(team=team, gpu_type=total.gpu_type, period_start=total.period_start,
+                                       period_end=total.period_end, held=False)  # fmt: skip
+        assert abs(total.used_gpu_hours - used) < Decimal("0.000001"), total
+    for hold in BudgetHold.objects.filter(team=team, released_at__isnull=True):
+        ingested = sum(UsageRecord.objects.filter(portal_job_uuid=hold.job_uuid).values_list("gpu_hours", flat=True), Decimal(0))
+        assert hold.held_gpu_hours == max(hold.estimated_gpu_hours - ingested, Decimal(0)), hold
+
+
+# ---------------------------------------------------------------- placed with the job, or not at all
+
+
+def test_the_hold_is_placed_with_the_job_and_counted_in_the_total(world, inventory, relays):
+    job = submit(world, gpus=2, minutes=90)  # 3 GPU-h
+    hold = BudgetHold.objects.get(pk=job.pk)
+    assert (hold.team_id, hold.gpu_type, hold.estimated_gpu_hours, hold.held_gpu_hours) == (world.vision.pk, "a100", 3, 3)
+    assert hold.estimated_cost == job.estimated_cost and hold.released_at is None
+    assert any_type_total(world).held_gpu_hours == 3
+    assert team_budget(team=world.vision)[0]["held"] == Decimal("3.00")
+
+
+def test_a_failing_job_insert_leaves_no_hold(world, inventory, relays, monkeypatch):
+    submit(world)  # builds the team's total
+    module = sys.modules[job_submit.__module__]
+    real = module._job_row
+
+    def broken(*args, **kwargs):
+        job = real(*args, **kwargs)
+        job.gpus = 0  # violates job_resources_positive: the INSERT fails after the hold was placed
+        return job
+
+    monkeypatch.setattr(module, "_job_row", broken)
+    with pytest.raises(IntegrityError):
+        submit(world)
+    assert Job.objects.count() == BudgetHold.objects.count() == 1
+    assert any_type_total(world).held_gpu_hours == 2
+
+
+def test_an_over_budget_job_leaves_no_hold_and_the_total_unchanged(world, inventory, relays):
+    Quota.objects.filter(team=world.vision).update(gpu_hours=3)
+    submit(world)  # 2 GPU-h
+    with pytest.raises(Conflict) as exc:
+        submit(world)
+    assert "needs 2.0 GPU-h; 1.0 of 3.0 GPU-h left" in exc.value.message
+    assert "held by unfinished jobs 2.0" in exc.value.message
+    assert BudgetHold.objects.count() == 1 and any_type_total(world).held_gpu_hours == 2
+
+
+# ---------------------------------------------------------------- released when the job never runs
+
+
+def test_cancel_before_slurm_releases_the_hold(world, inventory, relays):
+    job = submit(world)
+    job_cancel(user=world.alice, job=job)
+    hold = BudgetHold.objects.get(pk=job.pk)
+    assert hold.released_at is not None and hold.held_gpu_hours == 0
+    assert any_type_total(world).held_gpu_hours == 0
+    assert budget_holds_release(job_uuids=[job.pk]) == 0  # released once
+
+
+def test_a_submission_slurm_rejects_releases_the_hold(world, inventory, relays, fake, monkeypatch):
+    job = submit(world)
+
+    def reject(spec):
+        raise SlurmRejected("sbatch: error: Invalid account or account/partition combination specified")
+
+    monkeypatch.setattr(fake, "submit", reject)
+    assert job_relay_run(job.pk) == "submit-failed"
+    assert BudgetHold.objects.get(pk=job.pk).released_at is not None
+    assert any_type_total(world).held_gpu_hours == 0
+
+
+def test_sync_releases_a_job_that_ended_without_starting_and_keeps_one_that_ran(world, inventory, relays, fake):
+    never, ran = submit(world), submit(world, gpus=1)
+    Job.objects.filter(pk=never.pk).update(state=JobState.PENDING, slurm_job_id=501, submitted_at=timezone.now())
+    Job.objects.filter(pk=ran.pk).update(state=JobState.RUNNING, slurm_job_id=502, submitted_at=timezone.now())
+    fake.records = [
+        dataclasses.replace(accounting_record(501, "CANCELLED", never.slurm_tag), start_time=None),
+        accounting_record(502, "COMPLETED", ran.slurm_tag),
+    ]
+    jobs_sync()
+    assert Job.objects.get(pk=never.pk).state == JobState.CANCELLED
+    assert BudgetHold.objects.get(pk=never.pk).released_at is not None
+    assert BudgetHold.objects.get(pk=ran.pk).released_at is None  # its usage is not ingested yet
+    assert any_type_total(world).held_gpu_hours == 1
+
+
+# ---------------------------------------------------------------- converted by the ingestion
+
+
+def test_ingestion_moves_usage_from_held_to_used_and_a_final_record_releases(world, inventory, relays):
+    job = submit(world, gpus=2, minutes=240)  # 8 GPU-h
+    start = timezone.now() - dt.timedelta(hours=1)
+    Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, started_at=start)
+    usage_records_upsert(records=[acct(start=start, hours=None, gpus=2, job_id=77, comment=job.slurm_tag)])
+    total = any_type_total(world)
+    assert (total.held_gpu_hours, total.used_gpu_hours) == (Decimal(6), Decimal(2))  # 2 GPU-h ran so far
+    usage_records_upsert(records=[acct(start=start, hours=1.5, gpus=2, job_id=77, comment=job.slurm_tag)])
+    total.refresh_from_db()
+    assert (total.held_gpu_hours, total.used_gpu_hours) == (Decimal(0), Decimal(3))
+    assert BudgetHold.objects.get(pk=job.pk).released_at is not None
+    assert not Job.objects.filter(pk=job.pk, state=JobState.COMPLETED).exists()  # nothing written to the job
+    assert_totals_consistent(world.vision)
+
+
+def test_a_booked_job_names_its_booking_and_holds_nothing_when_bookings_carry_the_charge(world, settings):
+    from tests.factories import BookingFactory
+
+    booking = BookingFactory(team=world.vision)
+    estimate = SimpleNamespace(gpu_hours=Decimal(4), gpu_type="a100", gpu_type_assumed=False, cost=None)
+    job_uuid = uuid.uuid4()
+    budget_holds_place(team=world.vision, holds=[HoldRequest(job_uuid, estimate, booking.pk)])
+    hold = BudgetHold.objects.get(pk=job_uuid)
+    assert (hold.booking_id, hold.estimated_gpu_hours, hold.held_gpu_hours) == (booking.pk, 4, 0)
+    assert not BudgetTotal.objects.filter(team=world.vision, held_gpu_hours__gt=0).exists()
+
+
+# ---------------------------------------------------------------- the totals stay right
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_totals_equal_open_holds_and_usage_after_a_random_mix_of_operations(world, inventory, relays, seed):
+    rnd = random.Random(seed)
+    Quota.objects.filter(team=world.vision).update(gpu_hours=24)
+    world_quota = Quota.objects.get(team=world.vision, gpu_type="")
+    QuotaFactory(team=world.vision, gpu_type="a100", gpu_hours=10, period_start=world_quota.period_start,
+                 period_end=world_quota.period_end)  # fmt: skip
+    slurm_ids = iter(range(5000, 6000))
+    running: dict = {}  # job pk -> (slurm id, start)
+    outcomes = {"submitted": 0, "refused": 0, "cancelled": 0, "provisional": 0, "final": 0, "other": 0}
+    for _ in range(40):
+        accepted = list(Job.objects.filter(state=JobState.ACCEPTED).values_list("pk", flat=True))
+        op = rnd.choice(["submit", "submit", "cancel", "start", "final", "other"])
+        if op == "submit":
+            try:
+                submit(world, gpus=rnd.randint(1, 4), minutes=rnd.choice([30, 60, 120]), gpu_type=rnd.choice(["a100", "h100", ""]))
+                outcomes["submitted"] += 1
+            except Conflict:
+                outcomes["refused"] += 1
+        elif op == "cancel" and accepted:
+            job_cancel(user=world.alice, job=Job.objects.get(pk=rnd.choice(accepted)))
+            outcomes["cancelled"] += 1
+        elif op == "start" and accepted:
+            job = Job.objects.get(pk=rnd.choice(accepted))
+            start = timezone.now() - dt.timedelta(minutes=rnd.randint(5, 50))
+            Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, started_at=start)
+            running[job.pk] = (next(slurm_ids), start)
+            usage_records_upsert(records=[acct(start=start, hours=None, gpus=job.gpus, gpu_type=job.gpu_type or "h100",
+                                               job_id=running[job.pk][0], comment=job.slurm_tag)])  # fmt: skip
+            outcomes["provisional"] += 1
+        elif op == "final" and running:
+            pk = rnd.choice(sorted(running))
+            job, (slurm_id, start) = Job.objects.get(pk=pk), running.pop(pk)
+            usage_records_upsert(records=[acct(start=start, hours=rnd.choice([0.25, 0.5, 3.0]), gpus=job.gpus,
+                                               gpu_type=job.gpu_type or "h100", job_id=slurm_id, comment=job.slurm_tag)])  # fmt: skip
+            Job.objects.filter(pk=pk).update(state=JobState.COMPLETED, ended_at=timezone.now())
+            outcomes["final"] += 1
+        elif op == "other":  # a job sbatch'ed outside the portal: usage without a hold
+            usage_records_upsert(records=[acct(start=timezone.now() - dt.timedelta(hours=2), hours=0.5, gpus=1)])
+            outcomes["other"] += 1
+        assert_totals_consistent(world.vision)
+    assert outcomes["submitted"] and outcomes["refused"], outcomes  # the mix reached both sides of the budget
+    rows = {row["gpu_type"]: row for row in team_budget(team=world.vision)}
+    for kind, row in rows.items():
+        assert row["used"] + row["held"] + row["remaining"] == row["budget"], kind
+
+
+# ---------------------------------------------------------------- what the check costs
+
+
+def _estimate(gpu_hours=1, gpu_type="a100"):
+    return SimpleNamespace(gpu_hours=Decimal(gpu_hours), gpu_type=gpu_type, gpu_type_assumed=False, cost=Decimal(3))
+
+
+@pytest.mark.parametrize("jobs", [1, 50])
+def test_the_budget_check_costs_three_queries_whatever_the_jobs_and_usage(world, django_assert_num_queries, jobs):
+    """One statement (team lock, holds inserted, totals locked and added to), the quotas in force,
+    the booked hours (BOOKING_CHARGE_MODE=reserved) — with live holds and usage of the team in the
+    database, so nothing is aggregated over them."""
+    QuotaFactory(team=world.vision, gpu_type="a100", gpu_hours=1000, period_start=Quota.objects.get(team=world.vision).period_start,
+                 period_end=Quota.objects.get(team=world.vision).period_end)  # fmt: skip
+    budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate()) for _ in range(30)])  # builds the totals
+    usage_records_upsert(records=[acct(start=timezone.now() - dt.timedelta(hours=3), hours=1) for _ in range(30)])
+    with transaction.atomic(), django_assert_num_queries(3):
+        budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate()) for _ in range(jobs)])
+    assert BudgetTotal.objects.get(team=world.vision, gpu_type="a100").held_gpu_hours == 30 + jobs
+
+
+def test_the_budget_check_costs_two_queries_when_bookings_charge_usage(world, settings, django_assert_num_queries):
+    settings.BOOKING_CHARGE_MODE = "used"
+    budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate())])
+    with transaction.atomic(), django_assert_num_queries(2):
+        budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate())])
