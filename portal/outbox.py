@@ -7,14 +7,25 @@ enqueues them again: jobs.tasks.jobs_sweep_task (relays, cancels), accounting.ta
 (reservations), quota_rollover_task (quota limits), portal.tasks.team_mirror_sweep_task (teams),
 budget_alert_sweep_task (alert e-mails). Two kinds have none yet: re-pricing after a new rate (no row records that
 it was done: a sweeper needs one) and job-end e-mails (a lost notice is not re-sent; the job page
-shows the end)."""
+shows the end).
+
+Coalesced work (``after_commit_coalesced``): a task that reads every row waiting (the relay drain,
+jobs.tasks.job_relay_drain) needs one run for a burst of rows, not one per row. A short-lived flag in
+the cache (``add``: set if absent) says "a run is pending or running and will look again before it
+ends"; only the commit that sets it publishes. The run holds the flag while it works and clears it
+(``coalesced_done``) before its last look, so a row committed while the flag was up is seen by that
+look, and one committed after it publishes a new run. A run that dies leaves the flag to expire
+(``ttl``); a cache that does not answer publishes anyway (a run too many is harmless, one too few
+waits for the sweeper)."""
 
 from __future__ import annotations
 
 import logging
 
+from django.core.cache import cache
 from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerError
+from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
 
@@ -33,3 +44,41 @@ def after_commit(task, *args) -> None:
     """Enqueue ``task.delay(*args)`` when the current transaction commits (at once outside one).
     The arguments are ids (and plain values): the task reads the rows it needs."""
     transaction.on_commit(lambda: publish(task, *args))
+
+
+def coalesced_signal(task, *, key: str, ttl: float) -> bool:
+    """``task.delay()`` now unless a run is already pending or running (``key`` held); True when
+    this call published. See the module docstring."""
+    try:
+        if not cache.add(key, "1", timeout=ttl):
+            return False
+    except RedisError as exc:  # the cache is down: publish anyway
+        logger.warning("%s: coalescing flag %s not set (cache unavailable: %s); publishing", task.name, key, exc)
+        return publish(task)
+    if publish(task):
+        return True
+    coalesced_done(key)  # nothing was queued: let the next commit try again
+    return False
+
+
+def coalesced_hold(key: str, ttl: float) -> None:
+    """Keep ``key`` up for another ``ttl`` seconds (a run that is still working)."""
+    try:
+        cache.set(key, "1", timeout=ttl)
+    except RedisError as exc:
+        logger.warning("coalescing flag %s not refreshed (cache unavailable: %s)", key, exc)
+
+
+def coalesced_done(key: str) -> None:
+    """Clear ``key``: the next commit publishes a new run. The caller looks once more afterwards."""
+    try:
+        cache.delete(key)
+    except RedisError as exc:
+        logger.warning("coalescing flag %s not cleared (cache unavailable: %s); it expires", key, exc)
+
+
+def after_commit_coalesced(task, *, key: str, ttl: float) -> None:
+    """``coalesced_signal(task, key=key, ttl=ttl)`` when the current transaction commits (at once
+    outside one): a burst of commits publishes about one run of ``task``, which takes no arguments
+    and reads the rows that are waiting."""
+    transaction.on_commit(lambda: coalesced_signal(task, key=key, ttl=ttl))

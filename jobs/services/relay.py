@@ -1,5 +1,6 @@
 """Relaying ACCEPTED jobs to Slurm, exactly once: claim / lease / release (a conditional update with a
-token), the JobSpec for a stored job, the single relay and the batched relay. Slurm is called outside
+token), the JobSpec for a stored job, the single relay, the batched relay and the drain (the group
+commit of single-job submits, on the batched relay's machinery). Slurm is called outside
 any transaction; every state change is a conditional UPDATE on the row."""
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from portal.db import bulk_update_values
+from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
 from portal.slurm import JobSpec, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -222,16 +224,28 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
        raised after the others are recorded, for the task to retry with backoff (the retry claims
        only the jobs still ACCEPTED).
     Returns counts by outcome."""
-    from concurrent.futures import ThreadPoolExecutor
-
     token = uuid.uuid4()
     claimed = Job.objects.filter(
         _lease_free(), pk__in=list(job_ids), state=JobState.ACCEPTED, slurm_job_id__isnull=True
     ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
-    result = {"claimed": claimed, "not_claimed": len(set(map(str, job_ids))) - claimed, "submitted": 0, "adopted": 0,
-              "submit_failed": 0, "cancelled": 0, "unavailable": 0, "already_recorded": 0}  # fmt: skip
-    if not claimed:
-        return result
+    result = _relay_result(claimed, not_claimed=len(set(map(str, job_ids))) - claimed)
+    if claimed:
+        _relay_claimed(token, result, threads=threads, deadline=time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS)
+    return result
+
+
+def _relay_result(claimed: int, *, not_claimed: int = 0) -> dict:
+    return {"claimed": claimed, "not_claimed": not_claimed, "submitted": 0, "adopted": 0, "submit_failed": 0,
+            "cancelled": 0, "unavailable": 0, "already_recorded": 0}  # fmt: skip
+
+
+def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: float) -> None:
+    """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``token`` (the batched relay and
+    the drain share them): read, sbatch ``threads`` at a time until ``deadline`` (time.monotonic()),
+    one bulk write; counts added to ``result``. Raises SlurmUnavailable after recording the others
+    when Slurm did not answer for some (their claims released)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile"))
     gateway = get_gateway()
 
@@ -247,7 +261,6 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
         job.unix_uid = spec.uid
         todo.append((job, spec))
 
-    deadline = time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS
     unavailable = []  # set once Slurm does not answer: the remaining jobs are not tried
 
     def relay_one(item):
@@ -340,4 +353,104 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
             job_cancel_relay.delay(str(pk))
     if released:
         raise SlurmUnavailable(f"{len(released)} of {len(jobs)} jobs not relayed: {unavailable[0] if unavailable else 'time budget spent'}")
-    return result
+
+
+# ---------------------------------------------------------------- the relay drain (group commit)
+
+# The coalescing flag of the drain (portal.outbox.after_commit_coalesced) lives this long unless a
+# running drain refreshes it: a drain that died stops holding back new ones after this.
+RELAY_DRAIN_SIGNAL_SECONDS = 10
+# A drain on a worker that found nothing to claim looks again every RELAY_DRAIN_POLL_SECONDS for
+# this long before it ends: the next jobs of a burst join it instead of costing a task each. The
+# first job of a burst never waits (its commit publishes the drain).
+RELAY_DRAIN_LINGER_SECONDS = 0.25
+RELAY_DRAIN_POLL_SECONDS = 0.02
+
+
+def relay_drain_key() -> str:
+    """The drain's coalescing flag: one per database (the rows it drains)."""
+    return f"jobs-relay-drain:{connection.settings_dict['NAME']}"
+
+
+def relay_drain_after_commit() -> None:
+    """What a single-job submit enqueues: the drain, once its transaction commits, unless a drain is
+    already pending or running (it looks again before it ends, so it takes this job)."""
+    from jobs.tasks import job_relay_drain  # jobs.tasks imports this module
+
+    after_commit_coalesced(job_relay_drain, key=relay_drain_key(), ttl=RELAY_DRAIN_SIGNAL_SECONDS)
+
+
+def _claim_waiting(limit: int) -> tuple[uuid.UUID, int]:
+    """ONE UPDATE claims up to ``limit`` jobs that wait for a relay — ACCEPTED, no Slurm id, no live
+    lease — oldest first, with one token for the run (relay_attempts + 1). ``FOR UPDATE SKIP LOCKED``
+    in its sub-select: a row another drain is claiming at this moment is skipped, not waited for, and
+    one it has claimed no longer matches (its lease is live)."""
+    token = uuid.uuid4()
+    waiting = (
+        Job.objects.filter(_lease_free(), state=JobState.ACCEPTED, slurm_job_id__isnull=True)
+        .order_by("created_at")  # the partial index job_live_state
+        .select_for_update(skip_locked=True)
+        .values("pk")[:limit]
+    )
+    with transaction.atomic():  # FOR UPDATE needs one; the UPDATE is its only statement
+        claimed = Job.objects.filter(pk__in=waiting).update(
+            relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1
+        )
+    return token, claimed
+
+
+def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_THREADS, linger: float = 0.0) -> dict:
+    """Relay every job waiting in ACCEPTED, in batches: the group commit of single-job submissions.
+    What the ``job_relay_drain`` task does.
+
+    Each round: _claim_waiting(limit) (ONE UPDATE, SKIP LOCKED, limit JOB_RELAY_DRAIN_BATCH), then the
+    batched relay's steps for the claimed jobs (_relay_claimed: find-by-tag adoption for repeats,
+    sbatch ``threads`` at a time, ONE bulk write). Rounds go on until a claim comes back empty; then,
+    ``linger`` > 0, it looks again every RELAY_DRAIN_POLL_SECONDS for that long; then it clears the
+    coalescing flag and claims ONCE more (a job committed while the flag was up is taken here, one
+    committed after publishes a new drain). Several drains may run at once: each job is claimed by
+    one of them. Exactly once as with job_relay_run: a drain killed after sbatch leaves its claims
+    to expire (RELAY_LEASE_SECONDS), the sweeper's drain re-claims them and adopts by tag.
+
+    Bounded in time: after RELAY_BATCH_SUBMIT_SECONDS it publishes a fresh drain for what is left and
+    returns. SlurmUnavailable: the round's other outcomes are recorded, its unsent claims released,
+    the flag cleared, and it is raised for the task to retry. Returns counts (summed over rounds)."""
+    from jobs.tasks import job_relay_drain  # jobs.tasks imports this module
+
+    limit = limit or settings.JOB_RELAY_DRAIN_BATCH
+    key = relay_drain_key()
+    deadline = time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS
+    totals = _relay_result(0) | {"rounds": 0, "handed_over": 0}
+    idle_since = None
+    try:
+        while True:
+            token, claimed = _claim_waiting(limit)
+            if not claimed:
+                now = time.monotonic()
+                idle_since = idle_since or now
+                if now - idle_since < linger and now < deadline:
+                    time.sleep(RELAY_DRAIN_POLL_SECONDS)
+                    continue
+                coalesced_done(key)
+                token, claimed = _claim_waiting(limit)
+                if not claimed:
+                    return totals
+                coalesced_hold(key, RELAY_DRAIN_SIGNAL_SECONDS)  # going on: hold back new drains again
+            idle_since = None
+            result = _relay_result(claimed)
+            totals["rounds"] += 1
+            try:
+                _relay_claimed(token, result, threads=threads, deadline=deadline)
+            finally:
+                for name, count in result.items():
+                    totals[name] += count
+            if time.monotonic() >= deadline:
+                if publish(job_relay_drain):  # the flag stays up: the fresh drain owns it
+                    totals["handed_over"] = 1
+                else:
+                    coalesced_done(key)
+                return totals
+            coalesced_hold(key, RELAY_DRAIN_SIGNAL_SECONDS)
+    except BaseException:
+        coalesced_done(key)  # the retry (or the next commit) may start a drain at once
+        raise
