@@ -102,10 +102,15 @@ def _test_settings(settings):
 
 @pytest.fixture(autouse=True)
 def _clear_cache():
-    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean."""
+    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean.
+    So does the relay drain's coalescing flag (on the broker's Redis, portal.outbox)."""
     from django.core.cache import cache
 
+    from jobs.services import relay_drain_key
+    from portal.outbox import coalesced_done
+
     cache.clear()
+    coalesced_done(relay_drain_key())
     yield
 
 

@@ -215,7 +215,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
        their current holder, the sweeper or the single relay.
     2. ONE query reads the claimed jobs. Their sbatch calls run ``threads`` at a time (Slurm is
        called outside any transaction); a job claimed before (relay_attempts > 1) is first looked up
-       by its tag (find_by_comment) and adopted if an interrupted run submitted it already. A job
+       by its tag (all such jobs in one find_by_comments) and adopted if an interrupted run submitted it already. A job
        whose cancel was requested and that Slurm never saw is cancelled in the portal.
     3. ONE transaction records the outcomes: the still-claimed rows are locked (conditional on the
        token, ACCEPTED, no Slurm id), ONE bulk UPDATE writes PENDING + Slurm id / SUBMIT_FAILED with
@@ -231,21 +231,28 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
     result = _relay_result(claimed, not_claimed=len(set(map(str, job_ids))) - claimed)
     if claimed:
         _relay_claimed(token, result, threads=threads, deadline=time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS)
+    if result["out_of_time"]:  # released for the retry, as when Slurm does not answer
+        raise SlurmUnavailable(f"{result['out_of_time']} of {claimed} jobs not relayed: time budget spent")
     return result
 
 
 def _relay_result(claimed: int, *, not_claimed: int = 0) -> dict:
     return {"claimed": claimed, "not_claimed": not_claimed, "submitted": 0, "adopted": 0, "submit_failed": 0,
-            "cancelled": 0, "unavailable": 0, "already_recorded": 0}  # fmt: skip
+            "cancelled": 0, "unavailable": 0, "out_of_time": 0, "already_recorded": 0}  # fmt: skip
 
 
 def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: float) -> None:
-    """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``token`` (the batched relay and
-    the drain share them): read, sbatch ``threads`` at a time until ``deadline`` (time.monotonic()),
-    one bulk write; counts added to ``result``. Raises SlurmUnavailable after recording the others
-    when Slurm did not answer for some (their claims released)."""
+    """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``token`` just now (the batched
+    relay and the drain share them): read; ONE look-up by tag for the jobs claimed before
+    (find_by_comments: two Slurm calls at most, not two per job); sbatch ``threads`` at a time; one
+    bulk write; counts added to ``result``. No sbatch starts after ``deadline`` (time.monotonic())
+    nor so late that it could outlive the claim's lease (RELAY_LEASE_SECONDS, less one SLURM_TIMEOUT
+    and a margin): the jobs not started are released (``result["out_of_time"]``). Raises
+    SlurmUnavailable after recording the others when Slurm did not answer for some (their claims
+    released)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    deadline = min(deadline, time.monotonic() + RELAY_LEASE_SECONDS - settings.SLURM_TIMEOUT - 2)
     jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile"))
     gateway = get_gateway()
 
@@ -262,13 +269,22 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
         todo.append((job, spec))
 
     unavailable = []  # set once Slurm does not answer: the remaining jobs are not tried
+    # A job claimed before may have reached Slurm in a run that died after sbatch: its tag says so.
+    repeats = [job.slurm_tag for job, _ in todo if job.relay_attempts > 1]
+    in_slurm: dict[str, int] = {}
+    try:
+        in_slurm = gateway.find_by_comments(repeats) if repeats else {}
+    except SlurmUnavailable as exc:
+        unavailable.append(exc.message)
 
     def relay_one(item):
         job, spec = item
-        if unavailable or time.monotonic() > deadline:
-            return job.pk, ("unavailable", unavailable[0] if unavailable else "batch time budget spent")
+        if unavailable:
+            return job.pk, ("unavailable", unavailable[0])
+        if time.monotonic() > deadline:
+            return job.pk, ("out_of_time", None)
         try:
-            existing = gateway.find_by_comment(job.slurm_tag) if job.relay_attempts > 1 else None
+            existing = in_slurm.get(job.slurm_tag) if job.relay_attempts > 1 else None
             if existing is not None:
                 return job.pk, ("adopted", existing)
             if job.cancel_requested_at is not None:
@@ -286,7 +302,7 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
     now = timezone.now()
     by_pk = {job.pk: job for job in jobs}
     events, updates, slurm_ids = [], [], {}
-    released = [pk for pk, (kind, _) in outcomes.items() if kind == "unavailable"]
+    released = [pk for pk, (kind, _) in outcomes.items() if kind in ("unavailable", "out_of_time")]
     with transaction.atomic():
         held = set(
             Job.objects.select_for_update()
@@ -295,7 +311,7 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
             .values_list("pk", flat=True)
         )  # fmt: skip
         for pk, (kind, value) in outcomes.items():
-            if kind == "unavailable":
+            if kind in ("unavailable", "out_of_time"):
                 continue
             if kind in ("submitted", "adopted"):
                 slurm_ids[pk] = value
@@ -332,9 +348,13 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
             JobEvent.objects.bulk_create(events)
     if released:
         Job.objects.filter(pk__in=released, relay_token=token).update(
-            relay_token=None, relay_started_at=None, last_relay_error=f"Slurm unavailable: {unavailable[0] if unavailable else 'time budget'}"[:4000]
-        )
-        result["unavailable"] = len(released)
+            relay_token=None, relay_started_at=None,
+            last_relay_error=(f"Slurm unavailable: {unavailable[0]}" if unavailable else "Relay time budget spent")[:4000],
+        )  # fmt: skip
+        if unavailable:
+            result["unavailable"] += len(released)
+        else:
+            result["out_of_time"] += len(released)
 
     # Submitted but recorded by someone else (the sync adopting it by its tag): a different id there
     # would be a duplicate (never expected) and is cancelled, as job_relay_run does.
@@ -351,8 +371,8 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
 
         for pk in Job.objects.filter(pk__in=recorded_ids, cancel_requested_at__isnull=False).values_list("pk", flat=True):
             job_cancel_relay.delay(str(pk))
-    if released:
-        raise SlurmUnavailable(f"{len(released)} of {len(jobs)} jobs not relayed: {unavailable[0] if unavailable else 'time budget spent'}")
+    if unavailable:
+        raise SlurmUnavailable(f"{len(released)} of {len(jobs)} jobs not relayed: {unavailable[0]}")
 
 
 # ---------------------------------------------------------------- the relay drain (group commit)
@@ -444,6 +464,8 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
             finally:
                 for name, count in result.items():
                     totals[name] += count
+            if result["out_of_time"] == claimed:  # not one sbatch fitted in the lease: back off
+                raise SlurmUnavailable(f"{claimed} jobs not relayed: no time left within the claim's lease")
             if time.monotonic() >= deadline:
                 if publish(job_relay_drain):  # the flag stays up: the fresh drain owns it
                     totals["handed_over"] = 1

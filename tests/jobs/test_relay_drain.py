@@ -77,15 +77,18 @@ def test_a_burst_of_submits_publishes_one_drain_until_the_drain_clears_its_flag(
     assert len(drains) == 2
 
 
-def test_a_submit_publishes_its_drain_when_the_cache_does_not_answer(
+def test_a_submit_publishes_its_drain_when_the_flag_store_does_not_answer(
     world, inventory, drains, monkeypatch, django_capture_on_commit_callbacks
 ):
     import portal.outbox
 
-    def down(*args, **kwargs):
-        raise redis.exceptions.ConnectionError("cache down")
+    class Down:
+        def set(self, *args, **kwargs):
+            raise redis.exceptions.ConnectionError("flag store down")
 
-    monkeypatch.setattr(portal.outbox.cache, "add", down)
+        delete = set
+
+    monkeypatch.setattr(portal.outbox, "_flags", Down)
     with django_capture_on_commit_callbacks(execute=True):
         for i in range(3):
             _submit(world, f"nocache-{i}")
