@@ -84,19 +84,16 @@ def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None
 
 def _submit_with_history(client, runs: int) -> tuple[float, int]:
     """Median seconds and queries of one submission (test client; the relay message stubbed)."""
-    from unittest import mock
-
     from django.db import connection
 
-    from bench_relay import job_body
-    from jobs import services
+    from bench_relay import _no_relay, job_body
 
     def post():
         response = client.post("/api/v1/jobs/", job_body("pages-submit"), content_type="application/json")
         if response.status_code != 201:
             print(f"  ! POST answered {response.status_code}: {response.content[:300]!r}", file=sys.stderr)
 
-    with mock.patch.object(services.submit, "after_commit", lambda *args: None):
+    with _no_relay():
         post()  # warm
         timer = QueryTimer()
         with connection.execute_wrapper(timer):

@@ -5,8 +5,10 @@
 Each round submits the same trivial job (``true``, 1 GPU, partition debug, 1 minute) N times:
   raw     a plain loop of ``sbatch`` (the argv and script the portal's gateway builds, --uid/--gid of
           the bench user), one after the other, from this process;
-  portal  N POSTs to gunicorn (4 client threads), Celery worker(s) relay them; the round ends when
-          every job has its Slurm id (the last ``submitted_at``).
+  portal  N POSTs to gunicorn (``--clients`` client threads, default 8), Celery worker(s) relay them
+          (single-job submits publish the relay drain, the group commit: one claim of up to
+          JOB_RELAY_DRAIN_BATCH jobs, parallel sbatch, one bulk write); the round ends when every job
+          has its Slurm id (the last ``submitted_at``). ``--single-only``: these rounds alone.
 Then the profile: the relay service run in this process for a few jobs, timed by phase (sbatch,
 database, the rest), and the batched relay (jobs.services.job_relay_batch_run) in-process.
   batch   the same N jobs as arrays to ``POST /api/v1/jobs/`` (``--batch``, default N/10 within
@@ -34,7 +36,7 @@ import common
 SCRIPT = "true\n"
 PARTITION = "debug"
 TIME_LIMIT = 1
-CLIENT_THREADS = 4
+CLIENT_THREADS = 8  # issue 16 item 1: 500 single-job POSTs from 8 concurrent clients
 
 
 def job_body(name: str) -> dict:
@@ -90,11 +92,12 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
 
 
 def post_jobs(
-    token: str, n: int, name: str, *, threads: int = CLIENT_THREADS, batch: int = 0
+    token: str, n: int, name: str, *, threads: int | None = None, batch: int = 0
 ) -> tuple[float, list[float], int]:
     """POST n jobs from ``threads`` keep-alive clients: one job per POST to /api/v1/jobs/, or with
     ``batch`` > 0 arrays of up to ``batch`` jobs per POST (a batch submit). Returns (seconds, latencies
     per request, errors)."""
+    threads = threads or CLIENT_THREADS
     sizes = [min(batch, n - i) for i in range(0, n, batch)] if batch else [0] * n
     counter = iter(sizes)
     lock = threading.Lock()
@@ -138,15 +141,20 @@ def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0) ->
 
     from jobs.choices import JobState
     from jobs.models import Job
+    from portal.celery import app
 
     start = dt.datetime.now(dt.UTC)
     post_seconds, post_latencies, errors = post_jobs(world.token, n, name, batch=batch)
     deadline = time.monotonic() + timeout
     jobs = Job.objects.filter(name=name)
+    last_sweep = time.monotonic()
     while time.monotonic() < deadline:
         pending = jobs.filter(state=JobState.ACCEPTED).count()
         if pending == 0:
             break
+        if time.monotonic() - last_sweep >= 15:  # what beat does in production (a lost message is swept)
+            app.send_task("jobs.tasks.jobs_sweep_task")
+            last_sweep = time.monotonic()
         time.sleep(0.2)
     else:
         print(f"  ! {pending} jobs still ACCEPTED after {timeout:.0f} s", file=sys.stderr)
@@ -205,14 +213,29 @@ class QueryTimer:
             self.seconds += time.perf_counter() - began
 
 
-def _accepted_jobs(world, n: int, name: str) -> list:
-    """n ACCEPTED jobs made by job_submit in this process, without enqueueing their relay."""
+@contextlib.contextmanager
+def _no_relay():
+    """Submits in this process store their jobs ACCEPTED and enqueue nothing: the relay drain's
+    publish is a no-op (and its coalescing flag, left up by the first submit, is cleared after)."""
     from unittest import mock
 
+    from jobs import tasks
+    from jobs.services import relay_drain_key
+    from portal.outbox import coalesced_done
+
+    try:
+        with mock.patch.object(tasks.job_relay_drain, "delay", lambda: None):
+            yield
+    finally:
+        coalesced_done(relay_drain_key())
+
+
+def _accepted_jobs(world, n: int, name: str) -> list:
+    """n ACCEPTED jobs made by job_submit in this process, without enqueueing their relay."""
     from jobs import services
 
     ids = []
-    with mock.patch.object(services.submit, "after_commit", lambda *args: None):
+    with _no_relay():
         for _ in range(n):
             body = job_body(name)
             body.pop("team")
@@ -261,16 +284,12 @@ def profile_relay(world, n: int, section: common.Section) -> float:
 def api_profile(world, n: int = 30) -> tuple[int, float]:
     """Queries one POST /api/v1/jobs/ runs and the median time of one, in this process (Django test
     client: no HTTP, no gunicorn; relay enqueue stubbed)."""
-    from unittest import mock
-
     from django.db import connection
     from django.test import Client
 
-    from jobs import services
-
     client = Client(HTTP_AUTHORIZATION=f"Token {world.token}")
     timer = QueryTimer()
-    with mock.patch.object(services.submit, "after_commit", lambda *args: None):
+    with _no_relay():
         client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")  # warm
         with connection.execute_wrapper(timer):
             response = client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")
@@ -287,10 +306,12 @@ def api_profile(world, n: int = 30) -> tuple[int, float]:
     return timer.count, common.median(times)
 
 
-def relay_only(world, n: int, *, concurrency: int, runs: int) -> list[float]:
+def relay_only(world, n: int, *, concurrency: int, runs: int, drain: bool = False) -> list[float]:
     """The relay alone, through Celery: per run, n ACCEPTED jobs stored first, then n job_relay
-    messages sent at once to one worker of ``concurrency`` processes; jobs/s from the first message
-    to the last id. The bench jobs are cancelled between runs. Returns the rate of each run."""
+    messages sent at once to one worker of ``concurrency`` processes — or, ``drain``, ONE
+    job_relay_drain message (what the first single-job submit of a burst publishes: the group
+    commit); jobs/s from the first message to the last id. The bench jobs are cancelled between
+    runs. Returns the rate of each run."""
     from django.db.models import Max
 
     from jobs.choices import JobState
@@ -301,14 +322,16 @@ def relay_only(world, n: int, *, concurrency: int, runs: int) -> list[float]:
     worker = common.start_worker(concurrency=concurrency)
     rates = []
     try:
-        for _ in range(4 * concurrency):  # warm each child (imports, database connection): ids of no job
-            app.send_task("jobs.tasks.job_relay", args=[str(uuid.uuid4())])
+        for _ in range(4 * concurrency):  # warm each child (imports, database connection): no job to relay
+            app.send_task("jobs.tasks.job_relay_drain") if drain else app.send_task("jobs.tasks.job_relay", args=[str(uuid.uuid4())])
         time.sleep(2)
         for run in range(runs):
-            name = f"relay-only-c{concurrency}-{run}"
+            name = f"relay-only-c{concurrency}-{'drain-' if drain else ''}{run}"
             ids = _accepted_jobs(world, n, name)
             start = dt.datetime.now(dt.UTC)
-            for job_id in ids:
+            if drain:
+                app.send_task("jobs.tasks.job_relay_drain")
+            for job_id in [] if drain else ids:
                 app.send_task("jobs.tasks.job_relay", args=[str(job_id)])
             deadline = time.monotonic() + max(120, n)
             while time.monotonic() < deadline and Job.objects.filter(name=name, state=JobState.ACCEPTED).exists():
@@ -355,7 +378,7 @@ def batched_in_process(world, n: int, section: common.Section, *, runs: int, thr
 
 
 def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = None, concurrency: int = 2,
-        web_workers: int = 3, batch: int | None = None) -> common.Section:  # fmt: skip
+        web_workers: int = 3, batch: int | None = None, single_only: bool = False) -> common.Section:  # fmt: skip
     n = jobs or (40 if quick else 500)
     rounds = rounds or (2 if quick else 3)
     profile_n = 20 if quick else 100
@@ -383,6 +406,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
     raw_rates, portal_rates, ratios, accept_rates = [], [], [], []
     batch_rates, batch_ratios, batch_accept = [], [], []
     latencies: list[float] = []
+    single_latencies: list[float] = []
     try:
         web = common.start_gunicorn(workers=web_workers, threads=2, THROTTLE_SUBMIT="1000000/min")
         worker = common.start_worker(concurrency=concurrency)
@@ -404,8 +428,11 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
             ratios.append(portal / raw)
             accept_rates.append(n / result["post_seconds"])
             latencies += result["relay_latencies"]
+            single_latencies += result["post_latencies"]
             print(f"  round {r}: raw {raw:.1f} jobs/s, portal {portal:.1f} jobs/s (ratio {portal / raw:.2f}), "
                   f"POSTs accepted at {n / result['post_seconds']:.1f}/s", flush=True)  # fmt: skip
+            if single_only:
+                continue
             result = portal_round(world, n, f"relay-b{r}", timeout=max(120, n), batch=batch_size)
             common.drain_cluster()
             if result["relayed"] != n or result["failed"] or result["post_errors"]:
@@ -422,19 +449,20 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
         section.add("portal (POST → Slurm id)", common.median(portal_rates), "jobs/s", runs)
         section.add("ratio portal / raw", common.median(ratios), "", runs + " (target ≥ 1.0)")
         section.add("POSTs accepted (API side alone)", common.median(accept_rates), "jobs/s", runs)
-        batch_runs = f"{runs}; {-(-n // batch_size)} POSTs of arrays of ≤ {batch_size} jobs to /api/v1/jobs/"
-        section.add("portal, batch API (POST batch → Slurm id)", common.median(batch_rates), "jobs/s", batch_runs)
-        section.add("ratio portal batch / raw", common.median(batch_ratios), "", batch_runs + " (target ≥ 1.0)")
-        section.add("jobs accepted by the batch API (API side alone)", common.median(batch_accept), "jobs/s", batch_runs)
+        section.add("POST latency p50 (single-job POSTs)", common.percentile(single_latencies, 50) * 1000, "ms",
+                    f"{len(single_latencies)} requests, all rounds, {CLIENT_THREADS} clients")  # fmt: skip
         section.add(
             "accepted → Slurm id, median", common.median(latencies), "s", f"{len(latencies)} jobs, all rounds"
         )
         section.add(
-            "accepted → Slurm id, p99",
-            common.percentile(latencies, 99),
-            "s",
-            f"{len(latencies)} jobs, all rounds",
+            "accepted → Slurm id, p99", common.percentile(latencies, 99), "s", f"{len(latencies)} jobs, all rounds"
         )
+        if single_only:
+            return section
+        batch_runs = f"{runs}; {-(-n // batch_size)} POSTs of arrays of ≤ {batch_size} jobs to /api/v1/jobs/"
+        section.add("portal, batch API (POST batch → Slurm id)", common.median(batch_rates), "jobs/s", batch_runs)
+        section.add("ratio portal batch / raw", common.median(batch_ratios), "", batch_runs + " (target ≥ 1.0)")
+        section.add("jobs accepted by the batch API (API side alone)", common.median(batch_accept), "jobs/s", batch_runs)
         worker.stop()
         web.stop()
         worker = web = None
@@ -457,6 +485,12 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
             relay_rates[c] = common.median(rates)
             section.add(f"relay alone through Celery, worker concurrency {c}", relay_rates[c], "jobs/s",
                         f"median of {rounds} runs of {n} jobs stored first, then {n} messages")  # fmt: skip
+        from django.conf import settings
+
+        drained = common.median(relay_only(world, n, concurrency=concurrency, runs=rounds, drain=True))
+        section.add(f"relay drain alone through Celery (group commit), worker concurrency {concurrency}", drained, "jobs/s",
+                    f"median of {rounds} runs of {n} jobs stored first, then 1 drain message; "
+                    f"batches of ≤ {settings.JOB_RELAY_DRAIN_BATCH}, 4 sbatch at a time")  # fmt: skip
         par_rates = []
         for _ in range(rounds):
             par_rates.append(n / raw_round(world, n, threads=4))
@@ -467,7 +501,8 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
         batched = batched_in_process(world, n, section, runs=rounds)
         section.note(
             f"End to end the portal cannot beat its slowest stage: the API accepted {common.median(accept_rates):.1f} POSTs/s, "
-            f"the relay alone did {relay_rates[concurrency]:.1f} jobs/s through Celery at concurrency {concurrency}, while "
+            f"the relay alone did {relay_rates[concurrency]:.1f} jobs/s through Celery at concurrency {concurrency} one task "
+            f"per job and {drained:.1f} jobs/s as the drain (what single-job submits use), while "
             f"raw sbatch ran {common.median(raw_rates):.1f}/s sequentially and {par:.1f}/s 4 at a time; the batched "
             f"relay in-process (one claim, parallel sbatch, one bulk write) relayed {batched:.1f} jobs/s, and the "
             f"batch API end to end {common.median(batch_rates):.1f} jobs/s (ratio {common.median(batch_ratios):.2f})."
@@ -483,6 +518,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
 
 
 def main() -> None:
+    global CLIENT_THREADS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (40 jobs, 2 rounds)")
     parser.add_argument("--jobs", type=int)
@@ -490,7 +526,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker processes (default 2)")
     parser.add_argument("--web-workers", type=int, default=3, help="gunicorn workers (default 3)")
     parser.add_argument("--batch", type=int, help="jobs per batch POST to /api/v1/jobs/ (default: n/10, 10–100)")
+    parser.add_argument("--clients", type=int, default=CLIENT_THREADS, help=f"client threads POSTing (default {CLIENT_THREADS})")
+    parser.add_argument("--single-only", action="store_true", help="only the raw loop and the single-job POST rounds")
     args = parser.parse_args()
+    CLIENT_THREADS = args.clients
     common.setup()
     run(
         quick=args.quick,
@@ -499,6 +538,7 @@ def main() -> None:
         concurrency=args.concurrency,
         web_workers=args.web_workers,
         batch=args.batch,
+        single_only=args.single_only,
     )
 
 

@@ -52,6 +52,19 @@ def job_relay_batch(self, job_ids: list[str]) -> dict:
 
 
 @shared_task(**RELAY_TASK_OPTIONS)
+def job_relay_drain(self) -> dict:
+    """The group commit of single-job submissions (see services.job_relay_drain_run): claim up to
+    JOB_RELAY_DRAIN_BATCH waiting ACCEPTED jobs (SKIP LOCKED: several drains may run at once), sbatch
+    them a few at a time, one bulk write, again until none is left. Published by submits through the
+    coalescing outbox (a burst causes about one run) and by the sweeper. A worker's drain waits a
+    moment for the next job of a burst before it ends; an eager one (tests) does not."""
+    linger = 0.0 if self.request.is_eager else services.RELAY_DRAIN_LINGER_SECONDS
+    outcome = services.job_relay_drain_run(linger=linger)
+    logger.info("job relay drain: %s", outcome)
+    return outcome
+
+
+@shared_task(**RELAY_TASK_OPTIONS)
 def job_cancel_relay(self, job_id: str) -> str:
     """Pass a requested cancel on to Slurm (scancel; repeating it is harmless)."""
     outcome = services.job_cancel_relay_run(job_id)
@@ -76,7 +89,7 @@ def jobs_sync_task() -> dict:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
 def jobs_sweep_task() -> dict:
-    """Re-enqueue relays of jobs stuck in ACCEPTED and cancels not yet passed on to Slurm."""
+    """Re-enqueue relays of jobs stuck in ACCEPTED (one drain) and cancels not yet passed on to Slurm."""
     return services.jobs_sweep()
 
 

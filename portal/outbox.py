@@ -7,14 +7,25 @@ enqueues them again: jobs.tasks.jobs_sweep_task (relays, cancels), accounting.ta
 (reservations), quota_rollover_task (quota limits), portal.tasks.team_mirror_sweep_task (teams),
 budget_alert_sweep_task (alert e-mails). Two kinds have none yet: re-pricing after a new rate (no row records that
 it was done: a sweeper needs one) and job-end e-mails (a lost notice is not re-sent; the job page
-shows the end)."""
+shows the end).
+
+Coalesced work (``after_commit_coalesced``): a task that reads every row waiting (the relay drain,
+jobs.tasks.job_relay_drain) needs one run for a burst of rows, not one per row. A short-lived flag on
+the broker's own Redis (``SET NX EX``: it lives and dies with the messages it stands for) says "a
+run is pending or running and will look again before it ends"; only the commit that sets it publishes. The run holds the flag while it works and clears it
+(``coalesced_done``) before its last look, so a row committed while the flag was up is seen by that
+look, and one committed after it publishes a new run. A run that dies leaves the flag to expire
+(``ttl``); a flag store that does not answer, or a broker that is not Redis, publishes anyway (a
+run too many is harmless, one too few waits for the sweeper)."""
 
 from __future__ import annotations
 
 import logging
 
+import redis
 from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerError
+from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
 
@@ -33,3 +44,63 @@ def after_commit(task, *args) -> None:
     """Enqueue ``task.delay(*args)`` when the current transaction commits (at once outside one).
     The arguments are ids (and plain values): the task reads the rows it needs."""
     transaction.on_commit(lambda: publish(task, *args))
+
+
+_flag_clients: dict[str, redis.Redis] = {}
+
+
+def _flags() -> redis.Redis | None:
+    """Where coalescing flags live: the broker's own Redis, so that a flag lives and dies with the
+    messages it stands for (a broker restarted empty loses both). None for a broker that is not Redis."""
+    from portal.celery import app
+
+    url = app.conf.broker_url or ""
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    client = _flag_clients.get(url)
+    if client is None:
+        client = _flag_clients[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return client
+
+
+def coalesced_signal(task, *, key: str, ttl: float) -> bool:
+    """``task.delay()`` now unless a run is already pending or running (``key`` held); True when
+    this call published. See the module docstring."""
+    flags = _flags()
+    try:
+        if flags is not None and not flags.set(key, "1", nx=True, ex=max(1, round(ttl))):
+            return False
+    except RedisError as exc:  # the broker's Redis does not answer: publish (and log) as without a flag
+        logger.warning("%s: coalescing flag %s not set (%s); publishing", task.name, key, exc)
+        return publish(task)
+    if publish(task):
+        return True
+    coalesced_done(key)  # nothing was queued: let the next commit try again
+    return False
+
+
+def coalesced_hold(key: str, ttl: float) -> None:
+    """Keep ``key`` up for another ``ttl`` seconds (a run that is still working)."""
+    flags = _flags()
+    try:
+        if flags is not None:
+            flags.set(key, "1", ex=max(1, round(ttl)))
+    except RedisError as exc:
+        logger.warning("coalescing flag %s not refreshed (%s)", key, exc)
+
+
+def coalesced_done(key: str) -> None:
+    """Clear ``key``: the next commit publishes a new run. The caller looks once more afterwards."""
+    flags = _flags()
+    try:
+        if flags is not None:
+            flags.delete(key)
+    except RedisError as exc:
+        logger.warning("coalescing flag %s not cleared (%s); it expires", key, exc)
+
+
+def after_commit_coalesced(task, *, key: str, ttl: float) -> None:
+    """``coalesced_signal(task, key=key, ttl=ttl)`` when the current transaction commits (at once
+    outside one): a burst of commits publishes about one run of ``task``, which takes no arguments
+    and reads the rows that are waiting."""
+    transaction.on_commit(lambda: coalesced_signal(task, key=key, ttl=ttl))

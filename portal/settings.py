@@ -204,6 +204,9 @@ JOB_DEFAULT_WORKDIR = env.str("JOB_DEFAULT_WORKDIR", "/tmp")
 JOB_OUTPUT_PATTERN = env.str("JOB_OUTPUT_PATTERN", "{workdir}/gpuportal-{slurm_job_id}.{stream}")
 JOB_ACCEPTED_SWEEP_SECONDS = env.int("JOB_ACCEPTED_SWEEP_SECONDS", 30, minimum=1)
 JOB_SYNC_INTERVAL_SECONDS = env.float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=0.5)
+# The relay drain (group commit of single-job submissions, jobs.tasks.job_relay_drain): at most this
+# many ACCEPTED jobs per claim; sbatch calls for them run in parallel, their outcomes are one bulk write.
+JOB_RELAY_DRAIN_BATCH = env.int("JOB_RELAY_DRAIN_BATCH", 100, minimum=1, maximum=1000)
 
 # Accounting
 DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")

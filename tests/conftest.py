@@ -102,10 +102,15 @@ def _test_settings(settings):
 
 @pytest.fixture(autouse=True)
 def _clear_cache():
-    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean."""
+    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean.
+    So does the relay drain's coalescing flag (on the broker's Redis, portal.outbox)."""
     from django.core.cache import cache
 
+    from jobs.services import relay_drain_key
+    from portal.outbox import coalesced_done
+
     cache.clear()
+    coalesced_done(relay_drain_key())
     yield
 
 
@@ -205,12 +210,22 @@ def use_gateway():
 @pytest.fixture
 def relays(monkeypatch):
     """Record relay/cancel enqueues instead of running them: unit, security and fuzz tests never
-    reach Slurm. ``calls["relay"]`` gets job ids, ``calls["relay_batch"]`` lists of ids."""
+    reach Slurm. ``calls["relay"]`` gets job ids, ``calls["relay_batch"]`` lists of ids,
+    ``calls["drain"]`` one None per relay drain published (a single-job submit, the sweeper). The
+    drain's stand-in clears the drain's coalescing flag as a drain that ran at once would, so every
+    enqueue is recorded (tests/jobs/test_relay_drain.py tests the coalescing itself)."""
     from jobs import tasks
+    from jobs.services import relay_drain_key
+    from portal.outbox import coalesced_done
 
-    calls: dict[str, list] = {"relay": [], "relay_batch": [], "cancel": []}
+    def drain():
+        calls["drain"].append(None)
+        coalesced_done(relay_drain_key())
+
+    calls: dict[str, list] = {"relay": [], "relay_batch": [], "drain": [], "cancel": []}
     monkeypatch.setattr(tasks.job_relay, "delay", lambda job_id: calls["relay"].append(job_id))
     monkeypatch.setattr(tasks.job_relay_batch, "delay", lambda job_ids: calls["relay_batch"].append(job_ids))
+    monkeypatch.setattr(tasks.job_relay_drain, "delay", drain)
     monkeypatch.setattr(tasks.job_cancel_relay, "delay", lambda job_id: calls["cancel"].append(job_id))
     return calls
 

@@ -125,6 +125,13 @@ class FakeGateway(SlurmGateway):
 
     def find_by_comment(self, comment):
         self._call("find_by_comment")
+        return self._find(comment)
+
+    def find_by_comments(self, comments):
+        self._call("find_by_comments")
+        return {comment: job_id for comment in set(comments) if (job_id := self._find(comment)) is not None}
+
+    def _find(self, comment):
         for item in [*self.queue_entries, *self.records]:
             if item.comment == comment:
                 return item.job_id

@@ -35,6 +35,23 @@ def slurm_tags() -> set[str]:
     return {e.comment for e in get_gateway().queue() if e.comment}
 
 
+def relay_crashed_after_sbatch(job) -> int:
+    """What a relay that crashed leaves behind: it claimed ``job`` (attempt 1), sbatch succeeded, it
+    died before the write, and its lease has expired. Returns the Slurm id that sbatch gave."""
+    from django.utils import timezone
+
+    from jobs import services
+    from jobs.models import Job
+    from portal.slurm import get_gateway
+
+    assert services._claim(job.pk) is not None
+    row = Job.objects.select_related("team", "submitter__profile").get(pk=job.pk)
+    slurm_id = get_gateway().submit(services._spec_for(row))
+    expired = timezone.now() - timezone.timedelta(seconds=services.RELAY_LEASE_SECONDS + 1)
+    Job.objects.filter(pk=job.pk).update(relay_started_at=expired)
+    return slurm_id
+
+
 def wait_for(predicate, *, timeout: float = 60.0, interval: float = 0.2):
     """Poll until predicate() is truthy; returns its value or fails after timeout."""
     deadline = time.monotonic() + timeout

@@ -4,7 +4,7 @@
 - ``submit``     quote, the budget check call, submit and batch submit (exactly once: idempotency key,
                  request fingerprint)
 - ``relay``      relay to Slurm: claim / lease / release, the JobSpec of a stored job, the single and
-                 the batched relay
+                 the batched relay, the drain (group commit of single-job submits)
 - ``cancel``     cancel in the portal or passed on to Slurm
 - ``sync``       bring live jobs in line with Slurm (plan, then apply in bulk)
 - ``notify``     job-end e-mails
@@ -26,6 +26,7 @@ from jobs.services.notify import job_end_notify_send
 from jobs.services.relay import (
     RELAY_BATCH_SUBMIT_SECONDS,
     RELAY_BATCH_THREADS,
+    RELAY_DRAIN_LINGER_SECONDS,
     RELAY_HARD_TIME_LIMIT,
     RELAY_LEASE_SECONDS,
     RELAY_SOFT_TIME_LIMIT,
@@ -35,7 +36,9 @@ from jobs.services.relay import (
     _release,
     _spec_for,
     job_relay_batch_run,
+    job_relay_drain_run,
     job_relay_run,
+    relay_drain_key,
 )
 from jobs.services.submit import (
     IDEMPOTENCY_KEY_RE,
@@ -59,6 +62,7 @@ __all__ = [
     "MAX_BATCH_JOBS",
     "RELAY_BATCH_SUBMIT_SECONDS",
     "RELAY_BATCH_THREADS",
+    "RELAY_DRAIN_LINGER_SECONDS",
     "RELAY_HARD_TIME_LIMIT",
     "RELAY_LEASE_SECONDS",
     "RELAY_SOFT_TIME_LIMIT",
@@ -76,6 +80,7 @@ __all__ = [
     "job_end_notify_send",
     "job_quote",
     "job_relay_batch_run",
+    "job_relay_drain_run",
     "job_relay_run",
     "job_submit",
     "job_submit_batch",
@@ -83,5 +88,6 @@ __all__ = [
     "job_template_delete",
     "jobs_sweep",
     "jobs_sync",
+    "relay_drain_key",
     "request_fingerprint",
 ]

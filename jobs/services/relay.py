@@ -1,5 +1,6 @@
 """Relaying ACCEPTED jobs to Slurm, exactly once: claim / lease / release (a conditional update with a
-token), the JobSpec for a stored job, the single relay and the batched relay. Slurm is called outside
+token), the JobSpec for a stored job, the single relay, the batched relay and the drain (the group
+commit of single-job submits, on the batched relay's machinery). Slurm is called outside
 any transaction; every state change is a conditional UPDATE on the row."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -19,6 +20,7 @@ from accounting.services import budget_holds_release
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from portal.db import bulk_update_values
+from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
 from portal.slurm import JobSpec, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -216,7 +218,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
        their current holder, the sweeper or the single relay.
     2. ONE query reads the claimed jobs. Their sbatch calls run ``threads`` at a time (Slurm is
        called outside any transaction); a job claimed before (relay_attempts > 1) is first looked up
-       by its tag (find_by_comment) and adopted if an interrupted run submitted it already. A job
+       by its tag (all such jobs in one find_by_comments) and adopted if an interrupted run submitted it already. A job
        whose cancel was requested and that Slurm never saw is cancelled in the portal.
     3. ONE transaction records the outcomes: the still-claimed rows are locked (conditional on the
        token, ACCEPTED, no Slurm id), ONE bulk UPDATE writes PENDING + Slurm id / SUBMIT_FAILED with
@@ -225,16 +227,35 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
        raised after the others are recorded, for the task to retry with backoff (the retry claims
        only the jobs still ACCEPTED).
     Returns counts by outcome."""
-    from concurrent.futures import ThreadPoolExecutor
-
     token = uuid.uuid4()
     claimed = Job.objects.filter(
         _lease_free(), pk__in=list(job_ids), state=JobState.ACCEPTED, slurm_job_id__isnull=True
     ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
-    result = {"claimed": claimed, "not_claimed": len(set(map(str, job_ids))) - claimed, "submitted": 0, "adopted": 0,
-              "submit_failed": 0, "cancelled": 0, "unavailable": 0, "already_recorded": 0}  # fmt: skip
-    if not claimed:
-        return result
+    result = _relay_result(claimed, not_claimed=len(set(map(str, job_ids))) - claimed)
+    if claimed:
+        _relay_claimed(token, result, threads=threads, deadline=time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS)
+    if result["out_of_time"]:  # released for the retry, as when Slurm does not answer
+        raise SlurmUnavailable(f"{result['out_of_time']} of {claimed} jobs not relayed: time budget spent")
+    return result
+
+
+def _relay_result(claimed: int, *, not_claimed: int = 0) -> dict:
+    return {"claimed": claimed, "not_claimed": not_claimed, "submitted": 0, "adopted": 0, "submit_failed": 0,
+            "cancelled": 0, "unavailable": 0, "out_of_time": 0, "already_recorded": 0}  # fmt: skip
+
+
+def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: float) -> None:
+    """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``token`` just now (the batched
+    relay and the drain share them): read; ONE look-up by tag for the jobs claimed before
+    (find_by_comments: two Slurm calls at most, not two per job); sbatch ``threads`` at a time; one
+    bulk write; counts added to ``result``. No sbatch starts after ``deadline`` (time.monotonic())
+    nor so late that it could outlive the claim's lease (RELAY_LEASE_SECONDS, less one SLURM_TIMEOUT
+    and a margin): the jobs not started are released (``result["out_of_time"]``). Raises
+    SlurmUnavailable after recording the others when Slurm did not answer for some (their claims
+    released)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    deadline = min(deadline, time.monotonic() + RELAY_LEASE_SECONDS - settings.SLURM_TIMEOUT - 2)
     jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile"))
     gateway = get_gateway()
 
@@ -250,15 +271,23 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
         job.unix_uid = spec.uid
         todo.append((job, spec))
 
-    deadline = time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS
     unavailable = []  # set once Slurm does not answer: the remaining jobs are not tried
+    # A job claimed before may have reached Slurm in a run that died after sbatch: its tag says so.
+    repeats = [job.slurm_tag for job, _ in todo if job.relay_attempts > 1]
+    in_slurm: dict[str, int] = {}
+    try:
+        in_slurm = gateway.find_by_comments(repeats) if repeats else {}
+    except SlurmUnavailable as exc:
+        unavailable.append(exc.message)
 
     def relay_one(item):
         job, spec = item
-        if unavailable or time.monotonic() > deadline:
-            return job.pk, ("unavailable", unavailable[0] if unavailable else "batch time budget spent")
+        if unavailable:
+            return job.pk, ("unavailable", unavailable[0])
+        if time.monotonic() > deadline:
+            return job.pk, ("out_of_time", None)
         try:
-            existing = gateway.find_by_comment(job.slurm_tag) if job.relay_attempts > 1 else None
+            existing = in_slurm.get(job.slurm_tag) if job.relay_attempts > 1 else None
             if existing is not None:
                 return job.pk, ("adopted", existing)
             if job.cancel_requested_at is not None:
@@ -276,7 +305,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
     now = timezone.now()
     by_pk = {job.pk: job for job in jobs}
     events, updates, slurm_ids = [], [], {}
-    released = [pk for pk, (kind, _) in outcomes.items() if kind == "unavailable"]
+    released = [pk for pk, (kind, _) in outcomes.items() if kind in ("unavailable", "out_of_time")]
     with transaction.atomic():
         held = set(
             Job.objects.select_for_update()
@@ -285,7 +314,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
             .values_list("pk", flat=True)
         )  # fmt: skip
         for pk, (kind, value) in outcomes.items():
-            if kind == "unavailable":
+            if kind in ("unavailable", "out_of_time"):
                 continue
             if kind in ("submitted", "adopted"):
                 slurm_ids[pk] = value
@@ -324,9 +353,13 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
             budget_holds_release(job_uuids=[job.pk for job in updates if job.state != JobState.PENDING], at=now)
     if released:
         Job.objects.filter(pk__in=released, relay_token=token).update(
-            relay_token=None, relay_started_at=None, last_relay_error=f"Slurm unavailable: {unavailable[0] if unavailable else 'time budget'}"[:4000]
-        )
-        result["unavailable"] = len(released)
+            relay_token=None, relay_started_at=None,
+            last_relay_error=(f"Slurm unavailable: {unavailable[0]}" if unavailable else "Relay time budget spent")[:4000],
+        )  # fmt: skip
+        if unavailable:
+            result["unavailable"] += len(released)
+        else:
+            result["out_of_time"] += len(released)
 
     # Submitted but recorded by someone else (the sync adopting it by its tag): a different id there
     # would be a duplicate (never expected) and is cancelled, as job_relay_run does.
@@ -343,6 +376,108 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
 
         for pk in Job.objects.filter(pk__in=recorded_ids, cancel_requested_at__isnull=False).values_list("pk", flat=True):
             job_cancel_relay.delay(str(pk))
-    if released:
-        raise SlurmUnavailable(f"{len(released)} of {len(jobs)} jobs not relayed: {unavailable[0] if unavailable else 'time budget spent'}")
-    return result
+    if unavailable:
+        raise SlurmUnavailable(f"{len(released)} of {len(jobs)} jobs not relayed: {unavailable[0]}")
+
+
+# ---------------------------------------------------------------- the relay drain (group commit)
+
+# The coalescing flag of the drain (portal.outbox.after_commit_coalesced) lives this long unless a
+# running drain refreshes it: a drain that died stops holding back new ones after this.
+RELAY_DRAIN_SIGNAL_SECONDS = 10
+# A drain on a worker that found nothing to claim looks again every RELAY_DRAIN_POLL_SECONDS for
+# this long before it ends: the next jobs of a burst join it instead of costing a task each. The
+# first job of a burst never waits (its commit publishes the drain).
+RELAY_DRAIN_LINGER_SECONDS = 0.25
+RELAY_DRAIN_POLL_SECONDS = 0.02
+
+
+def relay_drain_key() -> str:
+    """The drain's coalescing flag: one per database (the rows it drains)."""
+    return f"jobs-relay-drain:{connection.settings_dict['NAME']}"
+
+
+def relay_drain_after_commit() -> None:
+    """What a single-job submit enqueues: the drain, once its transaction commits, unless a drain is
+    already pending or running (it looks again before it ends, so it takes this job)."""
+    from jobs.tasks import job_relay_drain  # jobs.tasks imports this module
+
+    after_commit_coalesced(job_relay_drain, key=relay_drain_key(), ttl=RELAY_DRAIN_SIGNAL_SECONDS)
+
+
+def _claim_waiting(limit: int) -> tuple[uuid.UUID, int]:
+    """ONE UPDATE claims up to ``limit`` jobs that wait for a relay — ACCEPTED, no Slurm id, no live
+    lease — oldest first, with one token for the run (relay_attempts + 1). ``FOR UPDATE SKIP LOCKED``
+    in its sub-select: a row another drain is claiming at this moment is skipped, not waited for, and
+    one it has claimed no longer matches (its lease is live)."""
+    token = uuid.uuid4()
+    waiting = (
+        Job.objects.filter(_lease_free(), state=JobState.ACCEPTED, slurm_job_id__isnull=True)
+        .order_by("created_at")  # the partial index job_live_state
+        .select_for_update(skip_locked=True)
+        .values("pk")[:limit]
+    )
+    with transaction.atomic():  # FOR UPDATE needs one; the UPDATE is its only statement
+        claimed = Job.objects.filter(pk__in=waiting).update(
+            relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1
+        )
+    return token, claimed
+
+
+def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_THREADS, linger: float = 0.0) -> dict:
+    """Relay every job waiting in ACCEPTED, in batches: the group commit of single-job submissions.
+    What the ``job_relay_drain`` task does.
+
+    Each round: _claim_waiting(limit) (ONE UPDATE, SKIP LOCKED, limit JOB_RELAY_DRAIN_BATCH), then the
+    batched relay's steps for the claimed jobs (_relay_claimed: find-by-tag adoption for repeats,
+    sbatch ``threads`` at a time, ONE bulk write). Rounds go on until a claim comes back empty; then,
+    ``linger`` > 0, it looks again every RELAY_DRAIN_POLL_SECONDS for that long; then it clears the
+    coalescing flag and claims ONCE more (a job committed while the flag was up is taken here, one
+    committed after publishes a new drain). Several drains may run at once: each job is claimed by
+    one of them. Exactly once as with job_relay_run: a drain killed after sbatch leaves its claims
+    to expire (RELAY_LEASE_SECONDS), the sweeper's drain re-claims them and adopts by tag.
+
+    Bounded in time: after RELAY_BATCH_SUBMIT_SECONDS it publishes a fresh drain for what is left and
+    returns. SlurmUnavailable: the round's other outcomes are recorded, its unsent claims released,
+    the flag cleared, and it is raised for the task to retry. Returns counts (summed over rounds)."""
+    from jobs.tasks import job_relay_drain  # jobs.tasks imports this module
+
+    limit = limit or settings.JOB_RELAY_DRAIN_BATCH
+    key = relay_drain_key()
+    deadline = time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS
+    totals = _relay_result(0) | {"rounds": 0, "handed_over": 0}
+    idle_since = None
+    try:
+        while True:
+            token, claimed = _claim_waiting(limit)
+            if not claimed:
+                now = time.monotonic()
+                idle_since = idle_since or now
+                if now - idle_since < linger and now < deadline:
+                    time.sleep(RELAY_DRAIN_POLL_SECONDS)
+                    continue
+                coalesced_done(key)
+                token, claimed = _claim_waiting(limit)
+                if not claimed:
+                    return totals
+                coalesced_hold(key, RELAY_DRAIN_SIGNAL_SECONDS)  # going on: hold back new drains again
+            idle_since = None
+            result = _relay_result(claimed)
+            totals["rounds"] += 1
+            try:
+                _relay_claimed(token, result, threads=threads, deadline=deadline)
+            finally:
+                for name, count in result.items():
+                    totals[name] += count
+            if result["out_of_time"] == claimed:  # not one sbatch fitted in the lease: back off
+                raise SlurmUnavailable(f"{claimed} jobs not relayed: no time left within the claim's lease")
+            if time.monotonic() >= deadline:
+                if publish(job_relay_drain):  # the flag stays up: the fresh drain owns it
+                    totals["handed_over"] = 1
+                else:
+                    coalesced_done(key)
+                return totals
+            coalesced_hold(key, RELAY_DRAIN_SIGNAL_SECONDS)
+    except BaseException:
+        coalesced_done(key)  # the retry (or the next commit) may start a drain at once
+        raise

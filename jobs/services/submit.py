@@ -18,6 +18,7 @@ from accounting.services import HoldRequest, budget_holds_place
 from jobs.choices import JobState
 from jobs.estimate import JobQuote, quote_for
 from jobs.models import Job, JobEvent
+from jobs.services.relay import relay_drain_after_commit
 from jobs.spec import ValidSpec, validate_job_spec
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
@@ -203,9 +204,7 @@ def job_submit(
                 data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
                       "time_limit_minutes": job.time_limit_minutes},
             )  # fmt: skip
-            from jobs.tasks import job_relay  # jobs.tasks imports this module
-
-            after_commit(job_relay, str(job.pk))
+            relay_drain_after_commit()  # the group commit: a burst of submits, about one drain
     except IntegrityError:
         # Another request with the same key won the race (the constraint is the only judge).
         if idempotency_key is None:

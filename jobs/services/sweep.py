@@ -11,13 +11,16 @@ from django.utils import timezone
 from jobs.choices import LIVE_STATES, JobState
 from jobs.models import Job
 from jobs.services.relay import _lease_free
+from portal.outbox import publish
 
 
 def jobs_sweep() -> dict:
     """Re-enqueue work that got stuck: relays of jobs ACCEPTED for longer than
     JOB_ACCEPTED_SWEEP_SECONDS (the relay's claim and find-by-tag make a repeat harmless), and
-    cancels requested but not yet passed on to Slurm. Two queries, then one enqueue per job."""
-    from jobs.tasks import job_cancel_relay, job_relay
+    cancels requested but not yet passed on to Slurm. Two queries, then ONE relay drain (it claims
+    every waiting job, these among them; published even while a drain's coalescing flag is up: its
+    holder may be dead) and one cancel relay per job."""
+    from jobs.tasks import job_cancel_relay, job_relay_drain
 
     now = timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS)
@@ -30,8 +33,8 @@ def jobs_sweep() -> dict:
         .filter(Q(cancel_sent_at__isnull=True) | Q(cancel_sent_at__lt=cutoff))
         .values_list("pk", flat=True)[:1000]
     )
-    for job_id in relay_ids:
-        job_relay.delay(str(job_id))
+    if relay_ids:
+        publish(job_relay_drain)
     for job_id in cancel_ids:
         job_cancel_relay.delay(str(job_id))
     return {"relays": len(relay_ids), "cancels": len(cancel_ids)}

@@ -50,7 +50,7 @@ def relays(monkeypatch):
     from jobs import tasks
 
     calls = []
-    monkeypatch.setattr(tasks.job_relay, "delay", lambda job_id: calls.append(job_id))
+    monkeypatch.setattr(tasks.job_relay_drain, "delay", lambda: calls.append(None))
     return calls
 
 

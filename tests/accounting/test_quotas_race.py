@@ -39,7 +39,7 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
     fields, script = SHAPES[shape]
     from jobs import tasks
 
-    monkeypatch.setattr(tasks.job_relay, "delay", lambda job_id: None)
+    monkeypatch.setattr(tasks.job_relay_drain, "delay", lambda: None)
     now = timezone.now()
     PartitionInfo.objects.create(name="gpu", is_default=True, state="UP", default_time_minutes=60, max_time_minutes=4320,
                                  node_names=["a100-01"], seen_at=now)  # fmt: skip

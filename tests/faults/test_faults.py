@@ -29,7 +29,7 @@ from tests.faults.conftest import (
     slurm_ids_by_tag,
     submit_tiny,
 )
-from tests.support import job_payload
+from tests.support import job_payload, slurm_tags
 
 pytestmark = [pytest.mark.faults, pytest.mark.slurm]
 
@@ -71,6 +71,42 @@ def test_worker_sigkilled_twice_during_a_200_job_burst_every_job_reaches_slurm_e
         },
     )  # fmt: skip
     assert faults.worker.kills == 2
+
+
+# ---------------------------------------------------------------- the worker SIGKILLed mid-drain
+
+
+@pytest.mark.celery
+def test_worker_sigkilled_while_a_drain_relays_its_batch_every_job_reaches_slurm_exactly_once(faults, cluster):
+    """The group commit's crash window: a drain (jobs.services.job_relay_drain_run) has claimed a
+    batch and sent part of it to Slurm, and dies before its one bulk write. Its claims expire (the
+    lease), the sweeper's drain claims them again and adopts by tag what Slurm already holds."""
+    n = 150
+    faults.worker.kill()  # no worker yet: the burst waits ACCEPTED behind its one drain message
+    ids = [submit_tiny(cluster, f"drain-kill-{i}").pk for i in range(n)]
+    tags = {job.slurm_tag: job.pk for job in Job.objects.filter(pk__in=ids)}
+    started = time.monotonic()
+    faults.worker.start(wait=False)
+    # the first of the batch in Slurm: the drain is between its sbatch calls and its bulk write
+    while not (set(tags) & slurm_tags()):
+        assert time.monotonic() - started < 90, "the drain sent nothing to Slurm within 90 s"
+    faults.worker.kill()
+    in_slurm = set(tags) & slurm_tags()
+    claimed = Job.objects.filter(pk__in=ids, state=JobState.ACCEPTED, relay_token__isnull=False).count()
+    unrecorded = Job.objects.filter(pk__in=[tags[t] for t in in_slurm], slurm_job_id__isnull=True).count()
+    figures = recover(ids, timeout=150, worker=faults.worker)
+    result = assert_each_job_in_slurm_exactly_once(ids, faults.since)
+    adopted = _adopted_by_tag(ids)
+    _report(
+        "worker SIGKILL mid-drain",
+        {
+            "jobs": n, "claimed_by_the_dead_drain": claimed, "in_slurm_unrecorded_at_kill": unrecorded,
+            "recovery_s": figures["seconds"], "sweeps": figures["sweeps"], "adopted_by_tag": adopted,
+            "relay_attempts": result["relay_attempts"], "total_s": round(time.monotonic() - started, 1),
+        },
+    )  # fmt: skip
+    assert claimed > 0 and unrecorded > 0, "the kill missed the window between sbatch and the write"
+    assert adopted >= unrecorded
 
 
 # ---------------------------------------------------------------- slurmctld down for 60 s

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from django.utils import timezone
 
 from accounting.models import BudgetHold, BudgetTotal, Quota
 from jobs import services
@@ -18,7 +17,7 @@ from jobs.services import job_relay_batch_run, job_submit_batch
 from portal.exceptions import Conflict
 from portal.models import AuditEvent
 from portal.slurm import get_gateway
-from tests.support import job_payload
+from tests.support import job_payload, relay_crashed_after_sbatch
 
 pytestmark = pytest.mark.django_db
 
@@ -51,7 +50,7 @@ def test_batch_submit_creates_all_jobs_with_one_relay_and_one_audit_event(
     assert [r["name"] for r in rows] == [f"b-{i}" for i in range(5)]
     assert {r["state"] for r in rows} == {"ACCEPTED"}
     assert Job.objects.count() == 5 and JobEvent.objects.filter(state=JobState.ACCEPTED).count() == 5
-    assert batch_relays == [[r["id"] for r in rows]] and relays["relay"] == []
+    assert batch_relays == [[r["id"] for r in rows]] and relays["relay"] == relays["drain"] == []
     audit = AuditEvent.objects.filter(action="job.submit_batch")
     assert audit.count() == 1 and audit.get().data["count"] == 5
 
@@ -176,12 +175,7 @@ def test_batched_relay_records_a_rejection_for_that_job_only(cluster, batch_rela
 def test_batched_relay_after_a_crash_following_sbatch_adopts_instead_of_duplicating(cluster, batch_relays):
     jobs = _accepted(cluster, 3)
     crashed = jobs[0]
-    # The crashed run: it claimed the job (attempt 1), sbatch succeeded, it died before the write.
-    assert services._claim(crashed.pk) is not None
-    row = Job.objects.select_related("team", "submitter__profile").get(pk=crashed.pk)
-    first_id = get_gateway().submit(services._spec_for(row))
-    expired = timezone.now() - timezone.timedelta(seconds=services.RELAY_LEASE_SECONDS + 1)
-    Job.objects.filter(pk=crashed.pk).update(relay_started_at=expired)
+    first_id = relay_crashed_after_sbatch(crashed)
     try:
         result = job_relay_batch_run([str(j.pk) for j in jobs])
         assert (result["adopted"], result["submitted"]) == (1, 2)

@@ -134,7 +134,7 @@ def test_form_post_creates_an_accepted_job_and_enqueues_the_relay(world, client_
     assert job.state == JobState.ACCEPTED
     assert (job.team, job.submitter, job.gpus, job.time_limit_minutes) == (world.vision, world.alice, 2, 30)
     assert job.environment == {"EPOCHS": "3"}
-    assert len(callbacks) == 1 and relays["relay"] == [str(job.pk)]
+    assert len(callbacks) == 1 and relays["drain"] == [None]
 
 
 def test_form_accepts_slurm_time_formats(world, client_for, inventory, relays):

@@ -169,10 +169,13 @@ def test_sweeper_reenqueues_stale_accepted_jobs_and_unsent_cancels(job, relays, 
     Job.objects.filter(pk=cancelling.pk).update(
         state=JobState.RUNNING, slurm_job_id=55, created_at=old, cancel_requested_at=old
     )
-    relays["relay"].clear()
-    assert jobs_sweep() == {"relays": 1, "cancels": 1}
-    assert relays["relay"] == [str(job.pk)] and relays["cancel"] == [str(cancelling.pk)]
-    assert str(fresh.pk) not in relays["relay"]
+    relays["drain"].clear()
+    assert jobs_sweep() == {"relays": 1, "cancels": 1}  # one stale job (not the fresh one): one drain
+    assert relays["drain"] == [None] and relays["relay"] == [] and relays["cancel"] == [str(cancelling.pk)]
+    relays["drain"].clear()
+    Job.objects.filter(pk=job.pk).update(state=JobState.PENDING, slurm_job_id=56)
+    assert jobs_sweep() == {"relays": 0, "cancels": 1}  # nothing stale: no drain
+    assert relays["drain"] == []
 
 
 def test_terminal_state_is_not_overwritten_by_a_stale_sync_plan(job):

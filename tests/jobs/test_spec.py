@@ -93,7 +93,7 @@ def test_refusals_before_slurm_name_the_directive_and_line(api_client_for, inven
     body = response.json()
     assert set(body) == {"detail", "errors"}
     assert any(words in message for message in body["errors"][field]), body
-    assert Job.objects.count() == 0 and relays["relay"] == []
+    assert Job.objects.count() == 0 and relays["drain"] == []
 
 
 def test_the_teams_own_account_in_the_script_is_accepted(api_client_for, inventory, relays):

@@ -52,7 +52,7 @@ def test_refused_before_slurm_in_slurms_words(api_client_for, policy, relays, sc
     body = response.json()
     assert set(body) == {"detail", "errors"}
     assert any(words in message for message in body["errors"][field]), body
-    assert Job.objects.count() == 0 and relays["relay"] == []
+    assert Job.objects.count() == 0 and relays["drain"] == []
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def test_twenty_clients_racing_one_idempotency_key_create_exactly_one_job(world,
     assert len({data["id"] for _, data in results}) == 1
     assert Job.objects.count() == 1
     job = Job.objects.get()
-    assert relays["relay"] == [str(job.pk)]  # one relay enqueued
+    assert relays["drain"] == [None]  # one relay (drain) enqueued
     assert AuditEvent.objects.filter(action="job.submit").count() == 1
 
     # the same key with a different body is a conflict, in the JSON error shape

@@ -61,7 +61,7 @@ def test_other_teams_objects_are_404_on_every_endpoint(world, relays):
     assert [r.status_code for r in checks] == [404] * len(checks)
     # nothing changed, and the list endpoints do not leak it either
     job.refresh_from_db()
-    assert job.cancel_requested_at is None and relays == {"relay": [], "relay_batch": [], "cancel": []}
+    assert job.cancel_requested_at is None and relays == {"relay": [], "relay_batch": [], "drain": [], "cancel": []}
     assert JobTemplate.objects.filter(pk=template.pk).exists() and not JobTemplate.objects.filter(name="stolen").exists()
     assert str(job.pk) not in api.get("/api/v1/jobs/").content.decode()
     assert page.get(f"/jobs/live/?ids={job.pk}").content.decode().count(str(job.pk)) == 0

@@ -248,6 +248,7 @@ def test_typed_gpu_job_queue_find_and_accounting(gateway, ci_association, ci_use
     assert abs(entry.submit_time - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=2)
     assert gateway.find_by_comment(spec.comment) == job_id
     assert gateway.find_by_comment(_tag()) is None
+    assert gateway.find_by_comments([spec.comment, _tag(), ""]) == {spec.comment: job_id}
 
     wait_for(lambda: (e := _queue_entry(gateway, job_id)) is None or e.state == "COMPLETED", what="job completion")
     record = wait_for(
