@@ -105,7 +105,10 @@ def _clear_cache():
     """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean."""
     from django.core.cache import cache
 
+    from portal.snapshots import snapshots_forget
+
     cache.clear()
+    snapshots_forget()  # the inventory and rate book copies (portal/snapshots.py) of the last test's rows
     yield
 
 
