@@ -90,19 +90,23 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
 
 
 def post_jobs(
-    token: str, n: int, name: str, *, threads: int = CLIENT_THREADS, batch: int = 0
+    token: str, n: int, name: str, *, threads: int = CLIENT_THREADS, batch: int = 0, client_factory=None,
+    team: str = common.BENCH_TEAM,
 ) -> tuple[float, list[float], int]:
     """POST n jobs from ``threads`` keep-alive clients: one job per POST to /api/v1/jobs/, or with
-    ``batch`` > 0 arrays of up to ``batch`` jobs per POST (a batch submit). Returns (seconds, latencies
-    per request, errors)."""
+    ``batch`` > 0 arrays of up to ``batch`` jobs per POST (a batch submit). ``client_factory``: another
+    portal than the benchmark's gunicorn (bench_demo.py --url). Returns (seconds, latencies per
+    request, errors)."""
     sizes = [min(batch, n - i) for i in range(0, n, batch)] if batch else [0] * n
     counter = iter(sizes)
     lock = threading.Lock()
     latencies: list[float] = []
     errors = [0]
 
+    body = job_body(name) | {"team": team}
+
     def client():
-        api = common.ApiClient(token)
+        api = client_factory() if client_factory else common.ApiClient(token)
         try:
             while True:
                 with lock:
@@ -110,15 +114,15 @@ def post_jobs(
                     if size is None:
                         return
                 if size:
-                    status, body, seconds = api.request("POST", "/api/v1/jobs/", [job_body(name)] * size)
+                    status, text, seconds = api.request("POST", "/api/v1/jobs/", [body] * size)
                 else:
-                    status, body, seconds = api.request("POST", "/api/v1/jobs/", job_body(name))
+                    status, text, seconds = api.request("POST", "/api/v1/jobs/", body)
                 with lock:
                     latencies.append(seconds)
                     if status != 201:
                         errors[0] += 1
                         if errors[0] <= 3:
-                            print(f"  ! POST answered {status}: {body[:300]!r}", file=sys.stderr)
+                            print(f"  ! POST answered {status}: {text[:300]!r}", file=sys.stderr)
         finally:
             api.close()
 
@@ -131,7 +135,7 @@ def post_jobs(
     return time.perf_counter() - began, latencies, errors[0]
 
 
-def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0) -> dict:
+def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0, threads: int = CLIENT_THREADS) -> dict:
     """POST n jobs (one per request, or ``batch`` per request to the batch API) and wait until all
     have a Slurm id (or failed). Times from the database clock."""
     from django.db.models import Max
@@ -140,7 +144,7 @@ def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0) ->
     from jobs.models import Job
 
     start = dt.datetime.now(dt.UTC)
-    post_seconds, post_latencies, errors = post_jobs(world.token, n, name, batch=batch)
+    post_seconds, post_latencies, errors = post_jobs(world.token, n, name, batch=batch, threads=threads)
     deadline = time.monotonic() + timeout
     jobs = Job.objects.filter(name=name)
     while time.monotonic() < deadline:

@@ -345,9 +345,15 @@ def audit_record(
     *, actor, action: str, target, team: Team | None = None, request=None, data: dict | None = None
 ) -> None:
     """Append one audit event. ``target`` is a model instance; ``data`` what changed (JSON-able)."""
+    audit_event(actor=actor, action=action, target=target, team=team, request=request, data=data).save(force_insert=True)
+
+
+def audit_event(*, actor, action: str, target, team: Team | None = None, request=None, data: dict | None = None):
+    """The audit event ``audit_record`` appends, not saved yet: for a service that inserts it in one
+    statement with the row it records (portal.db.insert_together; jobs' submit)."""
     from portal.models import AuditEvent
 
-    AuditEvent.objects.create(
+    return AuditEvent(
         actor=actor if getattr(actor, "is_authenticated", False) else None,
         actor_name=getattr(actor, "username", "") or "system",
         action=action,

@@ -7,6 +7,7 @@ import datetime as dt
 from decimal import Decimal
 from unittest import mock
 
+import pytest
 from django.utils import timezone
 
 from accounting.rates import gpu_hour_price
@@ -14,6 +15,12 @@ from accounting.services import rate_create
 from jobs.spec import inventory
 from portal.models import NodeInfo, PartitionInfo
 from portal.snapshots import INVENTORY, snapshot, snapshot_changed
+
+
+@pytest.fixture(autouse=True)
+def private_cache(settings):
+    """A cache of this test's own: other test runs on the machine flush the shared Redis cache database."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "snap"}}
 
 
 def test_the_inventory_is_read_once_until_the_sync_changes_it(world, inventory_small, django_assert_num_queries):
