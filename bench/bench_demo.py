@@ -129,7 +129,12 @@ def open_loop(client_factory, rate: float, seconds: float, name: str, team: str)
                 if delay > 0:
                     time.sleep(delay)  # the client's schedule, not synchronisation
                 sent = time.perf_counter()
-                status, text, _ = api.request("POST", "/api/v1/jobs/", body)
+                try:
+                    status, text, _ = api.request("POST", "/api/v1/jobs/", body)
+                except OSError as exc:  # no answer within the client's 60 s, or the connection lost: an error
+                    status, text = 0, repr(exc).encode()
+                    api.close()
+                    api = client_factory()
                 done = time.perf_counter()
                 with lock:
                     latencies.append(done - planned)
@@ -258,7 +263,7 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
             section.add(f"open loop {rate:g}/s: p99", common.percentile(lat, 99) * 1000, "ms", runs + " (target < 50 ms at 50/s)")
             section.add(f"open loop {rate:g}/s: max", max(lat) * 1000, "ms", runs)
             section.add(f"open loop {rate:g}/s: errors (not 201)", result["errors"], "requests",
-                        f"{runs}; statuses {dict(sorted(result['statuses'].items()))}")  # fmt: skip
+                        f"{runs}; statuses {dict(sorted(result['statuses'].items()))} (0: no answer within 60 s)")  # fmt: skip
             section.add(f"open loop {rate:g}/s: offered rate achieved", result["achieved"], "requests/s",
                         f"{runs}; sent late (all clients busy) p99 {common.percentile(result['late'], 99) * 1000:.1f} ms")  # fmt: skip
             if not url:
