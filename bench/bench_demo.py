@@ -211,8 +211,8 @@ def _wait_relayed_via_api(token: str, url: str, name: str, n: int, timeout: floa
 def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float | None = None, jobs: int | None = None,
         url: str | None = None, token: str | None = None, team: str | None = None) -> common.Section:  # fmt: skip
     rates = rates or ([20.0] if quick else [50.0, 100.0])
-    seconds = seconds or (5.0 if quick else 20.0)
-    n = jobs or (40 if quick else 500)
+    seconds = seconds or (3.0 if quick else 20.0)
+    n = jobs or (20 if quick else 500)
     target = url or f"the demo's processes started by the benchmark on 127.0.0.1:{common.BENCH_PORT}"
     section = common.Section(
         "Single-job POSTs on the demo's processes: open-loop latency, 500 POSTs to Slurm ids",
@@ -303,15 +303,13 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
     finally:
         if demo is not None:
             demo.stop()
-        common.drain_cluster()
-        common.gpu_limit_set(None)
-        common.clean_workdir()
+        common.leave_cluster()
     return section
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20/s for 5 s, 40 jobs")
+    parser.add_argument("--quick", action="store_true", help="20/s for 3 s, 20 jobs")
     parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], help="offered rates (default 50,100)")
     parser.add_argument("--seconds", type=float, help="seconds per offered rate (default 20)")
     parser.add_argument("--jobs", type=int, help="single-job POSTs of the throughput part (default 500)")

@@ -480,9 +480,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
         for service in (worker, web):
             if service is not None:
                 service.stop()
-        common.drain_cluster()
-        common.gpu_limit_set(None)
-        common.clean_workdir()
+        common.leave_cluster()
     return section
 
 

@@ -270,6 +270,14 @@ def gpu_limit_set(gpus: int | None) -> None:
     )
 
 
+def leave_cluster() -> None:
+    """After a benchmark that submitted: no bench job left alive, the bench account uncapped, the
+    jobs' output files removed."""
+    drain_cluster()
+    gpu_limit_set(None)
+    clean_workdir()
+
+
 def clean_workdir() -> None:
     """Remove the output files bench jobs left in BENCH_WORKDIR."""
     if os.path.isdir(BENCH_WORKDIR):
