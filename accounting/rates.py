@@ -77,13 +77,15 @@ class RateBook:
         return current, upcoming
 
 
-def gpu_hour_price(*, gpu_type: str, partition: str = "", at: dt.datetime) -> tuple[Decimal, str] | None:
+def gpu_hour_price(
+    *, gpu_type: str, partition: str = "", at: dt.datetime, book: RateBook | None = None
+) -> tuple[Decimal, str] | None:
     """The price of one GPU-hour of ``gpu_type`` on ``partition`` in force at ``at`` (aware datetime),
     as (price, currency), or None when no rate applies. From ``RateBook.current()``: no query while
-    this process's copy is current."""
+    this process's copy is current; ``book``: one already at hand (several prices of one quote)."""
     if timezone.is_naive(at):
         raise ValueError("an aware datetime is needed")
-    rate = RateBook.current().rate_at(gpu_type, partition, at)
+    rate = (book or RateBook.current()).rate_at(gpu_type, partition, at)
     return (rate.price_per_gpu_hour, rate.currency) if rate is not None else None
 
 
