@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from accounting.calendar import billing_midnight
 from accounting.models import Rate
+from portal.snapshots import RATES, snapshot
 
 
 class RateBook:
@@ -38,6 +39,12 @@ class RateBook:
         if gpu_types is None:
             return cls(Rate.objects.all())
         return cls(Rate.objects.filter(gpu_type__in=gpu_types) if gpu_types else [])
+
+    @classmethod
+    def current(cls) -> RateBook:
+        """Every rate, as of the last rate_create: this process's copy (portal.snapshots; no query
+        while it is current), else one query. Read-only (shared by the process's threads)."""
+        return snapshot(RATES, cls.load)
 
     @staticmethod
     def _at(items: list[tuple[dt.datetime, Rate]], at: dt.datetime) -> Rate | None:
@@ -70,12 +77,15 @@ class RateBook:
         return current, upcoming
 
 
-def gpu_hour_price(*, gpu_type: str, partition: str = "", at: dt.datetime) -> tuple[Decimal, str] | None:
+def gpu_hour_price(
+    *, gpu_type: str, partition: str = "", at: dt.datetime, book: RateBook | None = None
+) -> tuple[Decimal, str] | None:
     """The price of one GPU-hour of ``gpu_type`` on ``partition`` in force at ``at`` (aware datetime),
-    as (price, currency), or None when no rate applies. One query."""
+    as (price, currency), or None when no rate applies. From ``RateBook.current()``: no query while
+    this process's copy is current; ``book``: one already at hand (several prices of one quote)."""
     if timezone.is_naive(at):
         raise ValueError("an aware datetime is needed")
-    rate = RateBook.load({gpu_type}).rate_at(gpu_type, partition, at)
+    rate = (book or RateBook.current()).rate_at(gpu_type, partition, at)
     return (rate.price_per_gpu_hour, rate.currency) if rate is not None else None
 
 

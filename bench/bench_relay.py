@@ -92,11 +92,13 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
 
 
 def post_jobs(
-    token: str, n: int, name: str, *, threads: int | None = None, batch: int = 0
+    token: str, n: int, name: str, *, threads: int | None = None, batch: int = 0, client_factory=None,
+    team: str = common.BENCH_TEAM,
 ) -> tuple[float, list[float], int]:
     """POST n jobs from ``threads`` keep-alive clients: one job per POST to /api/v1/jobs/, or with
-    ``batch`` > 0 arrays of up to ``batch`` jobs per POST (a batch submit). Returns (seconds, latencies
-    per request, errors)."""
+    ``batch`` > 0 arrays of up to ``batch`` jobs per POST (a batch submit). ``client_factory``: another
+    portal than the benchmark's gunicorn (bench_demo.py --url). Returns (seconds, latencies per
+    request, errors)."""
     threads = threads or CLIENT_THREADS
     sizes = [min(batch, n - i) for i in range(0, n, batch)] if batch else [0] * n
     counter = iter(sizes)
@@ -104,8 +106,10 @@ def post_jobs(
     latencies: list[float] = []
     errors = [0]
 
+    body = job_body(name) | {"team": team}
+
     def client():
-        api = common.ApiClient(token)
+        api = client_factory() if client_factory else common.ApiClient(token)
         try:
             while True:
                 with lock:
@@ -113,15 +117,15 @@ def post_jobs(
                     if size is None:
                         return
                 if size:
-                    status, body, seconds = api.request("POST", "/api/v1/jobs/", [job_body(name)] * size)
+                    status, text, seconds = api.request("POST", "/api/v1/jobs/", [body] * size)
                 else:
-                    status, body, seconds = api.request("POST", "/api/v1/jobs/", job_body(name))
+                    status, text, seconds = api.request("POST", "/api/v1/jobs/", body)
                 with lock:
                     latencies.append(seconds)
                     if status != 201:
                         errors[0] += 1
                         if errors[0] <= 3:
-                            print(f"  ! POST answered {status}: {body[:300]!r}", file=sys.stderr)
+                            print(f"  ! POST answered {status}: {text[:300]!r}", file=sys.stderr)
         finally:
             api.close()
 
@@ -134,7 +138,7 @@ def post_jobs(
     return time.perf_counter() - began, latencies, errors[0]
 
 
-def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0) -> dict:
+def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0, threads: int = CLIENT_THREADS) -> dict:
     """POST n jobs (one per request, or ``batch`` per request to the batch API) and wait until all
     have a Slurm id (or failed). Times from the database clock."""
     from django.db.models import Max
@@ -144,7 +148,7 @@ def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0) ->
     from portal.celery import app
 
     start = dt.datetime.now(dt.UTC)
-    post_seconds, post_latencies, errors = post_jobs(world.token, n, name, batch=batch)
+    post_seconds, post_latencies, errors = post_jobs(world.token, n, name, batch=batch, threads=threads)
     deadline = time.monotonic() + timeout
     jobs = Job.objects.filter(name=name)
     last_sweep = time.monotonic()
@@ -511,9 +515,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
         for service in (worker, web):
             if service is not None:
                 service.stop()
-        common.drain_cluster()
-        common.gpu_limit_set(None)
-        common.clean_workdir()
+        common.leave_cluster()
     return section
 
 

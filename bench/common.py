@@ -270,6 +270,14 @@ def gpu_limit_set(gpus: int | None) -> None:
     )
 
 
+def leave_cluster() -> None:
+    """After a benchmark that submitted: no bench job left alive, the bench account uncapped, the
+    jobs' output files removed."""
+    drain_cluster()
+    gpu_limit_set(None)
+    clean_workdir()
+
+
 def clean_workdir() -> None:
     """Remove the output files bench jobs left in BENCH_WORKDIR."""
     if os.path.isdir(BENCH_WORKDIR):
@@ -563,7 +571,7 @@ class ApiClient:
     """One keep-alive HTTP/1.1 connection to the benchmark's gunicorn, authenticated by token.
     Reconnects once when the server closed the connection."""
 
-    def __init__(self, token: str, *, port: int | None = None):
+    def __init__(self, token: str, *, port: int | None = None, host: str = "127.0.0.1"):
         import http.client
 
         self._http = http.client
@@ -573,7 +581,7 @@ class ApiClient:
             "Content-Type": "application/json",
             "Accept": "application/json",
         }
-        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        self.conn = http.client.HTTPConnection(host, self.port, timeout=60)
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes, float]:
         """(status, body, seconds)."""

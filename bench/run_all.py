@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
-ORDER = ("relay", "api", "sync", "ingest", "pages", "reports")
+ORDER = ("post_profile", "relay", "demo", "api", "sync", "ingest", "pages", "reports")
 RESULTS = common.ROOT / "bench" / "results.md"
 
 
@@ -105,8 +105,10 @@ def main() -> None:
     print(f"benchmark database: {common.BENCH_DB} (created from scratch)")
     common.setup(fresh=True)
     import bench_api
+    import bench_demo
     import bench_ingest
     import bench_pages
+    import bench_post_profile
     import bench_relay
     import bench_sync
     from django.utils import timezone
@@ -116,7 +118,9 @@ def main() -> None:
         print(f"  {key}: {value}")
     started_at = timezone.now()
     runners = {
+        "post_profile": lambda: bench_post_profile.run(quick=args.quick),
         "relay": lambda: bench_relay.run(quick=args.quick),
+        "demo": lambda: bench_demo.run(quick=args.quick),
         "api": lambda: bench_api.run(quick=args.quick),
         "sync": lambda: bench_sync.run(quick=args.quick),
         "ingest": lambda: bench_ingest.run(quick=args.quick, since=started_at),

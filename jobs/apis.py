@@ -41,6 +41,7 @@ from jobs.services import (
 )
 from portal.exceptions import ApplicationError
 from portal.models import Team
+from portal.roles import team_with_role
 from portal.throttles import SubmitRateThrottle
 
 
@@ -51,10 +52,10 @@ def _visible_job(request, job_id) -> Job:
         raise Http404 from None
 
 
-def _team_by_slug(slug: str | None) -> Team | None:
-    """The team named by slug, or None; the service answers "No such team." for both a missing team
-    and one the user cannot see."""
-    return Team.objects.filter(slug=slug).first() if slug else None
+def _team_by_slug(request, slug: str | None) -> Team | None:
+    """The team named by slug, or None, with the user's role in it (one query: portal.roles.team_with_role);
+    the service answers "No such team." for both a missing team and one the user cannot see."""
+    return team_with_role(request.user, slug)
 
 
 # ---------------------------------------------------------------- output serializers (shared)
@@ -226,7 +227,7 @@ class JobCollectionApi(ListAPIView):
         fingerprint = request_fingerprint(data)  # the body as understood, key order irrelevant
         job, created = job_submit(
             user=request.user,
-            team=_team_by_slug(data.pop("team")),
+            team=_team_by_slug(request, data.pop("team")),
             idempotency_key=request.headers.get("Idempotency-Key"),
             fingerprint=fingerprint,
             request=request,
@@ -269,7 +270,7 @@ class JobCollectionApi(ListAPIView):
         fingerprint = request_fingerprint({"team": slug, "batch": items})  # the body as understood
         jobs, created = job_submit_batch(
             user=request.user,
-            team=_team_by_slug(slug),
+            team=_team_by_slug(request, slug),
             jobs=items,
             idempotency_key=request.headers.get("Idempotency-Key"),
             fingerprint=fingerprint,
@@ -436,7 +437,7 @@ class JobTemplateCollectionApi(ListAPIView):
         serializer = self.JobTemplateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        template = job_template_create(user=request.user, team=_team_by_slug(data.pop("team")), **data)
+        template = job_template_create(user=request.user, team=_team_by_slug(request, data.pop("team")), **data)
         return Response(JobTemplateOutputSerializer(template).data, status=status.HTTP_201_CREATED)
 
 

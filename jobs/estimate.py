@@ -10,7 +10,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.utils import timezone
 
-from accounting.rates import gpu_hour_price
+from accounting.rates import RateBook, gpu_hour_price
 from jobs.spec import ValidSpec
 
 TWO_PLACES = Decimal("0.01")
@@ -29,9 +29,9 @@ class JobQuote:
     note: str
 
 
-def _price_of(*, gpu_type: str, partition: str, at: dt.datetime) -> tuple[Decimal, str] | None:
+def _price_of(*, gpu_type: str, partition: str, at: dt.datetime, book: RateBook) -> tuple[Decimal, str] | None:
     """accounting.rates.gpu_hour_price: the price in force and its currency, or None (no rate)."""
-    return gpu_hour_price(gpu_type=gpu_type, partition=partition, at=at)
+    return gpu_hour_price(gpu_type=gpu_type, partition=partition, at=at, book=book)
 
 
 def job_gpu_hours(spec: ValidSpec) -> Decimal:
@@ -48,7 +48,11 @@ def quote_for(spec: ValidSpec, *, at: dt.datetime | None = None, cache: dict | N
 
     def price_of(gpu_type: str) -> tuple[Decimal, str] | None:
         if ("price", gpu_type, spec.partition) not in cache:
-            cache[("price", gpu_type, spec.partition)] = _price_of(gpu_type=gpu_type, partition=spec.partition, at=at)
+            if "rates" not in cache:
+                cache["rates"] = RateBook.current()  # one look at the rate book's version per quote (or batch)
+            cache[("price", gpu_type, spec.partition)] = _price_of(
+                gpu_type=gpu_type, partition=spec.partition, at=at, book=cache["rates"]
+            )
         return cache[("price", gpu_type, spec.partition)]
 
     gpu_hours = job_gpu_hours(spec)

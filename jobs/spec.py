@@ -33,6 +33,7 @@ from gpuportal_cli.sbatch_directives import (
 from jobs.constraints import unmatched
 from portal.exceptions import ApplicationError
 from portal.models import ClusterPolicyInfo, NodeInfo, PartitionInfo
+from portal.snapshots import INVENTORY, snapshot
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -94,15 +95,43 @@ class PartitionCapacity:
         return [n for n in self.nodes if n.gpus_total and (not gpu_type or n.gpu_type == gpu_type)]
 
 
+@dataclass(frozen=True)
+class Inventory:
+    """The synced inventory as the submit path reads it: every partition's capacity and the policy.
+    Shared by the threads of a process (portal.snapshots): read-only."""
+
+    partitions: dict[str, PartitionCapacity]
+    default: str | None  # the default partition's name
+    policy: ClusterPolicyInfo | None
+
+    def capacity(self, partition: str) -> PartitionCapacity | None:
+        """The partition's capacity, or None when it is not in the inventory ("" = default partition)."""
+        name = partition or self.default
+        return self.partitions.get(name) if name else None
+
+
+def _inventory_load() -> Inventory:
+    """Three queries: partitions, nodes, policy."""
+    parts = list(PartitionInfo.objects.all())  # ordering: default first, then by name
+    nodes = {n.name: n for n in NodeInfo.objects.order_by("name")}
+    capacities = {
+        p.name: PartitionCapacity(p.name, p.default_time_minutes, p.max_time_minutes,
+                                  tuple(nodes[name] for name in sorted(p.node_names) if name in nodes))
+        for p in parts
+    }  # fmt: skip
+    default = next((p.name for p in parts if p.is_default), None)
+    return Inventory(capacities, default, ClusterPolicyInfo.objects.first())
+
+
+def inventory() -> Inventory:
+    """The inventory as of the last cluster_sync: this process's copy (portal.snapshots; no query
+    while it is current), else three queries."""
+    return snapshot(INVENTORY, _inventory_load)
+
+
 def partition_capacity(partition: str) -> PartitionCapacity | None:
-    """The partition's capacity, or None when it is not in the inventory ("" = default partition).
-    Two queries."""
-    query = PartitionInfo.objects.filter(is_default=True) if not partition else PartitionInfo.objects.filter(name=partition)
-    part = query.first()
-    if part is None:
-        return None
-    nodes = tuple(NodeInfo.objects.filter(name__in=part.node_names).order_by("name"))
-    return PartitionCapacity(part.name, part.default_time_minutes, part.max_time_minutes, nodes)
+    """The partition's capacity, or None when it is not in the inventory ("" = default partition)."""
+    return inventory().capacity(partition)
 
 
 # ---------------------------------------------------------------- the spec
@@ -398,13 +427,11 @@ def validate_job_spec(
             errors.directive(script_options.get("partition"), "the portal submits to one partition; name one.")
     capacity = None
     if "inventory" not in cache:
-        cache["inventory"] = PartitionInfo.objects.exists()
-    if not cache["inventory"]:
+        cache["inventory"] = inventory()
+    if not cache["inventory"].partitions:
         errors.add("partition", "The cluster inventory has not been read yet; try again in a minute.")
     else:
-        if ("partition", partition) not in cache:
-            cache[("partition", partition)] = partition_capacity(partition)
-        capacity = cache[("partition", partition)]
+        capacity = cache["inventory"].capacity(partition)
         if capacity is None:
             message = f"No such partition: {partition!r}." if partition else "The cluster has no default partition."
             errors.directive(script_options.get("partition") if not overrides_has(overrides, "partition") else None, message, fallback="partition")
@@ -413,9 +440,7 @@ def validate_job_spec(
 
     spec = None
     if capacity is not None and request is not None:
-        if "policy" not in cache:
-            cache["policy"] = ClusterPolicyInfo.objects.first()
-        _check_policy(cache["policy"], capacity, request, errors, account)
+        _check_policy(cache["inventory"].policy, capacity, request, errors, account)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:
         if not errors:

@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 
 from portal import services
+from portal.authentication import api_token_forget
 from portal.models import ApiToken, AuditEvent, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, SyncStatus, Team
 
 
@@ -47,6 +48,20 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # tokens are created by their owner (shown once) or by create_api_token
+
+    # a token revoked, given an expiry or deleted here is refused from the next request on
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        api_token_forget(obj.key_hash)
+
+    def delete_model(self, request, obj):
+        api_token_forget(obj.key_hash)
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        for key_hash in queryset.values_list("key_hash", flat=True):
+            api_token_forget(key_hash)
+        super().delete_queryset(request, queryset)
 
 
 @admin.register(PartitionInfo)

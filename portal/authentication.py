@@ -1,27 +1,83 @@
-"""``Authorization: Token <key>`` against hashed personal API tokens."""
+"""``Authorization: Token <key>`` against hashed personal API tokens.
+
+The lookup (key hash → token and user) is kept in the cache for API_TOKEN_CACHE_SECONDS, so a client
+sending requests back to back costs no query and no write per request: ``last_used_at`` is written
+when the lookup is made (at most once a minute, so at most once per API_TOKEN_CACHE_SECONDS while the
+entry lives). What still takes effect:
+- revocation through the portal (``portal.services.api_token_revoke``): at once (the entry is
+  dropped in the revoking transaction and after its commit: ``api_token_forget``);
+- expiry: at once (the entry keeps ``expires_at`` and every request checks it);
+- a user made inactive, or a token deleted or revoked outside the services (admin, SQL): within
+  API_TOKEN_CACHE_SECONDS (30 s by default; 0 looks the token up on every request).
+When the cache does not answer, the token is looked up in the database."""
 
 from __future__ import annotations
 
+import logging
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from portal.models import ApiToken
+
+logger = logging.getLogger(__name__)
+
+
+def _cache_key(key_hash: str) -> str:
+    return f"apitoken:{key_hash}"
+
+
+def api_token_forget(key_hash: str) -> None:
+    """Drop the cached lookup of a token (now and after the current transaction commits)."""
+
+    def forget():
+        try:
+            cache.delete(_cache_key(key_hash))
+        except Exception:  # noqa: BLE001 — the entry expires within API_TOKEN_CACHE_SECONDS
+            logger.warning("could not drop the cached API token lookup", exc_info=True)
+
+    forget()
+    transaction.on_commit(forget)
+
+
+def _lookup(key_hash: str) -> ApiToken | None:
+    token = ApiToken.objects.select_related("user").filter(key_hash=key_hash, revoked_at__isnull=True).first()
+    if token is None or not token.user.is_active:
+        return None
+    now = timezone.now()
+    if not token.is_expired(now) and (token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
 
 
 class ApiTokenAuthentication(authentication.TokenAuthentication):
     keyword = "Token"
 
     def authenticate_credentials(self, key: str):
-        token = (
-            ApiToken.objects.select_related("user")
-            .filter(key_hash=ApiToken.hash_key(key), revoked_at__isnull=True)
-            .first()
-        )
-        if token is None or not token.user.is_active:
+        key_hash = ApiToken.hash_key(key)
+        seconds = settings.API_TOKEN_CACHE_SECONDS
+        token = None
+        cached = False
+        if seconds > 0:
+            try:
+                token = cache.get(_cache_key(key_hash))
+                cached = token is not None
+            except Exception:  # noqa: BLE001 — without the cache, the database answers
+                logger.warning("API token cache does not answer; looking the token up", exc_info=True)
+                seconds = 0
+        if token is None:
+            token = _lookup(key_hash)
+        if token is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
-        now = timezone.now()
-        if token.is_expired(now):
+        if token.is_expired(timezone.now()):
             raise exceptions.AuthenticationFailed(f"This API token expired at {token.expires_at:%Y-%m-%d %H:%M} UTC; create a new one.")
-        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        if seconds > 0 and not cached:
+            try:
+                cache.set(_cache_key(key_hash), token, timeout=seconds)
+            except Exception:  # noqa: BLE001
+                logger.warning("could not cache the API token lookup", exc_info=True)
         return token.user, token

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.db import connections, transaction
 from django.db.models import Model, QuerySet
@@ -150,3 +150,50 @@ def any_of(values, db_type: str, *, using: str = "default"):
     if not re.fullmatch(r"[a-z ]+", db_type):
         raise ValueError(f"any_of: {db_type!r} is not a plain SQL type name")
     return RawSQL(f"SELECT unnest(%s::{db_type}[])", [values])
+
+
+def insert_together(*objs: Model | Callable[[], Model], using: str = "default") -> list[Model]:
+    """INSERT new rows of any models with ONE statement: ``WITH a AS (INSERT …), b AS (INSERT …)
+    INSERT …`` — one round trip instead of one per row (a job, its first event and its audit event:
+    bench/bench_post_profile.py). Each INSERT is the one ``obj.save(force_insert=True)`` would run,
+    built by Django's own compiler (``pre_save``: ``auto_now_add`` and defaults are set on the
+    objects); the statement is atomic like any other, and a unique or check violation raises
+    IntegrityError as the separate inserts would. PostgreSQL checks the foreign keys among them at
+    commit (Django makes them DEFERRABLE INITIALLY DEFERRED), so a row may point at another row of
+    the same call. Objects whose primary key the database assigns (an AutoField) are inserted, but
+    their ``pk`` stays None: use it for rows nobody reads back in the same request. No signals are
+    sent (the portal uses none for its rows). An item may be a callable making the object, called
+    once the items before it are prepared (an event whose ``at`` is its job's ``created_at``).
+    Returns the objects. Elsewhere than PostgreSQL: ``save(force_insert=True)`` each."""
+    from django.db.models.sql import InsertQuery
+
+    connection = connections[using]
+    made: list[Model] = []
+    statements: list[str] = []
+    params: list = []
+    for item in objs:
+        obj = item() if callable(item) else item
+        made.append(obj)
+        if connection.vendor != "postgresql":
+            obj.save(force_insert=True, using=using)
+            continue
+        meta = obj._meta
+        fields = [
+            f for f in meta.local_concrete_fields
+            if not getattr(f, "generated", False) and not (f is meta.auto_field and obj.pk is None)
+        ]  # fmt: skip
+        query = InsertQuery(type(obj))
+        query.insert_values(fields, [obj], raw=False)
+        [(sql, sql_params)] = query.get_compiler(using=using).as_sql()
+        statements.append(sql)
+        params.extend(sql_params)
+    if not statements:
+        return made
+    *first, last = statements
+    sql = (("WITH " + ", ".join(f"i{n} AS ({s})" for n, s in enumerate(first)) + " ") if first else "") + last
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    for obj in made:
+        obj._state.adding = False
+        obj._state.db = using
+    return made

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from django.db.models import OuterRef, Subquery
+
 from portal.models import Membership, Role, Team
 
 FINANCE_GROUP = "finance"
@@ -22,12 +24,31 @@ def can_read_cost_reports(user) -> bool:
 
 
 def team_role(user, team: Team | int) -> str | None:
-    """The user's role in the team (a Team or its pk), or None."""
+    """The user's role in the team (a Team or its pk), or None. No query for a team read by
+    ``team_with_role`` for this user."""
     if not user.is_authenticated:
         return None
+    read = getattr(team, "_role_of", None)
+    if read is not None and read[0] == user.pk:
+        return read[1]
     team_id = team.pk if isinstance(team, Team) else team
     membership = Membership.objects.filter(user=user, team_id=team_id).only("role").first()
     return membership.role if membership else None
+
+
+def team_with_role(user, slug: str | None) -> Team | None:
+    """The team of this slug, or None, with the user's role in it read in the same query (the
+    submit path: one query for both; ``team_role`` / ``is_member`` then answer from it)."""
+    if not slug:
+        return None
+    teams = Team.objects.filter(slug=slug)
+    if not user.is_authenticated:
+        return teams.first()
+    role = Membership.objects.filter(team=OuterRef("pk"), user=user).values("role")[:1]
+    team = teams.annotate(viewer_role=Subquery(role)).first()
+    if team is not None:
+        team._role_of = (user.pk, team.viewer_role)
+    return team
 
 
 def is_member(user, team: Team | int) -> bool:

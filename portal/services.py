@@ -17,6 +17,7 @@ from portal.models import ApiToken, ClusterPolicyInfo, Membership, NodeInfo, Par
 from portal.outbox import after_commit
 from portal.proxies import client_address
 from portal.slurm import Association, SlurmError, get_gateway
+from portal.snapshots import INVENTORY, snapshot_changed
 from portal.tasks import team_mirror_to_slurm
 
 logger = logging.getLogger(__name__)
@@ -222,7 +223,11 @@ def api_token_create(*, user, name: str, expires_in_days: int | None = None) -> 
 
 
 def api_token_revoke(*, token: ApiToken) -> ApiToken:
+    """Revoke a token: refused from the next request on (its cached lookup is dropped)."""
+    from portal.authentication import api_token_forget
+
     ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    api_token_forget(token.key_hash)
     token.refresh_from_db()
     return token
 
@@ -270,6 +275,7 @@ def cluster_sync() -> dict:
         policy, policy_error = None, str(exc)[:500]
     now = timezone.now()
     with transaction.atomic():
+        snapshot_changed(INVENTORY)  # every process re-reads the inventory (jobs.spec.inventory)
         PartitionInfo.objects.exclude(name__in=[p.name for p in partitions]).delete()
         NodeInfo.objects.exclude(name__in=[n.name for n in nodes]).delete()
         PartitionInfo.objects.bulk_create(
@@ -339,9 +345,15 @@ def audit_record(
     *, actor, action: str, target, team: Team | None = None, request=None, data: dict | None = None
 ) -> None:
     """Append one audit event. ``target`` is a model instance; ``data`` what changed (JSON-able)."""
+    audit_event(actor=actor, action=action, target=target, team=team, request=request, data=data).save(force_insert=True)
+
+
+def audit_event(*, actor, action: str, target, team: Team | None = None, request=None, data: dict | None = None):
+    """The audit event ``audit_record`` appends, not saved yet: for a service that inserts it in one
+    statement with the row it records (portal.db.insert_together; jobs' submit)."""
     from portal.models import AuditEvent
 
-    AuditEvent.objects.create(
+    return AuditEvent(
         actor=actor if getattr(actor, "is_authenticated", False) else None,
         actor_name=getattr(actor, "username", "") or "system",
         action=action,

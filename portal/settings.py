@@ -217,6 +217,14 @@ QUOTA_NO_QUOTA_POLICY = env.choice("QUOTA_NO_QUOTA_POLICY", "blocked", ("blocked
 # API tokens: 0 = a token may live for ever (each may still be given an expiry); N = at most N days
 API_TOKEN_MAX_DAYS = env.int("API_TOKEN_MAX_DAYS", 0, minimum=0, maximum=3650)
 
+# Read-mostly rows (inventory, rate book) kept per process, re-read when their writer moves the
+# version in the cache, and at least this often (portal/snapshots.py). 0: read them every time.
+SNAPSHOT_MAX_AGE_SECONDS = env.int("SNAPSHOT_MAX_AGE_SECONDS", 300, minimum=0, maximum=86400)
+# A token's lookup (token -> user) kept in the cache this long (portal/authentication.py). Revoking a
+# token in the portal and its expiry take effect at once; a user made inactive, or a token deleted
+# outside the portal's services, within this many seconds. 0: look it up on every request.
+API_TOKEN_CACHE_SECONDS = env.int("API_TOKEN_CACHE_SECONDS", 30, minimum=0, maximum=3600)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: unauthenticated API requests get 401 with WWW-Authenticate: Token
@@ -232,7 +240,10 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_THROTTLE_RATES": {
         "login": env.str("THROTTLE_LOGIN", "20/min"),
-        "submit": env.str("THROTTLE_SUBMIT", "600/min"),
+        # per user; protects the portal, not Slurm: above what one portal sustains (bench/bench_demo.py:
+        # ~100 single-job POSTs/s on 2 cores), so that one user's script is limited by the portal's
+        # speed, not by this; a batch POST (up to 100 jobs) counts once
+        "submit": env.str("THROTTLE_SUBMIT", "12000/min"),
     },
 }
 

@@ -108,9 +108,11 @@ def _clear_cache():
 
     from jobs.services import relay_drain_key
     from portal.outbox import coalesced_done
+    from portal.snapshots import snapshots_forget
 
     cache.clear()
     coalesced_done(relay_drain_key())
+    snapshots_forget()  # the inventory and rate book copies (portal/snapshots.py) of the last test's rows
     yield
 
 

@@ -143,3 +143,44 @@ def test_any_of_binds_one_array_parameter_and_filters_like_a_list(world):
     assert "unnest" in queries.captured_queries[0]["sql"]
     with pytest.raises(ValueError, match="plain SQL type"):
         any_of([1], "bigint[]); DROP TABLE x; --")
+
+
+# ---------------------------------------------------------------- insert_together
+
+
+def _new_job(world, **values):
+    return Job(team=world.vision, submitter=world.alice, name="t", script="#!/bin/bash\ntrue\n", partition="gpu",
+               gpus=1, time_limit_minutes=5, workdir="/tmp", state=JobState.ACCEPTED, estimated_gpu_hours=1,
+               environment={"A": "1"}, **values)  # fmt: skip
+
+
+def test_insert_together_writes_rows_of_several_models_in_one_statement(world, django_assert_num_queries):
+    from jobs.models import JobEvent
+    from portal.db import insert_together
+    from portal.models import AuditEvent
+
+    job = _new_job(world, idempotency_key="k1")
+    event = lambda: JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)  # noqa: E731
+    audit = AuditEvent(actor=world.alice, actor_name="alice", action="job.submit", target_type="jobs.job",
+                       target_id=str(job.pk), team=world.vision, data={"gpus": 1})  # fmt: skip
+    with django_assert_num_queries(1):
+        _, event, _ = insert_together(job, event, audit)
+    assert job.created_at is not None and not job._state.adding  # auto_now_add set, as save() does
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.environment, stored.created_at, stored.idempotency_key) == ({"A": "1"}, job.created_at, "k1")
+    assert list(JobEvent.objects.filter(job=job).values_list("reason", "at")) == [("Accepted by the portal", job.created_at)]
+    assert AuditEvent.objects.get(target_id=str(job.pk)).data == {"gpus": 1}
+
+
+def test_insert_together_is_all_or_nothing_on_a_unique_violation(world):
+    from django.db import IntegrityError, transaction
+
+    from jobs.models import JobEvent
+    from portal.db import insert_together
+
+    Job.objects.create(**{f.name: getattr(_new_job(world, idempotency_key="dup"), f.name)
+                          for f in Job._meta.concrete_fields if f.name not in ("id", "created_at")})  # fmt: skip
+    job = _new_job(world, idempotency_key="dup")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        insert_together(job, JobEvent(job=job, state=JobState.ACCEPTED, reason="x", at=timezone.now()))
+    assert not Job.objects.filter(pk=job.pk).exists() and not JobEvent.objects.filter(job_id=job.pk).exists()

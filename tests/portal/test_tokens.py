@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import io
+from unittest import mock
 
 import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from portal.models import ApiToken
-from portal.services import api_token_create
+from portal.services import api_token_create, api_token_revoke
 
 pytestmark = pytest.mark.django_db
 
@@ -92,10 +93,55 @@ def test_a_token_with_an_expiry_works_until_then_and_is_refused_after(world):
     assert abs(token.expires_at - (timezone.now() + dt.timedelta(days=7))) < dt.timedelta(minutes=1)
     client = APIClient()
     assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
-    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
-    refused = client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}")
+    # the lookup is cached now (portal/authentication.py); expiry is checked on every request anyway
+    later = token.expires_at + dt.timedelta(seconds=1)
+    with mock.patch("portal.authentication.timezone.now", return_value=later):
+        refused = client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}")
     assert refused.status_code == 401
     assert set(refused.json()) == {"detail", "errors"} and "expired" in refused.json()["detail"]
+
+
+def test_a_cached_token_costs_no_query_and_no_write(world, settings, django_assert_num_queries):
+    # a cache of this test's own: other test runs on the machine flush the shared Redis cache database
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "tok"}}
+    from portal.authentication import ApiTokenAuthentication
+
+    token, key = api_token_create(user=world.alice, name="ci")
+    auth = ApiTokenAuthentication()
+    with django_assert_num_queries(2):  # the lookup, and last_used_at (first use)
+        user, _ = auth.authenticate_credentials(key)
+    assert user == world.alice
+    with django_assert_num_queries(0):
+        user, cached = auth.authenticate_credentials(key)
+    assert user == world.alice and cached.pk == token.pk
+
+
+def test_revoking_a_cached_token_takes_effect_at_once(world):
+    from django.db import transaction
+
+    token, key = api_token_create(user=world.alice, name="ci")
+    client = APIClient()
+    assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
+    with transaction.atomic():
+        api_token_revoke(token=token)
+    assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 401
+
+
+def test_a_user_made_inactive_is_refused_once_the_cached_lookup_expires(world, settings):
+    token, key = api_token_create(user=world.alice, name="ci")
+    client = APIClient()
+    assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
+    type(world.alice).objects.filter(pk=world.alice.pk).update(is_active=False)
+    # cached for API_TOKEN_CACHE_SECONDS (30 s by default): what the cache holds is still accepted…
+    assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
+    from django.core.cache import cache
+
+    from portal.authentication import _cache_key
+
+    cache.delete(_cache_key(token.key_hash))  # … until the entry expires
+    assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 401
+    settings.API_TOKEN_CACHE_SECONDS = 0  # 0: looked up on every request
+    assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 401
 
 
 def test_the_token_page_sets_an_expiry_and_shows_it(world, client_for):
