@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from gpuportal_cli.sbatch_directives import (
 )
 from jobs.constraints import unmatched
 from portal.exceptions import ApplicationError
-from portal.models import ClusterPolicyInfo, NodeInfo, PartitionInfo
+from portal.models import Cluster, ClusterPolicyInfo, NodeInfo, PartitionInfo
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -78,12 +79,14 @@ FIELD_OF_OPTION = {
 
 @dataclass(frozen=True)
 class PartitionCapacity:
-    """What one partition can ever give a job (from the synced inventory)."""
+    """What one partition of one cluster can ever give a job (from the synced inventory)."""
 
     name: str
     default_time_minutes: int | None
     max_time_minutes: int | None
     nodes: tuple[NodeInfo, ...]
+    cluster_id: int | None = None
+    cluster: str = ""
 
     @property
     def gpu_types(self) -> list[str]:
@@ -94,15 +97,40 @@ class PartitionCapacity:
         return [n for n in self.nodes if n.gpus_total and (not gpu_type or n.gpu_type == gpu_type)]
 
 
-def partition_capacity(partition: str) -> PartitionCapacity | None:
-    """The partition's capacity, or None when it is not in the inventory ("" = default partition).
-    Two queries."""
-    query = PartitionInfo.objects.filter(is_default=True) if not partition else PartitionInfo.objects.filter(name=partition)
-    part = query.first()
-    if part is None:
+class ClusterChoiceError(Exception):
+    """The partition alone does not say which cluster (``ambiguous``: its clusters), or the
+    requested cluster is not one the portal serves."""
+
+    def __init__(self, message: str, ambiguous: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.ambiguous = ambiguous
+
+
+def partition_capacity(partition: str, cluster: str = "") -> PartitionCapacity | None:
+    """The partition's capacity, or None when it is not in the inventory ("" = the default
+    partition; of the default cluster unless ``cluster`` names one). A partition name alone picks
+    its cluster when exactly one cluster has it; several: ClusterChoiceError naming them, an unknown
+    ``cluster`` too. Two queries (three when nothing matches a named cluster)."""
+    query = PartitionInfo.objects.filter(cluster__active=True).select_related("cluster")
+    if cluster:
+        query = query.filter(cluster__name=cluster)
+    elif not partition:
+        query = query.filter(cluster__is_default=True)
+    query = query.filter(is_default=True) if not partition else query.filter(name=partition)
+    parts = list(query.order_by("-cluster__is_default", "cluster__name")[:50])
+    if not parts:
+        if cluster and not Cluster.objects.filter(name=cluster, active=True).exists():
+            raise ClusterChoiceError(f"No such cluster: {cluster!r}.")
         return None
-    nodes = tuple(NodeInfo.objects.filter(name__in=part.node_names).order_by("name"))
-    return PartitionCapacity(part.name, part.default_time_minutes, part.max_time_minutes, nodes)
+    if len(parts) > 1:
+        names = tuple(p.cluster.name for p in parts)
+        raise ClusterChoiceError(
+            f"Partition {partition!r} exists on clusters {', '.join(names)}: name one in `cluster`.", ambiguous=names
+        )
+    part = parts[0]
+    nodes = tuple(NodeInfo.objects.filter(cluster_id=part.cluster_id, name__in=part.node_names).order_by("name"))
+    return PartitionCapacity(part.name, part.default_time_minutes, part.max_time_minutes, nodes,
+                             cluster_id=part.cluster_id, cluster=part.cluster.name)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the spec
@@ -255,6 +283,8 @@ def validate_job_spec(
     workdir: str | None,
     environment: dict | None,
     account: str = "",
+    accounts: Mapping[str, str] | None = None,
+    cluster: str | None = None,
     ntasks: Any = None,
     cpus_per_task: Any = None,
     exclusive: bool | None = None,
@@ -267,7 +297,10 @@ def validate_job_spec(
     """Check a job spec (script directives + explicit fields) against the rules and the synced
     cluster inventory. Collects every problem and raises one ApplicationError naming the fields
     (``script`` for a directive, with its line). ``None``/"" for a field: the script decides.
-    ``account``: the team's Slurm account (a script's --account must name it).
+    ``account``: the team's Slurm account (a script's --account must name it); ``accounts``
+    instead: its account on each cluster it has access to ({cluster name: account}), the one of the
+    cluster the partition picks (or ``cluster`` names; "" / None: from the partition) applies, and a
+    cluster not in it is refused (``cluster``).
     ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition."""
     cache = {} if cache is None else cache
     errors = _Errors()
@@ -283,7 +316,7 @@ def validate_job_spec(
             errors.directive(directive, f"the portal does not accept --{directive.option}: {REFUSED_OPTIONS[directive.option]}.")
         elif directive.option == "nice" and (directive.value or "").strip().startswith("-"):
             errors.directive(directive, "a negative --nice needs Slurm administrator rights.")
-        elif directive.option == "account" and account and directive.value != account:
+        elif directive.option == "account" and account and accounts is None and directive.value != account:
             errors.directive(directive, f"jobs of this team run in Slurm account {account!r}, not {directive.value!r}.")
     script_options = {d.option: d for d in directives}
 
@@ -402,20 +435,37 @@ def validate_job_spec(
     if not cache["inventory"]:
         errors.add("partition", "The cluster inventory has not been read yet; try again in a minute.")
     else:
-        if ("partition", partition) not in cache:
-            cache[("partition", partition)] = partition_capacity(partition)
-        capacity = cache[("partition", partition)]
-        if capacity is None:
+        cluster = (cluster or "").strip() if isinstance(cluster, str) else ""
+        key = ("partition", partition, cluster)
+        if key not in cache:
+            try:
+                cache[key] = partition_capacity(partition, cluster)
+            except ClusterChoiceError as exc:
+                cache[key] = exc
+        capacity = cache[key]
+        if isinstance(capacity, ClusterChoiceError):
+            errors.add("cluster", str(capacity))
+            capacity = None
+        elif capacity is None:
             message = f"No such partition: {partition!r}." if partition else "The cluster has no default partition."
             errors.directive(script_options.get("partition") if not overrides_has(overrides, "partition") else None, message, fallback="partition")
         elif not partition:
             override("partition", capacity.name)
+    if capacity is not None and accounts is not None:
+        account = accounts.get(capacity.cluster, "")
+        if not account:
+            errors.add("cluster", f"This team has no Slurm account on cluster {capacity.cluster!r}.")
+            capacity = None
+        else:
+            given = script_options.get("account")
+            if given is not None and given.value != account:
+                errors.directive(given, f"jobs of this team run in Slurm account {account!r}, not {given.value!r}.")
 
     spec = None
     if capacity is not None and request is not None:
-        if "policy" not in cache:
-            cache["policy"] = ClusterPolicyInfo.objects.first()
-        _check_policy(cache["policy"], capacity, request, errors, account)
+        if ("policy", capacity.cluster_id) not in cache:
+            cache[("policy", capacity.cluster_id)] = ClusterPolicyInfo.objects.filter(cluster_id=capacity.cluster_id).first()
+        _check_policy(cache[("policy", capacity.cluster_id)], capacity, request, errors, account)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:
         if not errors:

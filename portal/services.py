@@ -13,10 +13,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.exceptions import ApplicationError, Conflict
-from portal.models import ApiToken, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
+from portal.models import (
+    ApiToken, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team,
+)  # fmt: skip
 from portal.outbox import after_commit
 from portal.proxies import client_address
-from portal.slurm import Association, SlurmError, get_gateway
+from portal.slurm import Association, SlurmError, configured_clusters, get_gateway
 from portal.tasks import team_mirror_to_slurm
 
 logger = logging.getLogger(__name__)
@@ -251,17 +253,63 @@ def sync_record_failure(kind: str, *, error: str) -> None:
 # ---------------------------------------------------------------- cluster inventory
 
 
-def cluster_sync() -> dict:
-    """Read partitions, nodes and the cluster's policy (QOS, node features, MaxArraySize: a fixed
-    number of Slurm calls, ``gateway.policy()``) and record them in bulk. On a Slurm error the
-    previous inventory stays and the sync status says since when it is stale."""
-    gateway = get_gateway()
+def clusters_record() -> list[Cluster]:
+    """Record the configured clusters (settings.SLURM_CLUSTERS) as Cluster rows: new ones added, the
+    others updated, those no longer configured marked inactive (their rows stay). Idempotent; run
+    after every migrate (portal/apps.py) and by ``manage.py record_clusters``."""
+    configs = configured_clusters()
+    with transaction.atomic():
+        Cluster.objects.exclude(name=configs[0].name).filter(is_default=True).update(is_default=False)
+        Cluster.objects.exclude(name__in=[c.name for c in configs]).update(active=False)
+        rows = []
+        for index, config in enumerate(configs):
+            row, _ = Cluster.objects.update_or_create(
+                name=config.name,
+                defaults={"backend": config.backend, "slurm_conf": config.slurm_conf, "bin_dir": config.bin_dir,
+                          "lib_dir": config.lib_dir, "is_default": index == 0, "active": True},
+            )  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def cluster_row(name: str | None = None) -> Cluster:
+    """The Cluster row of a configured cluster (None: the default), recorded first if it is not yet."""
+    from portal.slurm import cluster_config
+
+    config = cluster_config(name)
+    row = Cluster.objects.filter(name=config.name).first()
+    if row is None:
+        clusters_record()
+        row = Cluster.objects.get(name=config.name)
+    return row
+
+
+def clusters_sync() -> dict[str, dict | str]:
+    """cluster_sync of every configured cluster, one after the other: a cluster that does not answer
+    is recorded as failing and the others are still read. {name: counts, or the error}."""
+    results: dict[str, dict | str] = {}
+    for config in configured_clusters():
+        try:
+            results[config.name] = cluster_sync(cluster=config.name)
+        except SlurmError as exc:
+            results[config.name] = f"unavailable: {exc}"
+    return results
+
+
+def cluster_sync(*, cluster: str | None = None) -> dict:
+    """Read one cluster's partitions, nodes and policy (QOS, node features, MaxArraySize: a fixed
+    number of Slurm calls, ``gateway.policy()``) and record them in bulk (``cluster`` None: the
+    default cluster). On a Slurm error that cluster's previous inventory stays and its sync status
+    says since when it is stale; the other clusters' rows are not touched."""
+    row = cluster_row(cluster)
+    gateway = get_gateway(row.name)
+    kind = SyncStatus.kind_for("cluster", row.name)
     started = time.monotonic()
     try:
         partitions = gateway.partitions()
         nodes = gateway.nodes()
     except SlurmError as exc:
-        sync_record_failure("cluster", error=str(exc))
+        sync_record_failure(kind, error=str(exc))
         raise
     try:  # sacctmgr needs slurmdbd: without it the partitions and nodes are still worth recording
         policy, policy_error = gateway.policy(), ""
@@ -270,11 +318,12 @@ def cluster_sync() -> dict:
         policy, policy_error = None, str(exc)[:500]
     now = timezone.now()
     with transaction.atomic():
-        PartitionInfo.objects.exclude(name__in=[p.name for p in partitions]).delete()
-        NodeInfo.objects.exclude(name__in=[n.name for n in nodes]).delete()
+        PartitionInfo.objects.filter(cluster=row).exclude(name__in=[p.name for p in partitions]).delete()
+        NodeInfo.objects.filter(cluster=row).exclude(name__in=[n.name for n in nodes]).delete()
         PartitionInfo.objects.bulk_create(
             [
                 PartitionInfo(
+                    cluster=row,
                     name=p.name,
                     is_default=p.is_default,
                     state=p.state,
@@ -286,12 +335,13 @@ def cluster_sync() -> dict:
                 for p in partitions
             ],
             update_conflicts=True,
-            unique_fields=["name"],
+            unique_fields=["cluster", "name"],
             update_fields=["is_default", "state", "default_time_minutes", "max_time_minutes", "node_names", "seen_at"],
         )
         NodeInfo.objects.bulk_create(
             [
                 NodeInfo(
+                    cluster=row,
                     name=n.name,
                     state=n.state,
                     available=n.available,
@@ -309,7 +359,7 @@ def cluster_sync() -> dict:
                 for n in nodes
             ],
             update_conflicts=True,
-            unique_fields=["name"],
+            unique_fields=["cluster", "name"],
             update_fields=[
                 "state", "available", "partitions", "gpu_type", "gpus_total", "gpus_allocated",
                 "cpus_total", "cpus_allocated", "memory_mb", "reason", "seen_at", *(["features"] if policy else []),
@@ -317,7 +367,7 @@ def cluster_sync() -> dict:
         )
         if policy is not None:  # else the last policy read stays (and the nodes keep their features)
             ClusterPolicyInfo.objects.update_or_create(
-                pk=1,
+                cluster=row,
                 defaults={
                     "qos": list(policy.qos),
                     "account_qos": {account: list(names) for account, names in policy.account_qos.items()},
@@ -328,7 +378,7 @@ def cluster_sync() -> dict:
         data = {"duration_ms": round((time.monotonic() - started) * 1000, 1)}
         if policy_error:
             data["policy_error"] = policy_error
-        sync_record_success("cluster", at=now, data=data)
+        sync_record_success(kind, at=now, data=data)
     return {"partitions": len(partitions), "nodes": len(nodes)}
 
 
