@@ -6,7 +6,8 @@ from collections import defaultdict
 
 from django.db.models import QuerySet
 
-from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Role, SyncStatus, Team
+from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Role, SyncStatus, Team, TeamClusterAccount
+from portal.slurm import cluster_config
 from portal.roles import can_read_cost_reports, is_admin
 
 
@@ -54,6 +55,26 @@ def api_tokens_of(user) -> QuerySet[ApiToken]:
     if not user.is_authenticated:
         return ApiToken.objects.none()
     return ApiToken.objects.filter(user=user)
+
+
+def team_ids_by_account(*, cluster: str, accounts: set[str]) -> dict[str, int]:
+    """Team id per Slurm account of one cluster: on the default cluster Team.slurm_account, on
+    another its TeamClusterAccount rows. One query."""
+    if not accounts:
+        return {}
+    if cluster == cluster_config().name:
+        return dict(Team.objects.filter(slurm_account__in=accounts).values_list("slurm_account", "pk"))
+    return dict(
+        TeamClusterAccount.objects.filter(cluster__name=cluster, slurm_account__in=accounts).values_list("slurm_account", "team_id")
+    )
+
+
+def team_cluster_accounts(team: Team) -> dict[str, str]:
+    """A team's Slurm account on each cluster it has access to ({cluster name: account}): the
+    default cluster's is Team.slurm_account, the others' its TeamClusterAccount rows. One query."""
+    accounts = {cluster_config().name: team.slurm_account}
+    accounts.update(TeamClusterAccount.objects.filter(team=team, cluster__active=True).values_list("cluster__name", "slurm_account"))
+    return accounts
 
 
 def sync_status(kind: str) -> SyncStatus | None:

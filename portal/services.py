@@ -15,10 +15,11 @@ from django.utils import timezone
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import (
     ApiToken, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team,
+    TeamClusterAccount,
 )  # fmt: skip
 from portal.outbox import after_commit
 from portal.proxies import client_address
-from portal.slurm import Association, SlurmError, configured_clusters, get_gateway
+from portal.slurm import Association, SlurmError, cluster_config, configured_clusters, get_gateway
 from portal.tasks import team_mirror_to_slurm
 
 logger = logging.getLogger(__name__)
@@ -97,9 +98,10 @@ class AssociationAction:
     kind: str  # missing_account | missing_user | extra_user | missing_default
     account: str
     user: str = ""
+    cluster: str = ""  # "" (or the default cluster's name): the default cluster
 
     def describe(self) -> str:
-        return {
+        return (f"{self.cluster}: " if self.cluster and self.cluster != cluster_config().name else "") + {
             "missing_account": f"account {self.account} is missing in Slurm",
             "missing_user": f"user {self.user} is missing from account {self.account}",
             "extra_user": f"user {self.user} is in account {self.account} but not in the team",
@@ -107,10 +109,15 @@ class AssociationAction:
         }[self.kind]
 
 
-def association_plan(*, teams: list[Team], associations: list[Association]) -> list[AssociationAction]:
+def association_plan(
+    *, teams: list[Team], associations: list[Association], accounts: dict[int, str] | None = None, cluster: str = ""
+) -> list[AssociationAction]:
     """Differences for the given (portal-managed) teams only; accounts the portal does not manage are
-    never touched. Inactive teams keep their account (for accounting) but lose their users."""
-    accounts = {a.account for a in associations if not a.user}
+    never touched. Inactive teams keep their account (for accounting) but lose their users.
+    ``accounts``: each team's account on the cluster ``associations`` come from (team pk → account;
+    None: Team.slurm_account, the default cluster's)."""
+    account_of = (lambda team: accounts[team.pk]) if accounts is not None else (lambda team: team.slurm_account)
+    existing = {a.account for a in associations if not a.user}
     users_in: dict[str, set[str]] = {}
     has_default: set[str] = set()
     for assoc in associations:
@@ -120,33 +127,36 @@ def association_plan(*, teams: list[Team], associations: list[Association]) -> l
                 has_default.add(assoc.user)
     all_users = {a.user for a in associations if a.user}
 
-    default_for = default_accounts()
-    wanted: dict[str, set[str]] = {t.slurm_account: set() for t in teams}
+    default_for = default_accounts(accounts=accounts)
+    wanted: dict[str, set[str]] = {account_of(t): set() for t in teams}
     for membership in Membership.objects.filter(team__in=[t.pk for t in teams], team__active=True).select_related(
         "user__profile", "team"
     ):
-        wanted[membership.team.slurm_account].add(_unix_name(membership.user))
+        wanted[account_of(membership.team)].add(_unix_name(membership.user))
 
     actions: list[AssociationAction] = []
     for team in teams:
-        account = team.slurm_account
-        if account not in accounts:
-            actions.append(AssociationAction("missing_account", account))
+        account = account_of(team)
+        if account not in existing:
+            actions.append(AssociationAction("missing_account", account, cluster=cluster))
         present = users_in.get(account, set())
         for user in sorted(wanted[account] - present):
-            actions.append(AssociationAction("missing_user", account, user))
+            actions.append(AssociationAction("missing_user", account, user, cluster=cluster))
         for user in sorted(present - wanted[account]):
-            actions.append(AssociationAction("extra_user", account, user))
+            actions.append(AssociationAction("extra_user", account, user, cluster=cluster))
     managed = set(wanted)
     for user, account in sorted(default_for.items()):
         if account in managed and user in all_users and user not in has_default:
-            actions.append(AssociationAction("missing_default", account, user))
+            actions.append(AssociationAction("missing_default", account, user, cluster=cluster))
     return actions
 
 
-def association_apply(*, actions: list[AssociationAction], default_for: dict[str, str] | None = None) -> None:
-    """Carry out a plan through the gateway. Each step is idempotent ("already exists" = success)."""
-    gateway = get_gateway()
+def association_apply(
+    *, actions: list[AssociationAction], default_for: dict[str, str] | None = None, cluster: str | None = None
+) -> None:
+    """Carry out a plan through the gateway of ``cluster`` (None: the default cluster). Each step is
+    idempotent ("already exists" = success)."""
+    gateway = get_gateway(cluster)
     for action in actions:
         if action.kind == "missing_account":
             gateway.account_add(action.account, description=f"gpuportal team {action.account}")
@@ -159,13 +169,17 @@ def association_apply(*, actions: list[AssociationAction], default_for: dict[str
             gateway.user_remove(action.user, action.account)
 
 
-def default_accounts() -> dict[str, str]:
-    """Each member's default Slurm account: the account of their oldest active membership."""
+def default_accounts(*, accounts: dict[int, str] | None = None) -> dict[str, str]:
+    """Each member's default Slurm account: the account of their oldest active membership (of a team
+    in ``accounts``, team pk → account on one cluster; None: every team, Team.slurm_account)."""
     default_for: dict[str, str] = {}
     for membership in (
         Membership.objects.filter(team__active=True).select_related("user__profile", "team").order_by("created_at", "pk")
     ):
-        default_for.setdefault(_unix_name(membership.user), membership.team.slurm_account)
+        if accounts is None:
+            default_for.setdefault(_unix_name(membership.user), membership.team.slurm_account)
+        elif membership.team_id in accounts:
+            default_for.setdefault(_unix_name(membership.user), accounts[membership.team_id])
     return default_for
 
 
@@ -181,8 +195,26 @@ def team_mirror_sweep() -> list[AssociationAction]:
 
 
 def _teams_mirror(teams: list[Team]) -> list[AssociationAction]:
-    actions = association_plan(teams=teams, associations=get_gateway().associations())
-    association_apply(actions=actions, default_for=default_accounts())
+    """Per cluster: the default cluster holds every team under Team.slurm_account (as a one-cluster
+    portal always did); another cluster the teams with a TeamClusterAccount there, under its account.
+    One association read per cluster that has any of these teams."""
+    actions: list[AssociationAction] = []
+    default_name = cluster_config().name
+    for config in configured_clusters():
+        if config.name == default_name:
+            here, accounts = teams, None
+        else:
+            accounts = dict(
+                TeamClusterAccount.objects.filter(cluster__name=config.name, team__in=[t.pk for t in teams])
+                .values_list("team_id", "slurm_account")
+            )  # fmt: skip
+            here = [t for t in teams if t.pk in accounts]
+            if not here:
+                continue
+        plan = association_plan(teams=here, associations=get_gateway(config.name).associations(), accounts=accounts,
+                                cluster=config.name)  # fmt: skip
+        association_apply(actions=plan, default_for=default_accounts(accounts=accounts), cluster=config.name)
+        actions.extend(plan)
     return actions
 
 

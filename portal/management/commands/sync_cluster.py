@@ -24,9 +24,12 @@ class Command(BaseCommand):
             try:
                 counts = cluster_sync(cluster=name)
             except SlurmError as exc:
+                if len(names) == 1:
+                    raise CommandError(f"Slurm: {exc}") from exc
                 self.stderr.write(f"{name}: Slurm: {exc}")
                 failed.append(name)
                 continue
-            self.stdout.write(f"{name}: recorded {counts['partitions']} partitions and {counts['nodes']} nodes.")
+            prefix = f"{name}: " if len(names) > 1 else ""
+            self.stdout.write(f"{prefix}Recorded {counts['partitions']} partitions and {counts['nodes']} nodes.")
         if failed:
             raise CommandError(f"Slurm did not answer for {', '.join(failed)} (the others were recorded).")
