@@ -163,7 +163,9 @@ def booking_charges(*, start_at: dt.datetime, end_at: dt.datetime, team: Team | 
     changes). Zero cost when BOOKING_CHARGE_MODE=used (then only usage is charged). One line per booking
     with gpu_hours, cost, and the booking. Two queries."""
     reserved = bookings_charge_reserved()
-    bookings = list(bookings_holding_capacity(start=start_at, end=end_at, team=team).select_related("team").order_by("start"))
+    bookings = list(
+        bookings_holding_capacity(start=start_at, end=end_at, team=team).select_related("team", "cluster").order_by("start")
+    )
     book = RateBook.load({b.gpu_type for b in bookings})
     lines = []
     for booking in bookings:
@@ -186,6 +188,7 @@ def booking_charges(*, start_at: dt.datetime, end_at: dt.datetime, team: Team | 
         lines.append({
             "booking": booking,
             "team": booking.team,
+            "cluster": booking.cluster.name,
             "gpu_type": booking.gpu_type,
             "gpus": booking.gpus,
             "start": lo,
