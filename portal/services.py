@@ -316,6 +316,20 @@ def cluster_row(name: str | None = None) -> Cluster:
     return row
 
 
+def team_cluster_account_set(*, team: Team, cluster: str, slurm_account: str = "") -> TeamClusterAccount | None:
+    """Give a team access to a cluster other than the default one, under ``slurm_account`` there
+    (empty: the same name as its Team.slurm_account), and mirror it to that cluster's associations
+    after commit. The default cluster needs no row (None is returned)."""
+    row = cluster_row(cluster)
+    if row.is_default:
+        return None
+    account = slurm_account or team.slurm_account
+    with transaction.atomic():
+        link, _ = TeamClusterAccount.objects.update_or_create(team=team, cluster=row, defaults={"slurm_account": account})
+        after_commit(team_mirror_to_slurm, team.pk)
+    return link
+
+
 def clusters_sync() -> dict[str, dict | str]:
     """cluster_sync of every configured cluster, one after the other: a cluster that does not answer
     is recorded as failing and the others are still read. {name: counts, or the error}."""
