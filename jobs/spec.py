@@ -87,6 +87,7 @@ class PartitionCapacity:
     nodes: tuple[NodeInfo, ...]
     cluster_id: int | None = None
     cluster: str = ""
+    cluster_row: Cluster | None = field(default=None, compare=False, repr=False)  # the job row points at it
 
     @property
     def gpu_types(self) -> list[str]:
@@ -95,6 +96,17 @@ class PartitionCapacity:
     def eligible_nodes(self, gpu_type: str) -> list[NodeInfo]:
         """Nodes with GPUs of that type ("" = any type)."""
         return [n for n in self.nodes if n.gpus_total and (not gpu_type or n.gpu_type == gpu_type)]
+
+
+def spec_accounts(team) -> dict:
+    """validate_job_spec's account arguments for a team: its one account when the portal serves one
+    cluster (no query), else its account on each cluster it has access to (one query)."""
+    from portal.selectors import team_cluster_accounts
+    from portal.slurm import configured_clusters
+
+    if len(configured_clusters()) == 1:
+        return {"account": team.slurm_account}
+    return {"accounts": team_cluster_accounts(team)}
 
 
 class ClusterChoiceError(Exception):
@@ -130,7 +142,7 @@ def partition_capacity(partition: str, cluster: str = "") -> PartitionCapacity |
     part = parts[0]
     nodes = tuple(NodeInfo.objects.filter(cluster_id=part.cluster_id, name__in=part.node_names).order_by("name"))
     return PartitionCapacity(part.name, part.default_time_minutes, part.max_time_minutes, nodes,
-                             cluster_id=part.cluster_id, cluster=part.cluster.name)  # fmt: skip
+                             cluster_id=part.cluster_id, cluster=part.cluster.name, cluster_row=part.cluster)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the spec
