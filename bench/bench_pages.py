@@ -96,7 +96,7 @@ def _submit_with_history(client, runs: int) -> tuple[float, int]:
         if response.status_code != 201:
             print(f"  ! POST answered {response.status_code}: {response.content[:300]!r}", file=sys.stderr)
 
-    with mock.patch.object(services, "after_commit", lambda *args: None):
+    with mock.patch.object(services.submit, "after_commit", lambda *args: None):
         post()  # warm
         timer = QueryTimer()
         with connection.execute_wrapper(timer):

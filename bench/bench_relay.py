@@ -212,7 +212,7 @@ def _accepted_jobs(world, n: int, name: str) -> list:
     from jobs import services
 
     ids = []
-    with mock.patch.object(services, "after_commit", lambda *args: None):
+    with mock.patch.object(services.submit, "after_commit", lambda *args: None):
         for _ in range(n):
             body = job_body(name)
             body.pop("team")
@@ -270,7 +270,7 @@ def api_profile(world, n: int = 30) -> tuple[int, float]:
 
     client = Client(HTTP_AUTHORIZATION=f"Token {world.token}")
     timer = QueryTimer()
-    with mock.patch.object(services, "after_commit", lambda *args: None):
+    with mock.patch.object(services.submit, "after_commit", lambda *args: None):
         client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")  # warm
         with connection.execute_wrapper(timer):
             response = client.post("/api/v1/jobs/", job_body("relay-count"), content_type="application/json")

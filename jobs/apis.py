@@ -1,7 +1,7 @@
 """Job API under /api/v1/: submit, list, detail, cancel, output, quote, templates.
 
 Views parse input with nested serializers, call a service or selector and shape the answer; the
-rules live in jobs/services.py and jobs/selectors.py. Errors always answer
+rules live in jobs/services/ and jobs/selectors.py. Errors always answer
 ``{"detail": ..., "errors": {...}}`` (portal.exceptions.api_exception_handler). A job or template
 the user cannot see answers 404, as if it did not exist."""
 

@@ -60,8 +60,28 @@ slurm_source_locate() {
 slurm_built() { [[ $(cat "$SLURM_PREFIX/.gpuportal-built" 2>/dev/null) == "$SLURM_SRC_SHA" ]]; }
 
 # slurm_build: build and install into SLURM_PREFIX unless already done (call after _locate).
+# One build at a time per machine: a second caller (another checkout's `make test`, CI) waits for the
+# first and then finds its result instead of building the same prefix again beside it.
+slurm_build_lock() {
+    mkdir -p /opt
+    exec {SLURM_BUILD_LOCK_FD}>/opt/.gpuportal-slurm-build.lock
+    if ! flock -n "$SLURM_BUILD_LOCK_FD"; then
+        log "another Slurm/pyslurm build is running on this machine: waiting for it"
+        flock "$SLURM_BUILD_LOCK_FD"
+    fi
+}
+
+# Close the lock's descriptor, so that daemons started afterwards do not inherit (and hold) it.
+slurm_build_unlock() {
+    [[ -n ${SLURM_BUILD_LOCK_FD:-} ]] || return 0
+    exec {SLURM_BUILD_LOCK_FD}>&-
+    SLURM_BUILD_LOCK_FD=
+}
+
 slurm_build() {
+    slurm_built || slurm_build_lock
     if slurm_built; then
+        slurm_build_unlock
         log "Slurm $SLURM_SRC_VERSION: built in $SLURM_PREFIX"
         return 0
     fi
@@ -83,5 +103,6 @@ slurm_build() {
     mv "$work/stage$SLURM_PREFIX" "$SLURM_PREFIX"
     echo "$SLURM_SRC_SHA" >"$SLURM_PREFIX/.gpuportal-built"
     rm -rf "$work"
+    slurm_build_unlock
     log "Slurm $SLURM_SRC_VERSION: built in $((SECONDS - t0)) s"
 }

@@ -203,7 +203,7 @@ def faults(transactional_db, cluster, settings, monkeypatch, tmp_path):
     saved = app.conf.task_always_eager, app.conf.broker_url, app.conf.task_default_queue
     settings.CELERY_TASK_ALWAYS_EAGER = False
     settings.JOB_ACCEPTED_SWEEP_SECONDS = 5
-    monkeypatch.setattr(services, "RELAY_LEASE_SECONDS", FAULT_RELAY_LEASE_SECONDS)
+    monkeypatch.setattr(services.relay, "RELAY_LEASE_SECONDS", FAULT_RELAY_LEASE_SECONDS)
     app.conf.task_always_eager = False
     app.conf.task_default_queue = queue
     _use_broker(redis_server.url)

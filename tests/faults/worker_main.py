@@ -1,6 +1,6 @@
 """Start a Celery worker for the fault tests with a short relay lease.
 
-The relay's claim on a job (``jobs.services.RELAY_LEASE_SECONDS``, 120 s in production, longer than
+The relay's claim on a job (``jobs.services.relay.RELAY_LEASE_SECONDS``, 120 s in production, longer than
 the task's hard time limit) is what keeps a second relay away from a job whose relay might still be
 running. After a SIGKILL the claim of the relay that died holds until it expires, so the fault tests
 shorten it (GPUPORTAL_TEST_RELAY_LEASE_SECONDS) to keep their runtime down. The worker runs with
@@ -17,9 +17,9 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django.setup()
 
-from jobs import services
+from jobs.services import relay
 
-services.RELAY_LEASE_SECONDS = int(os.environ.get("GPUPORTAL_TEST_RELAY_LEASE_SECONDS", services.RELAY_LEASE_SECONDS))
+relay.RELAY_LEASE_SECONDS = int(os.environ.get("GPUPORTAL_TEST_RELAY_LEASE_SECONDS", relay.RELAY_LEASE_SECONDS))
 
 from celery.bin.celery import main
 

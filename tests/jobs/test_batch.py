@@ -98,7 +98,7 @@ def test_batch_idempotent_replay_returns_the_same_jobs_and_another_body_is_409(a
 
 def test_batch_budget_is_checked_once_for_the_sum(world, inventory, batch_relays, monkeypatch):
     seen = []
-    monkeypatch.setattr(services, "_check_budget", lambda team, quote, booking_id=None: seen.append(quote.gpu_hours))
+    monkeypatch.setattr(services.submit, "_check_budget", lambda team, quote, booking_id=None: seen.append(quote.gpu_hours))
     jobs, created = job_submit_batch(
         user=world.alice, team=world.vision,
         jobs=[{"name": f"s-{i}", "script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 2, "time_limit_minutes": 30} for i in range(4)],

@@ -87,7 +87,7 @@ def test_sync_reads_accounting_once_for_vanished_jobs(world, fake):
 
 
 def test_sync_reads_the_whole_window_when_too_many_jobs_ended_to_name_them(world, fake, monkeypatch):
-    monkeypatch.setattr("jobs.services.ACCOUNTING_BY_ID_MAX", 2)
+    monkeypatch.setattr("jobs.services.sync.ACCOUNTING_BY_ID_MAX", 2)
     jobs = make_jobs(world, 3)
     fake.records = [accounting_record(j.slurm_job_id, "COMPLETED", j.slurm_tag) for j in jobs]
     jobs_sync()

@@ -1,0 +1,87 @@
+"""Writes for jobs, one module per concern (this package re-exports the names other code uses, so
+``from jobs.services import job_submit`` keeps working):
+
+- ``submit``     quote, the budget check call, submit and batch submit (exactly once: idempotency key,
+                 request fingerprint)
+- ``relay``      relay to Slurm: claim / lease / release, the JobSpec of a stored job, the single and
+                 the batched relay
+- ``cancel``     cancel in the portal or passed on to Slurm
+- ``sync``       bring live jobs in line with Slurm (plan, then apply in bulk)
+- ``notify``     job-end e-mails
+- ``sweep``      re-enqueue stuck relays and cancels
+- ``templates``  job templates
+
+Rules every function here follows:
+- the row is persisted first (state ACCEPTED) and the relay is enqueued with ``on_commit``;
+- every state change is a conditional UPDATE on the row (``filter(pk=…, state=…).update(…)``) or a
+  bulk update restricted to live rows, so a terminal state is never left;
+- Slurm is called outside any transaction, and in batches (one ``queue()`` per sync cycle).
+
+A test or bench that patches a module attribute (``RELAY_LEASE_SECONDS``, ``_check_budget``,
+``after_commit``, ``ACCOUNTING_BY_ID_MAX``…) patches the submodule that uses it, not this package.
+"""
+
+from jobs.services.cancel import _may_cancel, job_cancel, job_cancel_relay_run
+from jobs.services.notify import job_end_notify_send
+from jobs.services.relay import (
+    RELAY_BATCH_SUBMIT_SECONDS,
+    RELAY_BATCH_THREADS,
+    RELAY_HARD_TIME_LIMIT,
+    RELAY_LEASE_SECONDS,
+    RELAY_SOFT_TIME_LIMIT,
+    _claim,
+    _lease_free,
+    _record_submitted,
+    _release,
+    _spec_for,
+    job_relay_batch_run,
+    job_relay_run,
+)
+from jobs.services.submit import (
+    IDEMPOTENCY_KEY_RE,
+    MAX_BATCH_JOBS,
+    _check_budget,
+    job_quote,
+    job_submit,
+    job_submit_batch,
+    request_fingerprint,
+)
+from jobs.services.sweep import jobs_sweep
+from jobs.services.sync import ACCOUNTING_BY_ID_MAX, ACCOUNTING_GRACE_SECONDS, _apply_plan, _plan_job, jobs_sync
+from jobs.services.templates import job_template_create, job_template_delete
+from jobs.spec import DEFAULT_SHEBANG
+
+__all__ = [
+    "ACCOUNTING_BY_ID_MAX",
+    "ACCOUNTING_GRACE_SECONDS",
+    "DEFAULT_SHEBANG",
+    "IDEMPOTENCY_KEY_RE",
+    "MAX_BATCH_JOBS",
+    "RELAY_BATCH_SUBMIT_SECONDS",
+    "RELAY_BATCH_THREADS",
+    "RELAY_HARD_TIME_LIMIT",
+    "RELAY_LEASE_SECONDS",
+    "RELAY_SOFT_TIME_LIMIT",
+    "_apply_plan",
+    "_check_budget",
+    "_claim",
+    "_lease_free",
+    "_may_cancel",
+    "_plan_job",
+    "_record_submitted",
+    "_release",
+    "_spec_for",
+    "job_cancel",
+    "job_cancel_relay_run",
+    "job_end_notify_send",
+    "job_quote",
+    "job_relay_batch_run",
+    "job_relay_run",
+    "job_submit",
+    "job_submit_batch",
+    "job_template_create",
+    "job_template_delete",
+    "jobs_sweep",
+    "jobs_sync",
+    "request_fingerprint",
+]

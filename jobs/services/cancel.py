@@ -1,0 +1,77 @@
+"""Cancelling jobs: who may, the cancel in the portal (before Slurm saw the job) or the request
+passed on to Slurm by the ``job_cancel_relay`` task."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.choices import LIVE_STATES, JobState
+from jobs.models import Job, JobEvent
+from jobs.services.relay import job_relay_run
+from portal.exceptions import ApplicationError, Conflict
+from portal.outbox import after_commit
+from portal.roles import is_admin, is_manager
+from portal.services import audit_record
+from portal.slurm import get_gateway
+
+
+def _may_cancel(user, job: Job) -> bool:
+    if is_admin(user) or job.submitter_id == user.pk:
+        return True
+    return is_manager(user, job.team_id)
+
+
+def job_cancel(*, user, job: Job, request=None) -> Job:
+    """Cancel a job. Allowed to its submitter, the team's managers and admins (others: 403).
+
+    - Never relayed (ACCEPTED, no relay ever claimed it): CANCELLED in the portal, Slurm untouched.
+    - Finished: Conflict 409 "Job already ended (STATE)".
+    - Otherwise: cancel requested (kept on the row) and ``job_cancel_relay`` enqueued; the relay of a
+      job in flight passes it on after sbatch; the sync then sees CANCELLED."""
+    if not _may_cancel(user, job):
+        raise ApplicationError("Only the submitter, a team manager or an admin may cancel this job.", status_code=403)
+    now = timezone.now()
+    with transaction.atomic():
+        # Only a job no relay ever claimed can be cancelled without asking Slurm: one that was
+        # claimed may sit in Slurm already (crash after sbatch) and needs the find-by-tag path.
+        done = Job.objects.filter(
+            pk=job.pk, state=JobState.ACCEPTED, slurm_job_id__isnull=True, relay_attempts=0
+        ).update(state=JobState.CANCELLED, state_reason="Cancelled before it reached Slurm", ended_at=now, cancel_requested_at=now)
+        if done:
+            JobEvent.objects.create(job=job, state=JobState.CANCELLED, reason=f"Cancelled by {user} before it reached Slurm", at=now)
+        else:
+            requested = Job.objects.filter(pk=job.pk, state__in=LIVE_STATES).update(
+                cancel_requested_at=now, cancel_sent_at=None
+            )
+            if not requested:
+                job.refresh_from_db(fields=["state"])
+                raise Conflict(f"Job already ended ({job.state}).", errors={"state": [f"Job already ended ({job.state})."]})
+            from jobs.tasks import job_cancel_relay  # jobs.tasks imports this module
+
+            after_commit(job_cancel_relay, str(job.pk))
+        audit_record(
+            actor=user, action="job.cancel", target=job, team=job.team, request=request,
+            data={"state": job.state, "slurm_job_id": job.slurm_job_id, "before_slurm": bool(done)},
+        )
+    job.refresh_from_db()
+    return job
+
+
+def job_cancel_relay_run(job_id) -> str:
+    """Pass a requested cancel on to Slurm (what the ``job_cancel_relay`` task does). Safe to repeat:
+    scancel of an ended job is not an error. Raises SlurmUnavailable for the task to retry."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None or job.is_terminal or job.cancel_requested_at is None:
+        return "nothing-to-do"
+    gateway = get_gateway()
+    if job.slurm_job_id is None:
+        # Not recorded as submitted. If a relay holds the claim it will pass the cancel on itself;
+        # otherwise run the relay, which adopts-and-cancels or cancels in the portal.
+        outcome = job_relay_run(job_id)
+        if outcome in ("not-claimed", "cancelled", "submit-failed", "already-recorded"):
+            return outcome
+        return "relayed-then-cancel"  # job_relay_run enqueued the cancel for the recorded id
+    gateway.cancel(job.slurm_job_id)
+    Job.objects.filter(pk=job.pk).update(cancel_sent_at=timezone.now())
+    return "sent"

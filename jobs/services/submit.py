@@ -1,0 +1,370 @@
+"""Submitting jobs: the quote, the budget check (accounting.services.budget_hold_check, inside the
+submit's transaction), submit and batch submit (exactly once: Idempotency-Key and request fingerprint).
+The row is persisted first (ACCEPTED) and its relay is enqueued with ``on_commit``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from accounting.services import budget_hold_check
+from jobs.choices import JobState
+from jobs.estimate import JobQuote, quote_for
+from jobs.models import Job, JobEvent
+from jobs.spec import ValidSpec, validate_job_spec
+from portal.exceptions import ApplicationError, Conflict
+from portal.models import Team
+from portal.outbox import after_commit
+from portal.roles import is_member
+from portal.services import audit_record
+
+
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+
+
+def job_quote(
+    *,
+    partition: str = "",
+    gpu_type: str = "",
+    gpus: int | None = None,
+    nodes: int | None = None,
+    cpus_per_gpu: int | None = None,
+    memory_gb: int | None = None,
+    time_limit_minutes: int | None = None,
+    script: str = "",
+    ntasks: int | None = None,
+    cpus_per_task: int | None = None,
+    exclusive: bool | None = None,
+    array: str | None = None,
+    at: dt.datetime | None = None,
+) -> JobQuote:
+    """The most a job of this shape can use: GPU-hours = the GPUs Slurm allocates × time limit × array
+    tasks, and its cost at the rate in force (the dearest type of the partition when any type will
+    do). ``script``: its #SBATCH directives count, the fields override them, as for job_submit.
+    Validates like job_submit (ApplicationError naming the field)."""
+    spec = validate_job_spec(
+        name=None, script=script or None, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
+        cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes, workdir=None,
+        environment=None, ntasks=ntasks, cpus_per_task=cpus_per_task, exclusive=exclusive, array=array,
+        check_script=bool(script),
+    )  # fmt: skip
+    return quote_for(spec, at=at)
+
+
+def _check_budget(team: Team, estimate: JobQuote, booking_id: uuid.UUID | None = None) -> None:
+    """``accounting.services.budget_hold_check`` raises an ApplicationError (409) when the job does not
+    fit the team's budget. Must run inside job_submit's transaction (it locks the team row until the
+    job is committed)."""
+    budget_hold_check(team=team, estimate=estimate, booking_id=booking_id)
+
+
+def request_fingerprint(payload: dict) -> str:
+    """SHA-256 of a request's content (canonical JSON), for idempotent replays."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _team_for_submit(*, user, team: Team | None) -> Team:
+    """The team, when the user may submit to it. Someone who cannot see the team is told it does not
+    exist (400 "No such team.", the same answer as for a slug that does not exist)."""
+    from portal.selectors import teams_visible_to
+
+    if team is None or not user.is_authenticated:
+        raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+    if not is_member(user, team):
+        if teams_visible_to(user).filter(pk=team.pk).exists():
+            raise ApplicationError(
+                f"You are not a member of team {team.name}.", errors={"team": [f"You are not a member of team {team.name}."]}
+            )
+        raise ApplicationError("No such team.", errors={"team": ["No such team."]})
+    if not team.active:
+        raise ApplicationError(f"Team {team.name} is inactive.", errors={"team": [f"Team {team.name} is inactive."]})
+    return team
+
+
+def _check_booking(booking_id: uuid.UUID, *, team: Team, spec: ValidSpec) -> None:
+    """The job may run in the booking (accounting.selectors.booking_check_for_job raises otherwise)."""
+    from accounting.selectors import booking_check_for_job
+
+    booking_check_for_job(booking_id=booking_id, team=team, gpu_type=spec.gpu_type, gpus=spec.total_gpus,
+                          time_limit_minutes=spec.time_limit_minutes)  # fmt: skip
+
+
+def _booking_id(booking: Any) -> uuid.UUID | None:
+    if booking in (None, ""):
+        return None
+    value = getattr(booking, "pk", booking)
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except (TypeError, ValueError, AttributeError):
+        raise ApplicationError("Invalid booking.", errors={"booking": ["Not a booking id."]}) from None
+
+
+def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, idempotency_key, fingerprint) -> Job:
+    """The Job row for a checked spec and its estimate (not saved)."""
+    return Job(
+        team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
+        gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
+        memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
+        environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
+        ntasks=spec.ntasks, cpus_per_task=spec.cpus_per_task, exclusive=spec.exclusive, array=spec.array,
+        array_tasks=spec.array_tasks, array_throttle=spec.array_throttle, qos=spec.qos, constraint=spec.constraint,
+        output_pattern=spec.output, error_pattern=spec.error, overrides=spec.overrides, directives=spec.directives,
+        estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost, currency=quote.currency,
+        idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+    )  # fmt: skip
+
+
+def job_submit(
+    *,
+    user,
+    team: Team | None,
+    script: str,
+    name: str | None = None,
+    partition: str = "",
+    gpu_type: str = "",
+    gpus: int | None = None,
+    nodes: int | None = None,
+    cpus_per_gpu: int | None = None,
+    memory_gb: int | None = None,
+    time_limit_minutes: int | None = None,
+    workdir: str | None = None,
+    environment: dict | None = None,
+    ntasks: int | None = None,
+    cpus_per_task: int | None = None,
+    exclusive: bool | None = None,
+    array: str | None = None,
+    qos: str | None = None,
+    constraint: str | None = None,
+    booking: Any = None,
+    idempotency_key: str | None = None,
+    fingerprint: str | None = None,
+    request=None,
+) -> tuple[Job, bool]:
+    """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit.
+
+    Returns (job, created). With an ``idempotency_key``: the same user sending the same key and the
+    same request again gets the first job back (created=False); the same key with another request is
+    a ``Conflict`` (409). Race-safe: a unique constraint on (submitter, key) decides, not a lookup.
+    ``fingerprint`` defaults to a hash of the arguments as given. A new job is recorded in the audit
+    trail (``request``: the client's address).
+
+    The spec is the script's #SBATCH directives with the given fields overriding them (None / "":
+    the script decides); see jobs.spec.validate_job_spec."""
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+        raise ApplicationError(
+            "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
+        )
+    if fingerprint is None:
+        fingerprint = request_fingerprint(
+            {
+                "team": team.pk if team else None, "name": name, "script": script, "partition": partition,
+                "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes, "cpus_per_gpu": cpus_per_gpu,
+                "memory_gb": memory_gb, "time_limit_minutes": time_limit_minutes, "workdir": workdir,
+                "environment": environment, "booking": str(getattr(booking, "pk", booking) or ""),
+                "ntasks": ntasks, "cpus_per_task": cpus_per_task, "exclusive": exclusive, "array": array,
+                "qos": qos, "constraint": constraint,
+            }
+        )  # fmt: skip
+    if idempotency_key is not None:
+        replay = _idempotent_replay(user=user, key=idempotency_key, fingerprint=fingerprint)
+        if replay is not None:
+            return replay, False
+
+    team = _team_for_submit(user=user, team=team)
+    spec = validate_job_spec(
+        name=name, script=script, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
+        cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
+        workdir=workdir, environment=environment, account=team.slurm_account, ntasks=ntasks,
+        cpus_per_task=cpus_per_task, exclusive=exclusive, array=array, qos=qos, constraint=constraint,
+    )  # fmt: skip
+    booking_id = _booking_id(booking)
+    if booking_id is not None:
+        _check_booking(booking_id, team=team, spec=spec)
+    quote = quote_for(spec)
+    job = _job_row(spec, quote, team=team, user=user, booking_id=booking_id, idempotency_key=idempotency_key,
+                   fingerprint=fingerprint)  # fmt: skip
+    try:
+        with transaction.atomic():
+            # in the transaction that inserts the job: the budget check locks the team row, so the
+            # next submission for the team waits and then sees this job's hold
+            _check_budget(team, quote, booking_id)
+            job.save(force_insert=True)
+            JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
+            audit_record(
+                actor=user, action="job.submit", target=job, team=team, request=request,
+                data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
+                      "time_limit_minutes": job.time_limit_minutes},
+            )  # fmt: skip
+            from jobs.tasks import job_relay  # jobs.tasks imports this module
+
+            after_commit(job_relay, str(job.pk))
+    except IntegrityError:
+        # Another request with the same key won the race (the constraint is the only judge).
+        if idempotency_key is None:
+            raise
+        replay = _idempotent_replay(user=user, key=idempotency_key, fingerprint=fingerprint)
+        if replay is None:
+            raise
+        return replay, False
+    return job, True
+
+
+MAX_BATCH_JOBS = 100
+
+
+def _batch_key(key: str, index: int) -> str:
+    """The idempotency key stored on job ``index`` of a batch: the client's key on the first job, a
+    hash of it with the index on the others (a space: never a client key, and at most 255 chars)."""
+    if index == 0:
+        return key
+    return f"{hashlib.sha256(key.encode()).hexdigest()} {index}"
+
+
+def _idempotent_replay_batch(*, user, key: str, fingerprint: str) -> list[Job] | None:
+    """The jobs an earlier batch with this key created (in the batch's order), or None; Conflict if
+    the request differs (also when the key was used for a single job)."""
+    keys = [_batch_key(key, i) for i in range(MAX_BATCH_JOBS)]
+    jobs = list(Job.objects.filter(submitter=user, idempotency_key__in=keys).select_related("team", "submitter"))
+    if not jobs:
+        return None
+    first = next((j for j in jobs if j.idempotency_key == key), jobs[0])
+    if first.request_fingerprint != fingerprint:
+        raise Conflict(
+            "This Idempotency-Key was already used for a different request.",
+            errors={"idempotency_key": [f"Already used for job {first.pk} with a different request body."]},
+        )
+    order = {k: i for i, k in enumerate(keys)}
+    return sorted(jobs, key=lambda j: order[j.idempotency_key])
+
+
+def job_submit_batch(
+    *,
+    user,
+    team: Team | None,
+    jobs: list[dict],
+    idempotency_key: str | None = None,
+    fingerprint: str | None = None,
+    request=None,
+) -> tuple[list[Job], bool]:
+    """Validate and store up to MAX_BATCH_JOBS jobs of one team at once (all or none).
+
+    ``jobs``: dicts with job_submit's spec fields (name, script, partition, gpu_type, gpus, nodes,
+    cpus_per_gpu, memory_gb, time_limit_minutes, workdir, environment, booking). Every spec is
+    checked with the same validation as job_submit; the errors come back keyed by the spec's index
+    (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget is checked for the sum of the
+    estimates under the team row lock (one check per GPU type priced, each seeing the jobs of the
+    previous ones as held), then the jobs are bulk-inserted with their ACCEPTED events and one audit
+    event ``job.submit_batch``; ONE ``job_relay_batch`` is enqueued on commit.
+    Returns (jobs in the given order, created). ``idempotency_key`` covers the whole batch."""
+    if not isinstance(jobs, list) or not jobs:
+        raise ApplicationError("Give a non-empty list of jobs.", errors={"jobs": ["Give a non-empty list of jobs."]})
+    if len(jobs) > MAX_BATCH_JOBS:
+        raise ApplicationError(
+            f"At most {MAX_BATCH_JOBS} jobs per batch.", errors={"jobs": [f"At most {MAX_BATCH_JOBS} jobs per batch."]}
+        )
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+        raise ApplicationError(
+            "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
+        )
+    if fingerprint is None:
+        fingerprint = request_fingerprint(
+            {"team": team.pk if team else None, "batch": [{**item, "booking": str(getattr(item.get("booking"), "pk", item.get("booking")) or "")} for item in jobs]}
+        )
+    if idempotency_key is not None:
+        replay = _idempotent_replay_batch(user=user, key=idempotency_key, fingerprint=fingerprint)
+        if replay is not None:
+            return replay, False
+
+    team = _team_for_submit(user=user, team=team)
+    errors: dict[str, dict] = {}
+    prepared = []
+    cache: dict = {}  # inventory and prices, read once for the whole batch
+    at = timezone.now()
+    for index, item in enumerate(jobs):
+        try:
+            spec = validate_job_spec(
+                name=item.get("name"), script=item.get("script"), partition=item.get("partition"),
+                gpu_type=item.get("gpu_type"), gpus=item.get("gpus"), nodes=item.get("nodes"),
+                cpus_per_gpu=item.get("cpus_per_gpu"), memory_gb=item.get("memory_gb"),
+                time_limit_minutes=item.get("time_limit_minutes"), workdir=item.get("workdir"),
+                environment=item.get("environment"), account=team.slurm_account, ntasks=item.get("ntasks"),
+                cpus_per_task=item.get("cpus_per_task"), exclusive=item.get("exclusive"), array=item.get("array"),
+                qos=item.get("qos"), constraint=item.get("constraint"), cache=cache,
+            )  # fmt: skip
+            booking_id = _booking_id(item.get("booking"))
+            if booking_id is not None:
+                _check_booking(booking_id, team=team, spec=spec)
+        except ApplicationError as exc:
+            errors[str(index)] = exc.errors or {"non_field_errors": [exc.message]}
+            continue
+        prepared.append((spec, booking_id, quote_for(spec, at=at, cache=cache)))
+    if errors:
+        first_index = next(iter(errors))
+        first = next(iter(errors[first_index].values()))[0]
+        exc = ApplicationError(f"Job {first_index} of the batch cannot be submitted: {first}")
+        exc.errors = errors  # keyed by index: {"3": {"gpus": [...]}}
+        raise exc
+
+    rows = []
+    for index, (spec, booking_id, quote) in enumerate(prepared):
+        rows.append(_job_row(
+            spec, quote, team=team, user=user, booking_id=booking_id,
+            idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index), fingerprint=fingerprint,
+        ))  # fmt: skip
+    # One budget check per kind of estimate (GPU type priced, assumed or not, booking), for the sum
+    # of its jobs; the jobs of a group are inserted before the next group's check, so that check
+    # sees them as held (the same transaction, under the same team lock).
+    groups: dict[tuple, list[int]] = {}
+    for index, (_spec, booking_id, quote) in enumerate(prepared):
+        groups.setdefault((quote.gpu_type, quote.gpu_type_assumed, booking_id), []).append(index)
+    try:
+        with transaction.atomic():
+            for indexes in groups.values():
+                quotes = [prepared[i][2] for i in indexes]
+                total = JobQuote(
+                    sum((q.gpu_hours for q in quotes), Decimal(0)), quotes[0].gpu_type, quotes[0].gpu_type_assumed,
+                    quotes[0].price_per_gpu_hour, None, quotes[0].currency, "",
+                )  # fmt: skip
+                _check_budget(team, total, prepared[indexes[0]][1])
+                Job.objects.bulk_create([rows[i] for i in indexes])
+            JobEvent.objects.bulk_create(
+                [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
+            )
+            audit_record(
+                actor=user, action="job.submit_batch", target=rows[0], team=team, request=request,
+                data={"count": len(rows), "jobs": [str(job.pk) for job in rows],
+                      "gpus": sum(job.gpus for job in rows)},
+            )  # fmt: skip
+            from jobs.tasks import job_relay_batch  # jobs.tasks imports this module
+
+            after_commit(job_relay_batch, [str(job.pk) for job in rows])
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        replay = _idempotent_replay_batch(user=user, key=idempotency_key, fingerprint=fingerprint)
+        if replay is None:
+            raise
+        return replay, False
+    return rows, True
+
+
+def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:
+    """The job an earlier request with this key created, or None; Conflict if the request differs."""
+    job = Job.objects.filter(submitter=user, idempotency_key=key).select_related("team").first()
+    if job is None:
+        return None
+    if job.request_fingerprint != fingerprint:
+        raise Conflict(
+            "This Idempotency-Key was already used for a different request.",
+            errors={"idempotency_key": [f"Already used for job {job.pk} with a different request body."]},
+        )
+    return job

@@ -1,0 +1,224 @@
+"""Syncing live jobs with Slurm: one ``queue()`` and at most one ``accounting()`` per cycle, the changes
+planned in Python and applied with one conditional bulk update (live rows only)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array
+from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
+from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent
+from portal.db import bulk_update_values
+from portal.outbox import after_commit
+from portal.slurm import SlurmUnavailable, get_gateway
+
+
+# Fields the sync reads and may write.
+_SYNC_FIELDS = [
+    "id", "state", "state_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
+    "exit_code", "created_at", "array", "array_tasks",
+]  # fmt: skip
+# A job that ended in the queue but is not in accounting yet (slurmdbd lags a little) is left
+# live for this long, so its final state and exit code come from accounting next cycle.
+ACCOUNTING_GRACE_SECONDS = 120
+# The sync asks sacct for the jobs that ended by id (-j) up to this many; beyond, for the whole
+# window (one call either way; an argv of 5 000 ids is ~40 KB)
+ACCOUNTING_BY_ID_MAX = 5000
+
+
+def jobs_sync() -> dict:
+    """Bring every live job in line with Slurm, in a constant number of queries and Slurm calls.
+
+    One ``gateway.queue()``; at most one ``gateway.accounting(start, end)`` — only when a live job
+    has left the queue or ended in it (for its final state and exit code), window = earliest
+    submission among them .. now. Matching by Slurm id (checked against the tag, so a reused id
+    after a cluster reset is not taken for ours) and, for ACCEPTED jobs whose relay crashed after
+    sbatch, by tag (the id is adopted). Changes are computed in Python and written with one
+    conditional bulk update (live rows only) and one bulk insert of events.
+
+    Slurm unavailable: the failure is recorded (SyncStatus "jobs") and nothing changes; the next
+    cycle catches up. Returns figures: live, changed, queue_calls, accounting_calls, duration_ms."""
+    from portal.services import sync_record_failure, sync_record_success
+
+    started = time.monotonic()
+    live = list(Job.objects.filter(state__in=LIVE_STATES).only(*_SYNC_FIELDS))
+    stats: dict[str, Any] = {"live": len(live), "changed": 0, "queue_calls": 0, "accounting_calls": 0}
+    gateway = get_gateway()
+    followed = [j for j in live if j.slurm_job_id is not None or j.state == JobState.ACCEPTED]
+    try:
+        queue = gateway.queue() if followed else []
+    except SlurmUnavailable as exc:
+        sync_record_failure("jobs", error=f"squeue: {exc}")
+        return stats | {"error": str(exc)}
+    stats["queue_calls"] = 1 if followed else 0
+    in_queue = {e.job_id: e for e in queue if e.array_job_id is None}
+    in_arrays = group_by_array(queue)  # array jobs: their rows folded into one (jobs.arrays)
+    tagged = {e.comment: e for e in queue if e.comment.startswith(SLURM_TAG_PREFIX)}
+    array_tasks: dict[uuid.UUID, dict] = {}
+    array_ended = ended_tasks([j.id for j in followed if j.array and j.slurm_job_id is not None])
+
+    # Pair each live job with its queue entry.
+    entries: dict[uuid.UUID, Any] = {}
+    need_accounting: list[Job] = []
+    for job in followed:
+        tag = f"{SLURM_TAG_PREFIX}{job.id}"
+        if job.slurm_job_id is None:
+            entry = tagged.get(tag)  # ACCEPTED, relay crashed after sbatch: adopt the id
+            if entry is not None and entry.array_job_id is not None:
+                entry = dataclasses.replace(entry, job_id=entry.array_job_id)
+        else:
+            tasks_missing = False
+            if job.array:
+                rows = [r for r in in_arrays.get(job.slurm_job_id, []) if r.comment in (tag, "")]
+                entry, array_tasks[job.id] = array_view(job, rows, kind="queue", known=array_ended.get(job.id))
+                # tasks the queue no longer shows (cancelled while pending, or ended long ago): accounting has them
+                tasks_missing = len(set(array_tasks[job.id]) | set(array_ended.get(job.id, {}))) < job.array_tasks
+            else:
+                entry = in_queue.get(job.slurm_job_id)
+            if entry is not None and entry.comment not in (tag, ""):
+                entry = None  # a reused id (cluster reset): not ours
+            if entry is None or tasks_missing or state_from_slurm(entry.state) in TERMINAL_STATES:
+                need_accounting.append(job)
+        if entry is not None:
+            entries[job.id] = entry
+
+    records: dict[int, Any] = {}
+    accounting_ok = False
+    if need_accounting:
+        start = min((j.submitted_at or j.created_at) for j in need_accounting) - dt.timedelta(minutes=5)
+        ids = {j.slurm_job_id for j in need_accounting if j.slurm_job_id is not None}
+        stats["accounting_calls"] = 1
+        try:
+            # these jobs only (sacct -j), unless so many that the window read is the cheaper one
+            by_id = ids if len(ids) <= ACCOUNTING_BY_ID_MAX else None
+            rows = gateway.accounting(start, timezone.now(), job_ids=by_id)
+            records = {r.job_id: r for r in rows if r.array_job_id is None}
+            for job in need_accounting:
+                if job.array and job.slurm_job_id is not None:
+                    array_rows = group_by_array(rows).get(job.slurm_job_id, [])
+                    record, done = array_view(job, array_rows, kind="accounting", known=array_ended.get(job.id))
+                    array_tasks.setdefault(job.id, {}).update(done)
+                    # one task's raw row is not the array's; the array has ended once every task has
+                    records.pop(job.slurm_job_id, None)
+                    if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
+                        records[job.slurm_job_id] = record
+            accounting_ok = True
+        except SlurmUnavailable as exc:  # slurmdbd down: apply what the queue says, record the rest later
+            stats["accounting_error"] = str(exc)
+
+    now = timezone.now()
+    planned: dict[uuid.UUID, dict] = {}
+    for job in followed:
+        record = records.get(job.slurm_job_id) if job.slurm_job_id is not None else None
+        if record is not None and record.comment not in (f"{SLURM_TAG_PREFIX}{job.id}", ""):
+            record = None
+        values = _plan_job(job, entries.get(job.id), record, now, accounting_ok=accounting_ok)
+        if values:
+            planned[job.id] = values
+
+    stats["changed"] = _apply_plan(planned, now) if planned else 0
+    stats["array_tasks"] = array_tasks_record(array_tasks) if array_tasks else 0
+    stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
+    if "accounting_error" in stats:
+        sync_record_failure("jobs", error=f"sacct: {stats['accounting_error']}")
+    else:
+        sync_record_success("jobs", data=data)
+    return stats
+
+
+def _clean_reason(reason: str | None) -> str:
+    reason = (reason or "").strip()
+    return "" if reason in ("None", "(null)") else reason[:1024]
+
+
+def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool) -> dict:
+    """The field values to write for one job, from its queue entry and/or accounting record
+    (empty dict: nothing changes). Accounting wins once the job has ended (final state, exit code)."""
+    entry_state = state_from_slurm(entry.state) if entry is not None else None
+    if record is not None and (entry is None or entry_state in TERMINAL_STATES):
+        source, new_state = record, state_from_slurm(record.state)
+    elif entry is not None:
+        source, new_state = entry, entry_state
+        if (
+            new_state in TERMINAL_STATES
+            and accounting_ok
+            and entry.end_time is not None
+            and (now - entry.end_time).total_seconds() < ACCOUNTING_GRACE_SECONDS
+        ):
+            return {}  # ended moments ago; accounting will have its exit code next cycle
+    else:
+        return {}
+
+    values: dict[str, Any] = {}
+    if job.slurm_job_id is None and entry is not None:  # adopted by tag
+        values["slurm_job_id"] = entry.job_id
+        values["submitted_at"] = entry.submit_time or now
+    if new_state is not None and transition_allowed(job.state, new_state):
+        values["state"] = new_state
+    state = values.get("state", job.state)
+    if state != job.state or new_state == job.state:  # the source speaks about the current state
+        reason = _clean_reason(entry.reason) if source is entry and state in (JobState.PENDING, JobState.REQUEUED, JobState.SUSPENDED) else ""
+        if reason != job.state_reason:
+            values["state_reason"] = reason
+    if source.start_time and state not in (JobState.ACCEPTED, JobState.PENDING, JobState.REQUEUED) and job.started_at != source.start_time:
+        values["started_at"] = source.start_time
+    if state in TERMINAL_STATES:
+        if job.ended_at is None:
+            values["ended_at"] = source.end_time or now
+        exit_code = getattr(source, "exit_code", None)
+        if exit_code is not None and job.exit_code != exit_code:
+            values["exit_code"] = exit_code
+    return values
+
+
+def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
+    """Write planned changes. The rows are locked and re-read in one query so a concurrent change
+    (a relay recording its id, a local cancel) is neither overwritten nor contradicted; then one bulk
+    update restricted to live rows (the filter is part of its WHERE) and one bulk insert of events."""
+    with transaction.atomic():
+        fresh = {
+            job.id: job
+            for job in Job.objects.select_for_update().filter(pk__in=list(planned), state__in=LIVE_STATES).only(*_SYNC_FIELDS)
+        }
+        to_update: list[Job] = []
+        events: list[JobEvent] = []
+        ended: list[str] = []
+        update_fields: set[str] = set()
+        for job_id, values in planned.items():
+            current = fresh.get(job_id)
+            if current is None:
+                continue  # ended meanwhile
+            if "slurm_job_id" in values:
+                if current.slurm_job_id is not None:
+                    values = {k: v for k, v in values.items() if k not in ("slurm_job_id", "submitted_at")}
+                else:
+                    values["slurm_cluster"] = settings.SLURM_CLUSTER
+            if "state" in values and not transition_allowed(current.state, values["state"]):
+                values = {k: v for k, v in values.items() if k != "state"}
+            if not values:
+                continue
+            for key, value in values.items():
+                setattr(current, key, value)
+            update_fields.update(values)
+            to_update.append(current)
+            if "state" in values:
+                events.append(JobEvent(job_id=job_id, state=values["state"], reason=values.get("state_reason", ""), at=now))
+                if values["state"] in TERMINAL_STATES:
+                    ended.append(str(job_id))
+        if to_update:
+            bulk_update_values(Job.objects.filter(state__in=LIVE_STATES), to_update, sorted(update_fields))
+            JobEvent.objects.bulk_create(events, batch_size=1000)
+        if ended:
+            from jobs.tasks import job_end_notify  # jobs.tasks imports this module
+
+            after_commit(job_end_notify, ended)
+    return len(to_update)
