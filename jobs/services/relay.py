@@ -88,7 +88,8 @@ def _spec_for(job: Job) -> JobSpec:
         options.append(("error", stderr))
     return JobSpec(
         script=job.script,
-        account=job.team.slurm_account,
+        # the team's account on the job's cluster, as the spec put it on the command line
+        account=next((value for option, value in job.overrides if option == "account"), job.team.slurm_account),
         partition=job.partition,
         name=job.name,
         gpus=job.gpus,
@@ -114,7 +115,7 @@ def _record_submitted(job: Job, slurm_job_id: int, *, token: uuid.UUID | None, r
     now = timezone.now()
     with transaction.atomic():
         done = Job.objects.filter(pk=job.pk, state=JobState.ACCEPTED, slurm_job_id__isnull=True).update(
-            slurm_job_id=slurm_job_id, slurm_cluster=settings.SLURM_CLUSTER, state=JobState.PENDING,
+            slurm_job_id=slurm_job_id, slurm_cluster=job.cluster.name, state=JobState.PENDING,
             submitted_at=now, relay_token=None, relay_started_at=None, last_relay_error="", unix_uid=job.unix_uid,
         )  # fmt: skip
         if done:
@@ -147,8 +148,8 @@ def job_relay_run(job_id) -> str:
     token = _claim(job_id)
     if token is None:
         return "not-claimed"
-    job = Job.objects.select_related("team", "submitter__profile").get(pk=job_id)
-    gateway = get_gateway()
+    job = Job.objects.select_related("team", "submitter__profile", "cluster").get(pk=job_id)
+    gateway = get_gateway(job.cluster.name)
     try:
         spec = _spec_for(job)
     except SlurmRejected as exc:  # no Unix account: nothing Slurm could run
@@ -232,8 +233,8 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
               "submit_failed": 0, "cancelled": 0, "unavailable": 0, "already_recorded": 0}  # fmt: skip
     if not claimed:
         return result
-    jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile"))
-    gateway = get_gateway()
+    jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile", "cluster"))
+    gateways = {job.cluster.name: get_gateway(job.cluster.name) for job in jobs}  # each job to its cluster
 
     # Specs in this thread (a booked job's reservation is a query); Slurm calls in the pool.
     outcomes: dict[Any, tuple[str, Any]] = {}  # job pk -> (kind, slurm id or message)
@@ -252,6 +253,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
 
     def relay_one(item):
         job, spec = item
+        gateway = gateways[job.cluster.name]
         if unavailable or time.monotonic() > deadline:
             return job.pk, ("unavailable", unavailable[0] if unavailable else "batch time budget spent")
         try:
@@ -293,7 +295,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
             job = by_pk[pk]
             job.relay_token = job.relay_started_at = None
             if kind in ("submitted", "adopted"):
-                job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = value, settings.SLURM_CLUSTER, JobState.PENDING, now
+                job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = value, job.cluster.name, JobState.PENDING, now
                 job.last_relay_error = ""
                 reason = "Submitted to Slurm" if kind == "submitted" else "Found in Slurm by its tag after an interrupted relay"
                 result[kind] += 1
@@ -330,7 +332,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
         for pk, recorded in Job.objects.filter(pk__in=list(lost)).values_list("pk", "slurm_job_id"):
             if recorded not in (None, lost[pk]):
                 logger.error("job %s: duplicate Slurm job %s cancelled (kept %s)", pk, lost[pk], recorded)
-                gateway.cancel(lost[pk])
+                gateways[by_pk[pk].cluster.name].cancel(lost[pk])
     # Cancels asked while we were submitting: pass them on now.
     recorded_ids = [job.pk for job in updates if job.state == JobState.PENDING]
     if recorded_ids:
