@@ -168,3 +168,22 @@ def test_a_job_to_each_real_cluster_reaches_that_cluster_and_each_sync_makes_one
         return all(Job.objects.get(pk=i).state == JobState.CANCELLED for i in ids.values())
 
     wait_for(all_cancelled, timeout=60, interval=0.5)
+
+
+def test_the_form_offers_the_cluster_when_several_are_served_and_submits_there(two_inventories, world, client):
+    main, east = two_inventories
+    client.force_login(world.alice)
+    page = client.get("/jobs/new/").content.decode()
+    assert '<select name="cluster"' in page and '<option value="east">east</option>' in page
+    assert "gpu (default) on east, main" in page  # one choice per partition name, naming its clusters
+    body = {"team": "vision", "script": "#!/bin/bash\necho hi\n", "partition": "gpu", "cluster": "east", "gpus": "1",
+            "idempotency_key": "form-east-1"}  # fmt: skip
+    response = client.post("/jobs/new/", body)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Job.objects.get(idempotency_key="form-east-1").cluster_id == east.pk
+
+
+def test_with_one_cluster_the_form_has_no_cluster_choice(inventory, world, client):
+    client.force_login(world.alice)
+    page = client.get("/jobs/new/").content.decode()
+    assert '<input type="hidden" name="cluster"' in page and '<select name="cluster"' not in page
