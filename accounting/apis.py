@@ -51,6 +51,8 @@ class UsageRangeQuerySerializer(serializers.Serializer):
 
 class CostReportQuerySerializer(UsageRangeQuerySerializer):
     group_by = serializers.ChoiceField(choices=GROUP_BY_CHOICES, required=False, default="team")
+    cluster = serializers.CharField(required=False, default="", allow_blank=True, max_length=64,
+                                    help_text="Only this cluster's usage and bookings (a cluster name); empty: every cluster.")  # fmt: skip
 
 
 class CostReportRowSerializer(serializers.Serializer):
@@ -76,8 +78,8 @@ class CostReportSerializer(serializers.Serializer):
 
 
 class CostReportApi(APIView):
-    """GPU-hours, efficiency and cost between two dates grouped by team, user, GPU type or month.
-    Admins and finance only. ``?format=csv`` answers the same rows as CSV."""
+    """GPU-hours, efficiency and cost between two dates grouped by team, user, GPU type, month or
+    cluster, optionally of one cluster. Admins and finance only. ``?format=csv`` answers the same rows as CSV."""
 
     renderer_classes = [JSONRenderer, CsvRenderer]
 
@@ -96,7 +98,7 @@ class CostReportApi(APIView):
         params = CostReportQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         query = params.validated_data
-        rows = cost_report(start=query["start"], end=query["end"], group_by=query["group_by"])
+        rows = cost_report(start=query["start"], end=query["end"], group_by=query["group_by"], cluster=query["cluster"])
         if request.accepted_renderer.format == "csv":
             filename = f"cost-{query['group_by']}-{query['start']}-{query['end']}.csv"
             return Response(

@@ -47,6 +47,7 @@ class DateRangeForm(forms.Form):
 
 class CostReportForm(DateRangeForm):
     group_by = forms.ChoiceField(choices=[(c, c) for c in GROUP_BY_CHOICES], required=False)
+    cluster = forms.CharField(max_length=64, required=False, help_text="Empty: every cluster.")
 
     def clean(self):
         data = super().clean()

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from portal import models as portal_models
+
 
 class Rate(models.Model):
     """Price of one GPU-hour of a GPU type, from ``effective_from`` (a date; the rate starts at 00:00
@@ -184,6 +186,9 @@ class Booking(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="bookings")
+    # the cluster whose GPUs it books (its reservation lives there); capacity is counted per cluster
+    cluster = models.ForeignKey("portal.Cluster", on_delete=models.PROTECT, related_name="bookings",
+                                default=portal_models.default_cluster_id)  # fmt: skip
     gpu_type = models.CharField(max_length=32)
     gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     start = models.DateTimeField()

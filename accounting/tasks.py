@@ -15,15 +15,16 @@ logger = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=80)
-def usage_ingest_task() -> dict | None:
-    """Read new accounting from slurmdbd (one sacct per window) and record usage. A Slurm failure is
-    recorded in SyncStatus(kind="usage") and retried by the next beat, a minute later."""
+def usage_ingest_task(cluster: str | None = None) -> dict | None:
+    """Read one cluster's new accounting from its slurmdbd (one sacct per window; one task per
+    cluster, portal/celery.py) and record usage. A Slurm failure is recorded in that cluster's
+    SyncStatus ("usage", "usage:NAME") and retried by the next beat, a minute later."""
     from accounting.services import usage_ingest
 
     try:
-        result = usage_ingest()
+        result = usage_ingest(cluster=cluster)
     except SlurmError as exc:
-        logger.warning("usage ingest: Slurm error: %s", exc)
+        logger.warning("usage ingest %s: Slurm error: %s", cluster or "(default)", exc)
         return None
     _budget_alerts_after_ingest()
     return {"read": result.read, "written": result.written, "slices": result.slices, "seconds": result.seconds}

@@ -67,7 +67,7 @@ def report(request):
     cleaned = form.cleaned_data
     start, end = cleaned["start"], cleaned["end"]
     if request.GET.get("format") == "csv":
-        rows = cost_report(start=start, end=end, group_by=cleaned["group_by"])
+        rows = cost_report(start=start, end=end, group_by=cleaned["group_by"], cluster=cleaned.get("cluster") or "")
         response = HttpResponse(rows_to_csv(rows), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="cost-{cleaned["group_by"]}-{start}-{end}.csv"'
         return response

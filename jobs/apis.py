@@ -68,6 +68,7 @@ class JobSummaryOutputSerializer(serializers.Serializer):
     team = serializers.CharField(source="team.slug")
     submitter = serializers.CharField(source="submitter.username")
     name = serializers.CharField()
+    cluster = serializers.CharField(source="cluster.name", help_text="The cluster it runs on.")
     partition = serializers.CharField()
     gpu_type = serializers.CharField()
     gpus = serializers.IntegerField()
@@ -169,6 +170,11 @@ class JobCollectionApi(ListAPIView):
         )  # fmt: skip
         name = serializers.CharField(allow_blank=True, required=False, allow_null=True, default=None)
         partition = serializers.CharField(allow_blank=True, required=False, default="")
+        cluster = serializers.CharField(
+            allow_blank=True, required=False, default="", max_length=64,
+            help_text="The cluster to run on; needed only when the partition's name is on several clusters "
+            "(a 400 naming `cluster` says so). Empty: the partition's cluster (no partition: the default cluster).",
+        )  # fmt: skip
         gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
         gpus = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="GPUs of the job in total.")
         nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
@@ -224,6 +230,8 @@ class JobCollectionApi(ListAPIView):
         serializer = self.JobSubmitInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
+        if not data.get("cluster"):
+            data.pop("cluster", None)  # not given: the fingerprint of a one-cluster body stays what it was
         fingerprint = request_fingerprint(data)  # the body as understood, key order irrelevant
         job, created = job_submit(
             user=request.user,
@@ -251,7 +259,7 @@ class JobCollectionApi(ListAPIView):
         items, errors = [], {}
         for index, item in enumerate(body):
             try:
-                items.append(dict(item_serializer.run_validation(item)))
+                items.append({k: v for k, v in item_serializer.run_validation(item).items() if k != "cluster" or v})
             except serializers.ValidationError as exc:
                 detail = serializers.as_serializer_error(exc)
                 errors[str(index)] = {k: [str(m) for m in v] if isinstance(v, list) else [str(v)] for k, v in detail.items()}
@@ -347,6 +355,8 @@ class JobOutputApi(APIView):
 class JobQuoteApi(APIView):
     class JobQuoteInputSerializer(serializers.Serializer):
         partition = serializers.CharField(allow_blank=True, required=False, default="")
+        cluster = serializers.CharField(allow_blank=True, required=False, default="", max_length=64,
+                                        help_text="As for submission: only when the partition's name is on several clusters.")  # fmt: skip
         gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
         gpus = serializers.IntegerField(required=False, allow_null=True, default=None)
         nodes = serializers.IntegerField(required=False, allow_null=True, default=None)

@@ -149,7 +149,7 @@ def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
     if index not in parse_array(job.array)[0]:
         raise ApplicationError(f"No task {index}.", errors={"task": [f"The array is {job.array}."]})
     try:
-        get_gateway().cancel_array_task(job.slurm_job_id, index)
+        get_gateway(job.cluster.name).cancel_array_task(job.slurm_job_id, index)  # the job's cluster
     except SlurmRejected as exc:
         raise ApplicationError(exc.message, errors={"task": [exc.message]}) from None
     # Slurm took it: the task is cancelled (a pending one may never show as a row of its own)

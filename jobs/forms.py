@@ -16,6 +16,7 @@ from jobs.choices import TemplateScope
 from jobs.script_fields import overrides_only, uploaded_script_text
 from portal.roles import is_admin
 from portal.selectors import teams_user_can_submit_to
+from portal.slurm import configured_clusters
 
 ENV_HELP = "One NAME=value per line."
 
@@ -86,6 +87,8 @@ class JobForm(forms.Form):
     # ("Read script" fills them from the script; a value equal to the script's is no override).
     name = forms.CharField(max_length=128, required=False, help_text="Letters, digits, '.', '_' or '-'. Empty: the script's --job-name.")
     partition = forms.ChoiceField(choices=(), required=False)
+    # shown only when the portal serves several clusters: where a partition name on several of them runs
+    cluster = forms.ChoiceField(choices=(), required=False, help_text="Needed only when the partition's name is on several clusters.")
     gpu_type = forms.ChoiceField(choices=(), required=False, label="GPU type")
     gpus = forms.IntegerField(min_value=1, required=False, label="GPUs", help_text="For the whole job. Empty: the script's GPU directive.")
     nodes = forms.IntegerField(min_value=1, required=False, help_text="Empty: the script's --nodes (else 1).")
@@ -116,11 +119,22 @@ class JobForm(forms.Form):
         self.summary = summary
         self.fields["team"].queryset = teams_user_can_submit_to(user).order_by("name")
         partitions = summary["partitions"]
-        self.fields["partition"].choices = [("", "the script's --partition (else the default)")] + [
-            (p["name"], f"{p['name']}{' (default)' if p['is_default'] else ''} — {', '.join(p['gpu_types']) or 'no GPUs'}")
-            for p in partitions
-        ]
+        choices, seen = [("", "the script's --partition (else the default)")], set()
+        for p in partitions:  # a name on several clusters once (the cluster field then says which)
+            if p["name"] in seen:
+                continue
+            seen.add(p["name"])
+            on = sorted(q["cluster"] for q in partitions if q["name"] == p["name"] and q["cluster"])
+            where = f" on {', '.join(on)}" if on else ""
+            choices.append((p["name"], f"{p['name']}{' (default)' if p['is_default'] else ''}{where} — {', '.join(p['gpu_types']) or 'no GPUs'}"))
+        self.fields["partition"].choices = choices
         self.fields["partition"].initial = ""
+        clusters = [config.name for config in configured_clusters()]
+        if len(clusters) > 1:
+            self.fields["cluster"].choices = [("", "the partition's")] + [(name, name) for name in clusters]
+        else:  # one cluster: nothing to choose (hidden, always empty)
+            self.fields["cluster"].choices = [("", "")]
+            self.fields["cluster"].widget = forms.HiddenInput()
         types = sorted({t for p in partitions for t in p["gpu_types"]})
         self.fields["gpu_type"].choices = [("", "any type")] + [(t, t) for t in types]
         self.fields["booking"].choices = [("", "none (shared queue)")] + _booking_choices(user)
@@ -160,6 +174,8 @@ class JobForm(forms.Form):
             "array": data.get("array") or None,
             "workdir": data.get("workdir") or None,
             "environment": data.get("environment") or {},
+            # a submission's only (a template's spec has no cluster)
+            **({"cluster": self.cleaned_data["cluster"]} if not as_filled and self.cleaned_data.get("cluster") else {}),
         }
 
 

@@ -8,6 +8,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from portal import models as portal_models
+
 from jobs.choices import LIVE_STATES, JobState, TemplateScope, TERMINAL_STATES
 
 # The tag the portal puts in Slurm's job comment; Slurm keeps it in the queue and in accounting, so
@@ -22,6 +24,10 @@ class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="jobs")
     submitter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    # The cluster it runs on, chosen at submission (from the partition, or the request's `cluster`);
+    # ``slurm_cluster`` is the name Slurm gave with its id (the same cluster's name).
+    cluster = models.ForeignKey("portal.Cluster", on_delete=models.PROTECT, related_name="jobs",
+                                default=portal_models.default_cluster_id)  # fmt: skip
 
     # What was asked for
     name = models.CharField(max_length=128)
@@ -105,6 +111,8 @@ class Job(models.Model):
         indexes = [
             # jobs_sync and the sweeper: "every live job" (partial: terminal rows are the vast majority)
             models.Index(fields=["state", "created_at"], name="job_live_state", condition=Q(state__in=sorted(LIVE_STATES))),
+            # jobs_sync per cluster: "every live job of this cluster"
+            models.Index(fields=["cluster", "state"], name="job_live_cluster", condition=Q(state__in=sorted(LIVE_STATES))),
             # job lists: jobs of a team, newest first (jobs_visible_to + order_by -created_at)
             models.Index(fields=["team", "-created_at"], name="job_team_created"),
             # job lists across teams (admins; members of several teams): the newest first page without

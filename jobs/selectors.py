@@ -28,7 +28,7 @@ def jobs_visible_to(user) -> QuerySet[Job]:
     included). With team and submitter joined, so lists run a constant number of queries."""
     if not user.is_authenticated:
         return Job.objects.none()
-    jobs = Job.objects.select_related("team", "submitter")
+    jobs = Job.objects.select_related("team", "submitter", "cluster")
     if is_admin(user):
         return jobs
     return jobs.filter(team_id__in=member_team_ids(user))

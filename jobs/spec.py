@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from gpuportal_cli.sbatch_directives import (
 )
 from jobs.constraints import unmatched
 from portal.exceptions import ApplicationError
-from portal.models import ClusterPolicyInfo, NodeInfo, PartitionInfo
+from portal.models import Cluster, ClusterPolicyInfo, NodeInfo, PartitionInfo
 from portal.snapshots import INVENTORY, snapshot
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
@@ -79,12 +80,15 @@ FIELD_OF_OPTION = {
 
 @dataclass(frozen=True)
 class PartitionCapacity:
-    """What one partition can ever give a job (from the synced inventory)."""
+    """What one partition of one cluster can ever give a job (from the synced inventory)."""
 
     name: str
     default_time_minutes: int | None
     max_time_minutes: int | None
     nodes: tuple[NodeInfo, ...]
+    cluster_id: int | None = None
+    cluster: str = ""
+    cluster_row: Cluster | None = field(default=None, compare=False, repr=False)  # the job row points at it
 
     @property
     def gpu_types(self) -> list[str]:
@@ -95,43 +99,92 @@ class PartitionCapacity:
         return [n for n in self.nodes if n.gpus_total and (not gpu_type or n.gpu_type == gpu_type)]
 
 
+def spec_accounts(team) -> dict:
+    """validate_job_spec's account arguments for a team: its one account when the portal serves one
+    cluster (no query), else its account on each cluster it has access to (one query)."""
+    from portal.selectors import team_cluster_accounts
+    from portal.slurm import configured_clusters
+
+    if len(configured_clusters()) == 1:
+        return {"account": team.slurm_account}
+    return {"accounts": team_cluster_accounts(team)}
+
+
+class ClusterChoiceError(Exception):
+    """The partition alone does not say which cluster (``ambiguous``: its clusters), or the
+    requested cluster is not one the portal serves."""
+
+    def __init__(self, message: str, ambiguous: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.ambiguous = ambiguous
+
+
 @dataclass(frozen=True)
 class Inventory:
-    """The synced inventory as the submit path reads it: every partition's capacity and the policy.
-    Shared by the threads of a process (portal.snapshots): read-only."""
+    """The synced inventory of every active cluster as the submit path reads it: each partition's
+    capacity and each cluster's policy. Shared by the threads of a process (portal.snapshots):
+    read-only."""
 
-    partitions: dict[str, PartitionCapacity]
-    default: str | None  # the default partition's name
-    policy: ClusterPolicyInfo | None
+    partitions: dict[tuple[str, str], PartitionCapacity]  # (cluster name, partition name) -> capacity
+    defaults: dict[str, str]  # cluster name -> its default partition
+    default_cluster: str | None
+    clusters: frozenset[str]  # the active clusters' names
+    policies: dict[int, ClusterPolicyInfo]  # cluster id -> its policy
 
-    def capacity(self, partition: str) -> PartitionCapacity | None:
-        """The partition's capacity, or None when it is not in the inventory ("" = default partition)."""
-        name = partition or self.default
-        return self.partitions.get(name) if name else None
+    def capacity(self, partition: str, cluster: str = "") -> PartitionCapacity | None:
+        """The partition's capacity, or None when it is not in the inventory ("" = the default
+        partition; of the default cluster unless ``cluster`` names one). A partition name alone picks
+        its cluster when exactly one cluster has it; several: ClusterChoiceError naming them, an
+        unknown ``cluster`` too. No query."""
+        if cluster:
+            if cluster not in self.clusters:
+                raise ClusterChoiceError(f"No such cluster: {cluster!r}.")
+            name = partition or self.defaults.get(cluster)
+            return self.partitions.get((cluster, name)) if name else None
+        if not partition:
+            name = self.defaults.get(self.default_cluster or "")
+            return self.partitions.get((self.default_cluster, name)) if name else None
+        found = [c for (c, p) in self.partitions.items() if p == partition]
+        if len(found) > 1:
+            found.sort(key=lambda c: (c.cluster != self.default_cluster, c.cluster))
+            names = tuple(c.cluster for c in found)
+            raise ClusterChoiceError(
+                f"Partition {partition!r} exists on clusters {', '.join(names)}: name one in `cluster`.", ambiguous=names
+            )
+        return found[0] if found else None
+
+    def policy(self, capacity: PartitionCapacity) -> ClusterPolicyInfo | None:
+        return self.policies.get(capacity.cluster_id) if capacity.cluster_id is not None else None
 
 
 def _inventory_load() -> Inventory:
-    """Three queries: partitions, nodes, policy."""
-    parts = list(PartitionInfo.objects.all())  # ordering: default first, then by name
-    nodes = {n.name: n for n in NodeInfo.objects.order_by("name")}
+    """Four queries: active clusters' partitions (with their cluster), nodes, policies, clusters."""
+    parts = list(PartitionInfo.objects.filter(cluster__active=True).select_related("cluster"))
+    nodes = {(n.cluster_id, n.name): n for n in NodeInfo.objects.order_by("name")}
     capacities = {
-        p.name: PartitionCapacity(p.name, p.default_time_minutes, p.max_time_minutes,
-                                  tuple(nodes[name] for name in sorted(p.node_names) if name in nodes))
+        (p.cluster.name, p.name): PartitionCapacity(
+            p.name, p.default_time_minutes, p.max_time_minutes,
+            tuple(nodes[(p.cluster_id, name)] for name in sorted(p.node_names) if (p.cluster_id, name) in nodes),
+            cluster_id=p.cluster_id, cluster=p.cluster.name, cluster_row=p.cluster,
+        )
         for p in parts
     }  # fmt: skip
-    default = next((p.name for p in parts if p.is_default), None)
-    return Inventory(capacities, default, ClusterPolicyInfo.objects.first())
+    defaults = {p.cluster.name: p.name for p in parts if p.is_default}
+    clusters = list(Cluster.objects.filter(active=True).order_by("-is_default", "name"))
+    default_cluster = next((c.name for c in clusters if c.is_default), None)
+    policies = {policy.cluster_id: policy for policy in ClusterPolicyInfo.objects.all()}
+    return Inventory(capacities, defaults, default_cluster, frozenset(c.name for c in clusters), policies)
 
 
 def inventory() -> Inventory:
     """The inventory as of the last cluster_sync: this process's copy (portal.snapshots; no query
-    while it is current), else three queries."""
+    while it is current), else four queries."""
     return snapshot(INVENTORY, _inventory_load)
 
 
-def partition_capacity(partition: str) -> PartitionCapacity | None:
-    """The partition's capacity, or None when it is not in the inventory ("" = default partition)."""
-    return inventory().capacity(partition)
+def partition_capacity(partition: str, cluster: str = "") -> PartitionCapacity | None:
+    """The partition's capacity (Inventory.capacity): from this process's copy of the inventory."""
+    return inventory().capacity(partition, cluster)
 
 
 # ---------------------------------------------------------------- the spec
@@ -284,6 +337,8 @@ def validate_job_spec(
     workdir: str | None,
     environment: dict | None,
     account: str = "",
+    accounts: Mapping[str, str] | None = None,
+    cluster: str | None = None,
     ntasks: Any = None,
     cpus_per_task: Any = None,
     exclusive: bool | None = None,
@@ -296,7 +351,10 @@ def validate_job_spec(
     """Check a job spec (script directives + explicit fields) against the rules and the synced
     cluster inventory. Collects every problem and raises one ApplicationError naming the fields
     (``script`` for a directive, with its line). ``None``/"" for a field: the script decides.
-    ``account``: the team's Slurm account (a script's --account must name it).
+    ``account``: the team's Slurm account (a script's --account must name it); ``accounts``
+    instead: its account on each cluster it has access to ({cluster name: account}), the one of the
+    cluster the partition picks (or ``cluster`` names; "" / None: from the partition) applies, and a
+    cluster not in it is refused (``cluster``).
     ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition."""
     cache = {} if cache is None else cache
     errors = _Errors()
@@ -312,7 +370,7 @@ def validate_job_spec(
             errors.directive(directive, f"the portal does not accept --{directive.option}: {REFUSED_OPTIONS[directive.option]}.")
         elif directive.option == "nice" and (directive.value or "").strip().startswith("-"):
             errors.directive(directive, "a negative --nice needs Slurm administrator rights.")
-        elif directive.option == "account" and account and directive.value != account:
+        elif directive.option == "account" and account and accounts is None and directive.value != account:
             errors.directive(directive, f"jobs of this team run in Slurm account {account!r}, not {directive.value!r}.")
     script_options = {d.option: d for d in directives}
 
@@ -431,16 +489,35 @@ def validate_job_spec(
     if not cache["inventory"].partitions:
         errors.add("partition", "The cluster inventory has not been read yet; try again in a minute.")
     else:
-        capacity = cache["inventory"].capacity(partition)
-        if capacity is None:
+        cluster = (cluster or "").strip() if isinstance(cluster, str) else ""
+        key = ("partition", partition, cluster)
+        if key not in cache:
+            try:
+                cache[key] = cache["inventory"].capacity(partition, cluster)
+            except ClusterChoiceError as exc:
+                cache[key] = exc
+        capacity = cache[key]
+        if isinstance(capacity, ClusterChoiceError):
+            errors.add("cluster", str(capacity))
+            capacity = None
+        elif capacity is None:
             message = f"No such partition: {partition!r}." if partition else "The cluster has no default partition."
             errors.directive(script_options.get("partition") if not overrides_has(overrides, "partition") else None, message, fallback="partition")
         elif not partition:
             override("partition", capacity.name)
+    if capacity is not None and accounts is not None:
+        account = accounts.get(capacity.cluster, "")
+        if not account:
+            errors.add("cluster", f"This team has no Slurm account on cluster {capacity.cluster!r}.")
+            capacity = None
+        else:
+            given = script_options.get("account")
+            if given is not None and given.value != account:
+                errors.directive(given, f"jobs of this team run in Slurm account {account!r}, not {given.value!r}.")
 
     spec = None
     if capacity is not None and request is not None:
-        _check_policy(cache["inventory"].policy, capacity, request, errors, account)
+        _check_policy(cache["inventory"].policy(capacity), capacity, request, errors, account)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:
         if not errors:

@@ -73,16 +73,17 @@ def job_cancel_relay(self, job_id: str) -> str:
 
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
-def jobs_sync_task() -> dict:
-    """One sync cycle (one squeue, at most one sacct). A cycle already running elsewhere makes this
-    one a no-op, so overlapping beats do not double the work or the events."""
+def jobs_sync_task(cluster: str | None = None) -> dict:
+    """One sync cycle of one cluster (one squeue, at most one sacct; one task per cluster,
+    portal/celery.py). A cycle of that cluster already running elsewhere makes this one a no-op, so
+    overlapping beats do not double the work or the events."""
     from django.core.cache import cache
 
-    lock = "jobs-sync-lock"
+    lock = "jobs-sync-lock" if not cluster else f"jobs-sync-lock:{cluster}"
     if not cache.add(lock, "1", timeout=60):
         return {"skipped": "another sync is running"}
     try:
-        return services.jobs_sync()
+        return services.jobs_sync(cluster=cluster) if cluster else services.jobs_sync()
     finally:
         cache.delete(lock)
 

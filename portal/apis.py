@@ -24,6 +24,7 @@ class ClusterApi(APIView):
 
     class ClusterPartitionSerializer(serializers.Serializer):
         name = serializers.CharField()
+        cluster = serializers.CharField(help_text="Its cluster when the portal serves several (empty with one).")
         is_default = serializers.BooleanField()
         state = serializers.CharField()
         default_time_minutes = serializers.IntegerField(allow_null=True)

@@ -16,12 +16,11 @@ app.autodiscover_tasks()
 def _beat_schedule() -> dict:
     from django.conf import settings
 
+    from portal.slurm import configured_clusters
+
     sync = settings.JOB_SYNC_INTERVAL_SECONDS
-    return {
-        "cluster-sync": {"task": "portal.tasks.cluster_sync_task", "schedule": 30.0},
-        "jobs-sync": {"task": "jobs.tasks.jobs_sync_task", "schedule": sync},
+    schedule = {
         "jobs-sweep-accepted": {"task": "jobs.tasks.jobs_sweep_task", "schedule": 15.0},
-        "usage-ingest": {"task": "accounting.tasks.usage_ingest_task", "schedule": 60.0},
         # quota period roll-over (Slurm usage reset + new limits) and limit drift repair
         "quota-rollover": {"task": "accounting.tasks.quota_rollover_task", "schedule": 300.0},
         "booking-cleanup": {"task": "accounting.tasks.booking_cleanup_task", "schedule": 60.0},
@@ -29,6 +28,15 @@ def _beat_schedule() -> dict:
         "team-mirror-sweep": {"task": "portal.tasks.team_mirror_sweep_task", "schedule": 300.0},
         "budget-alert-sweep": {"task": "accounting.tasks.budget_alert_sweep_task", "schedule": 300.0},
     }
+    # The periodic Slurm reads run per cluster, each its own task (a cluster down fails only its own):
+    # the default cluster keeps the names of a one-cluster portal, another's get "@NAME".
+    for index, config in enumerate(configured_clusters()):
+        suffix = "" if index == 0 else f"@{config.name}"
+        per_cluster = {"kwargs": {"cluster": config.name}}
+        schedule[f"cluster-sync{suffix}"] = {"task": "portal.tasks.cluster_sync_task", "schedule": 30.0, **per_cluster}
+        schedule[f"jobs-sync{suffix}"] = {"task": "jobs.tasks.jobs_sync_task", "schedule": sync, **per_cluster}
+        schedule[f"usage-ingest{suffix}"] = {"task": "accounting.tasks.usage_ingest_task", "schedule": 60.0, **per_cluster}
+    return schedule
 
 
 @app.on_after_configure.connect

@@ -110,6 +110,19 @@ class Env:
             raise self._fail(name, value, "one of " + ", ".join(choices))
         return value
 
+    def slurm_clusters(self, name: str, default):
+        """SLURM_CLUSTERS (portal.slurm.clusters.parse_clusters): the clusters the portal serves;
+        unset or empty: ``default`` (the one cluster of SLURM_CLUSTER, SLURM_BACKEND, SLURM_CONF, …)."""
+        from portal.slurm.clusters import ClusterConfigError, parse_clusters
+
+        value = self._raw(name)
+        if value is None or value == "":
+            return tuple(default)
+        try:
+            return parse_clusters(value)
+        except ClusterConfigError as exc:
+            raise self._fail(name, value, f"clusters as name=…,backend=…,conf=…,bin=…,lib=…;… or JSON: {exc}") from None
+
     def list(self, name: str, default: list[str]) -> list[str]:
         value = self._raw(name)
         if value is None:

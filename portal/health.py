@@ -1,7 +1,10 @@
 """GET /healthz: database, broker and Slurm, as JSON; 200 when all answer, 503 naming what does not.
 
 The web process never talks to Slurm: Slurm's health is what the workers last saw (the cluster
-inventory sync runs every 30 s), and it counts as down when that read failed or is too old."""
+inventory sync runs every 30 s per cluster), and a cluster counts as down when its read failed or is
+too old. With several clusters, ``checks.slurm.clusters`` has each one's state and ``checks.slurm.down``
+names the clusters down; some down and some up is ``"status": "degraded"`` with 200 (the portal
+still serves the others: a load balancer must not take it out), all down is 503."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from django.views.decorators.http import require_GET
 from kombu import Connection
 
 from portal.models import SyncStatus
+from portal.slurm import configured_clusters
 
 
 def _check_database() -> dict:
@@ -36,8 +40,20 @@ def _check_broker() -> dict:
 
 
 def _check_slurm() -> dict:
+    names = [config.name for config in configured_clusters()]
+    clusters = {name: _check_cluster(name) for name in names}
+    down = [name for name in names if not clusters[name]["ok"]]
+    result = {**clusters[names[0]], "ok": not down, "down": down, "clusters": clusters}
+    if down and len(names) > 1:
+        result["error"] = "; ".join(f"{name}: {clusters[name]['error']}" for name in down)
+    if down and len(down) < len(names):
+        result["degraded"] = True
+    return result
+
+
+def _check_cluster(name: str) -> dict:
     try:
-        status = SyncStatus.objects.filter(kind="cluster").first()
+        status = SyncStatus.objects.filter(kind=SyncStatus.kind_for("cluster", name)).first()
     except Exception as exc:  # noqa: BLE001 — database down: we cannot know
         return {"ok": False, "error": f"unknown: {str(exc)[:150]}"}
     if status is None or status.last_success_at is None:
@@ -56,5 +72,7 @@ def _check_slurm() -> dict:
 def healthz(request):
     checks = {"database": _check_database(), "broker": _check_broker(), "slurm": _check_slurm()}
     failing = [name for name, result in checks.items() if not result["ok"]]
-    body = {"status": "ok" if not failing else "unavailable", "failing": failing, "checks": checks}
-    return JsonResponse(body, status=200 if not failing else 503)
+    degraded = failing == ["slurm"] and checks["slurm"].get("degraded")
+    status = "ok" if not failing else "degraded" if degraded else "unavailable"
+    body = {"status": status, "failing": failing, "checks": checks}
+    return JsonResponse(body, status=200 if not failing or degraded else 503)

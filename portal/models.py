@@ -26,6 +26,9 @@ class Role(models.TextChoices):
 
 
 class Team(models.Model):
+    """A team and its Slurm account: ``slurm_account`` on the default cluster; on every other cluster
+    the team has access where a TeamClusterAccount row says so, under that row's account."""
+
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=64, unique=True)
     slurm_account = models.CharField(max_length=64, unique=True, validators=[SLURM_NAME_VALIDATOR])
@@ -41,6 +44,25 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class TeamClusterAccount(models.Model):
+    """A team's access to a cluster other than the default one, and its Slurm account there (often
+    the same name as ``Team.slurm_account``). Read by submission (no row: the cluster is refused),
+    the relay (``--account``) and the team mirror (associations per cluster)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="cluster_accounts")
+    cluster = models.ForeignKey("Cluster", on_delete=models.CASCADE, related_name="team_accounts")
+    slurm_account = models.CharField(max_length=64, validators=[SLURM_NAME_VALIDATOR])
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "cluster"], name="teamclusteraccount_unique_team_cluster"),
+            models.UniqueConstraint(fields=["cluster", "slurm_account"], name="teamclusteraccount_unique_account"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team} on {self.cluster}: {self.slurm_account}"
 
 
 class Membership(models.Model):
@@ -127,10 +149,51 @@ class ApiToken(models.Model):
         return "gpp_" + secrets.token_urlsafe(32)
 
 
-class PartitionInfo(models.Model):
-    """A Slurm partition as last seen by sync_cluster."""
+class Cluster(models.Model):
+    """A Slurm cluster the portal serves, as configured (settings.SLURM_CLUSTERS, portal/slurm/clusters.py)
+    and recorded by ``portal.services.clusters_record`` (after every migrate, and by the command
+    ``record_clusters``). Settings are the source: the gateway reads them, the row is what the
+    inventory, jobs and bookings point at. A cluster no longer configured stays, inactive, with its rows."""
 
-    name = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=64, unique=True, validators=[SLURM_NAME_VALIDATOR])  # slurmdbd's ClusterName
+    backend = models.CharField(max_length=16, default="auto")
+    slurm_conf = models.CharField(max_length=1024, blank=True)
+    bin_dir = models.CharField(max_length=1024, blank=True)
+    lib_dir = models.CharField(max_length=1024, blank=True)
+    is_default = models.BooleanField(default=False)
+    active = models.BooleanField(default=True)
+    recorded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-is_default", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True), name="cluster_one_default"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def default_cluster_id() -> int:
+    """The default cluster's pk (the first configured): the default of every row's ``cluster``, so
+    that code written for one cluster keeps working. Recorded on first use when it is not yet."""
+    from portal.slurm import cluster_config
+
+    name = cluster_config().name
+    pk = Cluster.objects.filter(name=name).values_list("pk", flat=True).first()
+    if pk is None:
+        from portal.services import clusters_record
+
+        clusters_record()
+        pk = Cluster.objects.get(name=name).pk
+    return pk
+
+
+class PartitionInfo(models.Model):
+    """A Slurm partition of one cluster as last seen by sync_cluster."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="partitions", default=default_cluster_id)
+    name = models.CharField(max_length=64)
     is_default = models.BooleanField(default=False)
     state = models.CharField(max_length=16)
     default_time_minutes = models.PositiveIntegerField(null=True, blank=True)
@@ -140,15 +203,18 @@ class PartitionInfo(models.Model):
 
     class Meta:
         ordering = ["-is_default", "name"]
+        # sync_cluster's upsert; a partition name may exist on several clusters (submission then needs `cluster`)
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="partitioninfo_unique_cluster_name")]
 
     def __str__(self) -> str:
         return self.name
 
 
 class NodeInfo(models.Model):
-    """A Slurm node as last seen by sync_cluster."""
+    """A Slurm node of one cluster as last seen by sync_cluster."""
 
-    name = models.CharField(max_length=64, unique=True)
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes", default=default_cluster_id)
+    name = models.CharField(max_length=64)
     state = models.CharField(max_length=64)
     available = models.BooleanField(default=True)
     partitions = models.JSONField(default=list)
@@ -164,15 +230,17 @@ class NodeInfo(models.Model):
 
     class Meta:
         ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="nodeinfo_unique_cluster_name")]
 
     def __str__(self) -> str:
         return self.name
 
 
 class ClusterPolicyInfo(models.Model):
-    """What the cluster allows beyond partitions and nodes, as last seen by sync_cluster (one row):
-    its QOS, the QOS each account may use, MaxArraySize."""
+    """What a cluster allows beyond partitions and nodes, as last seen by sync_cluster (one row per
+    cluster): its QOS, the QOS each account may use, MaxArraySize."""
 
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="policy", default=default_cluster_id)
     qos = models.JSONField(default=list)
     account_qos = models.JSONField(default=dict)  # account -> [QOS, ...]; an account absent: not known
     max_array_size = models.PositiveIntegerField(null=True, blank=True)  # None: Slurm did not say
@@ -183,7 +251,9 @@ class ClusterPolicyInfo(models.Model):
 
 
 class SyncStatus(models.Model):
-    """When a periodic Slurm read last succeeded or failed (one row per kind: cluster, jobs, usage)."""
+    """When a periodic Slurm read last succeeded or failed (one row per kind: cluster, jobs, usage;
+    per cluster: the default cluster's kinds are the bare names, another's are "cluster:NAME" …,
+    ``portal.selectors.sync_kind``)."""
 
     kind = models.CharField(max_length=32, unique=True)
     last_success_at = models.DateTimeField(null=True, blank=True)
@@ -194,6 +264,14 @@ class SyncStatus(models.Model):
 
     def __str__(self) -> str:
         return self.kind
+
+    @staticmethod
+    def kind_for(kind: str, cluster: str | None = None) -> str:
+        """The row of one periodic read of one cluster: the bare kind for the default cluster (what a
+        one-cluster portal always had), "kind:NAME" for another."""
+        from portal.slurm import cluster_config
+
+        return kind if not cluster or cluster == cluster_config().name else f"{kind}:{cluster}"
 
     @property
     def is_stale(self) -> bool:

@@ -6,7 +6,8 @@ from collections import defaultdict
 
 from django.db.models import QuerySet
 
-from portal.models import ApiToken, Membership, NodeInfo, PartitionInfo, Role, SyncStatus, Team
+from portal.models import ApiToken, Cluster, Membership, NodeInfo, PartitionInfo, Role, SyncStatus, Team, TeamClusterAccount
+from portal.slurm import cluster_config, configured_clusters
 from portal.roles import can_read_cost_reports, is_admin
 
 
@@ -56,15 +57,38 @@ def api_tokens_of(user) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user=user)
 
 
+def team_ids_by_account(*, cluster: str, accounts: set[str]) -> dict[str, int]:
+    """Team id per Slurm account of one cluster: on the default cluster Team.slurm_account, on
+    another its TeamClusterAccount rows. One query."""
+    if not accounts:
+        return {}
+    if cluster == cluster_config().name:
+        return dict(Team.objects.filter(slurm_account__in=accounts).values_list("slurm_account", "pk"))
+    return dict(
+        TeamClusterAccount.objects.filter(cluster__name=cluster, slurm_account__in=accounts).values_list("slurm_account", "team_id")
+    )
+
+
+def team_cluster_accounts(team: Team) -> dict[str, str]:
+    """A team's Slurm account on each cluster it has access to ({cluster name: account}): the
+    default cluster's is Team.slurm_account, the others' its TeamClusterAccount rows. One query."""
+    accounts = {cluster_config().name: team.slurm_account}
+    accounts.update(TeamClusterAccount.objects.filter(team=team, cluster__active=True).values_list("cluster__name", "slurm_account"))
+    return accounts
+
+
 def sync_status(kind: str) -> SyncStatus | None:
     return SyncStatus.objects.filter(kind=kind).first()
 
 
 def cluster_summary() -> dict:
     """GPUs total/allocated/free per GPU type and per partition, nodes not available, and when the
-    inventory was last read. Two queries whatever the cluster's size."""
+    inventory was last read (of every cluster: GPU types summed over them; partitions name their
+    cluster). Two queries whatever the clusters' size (three with several clusters)."""
     nodes = list(NodeInfo.objects.all())
     partitions = list(PartitionInfo.objects.all())
+    several = len(configured_clusters()) > 1
+    names = dict(Cluster.objects.values_list("pk", "name")) if several else {}
     status = sync_status("cluster")
 
     by_type: dict[str, dict] = defaultdict(lambda: {"total": 0, "allocated": 0, "free": 0, "nodes": 0, "unavailable": 0})
@@ -79,15 +103,16 @@ def cluster_summary() -> dict:
             row["free"] += max(node.gpus_total - node.gpus_allocated, 0)
         else:
             row["unavailable"] += node.gpus_total - node.gpus_allocated
-    nodes_by_name = {node.name: node for node in nodes}
+    nodes_by_name = {(node.cluster_id, node.name): node for node in nodes}  # node names repeat across clusters
     part_rows = []
     for part in partitions:
-        members = [nodes_by_name[n] for n in part.node_names if n in nodes_by_name]
+        members = [nodes_by_name[(part.cluster_id, n)] for n in part.node_names if (part.cluster_id, n) in nodes_by_name]
         types = sorted({n.gpu_type for n in members if n.gpu_type})
         per_node = max((n.gpus_total for n in members), default=0)
         part_rows.append(
             {
                 "name": part.name,
+                "cluster": names.get(part.cluster_id, ""),  # "" with one cluster
                 "is_default": part.is_default,
                 "state": part.state,
                 "default_time_minutes": part.default_time_minutes,

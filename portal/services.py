@@ -13,10 +13,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.exceptions import ApplicationError, Conflict
-from portal.models import ApiToken, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team
+from portal.models import (
+    ApiToken, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team,
+    TeamClusterAccount,
+)  # fmt: skip
 from portal.outbox import after_commit
 from portal.proxies import client_address
-from portal.slurm import Association, SlurmError, get_gateway
+from portal.slurm import Association, SlurmError, cluster_config, configured_clusters, get_gateway
 from portal.snapshots import INVENTORY, snapshot_changed
 from portal.tasks import team_mirror_to_slurm
 
@@ -96,9 +99,10 @@ class AssociationAction:
     kind: str  # missing_account | missing_user | extra_user | missing_default
     account: str
     user: str = ""
+    cluster: str = ""  # "" (or the default cluster's name): the default cluster
 
     def describe(self) -> str:
-        return {
+        return (f"{self.cluster}: " if self.cluster and self.cluster != cluster_config().name else "") + {
             "missing_account": f"account {self.account} is missing in Slurm",
             "missing_user": f"user {self.user} is missing from account {self.account}",
             "extra_user": f"user {self.user} is in account {self.account} but not in the team",
@@ -106,10 +110,15 @@ class AssociationAction:
         }[self.kind]
 
 
-def association_plan(*, teams: list[Team], associations: list[Association]) -> list[AssociationAction]:
+def association_plan(
+    *, teams: list[Team], associations: list[Association], accounts: dict[int, str] | None = None, cluster: str = ""
+) -> list[AssociationAction]:
     """Differences for the given (portal-managed) teams only; accounts the portal does not manage are
-    never touched. Inactive teams keep their account (for accounting) but lose their users."""
-    accounts = {a.account for a in associations if not a.user}
+    never touched. Inactive teams keep their account (for accounting) but lose their users.
+    ``accounts``: each team's account on the cluster ``associations`` come from (team pk → account;
+    None: Team.slurm_account, the default cluster's)."""
+    account_of = (lambda team: accounts[team.pk]) if accounts is not None else (lambda team: team.slurm_account)
+    existing = {a.account for a in associations if not a.user}
     users_in: dict[str, set[str]] = {}
     has_default: set[str] = set()
     for assoc in associations:
@@ -119,33 +128,36 @@ def association_plan(*, teams: list[Team], associations: list[Association]) -> l
                 has_default.add(assoc.user)
     all_users = {a.user for a in associations if a.user}
 
-    default_for = default_accounts()
-    wanted: dict[str, set[str]] = {t.slurm_account: set() for t in teams}
+    default_for = default_accounts(accounts=accounts)
+    wanted: dict[str, set[str]] = {account_of(t): set() for t in teams}
     for membership in Membership.objects.filter(team__in=[t.pk for t in teams], team__active=True).select_related(
         "user__profile", "team"
     ):
-        wanted[membership.team.slurm_account].add(_unix_name(membership.user))
+        wanted[account_of(membership.team)].add(_unix_name(membership.user))
 
     actions: list[AssociationAction] = []
     for team in teams:
-        account = team.slurm_account
-        if account not in accounts:
-            actions.append(AssociationAction("missing_account", account))
+        account = account_of(team)
+        if account not in existing:
+            actions.append(AssociationAction("missing_account", account, cluster=cluster))
         present = users_in.get(account, set())
         for user in sorted(wanted[account] - present):
-            actions.append(AssociationAction("missing_user", account, user))
+            actions.append(AssociationAction("missing_user", account, user, cluster=cluster))
         for user in sorted(present - wanted[account]):
-            actions.append(AssociationAction("extra_user", account, user))
+            actions.append(AssociationAction("extra_user", account, user, cluster=cluster))
     managed = set(wanted)
     for user, account in sorted(default_for.items()):
         if account in managed and user in all_users and user not in has_default:
-            actions.append(AssociationAction("missing_default", account, user))
+            actions.append(AssociationAction("missing_default", account, user, cluster=cluster))
     return actions
 
 
-def association_apply(*, actions: list[AssociationAction], default_for: dict[str, str] | None = None) -> None:
-    """Carry out a plan through the gateway. Each step is idempotent ("already exists" = success)."""
-    gateway = get_gateway()
+def association_apply(
+    *, actions: list[AssociationAction], default_for: dict[str, str] | None = None, cluster: str | None = None
+) -> None:
+    """Carry out a plan through the gateway of ``cluster`` (None: the default cluster). Each step is
+    idempotent ("already exists" = success)."""
+    gateway = get_gateway(cluster)
     for action in actions:
         if action.kind == "missing_account":
             gateway.account_add(action.account, description=f"gpuportal team {action.account}")
@@ -158,13 +170,17 @@ def association_apply(*, actions: list[AssociationAction], default_for: dict[str
             gateway.user_remove(action.user, action.account)
 
 
-def default_accounts() -> dict[str, str]:
-    """Each member's default Slurm account: the account of their oldest active membership."""
+def default_accounts(*, accounts: dict[int, str] | None = None) -> dict[str, str]:
+    """Each member's default Slurm account: the account of their oldest active membership (of a team
+    in ``accounts``, team pk → account on one cluster; None: every team, Team.slurm_account)."""
     default_for: dict[str, str] = {}
     for membership in (
         Membership.objects.filter(team__active=True).select_related("user__profile", "team").order_by("created_at", "pk")
     ):
-        default_for.setdefault(_unix_name(membership.user), membership.team.slurm_account)
+        if accounts is None:
+            default_for.setdefault(_unix_name(membership.user), membership.team.slurm_account)
+        elif membership.team_id in accounts:
+            default_for.setdefault(_unix_name(membership.user), accounts[membership.team_id])
     return default_for
 
 
@@ -180,8 +196,26 @@ def team_mirror_sweep() -> list[AssociationAction]:
 
 
 def _teams_mirror(teams: list[Team]) -> list[AssociationAction]:
-    actions = association_plan(teams=teams, associations=get_gateway().associations())
-    association_apply(actions=actions, default_for=default_accounts())
+    """Per cluster: the default cluster holds every team under Team.slurm_account (as a one-cluster
+    portal always did); another cluster the teams with a TeamClusterAccount there, under its account.
+    One association read per cluster that has any of these teams."""
+    actions: list[AssociationAction] = []
+    default_name = cluster_config().name
+    for config in configured_clusters():
+        if config.name == default_name:
+            here, accounts = teams, None
+        else:
+            accounts = dict(
+                TeamClusterAccount.objects.filter(cluster__name=config.name, team__in=[t.pk for t in teams])
+                .values_list("team_id", "slurm_account")
+            )  # fmt: skip
+            here = [t for t in teams if t.pk in accounts]
+            if not here:
+                continue
+        plan = association_plan(teams=here, associations=get_gateway(config.name).associations(), accounts=accounts,
+                                cluster=config.name)  # fmt: skip
+        association_apply(actions=plan, default_for=default_accounts(accounts=accounts), cluster=config.name)
+        actions.extend(plan)
     return actions
 
 
@@ -256,17 +290,77 @@ def sync_record_failure(kind: str, *, error: str) -> None:
 # ---------------------------------------------------------------- cluster inventory
 
 
-def cluster_sync() -> dict:
-    """Read partitions, nodes and the cluster's policy (QOS, node features, MaxArraySize: a fixed
-    number of Slurm calls, ``gateway.policy()``) and record them in bulk. On a Slurm error the
-    previous inventory stays and the sync status says since when it is stale."""
-    gateway = get_gateway()
+def clusters_record() -> list[Cluster]:
+    """Record the configured clusters (settings.SLURM_CLUSTERS) as Cluster rows: new ones added, the
+    others updated, those no longer configured marked inactive (their rows stay). Idempotent; run
+    after every migrate (portal/apps.py) and by ``manage.py record_clusters``."""
+    configs = configured_clusters()
+    with transaction.atomic():
+        Cluster.objects.exclude(name=configs[0].name).filter(is_default=True).update(is_default=False)
+        Cluster.objects.exclude(name__in=[c.name for c in configs]).update(active=False)
+        rows = []
+        for index, config in enumerate(configs):
+            row, _ = Cluster.objects.update_or_create(
+                name=config.name,
+                defaults={"backend": config.backend, "slurm_conf": config.slurm_conf, "bin_dir": config.bin_dir,
+                          "lib_dir": config.lib_dir, "is_default": index == 0, "active": True},
+            )  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def cluster_row(name: str | None = None) -> Cluster:
+    """The Cluster row of a configured cluster (None: the default), recorded first if it is not yet."""
+    from portal.slurm import cluster_config
+
+    config = cluster_config(name)
+    row = Cluster.objects.filter(name=config.name).first()
+    if row is None:
+        clusters_record()
+        row = Cluster.objects.get(name=config.name)
+    return row
+
+
+def team_cluster_account_set(*, team: Team, cluster: str, slurm_account: str = "") -> TeamClusterAccount | None:
+    """Give a team access to a cluster other than the default one, under ``slurm_account`` there
+    (empty: the same name as its Team.slurm_account), and mirror it to that cluster's associations
+    after commit. The default cluster needs no row (None is returned)."""
+    row = cluster_row(cluster)
+    if row.is_default:
+        return None
+    account = slurm_account or team.slurm_account
+    with transaction.atomic():
+        link, _ = TeamClusterAccount.objects.update_or_create(team=team, cluster=row, defaults={"slurm_account": account})
+        after_commit(team_mirror_to_slurm, team.pk)
+    return link
+
+
+def clusters_sync() -> dict[str, dict | str]:
+    """cluster_sync of every configured cluster, one after the other: a cluster that does not answer
+    is recorded as failing and the others are still read. {name: counts, or the error}."""
+    results: dict[str, dict | str] = {}
+    for config in configured_clusters():
+        try:
+            results[config.name] = cluster_sync(cluster=config.name)
+        except SlurmError as exc:
+            results[config.name] = f"unavailable: {exc}"
+    return results
+
+
+def cluster_sync(*, cluster: str | None = None) -> dict:
+    """Read one cluster's partitions, nodes and policy (QOS, node features, MaxArraySize: a fixed
+    number of Slurm calls, ``gateway.policy()``) and record them in bulk (``cluster`` None: the
+    default cluster). On a Slurm error that cluster's previous inventory stays and its sync status
+    says since when it is stale; the other clusters' rows are not touched."""
+    row = cluster_row(cluster)
+    gateway = get_gateway(row.name)
+    kind = SyncStatus.kind_for("cluster", row.name)
     started = time.monotonic()
     try:
         partitions = gateway.partitions()
         nodes = gateway.nodes()
     except SlurmError as exc:
-        sync_record_failure("cluster", error=str(exc))
+        sync_record_failure(kind, error=str(exc))
         raise
     try:  # sacctmgr needs slurmdbd: without it the partitions and nodes are still worth recording
         policy, policy_error = gateway.policy(), ""
@@ -276,11 +370,12 @@ def cluster_sync() -> dict:
     now = timezone.now()
     with transaction.atomic():
         snapshot_changed(INVENTORY)  # every process re-reads the inventory (jobs.spec.inventory)
-        PartitionInfo.objects.exclude(name__in=[p.name for p in partitions]).delete()
-        NodeInfo.objects.exclude(name__in=[n.name for n in nodes]).delete()
+        PartitionInfo.objects.filter(cluster=row).exclude(name__in=[p.name for p in partitions]).delete()
+        NodeInfo.objects.filter(cluster=row).exclude(name__in=[n.name for n in nodes]).delete()
         PartitionInfo.objects.bulk_create(
             [
                 PartitionInfo(
+                    cluster=row,
                     name=p.name,
                     is_default=p.is_default,
                     state=p.state,
@@ -292,12 +387,13 @@ def cluster_sync() -> dict:
                 for p in partitions
             ],
             update_conflicts=True,
-            unique_fields=["name"],
+            unique_fields=["cluster", "name"],
             update_fields=["is_default", "state", "default_time_minutes", "max_time_minutes", "node_names", "seen_at"],
         )
         NodeInfo.objects.bulk_create(
             [
                 NodeInfo(
+                    cluster=row,
                     name=n.name,
                     state=n.state,
                     available=n.available,
@@ -315,7 +411,7 @@ def cluster_sync() -> dict:
                 for n in nodes
             ],
             update_conflicts=True,
-            unique_fields=["name"],
+            unique_fields=["cluster", "name"],
             update_fields=[
                 "state", "available", "partitions", "gpu_type", "gpus_total", "gpus_allocated",
                 "cpus_total", "cpus_allocated", "memory_mb", "reason", "seen_at", *(["features"] if policy else []),
@@ -323,7 +419,7 @@ def cluster_sync() -> dict:
         )
         if policy is not None:  # else the last policy read stays (and the nodes keep their features)
             ClusterPolicyInfo.objects.update_or_create(
-                pk=1,
+                cluster=row,
                 defaults={
                     "qos": list(policy.qos),
                     "account_qos": {account: list(names) for account, names in policy.account_qos.items()},
@@ -334,7 +430,7 @@ def cluster_sync() -> dict:
         data = {"duration_ms": round((time.monotonic() - started) * 1000, 1)}
         if policy_error:
             data["policy_error"] = policy_error
-        sync_record_success("cluster", at=now, data=data)
+        sync_record_success(kind, at=now, data=data)
     return {"partitions": len(partitions), "nodes": len(nodes)}
 
 

@@ -191,6 +191,11 @@ SLURM_TIMEOUT = env.int("SLURM_TIMEOUT", 15, minimum=1, maximum=600)
 _local_cluster_conf = Path(env.str("GPUPORTAL_CLUSTER_DIR", "/var/lib/gpuportal-cluster")) / "etc" / "slurm.conf"
 SLURM_CONF = env.str("SLURM_CONF", str(_local_cluster_conf) if _local_cluster_conf.exists() else "")
 SLURM_BIN_DIR = env.str("SLURM_BIN_DIR", "")
+SLURM_LIB_DIR = env.str("SLURM_LIB_DIR", "")
+# The clusters this portal serves (portal/slurm/clusters.py); the first is the default. Unset (empty):
+# one cluster, the one the variables above describe (portal.slurm.configured_clusters() reads them
+# when asked), so a one-cluster site configures nothing new.
+SLURM_CLUSTERS = env.slurm_clusters("SLURM_CLUSTERS", [])
 # /healthz calls Slurm down when the workers have not read it successfully for this long
 SLURM_HEALTH_MAX_AGE = env.int("SLURM_HEALTH_MAX_AGE", 120, minimum=5)
 # Unix users jobs run as: the portal submits as root with --uid/--gid (see docs/deploy.md)

@@ -50,11 +50,13 @@ def team_mirror_sweep_task() -> list[str] | None:
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def cluster_sync_task() -> dict | None:
+def cluster_sync_task(cluster: str | None = None) -> dict | None:
+    """Periodic (portal/celery.py, one entry per cluster): one cluster's inventory. A cluster that
+    does not answer is recorded as failing (its SyncStatus) and waits for the next beat."""
     from portal.services import cluster_sync
 
     try:
-        return cluster_sync()
+        return cluster_sync(cluster=cluster)
     except SlurmUnavailable as exc:
-        logger.warning("cluster sync: Slurm unavailable: %s", exc)
+        logger.warning("cluster sync %s: Slurm unavailable: %s", cluster or "(default)", exc)
         return None

@@ -99,18 +99,21 @@ def bookings_usable_by(user, *, team: Team | None = None, now: dt.datetime | Non
     return queryset.order_by("start")
 
 
-def booking_availability(*, start: dt.datetime, end: dt.datetime, gpu_type: str | None = None) -> list[dict]:
-    """Bookable GPUs over [start, end) per GPU type: capacity (GPUs on available nodes of the type)
-    minus what approved bookings hold, as a step function [{start, end, free, booked}] covering the
-    range (equal steps merged). Two queries."""
-    nodes = NodeInfo.objects.filter(available=True, gpus_total__gt=0).exclude(gpu_type="")
+def booking_availability(
+    *, start: dt.datetime, end: dt.datetime, gpu_type: str | None = None, cluster: str | None = None
+) -> list[dict]:
+    """Bookable GPUs of one cluster (None: the default one) over [start, end) per GPU type: capacity
+    (GPUs on available nodes of the type) minus what approved bookings there hold, as a step function
+    [{start, end, free, booked}] covering the range (equal steps merged). Two queries."""
+    where = {"cluster__name": cluster} if cluster else {"cluster__is_default": True}
+    nodes = NodeInfo.objects.filter(available=True, gpus_total__gt=0, **where).exclude(gpu_type="")
     if gpu_type:
         nodes = nodes.filter(gpu_type=gpu_type)
     capacity: dict[str, list[int]] = {}
     for node in nodes:
         capacity.setdefault(node.gpu_type, []).append(node.gpus_total)
     bookings = Booking.objects.filter(
-        gpu_type__in=list(capacity), status=BookingStatus.APPROVED, start__lt=end, end__gt=start
+        gpu_type__in=list(capacity), status=BookingStatus.APPROVED, start__lt=end, end__gt=start, **where
     ).only("gpu_type", "gpus", "start", "end")
     by_type: dict[str, list] = {}
     for booking in bookings:
@@ -163,7 +166,9 @@ def booking_charges(*, start_at: dt.datetime, end_at: dt.datetime, team: Team | 
     changes). Zero cost when BOOKING_CHARGE_MODE=used (then only usage is charged). One line per booking
     with gpu_hours, cost, and the booking. Two queries."""
     reserved = bookings_charge_reserved()
-    bookings = list(bookings_holding_capacity(start=start_at, end=end_at, team=team).select_related("team").order_by("start"))
+    bookings = list(
+        bookings_holding_capacity(start=start_at, end=end_at, team=team).select_related("team", "cluster").order_by("start")
+    )
     book = RateBook.load({b.gpu_type for b in bookings})
     lines = []
     for booking in bookings:
@@ -186,6 +191,7 @@ def booking_charges(*, start_at: dt.datetime, end_at: dt.datetime, team: Team | 
         lines.append({
             "booking": booking,
             "team": booking.team,
+            "cluster": booking.cluster.name,
             "gpu_type": booking.gpu_type,
             "gpus": booking.gpus,
             "start": lo,

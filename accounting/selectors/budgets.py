@@ -44,14 +44,16 @@ def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None)
     return effective
 
 
-def _used_seconds(accounts: Iterable[str], start_at: dt.datetime, end_at: dt.datetime) -> dict[tuple[str, str], Decimal]:
-    """GPU-seconds per (account, gpu_type) in [start_at, end_at), usage inside bookings excluded when
-    bookings are charged by their reserved hours. One aggregate query."""
-    queryset = slices_in(start_at, end_at).filter(account__in=list(accounts))
+def _used_seconds(team_ids: Iterable[int], start_at: dt.datetime, end_at: dt.datetime) -> dict[tuple[int, str], Decimal]:
+    """GPU-seconds per (team, gpu_type) in [start_at, end_at), usage inside bookings excluded when
+    bookings are charged by their reserved hours. One aggregate query. By team, not account: a
+    team's usage on every cluster (each under its account there) counts against its quotas, which
+    apply across all clusters."""
+    queryset = slices_in(start_at, end_at).filter(team_id__in=list(team_ids))
     if bookings_charge_reserved():
         queryset = queryset.filter(record__booking__isnull=True)
-    rows = aggregate_slices(queryset, start_at, end_at, ["account", "gpu_type"])
-    return {(v["account"], v["gpu_type"]): Decimal(v["sum_gpu_seconds"] or 0) for v in rows}
+    rows = aggregate_slices(queryset, start_at, end_at, ["team", "gpu_type"])
+    return {(v["team"], v["gpu_type"]): Decimal(v["sum_gpu_seconds"] or 0) for v in rows}
 
 
 def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[Team]) -> dict[tuple[int, str], Decimal]:
@@ -91,7 +93,7 @@ def budget_total_figures(*, team: Team, gpu_type: str, period_start: dt.date, pe
     and budget holds: the first figures of a running total (BudgetTotal; once per team and period),
     and what an ingestion refreshes ``used`` with (``held=False``). One aggregate query each."""
     start_at, end_at = billing_midnight(period_start), billing_midnight(period_end)
-    used = _used_seconds([team.slurm_account], start_at, end_at)
+    used = _used_seconds([team.pk], start_at, end_at)
     held = _held_hours([team.pk], end_at) if held else {}
     used_h = sum((v for (_, t), v in used.items() if not gpu_type or t == gpu_type), Decimal(0)) / HOUR
     held_h = sum((v for (_, t), v in held.items() if not gpu_type or t == gpu_type), Decimal(0))
@@ -135,18 +137,18 @@ def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool 
         start_at, end_at = billing_midnight(start), billing_midnight(end)
         teams = list({q.team_id: q.team for q in group}.values())
         unbuilt = [q for q in group if (q.team_id, q.gpu_type, start, end) not in totals]
-        used = _used_seconds({q.team.slurm_account for q in unbuilt}, start_at, end_at) if unbuilt else {}
+        used = _used_seconds({q.team_id for q in unbuilt}, start_at, end_at) if unbuilt else {}
         held = _held_hours({q.team_id for q in unbuilt}, end_at) if unbuilt and with_held else {}
         booked = _booked_hours_bulk(start_at, end_at, teams)
         for quota in group:
-            account, kind = quota.team.slurm_account, quota.gpu_type
+            kind = quota.gpu_type
             booked_h = sum((v for (team_id, t), v in booked.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
             total = totals.get((quota.team_id, kind, start, end))
             if total is not None:
                 used_h = Decimal(total.used_gpu_hours)
                 held_h = Decimal(total.held_gpu_hours) if with_held else Decimal(0)
             else:
-                used_s = sum((v for (a, t), v in used.items() if a == account and (not kind or t == kind)), Decimal(0))
+                used_s = sum((v for (team_id, t), v in used.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
                 held_h = sum((v for (team_id, t), v in held.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
                 used_h = used_s / HOUR
             budget = Decimal(quota.gpu_hours)
@@ -205,7 +207,7 @@ def budget_burndown(*, quota, at: dt.datetime | None = None) -> dict:
     now = at or timezone.now()
     start_at, end_at = quota_period_bounds(quota)
     days = (quota.period_end - quota.period_start).days
-    queryset = slices_in(start_at, end_at).filter(account=quota.team.slurm_account)
+    queryset = slices_in(start_at, end_at).filter(team_id=quota.team_id)  # every cluster's usage of the team
     if quota.gpu_type:
         queryset = queryset.filter(gpu_type=quota.gpu_type)
     if bookings_charge_reserved():

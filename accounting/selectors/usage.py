@@ -32,8 +32,8 @@ from portal.models import Team
 from portal.roles import can_read_cost_reports, is_manager
 from portal.selectors import teams_visible_to
 
-GROUP_BY_CHOICES = ("team", "user", "gpu_type", "month")
-_GROUP_COLUMNS = {"team": "account", "user": "unix_user", "gpu_type": "gpu_type", "month": "period"}
+GROUP_BY_CHOICES = ("team", "user", "gpu_type", "month", "cluster")
+_GROUP_COLUMNS = {"team": "account", "user": "unix_user", "gpu_type": "gpu_type", "month": "period", "cluster": "cluster"}
 
 
 class _Seconds(Func):
@@ -117,17 +117,22 @@ def _row(group_by: str, key, values: dict) -> dict:
     }
 
 
-def cost_report(*, start: dt.date, end: dt.date, group_by: str, team: Team | None = None) -> list[dict]:
+def cost_report(
+    *, start: dt.date, end: dt.date, group_by: str, team: Team | None = None, cluster: str = ""
+) -> list[dict]:
     """GPU-hours used and requested, efficiency and cost between ``start`` and ``end`` (inclusive days,
-    billing time zone), grouped by team (Slurm account), user (cluster user name), gpu_type or month.
-    One aggregate query on UsageSlice (index usageslice_report). ``team`` narrows to one team (its
-    usage page). Callers check ``can_read_cost_reports`` (or team membership) first."""
+    billing time zone), grouped by team (Slurm account), user (cluster user name), gpu_type, month or
+    cluster. One aggregate query on UsageSlice (index usageslice_report). ``team`` narrows to one
+    team (its usage page), ``cluster`` to one cluster's usage and bookings. Callers check
+    ``can_read_cost_reports`` (or team membership) first."""
     if group_by not in GROUP_BY_CHOICES:
         raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES}")
     start_at, end_at = range_bounds(start, end)
     queryset = slices_in(start_at, end_at)
     if team is not None:
         queryset = queryset.filter(team=team)
+    if cluster:
+        queryset = queryset.filter(cluster=cluster)
     column = _GROUP_COLUMNS[group_by]
     rows = aggregate_slices(queryset, start_at, end_at, [column])
     if group_by == "team":
@@ -139,10 +144,12 @@ def cost_report(*, start: dt.date, end: dt.date, group_by: str, team: Team | Non
             row["team_slug"] = values["team_slug"] or ""
             row["label"] = values["label"] or f"{values[column]} (no team)"
         result.append(row)
-    return _with_booking_charges(result, group_by=group_by, start=start, end=end, team=team)
+    return _with_booking_charges(result, group_by=group_by, start=start, end=end, team=team, cluster=cluster)
 
 
-def _with_booking_charges(rows: list[dict], *, group_by: str, start: dt.date, end: dt.date, team: Team | None) -> list[dict]:
+def _with_booking_charges(
+    rows: list[dict], *, group_by: str, start: dt.date, end: dt.date, team: Team | None, cluster: str = ""
+) -> list[dict]:
     """Add what bookings are charged (accounting.selectors.booking_charges) to cost report rows:
     ``usage_cost`` is the usage alone, ``bookings_cost`` the bookings', ``cost`` their sum (so totals =
     usage outside bookings + bookings, usage inside bookings being free in charge mode "reserved").
@@ -155,12 +162,14 @@ def _with_booking_charges(rows: list[dict], *, group_by: str, start: dt.date, en
         pieces, month = [], month_start(start)
         while month <= end:
             lo, hi = max(billing_midnight(month), start_at), min(billing_midnight(next_month(month)), end_at)
-            pieces += [(month.strftime("%Y-%m"), line) for line in booking_charges(start_at=lo, end_at=hi, team=team)]
+            pieces += [(month.strftime("%Y-%m"), line) for line in booking_charges(start_at=lo, end_at=hi, team=team)
+                       if not cluster or line["cluster"] == cluster]  # fmt: skip
             month = next_month(month)
     else:
         key_of = {"team": lambda line: line["team"].slurm_account, "gpu_type": lambda line: line["gpu_type"],
-                  "user": lambda line: ""}[group_by]  # fmt: skip
-        pieces = [(key_of(line), line) for line in booking_charges(start_at=start_at, end_at=end_at, team=team)]
+                  "user": lambda line: "", "cluster": lambda line: line["cluster"]}[group_by]  # fmt: skip
+        pieces = [(key_of(line), line) for line in booking_charges(start_at=start_at, end_at=end_at, team=team)
+                  if not cluster or line["cluster"] == cluster]  # fmt: skip
     by_key = {row["key"]: row for row in rows} if group_by != "user" else {}
     for key, line in pieces:
         row = by_key.get(key)

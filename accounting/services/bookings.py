@@ -24,10 +24,10 @@ from accounting.selectors.bookings import booking_load_steps
 from accounting.selectors.budgets import budget_rows, quotas_effective
 from accounting.services.budget import no_quota, no_quota_unlimited, over_budget
 from portal.exceptions import ApplicationError, Conflict
-from portal.models import NodeInfo, Team
+from portal.models import Cluster, NodeInfo, Team, default_cluster_id
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
-from portal.services import audit_record
+from portal.services import audit_record, cluster_row
 from portal.slurm import SlurmError, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -46,24 +46,25 @@ BOOKING_LOCK_NAMESPACE = 0x6270  # "bp": first key of pg_advisory_xact_lock(int,
 BOOKING_PAST_GRACE = dt.timedelta(minutes=5)  # a window may start this much before now (form latency)
 
 
-def _booking_lock(gpu_type: str) -> None:
-    """Serialise capacity decisions for one GPU type until the transaction ends."""
+def _booking_lock(gpu_type: str, cluster: Cluster) -> None:
+    """Serialise capacity decisions for one GPU type of one cluster until the transaction ends."""
     if connection.vendor != "postgresql":
         return  # SQLite (the demo) serialises writing transactions anyway
-    key = zlib.crc32(gpu_type.encode()) - 2**31  # signed 32-bit
+    key = zlib.crc32(f"{cluster.name}/{gpu_type}".encode() if not cluster.is_default else gpu_type.encode()) - 2**31
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [BOOKING_LOCK_NAMESPACE, key])
 
 
-def bookings_whole_nodes() -> bool:
-    """True when bookings must be whole nodes (the gateway cannot reserve GPU counts). The gateway's
-    own answer (one ``sinfo --version``, cached by the gateway); whole nodes when Slurm is unreachable
-    (the safe choice: whole-node bookings work on every release)."""
+def bookings_whole_nodes(cluster: Cluster | None = None) -> bool:
+    """True when bookings on ``cluster`` (None: the default one) must be whole nodes (its gateway
+    cannot reserve GPU counts). The gateway's own answer (one ``sinfo --version``, cached by the
+    gateway); whole nodes when Slurm is unreachable (the safe choice: whole-node bookings work on
+    every release)."""
     choice = getattr(settings, "BOOKING_RESERVE_WHOLE_NODES", "auto")
     if choice in ("yes", "no"):
         return choice == "yes"
     try:
-        return not get_gateway().reservations_support_gpu_counts
+        return not get_gateway(cluster.name if cluster is not None else None).reservations_support_gpu_counts
     except SlurmError:
         return True
 
@@ -78,8 +79,12 @@ class TypeCapacity:
     gpus_per_node: int  # the smallest node's GPUs: the unit of whole-node bookings
 
 
-def type_capacity(gpu_type: str) -> TypeCapacity:
-    nodes = tuple(NodeInfo.objects.filter(gpu_type=gpu_type, available=True, gpus_total__gt=0).order_by("name"))
+def type_capacity(gpu_type: str, cluster: Cluster | None = None) -> TypeCapacity:
+    """The bookable GPUs of a type on one cluster (None: the default cluster)."""
+    cluster_id = cluster.pk if cluster is not None else default_cluster_id()
+    nodes = tuple(
+        NodeInfo.objects.filter(cluster_id=cluster_id, gpu_type=gpu_type, available=True, gpus_total__gt=0).order_by("name")
+    )
     return TypeCapacity(
         gpu_type=gpu_type,
         nodes=nodes,
@@ -88,8 +93,9 @@ def type_capacity(gpu_type: str) -> TypeCapacity:
     )
 
 
-def _approved_overlapping(gpu_type: str, start: dt.datetime, end: dt.datetime, *, exclude=None):
-    queryset = Booking.objects.filter(gpu_type=gpu_type, status=BookingStatus.APPROVED, start__lt=end, end__gt=start)
+def _approved_overlapping(gpu_type: str, start: dt.datetime, end: dt.datetime, *, cluster: Cluster, exclude=None):
+    queryset = Booking.objects.filter(cluster=cluster, gpu_type=gpu_type, status=BookingStatus.APPROVED, start__lt=end,
+                                      end__gt=start)  # fmt: skip
     if exclude is not None:
         queryset = queryset.exclude(pk=exclude)
     return list(queryset.only("pk", "gpus", "start", "end", "nodes"))
@@ -102,11 +108,14 @@ def _window_text(a: dt.datetime, b: dt.datetime) -> str:
     return f"{a:%Y-%m-%d %H:%M}–{b.strftime(end_format)} {a.tzname()}"
 
 
-def _capacity_check(*, gpu_type: str, gpus: int, start: dt.datetime, end: dt.datetime, exclude=None) -> list[str]:
+def _capacity_check(
+    *, gpu_type: str, gpus: int, start: dt.datetime, end: dt.datetime, cluster: Cluster, exclude=None
+) -> list[str]:
     """Raise Conflict (409) naming the first window where ``gpus`` more would exceed the bookable
-    GPUs of the type; returns the nodes to reserve (whole-node mode) or []. Call under _booking_lock."""
-    capacity = type_capacity(gpu_type)
-    overlapping = _approved_overlapping(gpu_type, start, end, exclude=exclude)
+    GPUs of the type on the cluster; returns the nodes to reserve (whole-node mode) or []. Call
+    under _booking_lock."""
+    capacity = type_capacity(gpu_type, cluster)
+    overlapping = _approved_overlapping(gpu_type, start, end, cluster=cluster, exclude=exclude)
     for a, b, load in booking_load_steps(overlapping, start=start, end=end):
         if load + gpus > capacity.gpus_total:
             # widen to the whole stretch where this booking does not fit
@@ -119,7 +128,7 @@ def _capacity_check(*, gpu_type: str, gpus: int, start: dt.datetime, end: dt.dat
             if load < capacity.gpus_total:
                 message += f" (only {capacity.gpus_total - load} free)"
             raise Conflict(message, errors={"start": [message], "gpus": [message]})
-    if not bookings_whole_nodes():
+    if not bookings_whole_nodes(cluster):
         return []
     taken = {name for booking in overlapping for name in (booking.nodes or [])}
     free = [n for n in capacity.nodes if n.name not in taken]
@@ -139,25 +148,29 @@ def _capacity_check(*, gpu_type: str, gpus: int, start: dt.datetime, end: dt.dat
     return sorted(chosen)
 
 
-def _validate_booking_input(*, team: Team | None, gpu_type: str, gpus, start, end, now: dt.datetime) -> tuple[str, int]:
+def _validate_booking_input(
+    *, team: Team | None, gpu_type: str, gpus, start, end, now: dt.datetime, cluster: Cluster
+) -> tuple[str, int]:
     errors: dict[str, list[str]] = {}
     if team is None:
         errors["team"] = ["No such team."]
     elif not team.active:
         errors["team"] = [f"Team {team.name} is inactive."]
     gpu_type = (gpu_type or "").strip()
-    capacity = type_capacity(gpu_type) if gpu_type else None
+    capacity = type_capacity(gpu_type, cluster) if gpu_type else None
     if not gpu_type:
         errors["gpu_type"] = ["This field is required."]
     elif not capacity.nodes:
-        known = sorted(set(NodeInfo.objects.filter(gpus_total__gt=0).exclude(gpu_type="").values_list("gpu_type", flat=True)))
+        known = sorted(set(
+            NodeInfo.objects.filter(cluster=cluster, gpus_total__gt=0).exclude(gpu_type="").values_list("gpu_type", flat=True)
+        ))  # fmt: skip
         errors["gpu_type"] = [f"No available {gpu_type} GPUs on the cluster (types: {', '.join(known) or 'none'})."]
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         errors["gpus"] = ["Give a whole number of GPUs, at least 1."]
     elif capacity is not None and capacity.nodes:
         if gpus > capacity.gpus_total:
             errors["gpus"] = [f"The cluster has {capacity.gpus_total} bookable {gpu_type} GPUs."]
-        elif bookings_whole_nodes() and gpus % capacity.gpus_per_node:
+        elif bookings_whole_nodes(cluster) and gpus % capacity.gpus_per_node:
             errors["gpus"] = [
                 f"must be a multiple of {capacity.gpus_per_node} (whole nodes) on this cluster: "
                 f"Slurm here reserves whole {gpu_type} nodes of {capacity.gpus_per_node} GPUs."
@@ -244,24 +257,30 @@ def enqueue_booking_task(task_name: str, booking_id) -> None:
 
 def booking_create(
     *, team: Team | None, gpu_type: str, gpus: int, start: dt.datetime, end: dt.datetime, note: str = "",
-    actor, request=None, now: dt.datetime | None = None,
+    actor, request=None, now: dt.datetime | None = None, cluster: str | None = None,
 ):  # fmt: skip
     """Book ``gpus`` GPUs of ``gpu_type`` for the team over [start, end). The team's managers and
     admins may book. Bookings of at most BOOKING_AUTO_APPROVE_GPU_HOURS GPU-hours (and every booking an
     admin makes) are approved at once and reserved in Slurm after commit; larger ones wait for an
     admin (``booking_approve``). ApplicationError (400) on bad input, Conflict (409) naming the window
-    when the GPUs are not free."""
+    when the GPUs are not free. ``cluster``: whose GPUs (a configured name; None: the default
+    cluster); capacity is each cluster's own."""
     now = now or timezone.now()
+    try:
+        cluster_obj = cluster_row(cluster)
+    except KeyError:
+        raise ApplicationError(f"No such cluster: {cluster!r}.", errors={"cluster": [f"No such cluster: {cluster!r}."]}) from None
     if team is not None and not (is_admin(actor) or is_manager(actor, team)):
         raise ApplicationError(
             "Only the team's managers and admins may book GPUs.",
             errors={"team": [f"You are not a manager of team {team.name}."]}, status_code=403,
         )  # fmt: skip
-    gpu_type, gpus = _validate_booking_input(team=team, gpu_type=gpu_type, gpus=gpus, start=start, end=end, now=now)
+    gpu_type, gpus = _validate_booking_input(team=team, gpu_type=gpu_type, gpus=gpus, start=start, end=end, now=now,
+                                             cluster=cluster_obj)  # fmt: skip
     start = max(start, now)  # a window starting within the grace period starts now
     booking_id = uuid.uuid4()
     booking = Booking(
-        id=booking_id, team=team, gpu_type=gpu_type, gpus=gpus, start=start, end=end, note=(note or "")[:200],
+        id=booking_id, team=team, cluster=cluster_obj, gpu_type=gpu_type, gpus=gpus, start=start, end=end, note=(note or "")[:200],
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
         reservation_name=Booking.reservation_name_for(booking_id),
     )  # fmt: skip
@@ -269,8 +288,8 @@ def booking_create(
     with transaction.atomic():
         # lock order: the team row (as budget_holds_place does for job submissions), then the type
         _lock_team(team)
-        _booking_lock(gpu_type)
-        nodes = _capacity_check(gpu_type=gpu_type, gpus=gpus, start=start, end=end)
+        _booking_lock(gpu_type, cluster_obj)
+        nodes = _capacity_check(gpu_type=gpu_type, gpus=gpus, start=start, end=end, cluster=cluster_obj)
         _booking_budget_check(team=team, gpu_type=gpu_type, gpus=gpus, start=start, end=end, now=now)
         if auto:
             booking.status = BookingStatus.APPROVED
@@ -291,7 +310,7 @@ def booking_create(
 
 
 def _locked_booking(booking_id):
-    return Booking.objects.select_for_update().select_related("team").get(pk=booking_id)
+    return Booking.objects.select_for_update().select_related("team", "cluster").get(pk=booking_id)
 
 
 def booking_approve(*, booking, actor, note: str = "", request=None, now: dt.datetime | None = None):
@@ -305,7 +324,7 @@ def booking_approve(*, booking, actor, note: str = "", request=None, now: dt.dat
         # lock order: the team row (as budget_holds_place does for job submissions), then the type,
         # then the booking row
         _lock_team(booking.team)
-        _booking_lock(booking.gpu_type)
+        _booking_lock(booking.gpu_type, booking.cluster)
         booking = _locked_booking(booking.pk)
         if booking.status != BookingStatus.REQUESTED:
             raise Conflict(f"The booking is {booking.get_status_display().lower()}, not awaiting approval.",
@@ -314,7 +333,7 @@ def booking_approve(*, booking, actor, note: str = "", request=None, now: dt.dat
             raise Conflict("The booking's window has passed.", errors={"end": ["The window has passed."]})
         start = max(booking.start, now)
         nodes = _capacity_check(gpu_type=booking.gpu_type, gpus=booking.gpus, start=start, end=booking.end,
-                                exclude=booking.pk)  # fmt: skip
+                                cluster=booking.cluster, exclude=booking.pk)  # fmt: skip
         _booking_budget_check(team=booking.team, gpu_type=booking.gpu_type, gpus=booking.gpus, start=booking.start,
                               end=booking.end, now=now)  # fmt: skip
         booking.status = BookingStatus.APPROVED

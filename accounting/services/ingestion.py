@@ -2,8 +2,10 @@
 
 Usage ingestion reads ``gateway.accounting(start, end)`` once per window for every job of the cluster
 (portal jobs and direct sbatch alike) and upserts one ``UsageRecord`` per started allocation plus its
-``UsageSlice`` rows (one per calendar month and rate: accounting.services.repricing). The high-water
-mark lives in ``SyncStatus(kind="usage").data``; each window starts ``ACCOUNTING_INGEST_OVERLAP_SECONDS``
+``UsageSlice`` rows (one per calendar month and rate: accounting.services.repricing). Each cluster is
+read on its own (its gateway, its high-water mark, its team accounts; ``cluster`` None: the default
+one), so one cluster down stops only its own ingestion. The high-water mark lives in
+``SyncStatus(kind="usage").data`` (another cluster's: "usage:NAME", SyncStatus.kind_for); each window starts ``ACCOUNTING_INGEST_OVERLAP_SECONDS``
 before it, or earlier when a recent provisional (running) record has not been re-read since. Records
 whose values did not change are not written again, so re-ingesting a window is a no-op.
 
@@ -32,9 +34,10 @@ from accounting.rates import RateBook
 from accounting.services.budget import budget_holds_convert
 from accounting.services.repricing import SIX, slices_replace
 from portal.db import any_of, bulk_upsert_copy
-from portal.models import SyncStatus, Team
+from portal.models import SyncStatus
+from portal.selectors import team_ids_by_account
 from portal.services import sync_record_failure, sync_record_success
-from portal.slurm import AccountingRecord, SlurmError, get_gateway
+from portal.slurm import AccountingRecord, SlurmError, cluster_config, get_gateway
 
 USAGE_KIND = "usage"
 COMMENT_TAG = re.compile(r"gpuportal:([0-9a-fA-F-]{36})")
@@ -60,18 +63,19 @@ class IngestResult:
     windows: list[tuple[dt.datetime, dt.datetime]] = field(default_factory=list)
 
 
-def usage_window_start(*, now: dt.datetime) -> dt.datetime:
-    """Where the next window starts: the high-water mark minus the overlap, earlier when a recent
-    provisional record was last read before that, and a backfill period back on the first run."""
+def usage_window_start(*, now: dt.datetime, cluster: str | None = None) -> dt.datetime:
+    """Where the next window of a cluster starts: the high-water mark minus the overlap, earlier when
+    a recent provisional record was last read before that, and a backfill period back on the first run."""
+    name = cluster_config(cluster).name
     overlap = dt.timedelta(seconds=settings.ACCOUNTING_INGEST_OVERLAP_SECONDS)
-    status = SyncStatus.objects.filter(kind=USAGE_KIND).first()
+    status = SyncStatus.objects.filter(kind=SyncStatus.kind_for(USAGE_KIND, name)).first()
     mark = (status.data or {}).get("high_water_mark") if status else None
     if mark:
         start = dt.datetime.fromisoformat(mark) - overlap
     else:
         start = now - dt.timedelta(days=settings.ACCOUNTING_INGEST_BACKFILL_DAYS)
     max_age = dt.timedelta(days=settings.ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS)
-    oldest = UsageRecord.objects.filter(provisional=True, known_until__gt=now - max_age).aggregate(
+    oldest = UsageRecord.objects.filter(cluster=name, provisional=True, known_until__gt=now - max_age).aggregate(
         at=Min("known_until")
     )["at"]
     if oldest is not None and oldest - overlap < start:
@@ -79,14 +83,19 @@ def usage_window_start(*, now: dt.datetime) -> dt.datetime:
     return start
 
 
-def usage_ingest(*, since: dt.datetime | None = None, now: dt.datetime | None = None) -> IngestResult:
-    """Read accounting from Slurm since the high-water mark (or ``since``) up to now and record it.
-    One ``gateway.accounting`` call per window (windows are at most ACCOUNTING_INGEST_WINDOW_DAYS long;
-    the periodic run has one). Raises SlurmError after recording the failure in SyncStatus."""
+def usage_ingest(
+    *, cluster: str | None = None, since: dt.datetime | None = None, now: dt.datetime | None = None
+) -> IngestResult:
+    """Read one cluster's accounting (None: the default cluster's) since its high-water mark (or
+    ``since``) up to now and record it. One ``gateway.accounting`` call per window (windows are at
+    most ACCOUNTING_INGEST_WINDOW_DAYS long; the periodic run has one). Raises SlurmError after
+    recording the failure in that cluster's SyncStatus."""
+    name = cluster_config(cluster).name
+    kind = SyncStatus.kind_for(USAGE_KIND, name)
     now = now or timezone.now()
-    start = since if since is not None else usage_window_start(now=now)
+    start = since if since is not None else usage_window_start(now=now, cluster=name)
     step = dt.timedelta(days=settings.ACCOUNTING_INGEST_WINDOW_DAYS)
-    gateway = get_gateway()
+    gateway = get_gateway(name)
     result = IngestResult(window_start=start, window_end=now)
     began = time.monotonic()
     window_start = start
@@ -95,9 +104,9 @@ def usage_ingest(*, since: dt.datetime | None = None, now: dt.datetime | None = 
         try:
             records = gateway.accounting(window_start, window_end)
         except SlurmError as exc:
-            sync_record_failure(USAGE_KIND, error=f"{type(exc).__name__}: {exc.message}")
+            sync_record_failure(kind, error=f"{type(exc).__name__}: {exc.message}")
             raise
-        partial = usage_records_upsert(records=records, now=now, high_water_mark=window_end)
+        partial = usage_records_upsert(records=records, now=now, high_water_mark=window_end, cluster=name)
         result.read += partial.read
         result.started += partial.started
         result.written += partial.written
@@ -106,7 +115,7 @@ def usage_ingest(*, since: dt.datetime | None = None, now: dt.datetime | None = 
         window_start = window_end
     result.seconds = time.monotonic() - began
     sync_record_success(
-        USAGE_KIND,
+        kind,
         at=timezone.now(),
         data={"last_window_start": start.isoformat(), "last_read": result.read, "last_written": result.written,
               "last_seconds": round(result.seconds, 3)},
@@ -115,20 +124,22 @@ def usage_ingest(*, since: dt.datetime | None = None, now: dt.datetime | None = 
 
 
 def usage_records_upsert(
-    *, records: Sequence[AccountingRecord], now: dt.datetime | None = None, high_water_mark: dt.datetime | None = None
+    *, records: Sequence[AccountingRecord], now: dt.datetime | None = None, high_water_mark: dt.datetime | None = None,
+    cluster: str | None = None,
 ) -> IngestResult:
     """Upsert accounting records and their slices in bulk: a fixed number of queries whatever the
     number of records (teams, users, rates, existing rows, upsert, slice delete, slice insert — each
     one query per 2 000 rows). Serialised by a lock on the SyncStatus row, so two ingestions never
-    interleave. Advances the high-water mark (never backwards) when one is given."""
+    interleave. Advances the high-water mark (never backwards) when one is given. ``records`` are
+    one cluster's (None: the default cluster's): its name where sacct gives none, its team accounts."""
     now = now or timezone.now()
     result = IngestResult(window_start=now, window_end=now, read=len(records))
-    cluster_default = settings.SLURM_CLUSTER
+    cluster_default = cluster_config(cluster).name
     started = [r for r in records if _started(r)]
     result.started = len(started)
 
     with transaction.atomic():
-        status, _ = SyncStatus.objects.get_or_create(kind=USAGE_KIND)
+        status, _ = SyncStatus.objects.get_or_create(kind=SyncStatus.kind_for(USAGE_KIND, cluster_default))
         status = SyncStatus.objects.select_for_update().get(pk=status.pk)
         if started:
             rows = _build_rows(started, now=now, cluster_default=cluster_default)
@@ -216,7 +227,7 @@ def _bookings_by_portal_job(uuids: set) -> dict:
 
 
 def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:
-    teams = dict(Team.objects.filter(slurm_account__in={r.account for r in records}).values_list("slurm_account", "pk"))
+    teams = team_ids_by_account(cluster=cluster_default, accounts={r.account for r in records})
     users = _users_by_unix_name({r.user for r in records if r.user})
     bookings = _bookings_by_reservation({r.reservation for r in records if r.reservation})
     # sacct 22.05 leaves Reservation empty (it keeps only ReservationId): portal jobs name their booking

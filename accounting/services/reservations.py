@@ -14,6 +14,7 @@ from accounting.models import Booking, BookingStatus, ReservationState
 from accounting.services.bookings import enqueue_booking_task
 from accounting.tasks import booking_reserve_task
 from portal.services import audit_record
+from portal.selectors import team_cluster_accounts
 from portal.slurm import ReservationSpec, SlurmRejected, SlurmUnavailable, get_gateway
 
 RESERVE_LEASE = dt.timedelta(minutes=5)
@@ -32,16 +33,17 @@ def booking_reserve_run(booking_id) -> str:
     ).update(reservation_state=ReservationState.CREATING, reservation_updated_at=now)  # fmt: skip
     if not claimed:
         return "not-claimed"
-    booking = Booking.objects.select_related("team").get(pk=booking_id)
+    booking = Booking.objects.select_related("team", "cluster").get(pk=booking_id)
     if booking.end <= now:
         _reservation_state(booking, ReservationState.DELETED, "The window passed before the reservation was made.")
         return "ended"
-    gateway = get_gateway()
+    gateway = get_gateway(booking.cluster.name)  # the booked cluster's, under the team's account there
+    account = team_cluster_accounts(booking.team).get(booking.cluster.name, booking.team.slurm_account)
     spec = ReservationSpec(
         name=booking.reservation_name,
         start=max(booking.start, now),
         end=booking.end,
-        accounts=(booking.team.slurm_account,),
+        accounts=(account,),
         nodes=tuple(booking.nodes),
         tres={} if booking.nodes else {f"gres/gpu:{booking.gpu_type}": booking.gpus},
         # IGNORE_JOBS: jobs already running on the nodes (or holding them by time limit) must not make
@@ -89,11 +91,13 @@ def _reservation_state(booking, state: str, error: str, *, expect: str | None = 
 def booking_unreserve_run(booking_id) -> str:
     """Delete the Slurm reservation of a cancelled (or ended) booking: DELETING → DELETED. Deleting a
     reservation that is gone is not an error, so reruns are harmless. SlurmUnavailable: retried."""
-    booking = Booking.objects.filter(pk=booking_id, reservation_state=ReservationState.DELETING).select_related("team").first()
+    booking = (
+        Booking.objects.filter(pk=booking_id, reservation_state=ReservationState.DELETING).select_related("team", "cluster").first()
+    )
     if booking is None:
         return "not-claimed"
     try:
-        get_gateway().reservation_delete(booking.reservation_name)
+        get_gateway(booking.cluster.name).reservation_delete(booking.reservation_name)
     except SlurmRejected as exc:
         # "Requested reservation is in use": Slurm keeps a reservation while jobs run in it; it stays
         # DELETING and booking_cleanup tries again each minute (the jobs end by the booking's end)
@@ -112,14 +116,19 @@ def booking_cleanup(*, now: dt.datetime | None = None) -> dict:
     stale = now - dt.timedelta(minutes=1)
     done = {"deleted": 0, "marked": 0, "requeued": 0}
     # ended bookings: Slurm removes ended reservations itself; delete any left and mark them
-    ended = list(Booking.objects.filter(reservation_state=ReservationState.ACTIVE, end__lte=now))
-    leftover = list(Booking.objects.filter(reservation_state=ReservationState.DELETING, reservation_updated_at__lt=stale))
+    ended = list(Booking.objects.filter(reservation_state=ReservationState.ACTIVE, end__lte=now).select_related("cluster"))
+    leftover = list(Booking.objects.filter(reservation_state=ReservationState.DELETING, reservation_updated_at__lt=stale)
+                    .select_related("cluster"))  # fmt: skip
+    in_slurm: dict[str, set[str]] = {}  # one reservation_list per cluster that has any
+    for booking in ended + leftover:
+        name = booking.cluster.name
+        if name not in in_slurm:
+            in_slurm[name] = {r.name for r in get_gateway(name).reservation_list()}
     if ended or leftover:
-        in_slurm = {r.name for r in get_gateway().reservation_list()}
         for booking in ended + leftover:
-            if booking.reservation_name in in_slurm:
+            if booking.reservation_name in in_slurm[booking.cluster.name]:
                 try:
-                    get_gateway().reservation_delete(booking.reservation_name)
+                    get_gateway(booking.cluster.name).reservation_delete(booking.reservation_name)
                 except SlurmRejected as exc:  # jobs still run in it: next time
                     _reservation_state(booking, ReservationState.DELETING, exc.message)
                     continue

@@ -63,10 +63,10 @@ def job_cancel(*, user, job: Job, request=None) -> Job:
 def job_cancel_relay_run(job_id) -> str:
     """Pass a requested cancel on to Slurm (what the ``job_cancel_relay`` task does). Safe to repeat:
     scancel of an ended job is not an error. Raises SlurmUnavailable for the task to retry."""
-    job = Job.objects.filter(pk=job_id).first()
+    job = Job.objects.filter(pk=job_id).select_related("cluster").first()
     if job is None or job.is_terminal or job.cancel_requested_at is None:
         return "nothing-to-do"
-    gateway = get_gateway()
+    gateway = get_gateway(job.cluster.name)
     if job.slurm_job_id is None:
         # Not recorded as submitted. If a relay holds the claim it will pass the cancel on itself;
         # otherwise run the relay, which adopts-and-cancels or cancels in the portal.

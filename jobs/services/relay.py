@@ -91,7 +91,8 @@ def _spec_for(job: Job) -> JobSpec:
         options.append(("error", stderr))
     return JobSpec(
         script=job.script,
-        account=job.team.slurm_account,
+        # the team's account on the job's cluster, as the spec put it on the command line
+        account=next((value for option, value in job.overrides if option == "account"), job.team.slurm_account),
         partition=job.partition,
         name=job.name,
         gpus=job.gpus,
@@ -117,7 +118,7 @@ def _record_submitted(job: Job, slurm_job_id: int, *, token: uuid.UUID | None, r
     now = timezone.now()
     with transaction.atomic():
         done = Job.objects.filter(pk=job.pk, state=JobState.ACCEPTED, slurm_job_id__isnull=True).update(
-            slurm_job_id=slurm_job_id, slurm_cluster=settings.SLURM_CLUSTER, state=JobState.PENDING,
+            slurm_job_id=slurm_job_id, slurm_cluster=job.cluster.name, state=JobState.PENDING,
             submitted_at=now, relay_token=None, relay_started_at=None, last_relay_error="", unix_uid=job.unix_uid,
         )  # fmt: skip
         if done:
@@ -151,8 +152,8 @@ def job_relay_run(job_id) -> str:
     token = _claim(job_id)
     if token is None:
         return "not-claimed"
-    job = Job.objects.select_related("team", "submitter__profile").get(pk=job_id)
-    gateway = get_gateway()
+    job = Job.objects.select_related("team", "submitter__profile", "cluster").get(pk=job_id)
+    gateway = get_gateway(job.cluster.name)
     try:
         spec = _spec_for(job)
     except SlurmRejected as exc:  # no Unix account: nothing Slurm could run
@@ -256,8 +257,8 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
     from concurrent.futures import ThreadPoolExecutor
 
     deadline = min(deadline, time.monotonic() + RELAY_LEASE_SECONDS - settings.SLURM_TIMEOUT - 2)
-    jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile"))
-    gateway = get_gateway()
+    jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile", "cluster"))
+    gateways = {job.cluster.name: get_gateway(job.cluster.name) for job in jobs}  # each job to its cluster
 
     # Specs in this thread (a booked job's reservation is a query); Slurm calls in the pool.
     outcomes: dict[Any, tuple[str, Any]] = {}  # job pk -> (kind, slurm id or message)
@@ -271,17 +272,22 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
         job.unix_uid = spec.uid
         todo.append((job, spec))
 
-    unavailable = []  # set once Slurm does not answer: the remaining jobs are not tried
-    # A job claimed before may have reached Slurm in a run that died after sbatch: its tag says so.
-    repeats = [job.slurm_tag for job, _ in todo if job.relay_attempts > 1]
+    # Per cluster: set once its Slurm does not answer, so its remaining jobs are not tried (the other
+    # clusters' jobs go on).
+    down: dict[str, list[str]] = {name: [] for name in gateways}
+    # A job claimed before may have reached Slurm in a run that died after sbatch: its tag says so
+    # (one look-up per cluster that has such jobs).
     in_slurm: dict[str, int] = {}
-    try:
-        in_slurm = gateway.find_by_comments(repeats) if repeats else {}
-    except SlurmUnavailable as exc:
-        unavailable.append(exc.message)
+    for name, gateway in gateways.items():
+        repeats = [job.slurm_tag for job, _ in todo if job.relay_attempts > 1 and job.cluster.name == name]
+        try:
+            in_slurm |= gateway.find_by_comments(repeats) if repeats else {}
+        except SlurmUnavailable as exc:
+            down[name].append(exc.message)
 
     def relay_one(item):
         job, spec = item
+        gateway, unavailable = gateways[job.cluster.name], down[job.cluster.name]
         if unavailable:
             return job.pk, ("unavailable", unavailable[0])
         if time.monotonic() > deadline:
@@ -306,6 +312,7 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
     by_pk = {job.pk: job for job in jobs}
     events, updates, slurm_ids = [], [], {}
     released = [pk for pk, (kind, _) in outcomes.items() if kind in ("unavailable", "out_of_time")]
+    unavailable = [message for messages in down.values() for message in messages[:1]]
     with transaction.atomic():
         held = set(
             Job.objects.select_for_update()
@@ -325,7 +332,7 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
             job = by_pk[pk]
             job.relay_token = job.relay_started_at = None
             if kind in ("submitted", "adopted"):
-                job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = value, settings.SLURM_CLUSTER, JobState.PENDING, now
+                job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = value, job.cluster.name, JobState.PENDING, now
                 job.last_relay_error = ""
                 reason = "Submitted to Slurm" if kind == "submitted" else "Found in Slurm by its tag after an interrupted relay"
                 result[kind] += 1
@@ -368,7 +375,7 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
         for pk, recorded in Job.objects.filter(pk__in=list(lost)).values_list("pk", "slurm_job_id"):
             if recorded not in (None, lost[pk]):
                 logger.error("job %s: duplicate Slurm job %s cancelled (kept %s)", pk, lost[pk], recorded)
-                gateway.cancel(lost[pk])
+                gateways[by_pk[pk].cluster.name].cancel(lost[pk])
     # Cancels asked while we were submitting: pass them on now.
     recorded_ids = [job.pk for job in updates if job.state == JobState.PENDING]
     if recorded_ids:

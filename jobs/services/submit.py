@@ -19,7 +19,7 @@ from jobs.choices import JobState
 from jobs.estimate import JobQuote, quote_for
 from jobs.models import Job, JobEvent
 from jobs.services.relay import relay_drain_after_commit
-from jobs.spec import ValidSpec, validate_job_spec
+from jobs.spec import ValidSpec, spec_accounts, validate_job_spec
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
 from portal.outbox import after_commit
@@ -45,6 +45,7 @@ def job_quote(
     cpus_per_task: int | None = None,
     exclusive: bool | None = None,
     array: str | None = None,
+    cluster: str = "",
     at: dt.datetime | None = None,
 ) -> JobQuote:
     """The most a job of this shape can use: GPU-hours = the GPUs Slurm allocates × time limit × array
@@ -55,7 +56,7 @@ def job_quote(
         name=None, script=script or None, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
         cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes, workdir=None,
         environment=None, ntasks=ntasks, cpus_per_task=cpus_per_task, exclusive=exclusive, array=array,
-        check_script=bool(script),
+        check_script=bool(script), cluster=cluster,
     )  # fmt: skip
     return quote_for(spec, at=at)
 
@@ -120,7 +121,7 @@ def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, 
         array_tasks=spec.array_tasks, array_throttle=spec.array_throttle, qos=spec.qos, constraint=spec.constraint,
         output_pattern=spec.output, error_pattern=spec.error, overrides=spec.overrides, directives=spec.directives,
         estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost, currency=quote.currency,
-        idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+        idempotency_key=idempotency_key, request_fingerprint=fingerprint, cluster=spec.capacity.cluster_row,
     )  # fmt: skip
 
 
@@ -146,6 +147,7 @@ def job_submit(
     qos: str | None = None,
     constraint: str | None = None,
     booking: Any = None,
+    cluster: str = "",
     idempotency_key: str | None = None,
     fingerprint: str | None = None,
     request=None,
@@ -159,7 +161,8 @@ def job_submit(
     trail (``request``: the client's address).
 
     The spec is the script's #SBATCH directives with the given fields overriding them (None / "":
-    the script decides); see jobs.spec.validate_job_spec."""
+    the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when its
+    partition's name is on several clusters (else the partition decides)."""
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
         raise ApplicationError(
             "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
@@ -172,7 +175,7 @@ def job_submit(
                 "memory_gb": memory_gb, "time_limit_minutes": time_limit_minutes, "workdir": workdir,
                 "environment": environment, "booking": str(getattr(booking, "pk", booking) or ""),
                 "ntasks": ntasks, "cpus_per_task": cpus_per_task, "exclusive": exclusive, "array": array,
-                "qos": qos, "constraint": constraint,
+                "qos": qos, "constraint": constraint, **({"cluster": cluster} if cluster else {}),
             }
         )  # fmt: skip
     if idempotency_key is not None:
@@ -184,7 +187,7 @@ def job_submit(
     spec = validate_job_spec(
         name=name, script=script, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
         cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
-        workdir=workdir, environment=environment, account=team.slurm_account, ntasks=ntasks,
+        workdir=workdir, environment=environment, **spec_accounts(team), cluster=cluster, ntasks=ntasks,
         cpus_per_task=cpus_per_task, exclusive=exclusive, array=array, qos=qos, constraint=constraint,
     )  # fmt: skip
     booking_id = _booking_id(booking)
@@ -291,6 +294,7 @@ def job_submit_batch(
     prepared = []
     cache: dict = {}  # inventory and prices, read once for the whole batch
     at = timezone.now()
+    accounts = spec_accounts(team)
     for index, item in enumerate(jobs):
         try:
             spec = validate_job_spec(
@@ -298,7 +302,7 @@ def job_submit_batch(
                 gpu_type=item.get("gpu_type"), gpus=item.get("gpus"), nodes=item.get("nodes"),
                 cpus_per_gpu=item.get("cpus_per_gpu"), memory_gb=item.get("memory_gb"),
                 time_limit_minutes=item.get("time_limit_minutes"), workdir=item.get("workdir"),
-                environment=item.get("environment"), account=team.slurm_account, ntasks=item.get("ntasks"),
+                environment=item.get("environment"), **accounts, cluster=item.get("cluster"), ntasks=item.get("ntasks"),
                 cpus_per_task=item.get("cpus_per_task"), exclusive=item.get("exclusive"), array=item.get("array"),
                 qos=item.get("qos"), constraint=item.get("constraint"), cache=cache,
             )  # fmt: skip

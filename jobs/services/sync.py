@@ -9,7 +9,6 @@ import time
 import uuid
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -19,7 +18,8 @@ from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slur
 from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent
 from portal.db import bulk_update_values
 from portal.outbox import after_commit
-from portal.slurm import SlurmUnavailable, get_gateway
+from portal.models import SyncStatus
+from portal.slurm import SlurmUnavailable, cluster_config, get_gateway
 
 
 # Fields the sync reads and may write.
@@ -35,8 +35,10 @@ ACCOUNTING_GRACE_SECONDS = 120
 ACCOUNTING_BY_ID_MAX = 5000
 
 
-def jobs_sync() -> dict:
-    """Bring every live job in line with Slurm, in a constant number of queries and Slurm calls.
+def jobs_sync(*, cluster: str | None = None) -> dict:
+    """Bring every live job of one cluster (None: the default one) in line with that cluster's
+    Slurm, in a constant number of queries and Slurm calls (one task per cluster per cycle:
+    portal/celery.py; one cluster down leaves the others' jobs followed).
 
     One ``gateway.queue()``; at most one ``gateway.accounting(start, end)`` — only when a live job
     has left the queue or ended in it (for its final state and exit code), window = earliest
@@ -45,19 +47,22 @@ def jobs_sync() -> dict:
     sbatch, by tag (the id is adopted). Changes are computed in Python and written with one
     conditional bulk update (live rows only) and one bulk insert of events.
 
-    Slurm unavailable: the failure is recorded (SyncStatus "jobs") and nothing changes; the next
+    Slurm unavailable: the failure is recorded (SyncStatus "jobs", another cluster's "jobs:NAME")
+    and nothing changes; the next
     cycle catches up. Returns figures: live, changed, queue_calls, accounting_calls, duration_ms."""
     from portal.services import sync_record_failure, sync_record_success
 
     started = time.monotonic()
-    live = list(Job.objects.filter(state__in=LIVE_STATES).only(*_SYNC_FIELDS))
+    name = cluster_config(cluster).name
+    kind = SyncStatus.kind_for("jobs", name)
+    live = list(Job.objects.filter(state__in=LIVE_STATES, cluster__name=name).only(*_SYNC_FIELDS))
     stats: dict[str, Any] = {"live": len(live), "changed": 0, "queue_calls": 0, "accounting_calls": 0}
-    gateway = get_gateway()
+    gateway = get_gateway(name)
     followed = [j for j in live if j.slurm_job_id is not None or j.state == JobState.ACCEPTED]
     try:
         queue = gateway.queue() if followed else []
     except SlurmUnavailable as exc:
-        sync_record_failure("jobs", error=f"squeue: {exc}")
+        sync_record_failure(kind, error=f"squeue: {exc}")
         return stats | {"error": str(exc)}
     stats["queue_calls"] = 1 if followed else 0
     in_queue = {e.job_id: e for e in queue if e.array_job_id is None}
@@ -125,14 +130,14 @@ def jobs_sync() -> dict:
         if values:
             planned[job.id] = values
 
-    stats["changed"] = _apply_plan(planned, now) if planned else 0
+    stats["changed"] = _apply_plan(planned, now, cluster=name) if planned else 0
     stats["array_tasks"] = array_tasks_record(array_tasks) if array_tasks else 0
     stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
     if "accounting_error" in stats:
-        sync_record_failure("jobs", error=f"sacct: {stats['accounting_error']}")
+        sync_record_failure(kind, error=f"sacct: {stats['accounting_error']}")
     else:
-        sync_record_success("jobs", data=data)
+        sync_record_success(kind, data=data)
     return stats
 
 
@@ -181,7 +186,7 @@ def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool)
     return values
 
 
-def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
+def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: str | None = None) -> int:
     """Write planned changes. The rows are locked and re-read in one query so a concurrent change
     (a relay recording its id, a local cancel) is neither overwritten nor contradicted; then one bulk
     update restricted to live rows (the filter is part of its WHERE) and one bulk insert of events."""
@@ -202,7 +207,7 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
                 if current.slurm_job_id is not None:
                     values = {k: v for k, v in values.items() if k not in ("slurm_job_id", "submitted_at")}
                 else:
-                    values["slurm_cluster"] = settings.SLURM_CLUSTER
+                    values["slurm_cluster"] = cluster or cluster_config().name
             if "state" in values and not transition_allowed(current.state, values["state"]):
                 values = {k: v for k, v in values.items() if k != "state"}
             if not values:

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 
 from .base import SlurmGateway
+from .clusters import ClusterConfig
 from .types import (
     AccountingRecord,
     Association,
@@ -25,6 +26,7 @@ __all__ = [
     "AccountingRecord",
     "Association",
     "AssociationLimits",
+    "ClusterConfig",
     "JobSpec",
     "Node",
     "Partition",
@@ -35,18 +37,22 @@ __all__ = [
     "SlurmGateway",
     "SlurmRejected",
     "SlurmUnavailable",
+    "cluster_config",
+    "configured_clusters",
     "get_gateway",
     "use_gateway",
 ]
 
-_gateway: SlurmGateway | None = None
+_gateways: dict[str, SlurmGateway] = {}  # cluster name -> its gateway, built once per process
+_pyslurm_cluster: list[str] = []  # the one cluster this process talks to through pyslurm (libslurm: one config per process)
 _override: list[SlurmGateway] = []  # use_gateway's stack (module-wide: threads the test starts see it too)
 
 
 @contextlib.contextmanager
 def use_gateway(gateway: SlurmGateway) -> Iterator[SlurmGateway]:
     """While the block runs, get_gateway() answers ``gateway`` (tests, benchmarks): the one override
-    point of the gateway. Nests; the innermost wins."""
+    point of the gateway. Nests; the innermost wins. A gateway with a ``clusters`` attribute (a
+    mapping name -> gateway, tests' per-cluster doubles) answers for each cluster it names."""
     _override.append(gateway)
     try:
         yield gateway
@@ -54,54 +60,87 @@ def use_gateway(gateway: SlurmGateway) -> Iterator[SlurmGateway]:
         _override.remove(gateway)
 
 
-def get_gateway() -> SlurmGateway:
-    """use_gateway's gateway while one is in use, else the configured backend (settings.SLURM_BACKEND: auto, cli or pyslurm), built once per process.
+def configured_clusters() -> tuple[ClusterConfig, ...]:
+    """The clusters the portal serves, the default first: settings.SLURM_CLUSTERS, or when that is
+    empty the one cluster of SLURM_CLUSTER, SLURM_BACKEND, SLURM_CONF, SLURM_BIN_DIR, SLURM_LIB_DIR
+    (read at each call: tests change them)."""
+    from django.conf import settings
+
+    if settings.SLURM_CLUSTERS:
+        return tuple(settings.SLURM_CLUSTERS)
+    return (ClusterConfig(name=settings.SLURM_CLUSTER, backend=settings.SLURM_BACKEND, slurm_conf=settings.SLURM_CONF,
+                          bin_dir=settings.SLURM_BIN_DIR, lib_dir=getattr(settings, "SLURM_LIB_DIR", "")),)  # fmt: skip
+
+
+def cluster_config(name: str | None = None) -> ClusterConfig:
+    """One configured cluster by name (None or "": the default). An unknown name raises KeyError."""
+    clusters = configured_clusters()
+    if not name:
+        return clusters[0]
+    for config in clusters:
+        if config.name == name:
+            return config
+    raise KeyError(f"cluster {name!r} is not configured (SLURM_CLUSTERS: {', '.join(c.name for c in clusters)})")
+
+
+def get_gateway(cluster: str | None = None) -> SlurmGateway:
+    """The gateway of one cluster (a name; None: the default cluster): use_gateway's gateway while
+    one is in use, else that cluster's backend (auto, cli or pyslurm), built once per process.
 
     ``auto`` is pyslurm when it is installed AND built for the cluster's Slurm major.minor
-    (``sinfo --version`` of SLURM_BIN_DIR, which needs no controller): pyslurm 25.11 cannot talk
-    to a 22.05 controller, and one venv serves both local clusters."""
-    global _gateway
+    (``sinfo --version`` of the cluster's bin dir, which needs no controller): pyslurm 25.11 cannot
+    talk to a 22.05 controller, and one venv serves both local clusters. libslurm holds one
+    configuration per process, so one process talks to at most one cluster through pyslurm: a
+    second pyslurm cluster gets its CLI gateway in that process (a worker started with that
+    cluster's environment, e.g. on a queue of its own, can use pyslurm for it)."""
     if _override:
-        return _override[-1]
-    if _gateway is None:
-        from django.conf import settings
+        override = _override[-1]
+        per_cluster = getattr(override, "clusters", None)
+        if per_cluster is not None and cluster in per_cluster:
+            return per_cluster[cluster]
+        return override
+    config = cluster_config(cluster)
+    gateway = _gateways.get(config.name)
+    if gateway is None:
+        gateway = _gateways[config.name] = _build_gateway(config)
+    return gateway
 
-        backend = settings.SLURM_BACKEND
-        if backend == "auto":
-            from .pyslurm import pyslurm_version
 
-            installed = pyslurm_version()
-            backend = "cli"
-            if installed:
-                from .cli import CliGateway
+def _build_gateway(config: ClusterConfig) -> SlurmGateway:
+    import logging
 
-                cli = CliGateway(cluster=settings.SLURM_CLUSTER, timeout=settings.SLURM_TIMEOUT,
-                                 slurm_conf=settings.SLURM_CONF, bin_dir=settings.SLURM_BIN_DIR)  # fmt: skip
-                try:
-                    cluster_version = cli.version()
-                except SlurmError:
-                    cluster_version = ""
-                if same_release(installed, cluster_version):
-                    backend = "pyslurm"
-        if backend == "pyslurm":
-            from .pyslurm import PyslurmGateway
+    from django.conf import settings
 
-            _gateway = PyslurmGateway(
-                cluster=settings.SLURM_CLUSTER,
-                timeout=settings.SLURM_TIMEOUT,
-                slurm_conf=settings.SLURM_CONF,
-                bin_dir=settings.SLURM_BIN_DIR,
-            )
-        else:
-            from .cli import CliGateway
+    from .cli import CliGateway
 
-            _gateway = CliGateway(
-                cluster=settings.SLURM_CLUSTER,
-                timeout=settings.SLURM_TIMEOUT,
-                slurm_conf=settings.SLURM_CONF,
-                bin_dir=settings.SLURM_BIN_DIR,
-            )
-    return _gateway
+    options = {"cluster": config.name, "timeout": settings.SLURM_TIMEOUT, "slurm_conf": config.slurm_conf,
+               "bin_dir": config.bin_dir}  # fmt: skip
+    backend = config.backend
+    if backend == "auto":
+        from .pyslurm import pyslurm_version
+
+        installed = pyslurm_version()
+        backend = "cli"
+        if installed:
+            try:
+                cluster_version = CliGateway(**options, lib_dir=config.lib_dir).version()
+            except SlurmError:
+                cluster_version = ""
+            if same_release(installed, cluster_version):
+                backend = "pyslurm"
+    if backend == "pyslurm" and _pyslurm_cluster and _pyslurm_cluster[0] != config.name:
+        logging.getLogger(__name__).warning(
+            "cluster %s: this process already talks to %s through pyslurm (one libslurm configuration per "
+            "process): %s uses the CLI backend here", config.name, _pyslurm_cluster[0], config.name,
+        )  # fmt: skip
+        backend = "cli"
+    if backend == "pyslurm":
+        from .pyslurm import PyslurmGateway
+
+        gateway = PyslurmGateway(**options)
+        _pyslurm_cluster[:] = [config.name]
+        return gateway
+    return CliGateway(**options, lib_dir=config.lib_dir)
 
 
 def same_release(a: str, b: str) -> bool:
@@ -110,6 +149,6 @@ def same_release(a: str, b: str) -> bool:
 
 
 def reset_gateway() -> None:
-    """Forget the cached backend (tests that change settings)."""
-    global _gateway
-    _gateway = None
+    """Forget the cached backends (tests that change settings)."""
+    _gateways.clear()
+    _pyslurm_cluster.clear()

@@ -106,11 +106,13 @@ class _Quirks:
 # ==============================================================================================
 
 
-def _clean_env(slurm_conf: str) -> dict[str, str]:
+def _clean_env(slurm_conf: str, lib_dir: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_ENV_PREFIXES)}
     conf = slurm_conf or os.environ.get("SLURM_CONF", "")
     if conf:
         env["SLURM_CONF"] = conf
+    if lib_dir:  # the cluster's libslurm first (a Slurm built elsewhere than the system's)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib_dir, env.get("LD_LIBRARY_PATH", "")) if p)
     env["SLURM_TIME_FORMAT"] = "standard"  # 2024-05-01T12:34:56, in TZ's zone:
     env["TZ"] = "UTC"  # every time the gateway parses or sends (parsing.parse_time/format_time)
     return env
@@ -122,12 +124,12 @@ def _clean_env(slurm_conf: str) -> dict[str, str]:
 class CliGateway(SlurmGateway):
     name = "cli"
 
-    def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = ""):
+    def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = "", lib_dir: str = ""):
         self.cluster = cluster
         self.timeout = timeout
         self.slurm_conf = slurm_conf
         self.bin_dir = bin_dir
-        self._env = _clean_env(slurm_conf)
+        self._env = _clean_env(slurm_conf, lib_dir)
 
     # -- plumbing --------------------------------------------------------------------------------
 

@@ -302,3 +302,35 @@ def test_job_submit_checks_the_booking(world, inventory_whole_nodes, reserve_cal
     from jobs.services import _spec_for
 
     assert _spec_for(job).reservation == booking.reservation_name
+
+
+# ---------------------------------------------------------------- several clusters
+
+
+def test_each_cluster_books_its_own_gpus(world, inventory_whole_nodes, reserve_calls, settings):
+    """A second cluster with one 4×a100 node: the default cluster full does not make it full, and
+    a booking there gets its node and its cluster; the availability is each cluster's own."""
+    from accounting.selectors import booking_availability
+    from portal.services import cluster_row, clusters_record
+    from portal.slurm import ClusterConfig
+
+    settings.SLURM_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "cli"))
+    clusters_record()
+    east = cluster_row("east")
+    NodeInfo.objects.create(cluster=east, name="a100-01", state="IDLE", partitions=["gpu"], gpu_type="a100", gpus_total=4,
+                            cpus_total=32, memory_mb=256000, seen_at=timezone.now())  # fmt: skip
+    book(world, day_at(9), day_at(12), gpus=8)  # every a100 of the default cluster
+    with pytest.raises(Conflict):
+        book(world, day_at(10), day_at(11), gpus=4)
+    there = booking_create(team=world.vision, gpu_type="a100", gpus=4, start=day_at(10), end=day_at(11), actor=world.admin,
+                           cluster="east")  # fmt: skip
+    assert (there.cluster_id, there.nodes) == (east.pk, ["a100-01"])
+    with pytest.raises(Conflict, match="4 of 4 GPUs already booked"):
+        booking_create(team=world.vision, gpu_type="a100", gpus=4, start=day_at(10), end=day_at(11), actor=world.admin, cluster="east")
+    with pytest.raises(ApplicationError) as info:
+        booking_create(team=world.vision, gpu_type="a100", gpus=4, start=day_at(10), end=day_at(11), actor=world.admin, cluster="west")
+    assert "cluster" in info.value.errors
+    default = {r["gpu_type"]: r for r in booking_availability(start=day_at(9), end=day_at(12))}
+    assert default["a100"]["capacity"] == 8 and {s["free"] for s in default["a100"]["steps"]} == {0}
+    other = {r["gpu_type"]: r for r in booking_availability(start=day_at(10), end=day_at(11), cluster="east")}
+    assert other["a100"]["capacity"] == 4 and other["a100"]["steps"][0]["booked"] == 4

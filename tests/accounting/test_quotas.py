@@ -288,7 +288,7 @@ def test_alert_check_runs_after_each_usage_ingest(world, settings, monkeypatch, 
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     quota(world.nlp, 1)
     records = [acct(account="nlp", start=timezone.now() - dt.timedelta(hours=1, minutes=2), hours=1, gpus=1)]
-    monkeypatch.setattr(services, "usage_ingest", lambda: usage_records_upsert(records=records))
+    monkeypatch.setattr(services, "usage_ingest", lambda cluster=None: usage_records_upsert(records=records, cluster=cluster))
     with django_capture_on_commit_callbacks(execute=True):
         tasks.usage_ingest_task()
     assert sorted(BudgetAlert.objects.values_list("threshold", flat=True)) == [80, 100]

@@ -1,4 +1,5 @@
-"""python manage.py ingest_usage [--since DATE]: what the usage-ingest beat task does, on demand."""
+"""python manage.py ingest_usage [--since DATE] [--cluster NAME]: what the usage-ingest beat tasks do
+(one per cluster), on demand: every configured cluster, or the one named."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from django.utils import timezone
 
 from accounting.selectors import billing_midnight
 from accounting.services import usage_ingest
-from portal.slurm import SlurmError
+from portal.slurm import SlurmError, configured_clusters
 
 
 class Command(BaseCommand):
@@ -17,6 +18,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--since", help="YYYY-MM-DD (billing time zone) or ISO datetime; default: the high-water mark.")
+        parser.add_argument("--cluster", default="", help="Only this cluster (a name of SLURM_CLUSTERS); default: every one.")
 
     def handle(self, *args, since=None, **options):
         start = None
@@ -30,12 +32,29 @@ class Command(BaseCommand):
                     start = billing_midnight(dt.date.fromisoformat(since))
             except ValueError:
                 raise CommandError(f"--since {since!r}: expected YYYY-MM-DD or an ISO datetime.") from None
-        try:
-            result = usage_ingest(since=start)
-        except SlurmError as exc:
-            raise CommandError(f"Slurm: {exc.message}") from exc
+        names = [c.name for c in configured_clusters()]
+        if options.get("cluster"):
+            if options["cluster"] not in names:
+                raise CommandError(f"Unknown cluster {options['cluster']!r}: configured are {', '.join(names)}.")
+            names = [options["cluster"]]
+        failed = []
+        for name in names:
+            try:
+                result = usage_ingest(cluster=name, since=start)
+            except SlurmError as exc:
+                if len(names) == 1:
+                    raise CommandError(f"Slurm: {exc.message}") from exc
+                self.stderr.write(f"{name}: Slurm: {exc.message}")
+                failed.append(name)
+                continue
+            self._report(name if len(names) > 1 else "", result)
+        if failed:
+            raise CommandError(f"Slurm: {', '.join(failed)} not read" + (" (the others were)" if len(failed) < len(names) else ""))
+
+    def _report(self, name: str, result) -> None:
         self.stdout.write(
-            f"{result.window_start:%Y-%m-%d %H:%M} → {result.window_end:%Y-%m-%d %H:%M} UTC in {len(result.windows)} "
+            (f"{name}: " if name else "")
+            + f"{result.window_start:%Y-%m-%d %H:%M} → {result.window_end:%Y-%m-%d %H:%M} UTC in {len(result.windows)} "
             f"window(s): {result.read} allocations read, {result.started} started, {result.written} written, "
             f"{result.slices} slices, {result.seconds:.2f} s"
         )

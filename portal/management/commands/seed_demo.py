@@ -13,7 +13,7 @@ from django.db import transaction
 
 from portal.models import Membership, Role, Team
 from portal.roles import FINANCE_GROUP
-from portal.services import profile_ensure, team_mirror
+from portal.services import clusters_record, profile_ensure, team_cluster_account_set, team_mirror
 from portal.slurm import SlurmError
 from portal.unix import unix_user_ensure
 
@@ -59,6 +59,12 @@ class Command(BaseCommand):
                 Membership.objects.get_or_create(team=team, user=user(spec["manager"]), defaults={"role": Role.MANAGER})
                 for member in spec["members"]:
                     Membership.objects.get_or_create(team=team, user=user(member), defaults={"role": Role.MEMBER})
+
+            # every other configured cluster (the demo's 25.11 one): the teams have access there
+            # under the same account names
+            for row in clusters_record()[1:]:
+                for team in teams:
+                    team_cluster_account_set(team=team, cluster=row.name)
 
             for seed in _app_seeders():
                 seed(stdout=self.stdout)

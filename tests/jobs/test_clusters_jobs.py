@@ -1,0 +1,189 @@
+"""Jobs on several clusters: submission picks the cluster from the partition (or the explicit
+``cluster`` field when partition names clash: 400 naming ``cluster`` otherwise), under the team's
+account on that cluster; the relay, the sync (one squeue per cluster per cycle) and cancel use the
+job's own cluster. The last tests run against both real local clusters (22.05 and 25.11), whose
+partitions have the same names."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+import portal.slurm as slurm
+from jobs.choices import JobState
+from jobs.models import Job
+from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, jobs_sync
+from portal.models import NodeInfo, PartitionInfo, TeamClusterAccount
+from portal.services import cluster_row, clusters_record, team_mirror
+from portal.slurm import ClusterConfig, configured_clusters, get_gateway
+from tests.support import CountingGateway, cluster_env, job_payload, wait_for
+
+pytestmark = pytest.mark.django_db
+
+
+def client_for(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user=user)
+    return client
+
+
+@pytest.fixture
+def two_inventories(settings, world):
+    """Cluster ``main`` (the default: partitions gpu, debug) and ``east`` (gpu, h100only) as their
+    syncs would record them; team vision has access to east as account ``vision-east``."""
+    settings.SLURM_CLUSTERS = (ClusterConfig("main", "cli"), ClusterConfig("east", "cli"))
+    clusters_record()
+    main, east = cluster_row("main"), cluster_row("east")
+    now = timezone.now()
+    for cluster, partitions in ((main, ("gpu", "debug")), (east, ("gpu", "h100only"))):
+        for index, name in enumerate(partitions):
+            PartitionInfo.objects.create(cluster=cluster, name=name, is_default=index == 0, state="UP", default_time_minutes=60,
+                                         max_time_minutes=600, node_names=[f"{cluster.name}-01"], seen_at=now)  # fmt: skip
+        NodeInfo.objects.create(cluster=cluster, name=f"{cluster.name}-01", state="IDLE", partitions=list(partitions),
+                                gpu_type="a100", gpus_total=4, cpus_total=32, memory_mb=256000, seen_at=now)  # fmt: skip
+    TeamClusterAccount.objects.create(team=world.vision, cluster=east, slurm_account="vision-east")
+    return main, east
+
+
+def _submit(user, **fields):
+    return client_for(user).post("/api/v1/jobs/", job_payload(gpus=1, **fields), format="json")
+
+
+def test_a_partition_only_one_cluster_has_picks_that_cluster_and_the_teams_account_there(two_inventories, world):
+    main, east = two_inventories
+    response = _submit(world.alice, partition="h100only")
+    assert response.status_code == 201, response.json()
+    job = Job.objects.get(pk=response.json()["id"])
+    assert (job.cluster_id, response.json()["cluster"]) == (east.pk, "east")
+    assert ["account", "vision-east"] in job.overrides
+    response = _submit(world.alice, partition="debug")
+    assert response.status_code == 201, response.json()
+    assert Job.objects.get(pk=response.json()["id"]).cluster_id == main.pk
+    assert ["account", "vision"] in Job.objects.get(pk=response.json()["id"]).overrides
+
+
+def test_a_partition_on_several_clusters_needs_the_cluster_field(two_inventories, world):
+    main, east = two_inventories
+    response = _submit(world.alice, partition="gpu")
+    assert response.status_code == 400
+    body = response.json()
+    assert "cluster" in body["errors"] and "main, east" in body["errors"]["cluster"][0], body
+    response = _submit(world.alice, partition="gpu", cluster="east")
+    assert response.status_code == 201, response.json()
+    assert Job.objects.get(pk=response.json()["id"]).cluster_id == east.pk
+    # no partition: the default cluster's default partition
+    response = _submit(world.alice, partition="")
+    assert response.status_code == 201, response.json()
+    job = Job.objects.get(pk=response.json()["id"])
+    assert (job.cluster_id, job.partition) == (main.pk, "gpu")
+
+
+def test_an_unknown_cluster_or_one_the_team_has_no_account_on_is_a_400_naming_cluster(two_inventories, world):
+    response = _submit(world.alice, partition="gpu", cluster="west")
+    assert response.status_code == 400 and "No such cluster" in response.json()["errors"]["cluster"][0]
+    response = _submit(world.carol, team="nlp", partition="h100only")  # nlp has no account on east
+    assert response.status_code == 400
+    assert "no Slurm account on cluster 'east'" in response.json()["errors"]["cluster"][0]
+    assert not Job.objects.filter(team=world.nlp).exists()
+
+
+def test_a_batch_may_span_clusters_and_errors_name_the_job(two_inventories, world):
+    main, east = two_inventories
+    client = client_for(world.alice)
+    body = [job_payload(gpus=1, partition="debug"), job_payload(gpus=1, partition="h100only")]
+    response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert [j["cluster"] for j in response.json()] == ["main", "east"]
+    response = client.post("/api/v1/jobs/", [job_payload(gpus=1, partition="debug"), job_payload(gpus=1, partition="gpu")], format="json")
+    assert response.status_code == 400 and "cluster" in response.json()["errors"]["1"]
+
+
+def test_the_quote_names_the_cluster_when_the_partition_is_ambiguous(two_inventories, world):
+    client = client_for(world.alice)
+    answer = client.post("/api/v1/jobs/quote/", {"partition": "gpu", "gpus": 1, "time_limit_minutes": 60}, format="json")
+    assert answer.status_code == 400 and "cluster" in answer.json()["errors"]
+    answer = client.post("/api/v1/jobs/quote/", {"partition": "gpu", "cluster": "east", "gpus": 1, "time_limit_minutes": 60}, format="json")
+    assert answer.status_code == 200, answer.json()
+
+
+# ---------------------------------------------------------------- both real clusters
+
+
+@pytest.fixture
+def both_clusters(settings, cluster):
+    """22.05 (the default, cli) and 25.11 (cli: the test is about routing, not the backend), both
+    synced; the fixture world's teams have the same account names on 25.11, mirrored there."""
+    env25 = cluster_env("25.11")
+    settings.SLURM_CLUSTERS = (
+        ClusterConfig(settings.SLURM_CLUSTER, "cli", settings.SLURM_CONF, settings.SLURM_BIN_DIR),
+        ClusterConfig(env25["SLURM_CLUSTER"], "cli", env25["SLURM_CONF"], env25["SLURM_BIN_DIR"], env25.get("SLURM_LIB_DIR", "")),
+    )
+    slurm.reset_gateway()
+    clusters_record()
+    from portal.services import cluster_sync
+
+    for config in configured_clusters():
+        cluster_sync(cluster=config.name)
+    second = cluster_row(env25["SLURM_CLUSTER"])
+    for team in (cluster.vision, cluster.nlp):
+        TeamClusterAccount.objects.create(team=team, cluster=second, slurm_account=team.slurm_account)
+        team_mirror(team=team)
+    yield settings.SLURM_CLUSTER, env25["SLURM_CLUSTER"]
+    slurm.reset_gateway()
+
+
+@pytest.mark.slurm
+def test_a_job_to_each_real_cluster_reaches_that_cluster_and_each_sync_makes_one_squeue(both_clusters, cluster):
+    old, new = both_clusters
+    client = client_for(cluster.alice)
+    assert client.post("/api/v1/jobs/", job_payload(gpus=1, partition="gpu"), format="json").json()["errors"]["cluster"]
+    ids = {}
+    for name in (old, new):
+        response = client.post("/api/v1/jobs/", job_payload(name=f"to-{name}", gpus=1, partition="gpu", cluster=name,
+                                                             script="#!/bin/bash\nsleep 300\n", time_limit_minutes=5), format="json")  # fmt: skip
+        assert response.status_code == 201, response.json()
+        ids[name] = response.json()["id"]
+        assert job_relay_run(ids[name]) == "submitted"
+    for name, other in ((old, new), (new, old)):
+        job = Job.objects.get(pk=ids[name])
+        assert job.slurm_cluster == name and job.slurm_job_id
+        assert get_gateway(name).find_by_comment(job.slurm_tag) == job.slurm_job_id  # in its cluster …
+        assert get_gateway(other).find_by_comment(job.slurm_tag) is None  # … and not in the other
+
+    counting = {name: CountingGateway(get_gateway(name)) for name in (old, new)}
+    slurm._gateways.update(counting)
+    stats = {name: jobs_sync(cluster=name) for name in (old, new)}
+    for name in (old, new):
+        assert stats[name]["live"] == 1 and stats[name]["queue_calls"] == 1
+        assert counting[name].calls["queue"] == 1, (name, dict(counting[name].calls))
+
+    for name in (old, new):  # cancel: scancel on the job's own cluster
+        job_cancel(user=cluster.alice, job=Job.objects.get(pk=ids[name]))
+        assert job_cancel_relay_run(ids[name]) == "sent"
+
+    def all_cancelled():
+        for name in (old, new):
+            jobs_sync(cluster=name)
+        return all(Job.objects.get(pk=i).state == JobState.CANCELLED for i in ids.values())
+
+    wait_for(all_cancelled, timeout=60, interval=0.5)
+
+
+def test_the_form_offers_the_cluster_when_several_are_served_and_submits_there(two_inventories, world, client):
+    main, east = two_inventories
+    client.force_login(world.alice)
+    page = client.get("/jobs/new/").content.decode()
+    assert '<select name="cluster"' in page and '<option value="east">east</option>' in page
+    assert "gpu (default) on east, main" in page  # one choice per partition name, naming its clusters
+    body = {"team": "vision", "script": "#!/bin/bash\necho hi\n", "partition": "gpu", "cluster": "east", "gpus": "1",
+            "idempotency_key": "form-east-1"}  # fmt: skip
+    response = client.post("/jobs/new/", body)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Job.objects.get(idempotency_key="form-east-1").cluster_id == east.pk
+
+
+def test_with_one_cluster_the_form_has_no_cluster_choice(inventory, world, client):
+    client.force_login(world.alice)
+    page = client.get("/jobs/new/").content.decode()
+    assert '<input type="hidden" name="cluster"' in page and '<select name="cluster"' not in page
