@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('accounting', '0003_bookings'),
+        ('accounting', '0004_booking_cluster'),
         ('portal', '0005_cluster_policy_and_node_features'),
     ]
 

@@ -59,8 +59,8 @@ def _save(batch, UsageRecord, BudgetHold):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('accounting', '0004_budget_holds'),
-        ('jobs', '0004_array_tasks'),
+        ('accounting', '0005_budget_holds'),
+        ('jobs', '0005_job_cluster'),
     ]
 
     operations = [
