@@ -144,7 +144,7 @@ class Inventory:
         if not partition:
             name = self.defaults.get(self.default_cluster or "")
             return self.partitions.get((self.default_cluster, name)) if name else None
-        found = [c for (c, p) in self.partitions.items() if p == partition]
+        found = [cap for (_cluster, name), cap in self.partitions.items() if name == partition]
         if len(found) > 1:
             found.sort(key=lambda c: (c.cluster != self.default_cluster, c.cluster))
             names = tuple(c.cluster for c in found)
