@@ -134,8 +134,9 @@ class Inventory:
     def capacity(self, partition: str, cluster: str = "") -> PartitionCapacity | None:
         """The partition's capacity, or None when it is not in the inventory ("" = the default
         partition; of the default cluster unless ``cluster`` names one). A partition name alone picks
-        its cluster when exactly one cluster has it; several: ClusterChoiceError naming them, an
-        unknown ``cluster`` too. No query."""
+        its cluster when exactly one cluster has it, or the default cluster when it is one of several
+        (as sbatch without --clusters submits to the local cluster); several others:
+        ClusterChoiceError naming them, an unknown ``cluster`` too. No query."""
         if cluster:
             if cluster not in self.clusters:
                 raise ClusterChoiceError(f"No such cluster: {cluster!r}.")
@@ -146,7 +147,11 @@ class Inventory:
             return self.partitions.get((self.default_cluster, name)) if name else None
         found = [cap for (_cluster, name), cap in self.partitions.items() if name == partition]
         if len(found) > 1:
-            found.sort(key=lambda c: (c.cluster != self.default_cluster, c.cluster))
+            # as sbatch without --clusters: the local (default) cluster when it has the partition
+            local = [c for c in found if c.cluster == self.default_cluster]
+            if local:
+                return local[0]
+            found.sort(key=lambda c: c.cluster)
             names = tuple(c.cluster for c in found)
             raise ClusterChoiceError(
                 f"Partition {partition!r} exists on clusters {', '.join(names)}: name one in `cluster`.", ambiguous=names

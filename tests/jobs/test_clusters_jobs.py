@@ -1,5 +1,6 @@
-"""Jobs on several clusters: submission picks the cluster from the partition (or the explicit
-``cluster`` field when partition names clash: 400 naming ``cluster`` otherwise), under the team's
+"""Jobs on several clusters: submission picks the cluster from the partition (the default cluster
+when it is one of those that have it, as sbatch without --clusters; the explicit ``cluster`` field
+chooses another; 400 naming ``cluster`` when only other clusters share the name), under the team's
 account on that cluster; the relay, the sync (one squeue per cluster per cycle) and cancel use the
 job's own cluster. The last tests run against both real local clusters (22.05 and 25.11), whose
 partitions have the same names."""
@@ -63,12 +64,29 @@ def test_a_partition_only_one_cluster_has_picks_that_cluster_and_the_teams_accou
     assert ["account", "vision"] in Job.objects.get(pk=response.json()["id"]).overrides
 
 
-def test_a_partition_on_several_clusters_needs_the_cluster_field(two_inventories, world):
+def _third_cluster_sharing(name: str):
+    """Cluster ``west`` with a partition ``name`` (east has one too) and vision's account there."""
+    from portal.snapshots import INVENTORY, snapshot_changed
+
+    settings_clusters = list(configured_clusters()) + [ClusterConfig("west", "cli")]
+    from django.conf import settings
+
+    settings.SLURM_CLUSTERS = tuple(settings_clusters)
+    clusters_record()
+    west = cluster_row("west")
+    PartitionInfo.objects.create(cluster=west, name=name, is_default=True, state="UP", default_time_minutes=60,
+                                 max_time_minutes=600, node_names=["west-01"], seen_at=timezone.now())  # fmt: skip
+    NodeInfo.objects.create(cluster=west, name="west-01", state="IDLE", partitions=[name], gpu_type="a100",
+                            gpus_total=4, cpus_total=32, memory_mb=256000, seen_at=timezone.now())  # fmt: skip
+    snapshot_changed(INVENTORY)
+    return west
+
+
+def test_a_partition_the_default_cluster_shares_goes_there_and_cluster_chooses_another(two_inventories, world):
     main, east = two_inventories
-    response = _submit(world.alice, partition="gpu")
-    assert response.status_code == 400
-    body = response.json()
-    assert "cluster" in body["errors"] and "main, east" in body["errors"]["cluster"][0], body
+    response = _submit(world.alice, partition="gpu")  # main and east have it: main is the default
+    assert response.status_code == 201, response.json()
+    assert Job.objects.get(pk=response.json()["id"]).cluster_id == main.pk
     response = _submit(world.alice, partition="gpu", cluster="east")
     assert response.status_code == 201, response.json()
     assert Job.objects.get(pk=response.json()["id"]).cluster_id == east.pk
@@ -77,6 +95,19 @@ def test_a_partition_on_several_clusters_needs_the_cluster_field(two_inventories
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
     assert (job.cluster_id, job.partition) == (main.pk, "gpu")
+
+
+def test_a_partition_only_other_clusters_share_needs_the_cluster_field(two_inventories, world):
+    main, east = two_inventories
+    west = _third_cluster_sharing("h100only")
+    TeamClusterAccount.objects.create(team=world.vision, cluster=west, slurm_account="vision-west")
+    response = _submit(world.alice, partition="h100only")
+    assert response.status_code == 400
+    body = response.json()
+    assert "cluster" in body["errors"] and "east, west" in body["errors"]["cluster"][0], body
+    response = _submit(world.alice, partition="h100only", cluster="west")
+    assert response.status_code == 201, response.json()
+    assert Job.objects.get(pk=response.json()["id"]).cluster_id == west.pk
 
 
 def test_an_unknown_cluster_or_one_the_team_has_no_account_on_is_a_400_naming_cluster(two_inventories, world):
@@ -95,15 +126,17 @@ def test_a_batch_may_span_clusters_and_errors_name_the_job(two_inventories, worl
     response = client.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 201, response.json()
     assert [j["cluster"] for j in response.json()] == ["main", "east"]
-    response = client.post("/api/v1/jobs/", [job_payload(gpus=1, partition="debug"), job_payload(gpus=1, partition="gpu")], format="json")
+    _third_cluster_sharing("h100only")
+    response = client.post("/api/v1/jobs/", [job_payload(gpus=1, partition="debug"), job_payload(gpus=1, partition="h100only")], format="json")
     assert response.status_code == 400 and "cluster" in response.json()["errors"]["1"]
 
 
 def test_the_quote_names_the_cluster_when_the_partition_is_ambiguous(two_inventories, world):
     client = client_for(world.alice)
-    answer = client.post("/api/v1/jobs/quote/", {"partition": "gpu", "gpus": 1, "time_limit_minutes": 60}, format="json")
+    _third_cluster_sharing("h100only")
+    answer = client.post("/api/v1/jobs/quote/", {"partition": "h100only", "gpus": 1, "time_limit_minutes": 60}, format="json")
     assert answer.status_code == 400 and "cluster" in answer.json()["errors"]
-    answer = client.post("/api/v1/jobs/quote/", {"partition": "gpu", "cluster": "east", "gpus": 1, "time_limit_minutes": 60}, format="json")
+    answer = client.post("/api/v1/jobs/quote/", {"partition": "h100only", "cluster": "east", "gpus": 1, "time_limit_minutes": 60}, format="json")
     assert answer.status_code == 200, answer.json()
 
 
@@ -137,7 +170,8 @@ def both_clusters(settings, cluster):
 def test_a_job_to_each_real_cluster_reaches_that_cluster_and_each_sync_makes_one_squeue(both_clusters, cluster):
     old, new = both_clusters
     client = client_for(cluster.alice)
-    assert client.post("/api/v1/jobs/", job_payload(gpus=1, partition="gpu"), format="json").json()["errors"]["cluster"]
+    # both have "gpu": without a cluster, the default one (as sbatch without --clusters)
+    assert client.post("/api/v1/jobs/", job_payload(gpus=1, partition="gpu"), format="json").json()["cluster"] == old
     ids = {}
     for name in (old, new):
         response = client.post("/api/v1/jobs/", job_payload(name=f"to-{name}", gpus=1, partition="gpu", cluster=name,
