@@ -25,15 +25,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # included: they are round trips too):
 #   1  the team and the submitter's role in it (portal.roles.team_with_role)
 #   1  BEGIN
-#   7  the budget check (accounting.services.budget.budget_hold_check: savepoint, team row lock,
-#      quotas, usage, held, booked, release) — issue-18h replaces it with accounting-owned holds and
-#      a per-team-period running total (2–3 queries): CONFIRM THE FINAL FIGURE AT MERGE (target ≤ 6
-#      statements besides BEGIN/COMMIT: 1 + 2–3 + 1)
+#   3  the budget check (accounting.services.budget.budget_holds_place: one statement locks the
+#      team row, inserts the hold and adds it to the team's running totals under their row locks;
+#      the quotas in force; the booked hours) — no aggregate over live jobs or usage
 #   1  the job, its ACCEPTED event and its audit event in one INSERT … WITH (portal.db.insert_together)
 #   1  COMMIT
 # The token lookup, the inventory and the prices cost none while their cached copies are current
 # (before issue 16: 19 statements, bench/post_profile_before.md).
-SINGLE_JOB_POST_QUERIES = 11
+SINGLE_JOB_POST_QUERIES = 7  # 5 besides BEGIN/COMMIT (the issue's bound: 6)
 
 
 @pytest.fixture(autouse=True)

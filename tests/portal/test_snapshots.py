@@ -24,7 +24,7 @@ def private_cache(settings):
 
 
 def test_the_inventory_is_read_once_until_the_sync_changes_it(world, inventory_small, django_assert_num_queries):
-    with django_assert_num_queries(3):  # partitions, nodes, policy
+    with django_assert_num_queries(4):  # partitions (with their clusters), nodes, policies, clusters
         assert inventory().capacity("").name == "gpu"
     with django_assert_num_queries(0):
         assert inventory().capacity("gpu").max_time_minutes == 600
