@@ -102,6 +102,24 @@ def test_an_over_budget_job_leaves_no_hold_and_the_total_unchanged(world, invent
     assert BudgetHold.objects.count() == 1 and any_type_total(world).held_gpu_hours == 2
 
 
+def test_a_quota_approved_later_counts_the_holds_placed_before_it(world, inventory, relays, settings):
+    """No quota, unlimited policy: the hold is placed (no total to add it to). A quota approved later
+    gets its total built at the next submission from the open holds — the earlier job's included."""
+    from accounting import services
+
+    settings.QUOTA_NO_QUOTA_POLICY = "unlimited"
+    Quota.objects.filter(team=world.vision).delete()
+    first = submit(world)  # 2 GPU-h, held with no quota in force
+    assert BudgetHold.objects.get(pk=first.pk).held_gpu_hours == 2 and not BudgetTotal.objects.exists()
+    quota = services.quota_request(team=world.vision, user=world.bob, gpu_hours=5, justification="x")
+    services.quota_approve(quota=quota, user=world.admin)
+    submit(world)
+    assert any_type_total(world).held_gpu_hours == 4
+    with pytest.raises(Conflict) as exc:
+        submit(world)  # 4 held of 5: 2 more do not fit
+    assert "held by unfinished jobs 4.0" in exc.value.message
+
+
 # ---------------------------------------------------------------- released when the job never runs
 
 
