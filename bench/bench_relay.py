@@ -330,7 +330,7 @@ def relay_only(world, n: int, *, concurrency: int, runs: int, drain: bool = Fals
             app.send_task("jobs.tasks.job_relay_drain") if drain else app.send_task("jobs.tasks.job_relay", args=[str(uuid.uuid4())])
         time.sleep(2)
         for run in range(runs):
-            name = f"relay-only-c{concurrency}-{'drain-' if drain else ''}{run}"
+            name = f"relay-only-c{concurrency}-{'drain-' if drain else ''}{run}-{uuid.uuid4().hex[:6]}"
             ids = _accepted_jobs(world, n, name)
             start = dt.datetime.now(dt.UTC)
             if drain:
@@ -382,7 +382,8 @@ def batched_in_process(world, n: int, section: common.Section, *, runs: int, thr
 
 
 def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = None, concurrency: int = 2,
-        web_workers: int = 3, batch: int | None = None, single_only: bool = False) -> common.Section:  # fmt: skip
+        web_workers: int = 3, batch: int | None = None, single_only: bool = False,
+        relay_side: bool = False) -> common.Section:  # fmt: skip
     n = jobs or (40 if quick else 500)
     rounds = rounds or (2 if quick else 3)
     profile_n = 20 if quick else 100
@@ -412,6 +413,8 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
     latencies: list[float] = []
     single_latencies: list[float] = []
     try:
+        if relay_side:
+            return _relay_side(world, n, rounds, concurrency, section)
         web = common.start_gunicorn(workers=web_workers, threads=2, THROTTLE_SUBMIT="1000000/min")
         worker = common.start_worker(concurrency=concurrency)
         # warm both paths (imports, connections, slurmctld caches)
@@ -519,6 +522,23 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
     return section
 
 
+def _relay_side(world, n: int, rounds: int, concurrency: int, section: common.Section) -> common.Section:
+    """``--relay-side``: the relay without the API in front, against the plain sbatch loop, run by
+    run: n jobs stored ACCEPTED, then n job_relay messages (one task per job) or ONE drain message."""
+    per_job, drained, raw = [], [], []
+    for _ in range(rounds):
+        raw.append(n / raw_round(world, n))
+        common.drain_cluster()
+        per_job += relay_only(world, n, concurrency=concurrency, runs=1)
+        drained += relay_only(world, n, concurrency=concurrency, runs=1, drain=True)
+    runs = f"median of {rounds} runs of {n} jobs, worker concurrency {concurrency}"
+    section.add("raw sbatch loop", common.median(raw), "jobs/s", runs)
+    section.add("relay alone, one task per job", common.median(per_job), "jobs/s", runs)
+    section.add("relay alone, the drain (one message)", common.median(drained), "jobs/s", runs)
+    section.add("ratio drain / raw", common.median([d / r for d, r in zip(drained, raw)]), "", runs)
+    return section
+
+
 def main() -> None:
     global CLIENT_THREADS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -530,6 +550,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="jobs per batch POST to /api/v1/jobs/ (default: n/10, 10–100)")
     parser.add_argument("--clients", type=int, default=CLIENT_THREADS, help=f"client threads POSTing (default {CLIENT_THREADS})")
     parser.add_argument("--single-only", action="store_true", help="only the raw loop and the single-job POST rounds")
+    parser.add_argument("--relay-side", action="store_true", help="only the relay (no API): per-job tasks vs the drain, vs raw")
     args = parser.parse_args()
     CLIENT_THREADS = args.clients
     common.setup()
@@ -541,6 +562,7 @@ def main() -> None:
         web_workers=args.web_workers,
         batch=args.batch,
         single_only=args.single_only,
+        relay_side=args.relay_side,
     )
 
 

@@ -476,7 +476,7 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
             finally:
                 for name, count in result.items():
                     totals[name] += count
-            if result["out_of_time"] == claimed:  # not one sbatch fitted in the lease: back off
+            if result["out_of_time"] == claimed and time.monotonic() < deadline:  # none fitted in the lease: back off
                 raise SlurmUnavailable(f"{claimed} jobs not relayed: no time left within the claim's lease")
             if time.monotonic() >= deadline:
                 if publish(job_relay_drain):  # the flag stays up: the fresh drain owns it

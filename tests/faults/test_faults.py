@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection, connections
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -215,12 +215,13 @@ def test_broker_restarted_mid_burst_lost_messages_are_re_enqueued_and_each_job_r
 # ---------------------------------------------------------------- the database connection dropped
 
 
-def _terminate_my_backend() -> None:
-    """pg_terminate_backend of this process's database connection, from another connection."""
+def _terminate_my_backend(wrapper=connection) -> None:
+    """pg_terminate_backend of a database connection of this process (``wrapper``, a thread's
+    DatabaseWrapper; by default this thread's), from another connection."""
     import psycopg
     from django.conf import settings
 
-    pid = connection.connection.info.backend_pid
+    pid = wrapper.connection.info.backend_pid
     db = settings.DATABASES["default"]
     with psycopg.connect(
         host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], password=db.get("PASSWORD") or None,
@@ -249,6 +250,7 @@ def test_database_connection_dropped_mid_sync_and_mid_relay_the_next_cycle_recov
     # Jobs really in Slurm (eager relays), plus one whose relay loses the database right after sbatch.
     ids = [submit_tiny(cluster, f"db-{i}", script="#!/bin/bash\nsleep 2\n").pk for i in range(8)]
     real = get_gateway()
+    mine = connections["default"]  # this thread's: the relay calls sbatch from its pool threads
 
     class DroppingGateway:
         drop_on = "queue"
@@ -260,7 +262,7 @@ def test_database_connection_dropped_mid_sync_and_mid_relay_the_next_cycle_recov
 
             def dropping(*args, **kwargs):
                 value = attr(*args, **kwargs)
-                _terminate_my_backend()  # the answer from Slurm arrives; the database is gone
+                _terminate_my_backend(mine)  # the answer from Slurm arrives; the database is gone
                 return value
 
             return dropping

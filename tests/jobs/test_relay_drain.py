@@ -211,3 +211,44 @@ def test_a_burst_of_single_submits_reaches_slurm_once_each_in_fewer_drain_runs_t
         assert 1 <= runs < n and len(published) < n
     finally:
         _cancel_all(jobs)
+
+
+# ---------------------------------------------------------------- what only a fake can show: calls and time
+
+
+@pytest.fixture
+def fake(use_gateway, settings):
+    from tests.fakes import FakeGateway
+
+    gateway = use_gateway(FakeGateway())
+    settings.SLURM_SUBMIT_AS_USER = False  # no Unix accounts needed for the fake
+    return gateway
+
+
+def test_a_round_of_repeats_looks_their_tags_up_in_one_call_not_one_per_job(world, inventory, drains, fake):
+    from tests.fakes import queue_entry
+
+    jobs = [_submit(world, f"r-{i}") for i in range(3)]
+    # claimed once before by a run that died: one of them had reached Slurm
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(relay_attempts=1)
+    fake.queue_entries.append(queue_entry(4242, "PENDING", jobs[0].slurm_tag))
+    result = job_relay_drain_run()
+    assert (result["adopted"], result["submitted"]) == (1, 2)
+    assert (fake.calls["find_by_comments"], fake.calls["find_by_comment"], fake.calls["submit"]) == (1, 0, 2)
+    assert Job.objects.get(pk=jobs[0].pk).slurm_job_id == 4242
+
+
+def test_no_sbatch_starts_that_could_outlive_the_claims_lease(world, inventory, drains, fake, monkeypatch, settings):
+    from jobs.services import job_relay_batch_run, relay
+    from portal.slurm import SlurmUnavailable
+
+    settings.SLURM_TIMEOUT = 15
+    monkeypatch.setattr(relay, "RELAY_LEASE_SECONDS", 10)  # shorter than one Slurm call: nothing fits
+    jobs = [_submit(world, f"t-{i}") for i in range(3)]
+    with pytest.raises(SlurmUnavailable, match="time budget"):
+        job_relay_batch_run([str(j.pk) for j in jobs])
+    with pytest.raises(SlurmUnavailable, match="lease"):
+        job_relay_drain_run()
+    assert fake.calls["submit"] == 0
+    rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert {(r.state, r.relay_token, r.last_relay_error) for r in rows} == {(JobState.ACCEPTED, None, "Relay time budget spent")}
