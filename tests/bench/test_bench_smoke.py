@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = {  # heading start → a figure its table must hold
     "## Profile of one single-job POST": "queries per single-job POST",
     "## Relay:": "ratio portal batch / raw",
-    "## Single-job POSTs on the demo's processes:": "open loop 20/s: POST latency p99",
+    "## Single-job POSTs on the demo's processes:": "open loop 20/s: p99",
     "## API accept latency:": "accept latency p99",
     "## Sync at scale:": "Slurm calls per cycle",
     "## Ingestion:": "ingest, sacct read + upsert",
