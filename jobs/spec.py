@@ -34,6 +34,7 @@ from gpuportal_cli.sbatch_directives import (
 from jobs.constraints import unmatched
 from portal.exceptions import ApplicationError
 from portal.models import Cluster, ClusterPolicyInfo, NodeInfo, PartitionInfo
+from portal.slurm import cluster_config
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -127,7 +128,7 @@ def partition_capacity(partition: str, cluster: str = "") -> PartitionCapacity |
     if cluster:
         query = query.filter(cluster__name=cluster)
     elif not partition:
-        query = query.filter(cluster__is_default=True)
+        query = query.filter(cluster__name=cluster_config().name)
     query = query.filter(is_default=True) if not partition else query.filter(name=partition)
     parts = list(query.order_by("-cluster__is_default", "cluster__name")[:50])
     if not parts:
