@@ -107,8 +107,12 @@ def cloud_comparison(*, start: dt.date, end: dt.date, by_type: list[dict]) -> di
 
 
 def report_page_data(*, start: dt.date, end: dt.date) -> dict:
-    """Everything the report page shows: five aggregate queries and one inventory read."""
+    """Everything the report page shows: five aggregate queries and one inventory read (two more, by
+    cluster, when the portal serves several)."""
+    from portal.slurm import configured_clusters
+
     by_team = cost_report(start=start, end=end, group_by="team")
+    by_cluster = cost_report(start=start, end=end, group_by="cluster") if len(configured_clusters()) > 1 else []
     by_user = cost_report(start=start, end=end, group_by="user")
     by_type = cost_report(start=start, end=end, group_by="gpu_type")
     by_month = cost_report(start=start, end=end, group_by="month")
@@ -137,6 +141,7 @@ def report_page_data(*, start: dt.date, end: dt.date) -> dict:
         "by_user": by_user,
         "by_type": by_type,
         "by_month": by_month,
+        "by_cluster": by_cluster,
         "utilisation": util,
         "cloud": cloud_comparison(start=start, end=end, by_type=by_type),
         "chart": chart,

@@ -34,6 +34,7 @@ from gpuportal_cli.sbatch_directives import (
 from jobs.constraints import unmatched
 from portal.exceptions import ApplicationError
 from portal.models import Cluster, ClusterPolicyInfo, NodeInfo, PartitionInfo
+from portal.slurm import cluster_config
 from portal.snapshots import INVENTORY, snapshot
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
@@ -175,8 +176,9 @@ def _inventory_load() -> Inventory:
         for p in parts
     }  # fmt: skip
     defaults = {p.cluster.name: p.name for p in parts if p.is_default}
-    clusters = list(Cluster.objects.filter(active=True).order_by("-is_default", "name"))
-    default_cluster = next((c.name for c in clusters if c.is_default), None)
+    clusters = list(Cluster.objects.filter(active=True).order_by("name"))
+    # the configured first cluster by name, not the recorded flag (which may lag a settings change)
+    default_cluster = cluster_config().name
     policies = {policy.cluster_id: policy for policy in ClusterPolicyInfo.objects.all()}
     return Inventory(capacities, defaults, default_cluster, frozenset(c.name for c in clusters), policies)
 

@@ -2,7 +2,10 @@ from django.contrib import admin, messages
 
 from portal import services
 from portal.authentication import api_token_forget
-from portal.models import ApiToken, AuditEvent, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, SyncStatus, Team
+from portal.models import (
+    ApiToken, AuditEvent, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, SyncStatus, Team,
+    TeamClusterAccount,
+)  # fmt: skip
 
 
 class MembershipInline(admin.TabularInline):
@@ -11,13 +14,35 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
+class TeamClusterAccountInline(admin.TabularInline):
+    """The team's access to clusters other than the default one, and its account there (saving the
+    team mirrors it to every cluster's associations)."""
+
+    model = TeamClusterAccount
+    extra = 0
+
+
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    """As configured (SLURM_CLUSTERS) and recorded by record_clusters / migrate: read-only here."""
+
+    list_display = ["name", "is_default", "active", "backend", "slurm_conf", "recorded_at"]
+    readonly_fields = ["name", "backend", "slurm_conf", "bin_dir", "lib_dir", "is_default", "active", "recorded_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
     list_display = ["name", "slug", "slurm_account", "active"]
     list_filter = ["active"]
     search_fields = ["name", "slug", "slurm_account"]
     prepopulated_fields = {"slug": ["name"]}
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, TeamClusterAccountInline]
     actions = ["mirror_to_slurm"]
 
     def save_related(self, request, form, formsets, change):
@@ -66,12 +91,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 @admin.register(PartitionInfo)
 class PartitionInfoAdmin(admin.ModelAdmin):
-    list_display = ["name", "is_default", "state", "default_time_minutes", "max_time_minutes", "seen_at"]
+    list_display = ["name", "cluster", "is_default", "state", "default_time_minutes", "max_time_minutes", "seen_at"]
+    list_filter = ["cluster"]
 
 
 @admin.register(NodeInfo)
 class NodeInfoAdmin(admin.ModelAdmin):
-    list_display = ["name", "state", "gpu_type", "gpus_total", "gpus_allocated", "features", "seen_at"]
+    list_display = ["name", "cluster", "state", "gpu_type", "gpus_total", "gpus_allocated", "features", "seen_at"]
+    list_filter = ["cluster"]
 
 
 @admin.register(ClusterPolicyInfo)

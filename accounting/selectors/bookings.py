@@ -17,6 +17,7 @@ from accounting.rates import RateBook
 from portal.exceptions import ApplicationError
 from portal.models import NodeInfo, Team
 from portal.selectors import teams_user_can_submit_to, teams_visible_to
+from portal.slurm import cluster_config
 
 
 def booking_load_steps(bookings, *, start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, dt.datetime, int]]:
@@ -105,7 +106,7 @@ def booking_availability(
     """Bookable GPUs of one cluster (None: the default one) over [start, end) per GPU type: capacity
     (GPUs on available nodes of the type) minus what approved bookings there hold, as a step function
     [{start, end, free, booked}] covering the range (equal steps merged). Two queries."""
-    where = {"cluster__name": cluster} if cluster else {"cluster__is_default": True}
+    where = {"cluster__name": cluster or cluster_config().name}
     nodes = NodeInfo.objects.filter(available=True, gpus_total__gt=0, **where).exclude(gpu_type="")
     if gpu_type:
         nodes = nodes.filter(gpu_type=gpu_type)

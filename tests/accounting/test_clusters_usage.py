@@ -80,3 +80,11 @@ def test_a_quota_counts_the_teams_usage_on_every_cluster(two_clusters, world):
     usage_records_upsert(records=[acct(account="vision25", gpus=4, hours=1, cluster="site25")], cluster="site25")
     rows = [r for r in team_budget(team=world.vision, at=at(2026, 1, 20)) if r["quota"].period_start == dt.date(2026, 1, 1)]
     assert rows and rows[0]["used"] == Decimal("6.00")
+
+
+def test_the_report_page_has_a_table_by_cluster_when_several_are_served(two_clusters, world, client):
+    usage_records_upsert(records=[acct(account="vision", gpus=2, hours=1, cluster=two_clusters)])
+    usage_records_upsert(records=[acct(account="vision25", gpus=4, hours=1, cluster="site25")], cluster="site25")
+    client.force_login(world.finn)
+    page = client.get("/accounting/reports/", {"start": "2026-01-01", "end": "2026-01-31"}).content.decode()
+    assert "<h2>By cluster</h2>" in page and "site25" in page

@@ -18,7 +18,7 @@ from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, jobs_
 from portal.models import NodeInfo, PartitionInfo, TeamClusterAccount
 from portal.services import cluster_row, clusters_record, team_mirror
 from portal.slurm import ClusterConfig, configured_clusters, get_gateway
-from tests.support import CountingGateway, cluster_env, job_payload, wait_for
+from tests.support import CountingGateway, cluster_env, job_payload, skip_unless_ci, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -143,16 +143,24 @@ def test_the_quote_names_the_cluster_when_the_partition_is_ambiguous(two_invento
 # ---------------------------------------------------------------- both real clusters
 
 
-@pytest.fixture
-def both_clusters(settings, cluster):
-    """22.05 (the default, cli) and 25.11 (cli: the test is about routing, not the backend), both
-    synced; the fixture world's teams have the same account names on 25.11, mirrored there."""
+@pytest.fixture(params=["cli", "pyslurm"])
+def both_clusters(request, settings, cluster):
+    """22.05 (the default, cli) and 25.11 (cli, or pyslurm: one pyslurm cluster in this process
+    beside a CLI one), both synced; the fixture world's teams have the same account names on 25.11,
+    mirrored there."""
+    if request.param == "pyslurm":
+        from portal.slurm.pyslurm import pyslurm_version
+
+        if pyslurm_version() is None:
+            skip_unless_ci("pyslurm is not installed in this venv (scripts/pyslurm)")
     env25 = cluster_env("25.11")
     settings.SLURM_CLUSTERS = (
         ClusterConfig(settings.SLURM_CLUSTER, "cli", settings.SLURM_CONF, settings.SLURM_BIN_DIR),
-        ClusterConfig(env25["SLURM_CLUSTER"], "cli", env25["SLURM_CONF"], env25["SLURM_BIN_DIR"], env25.get("SLURM_LIB_DIR", "")),
-    )
+        ClusterConfig(env25["SLURM_CLUSTER"], request.param, env25["SLURM_CONF"], env25["SLURM_BIN_DIR"],
+                      env25.get("SLURM_LIB_DIR", "")),
+    )  # fmt: skip
     slurm.reset_gateway()
+    assert (get_gateway(settings.SLURM_CLUSTER).name, get_gateway(env25["SLURM_CLUSTER"]).name) == ("cli", request.param)
     clusters_record()
     from portal.services import cluster_sync
 
