@@ -62,6 +62,14 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.RunPython(record_default_cluster, migrations.RunPython.noop),
+        # Before clusters, sync_cluster wrote the one policy row with an explicit pk=1, which leaves
+        # the id sequence behind: the next cluster's policy row would collide with it.
+        migrations.RunSQL(
+            "SELECT setval(pg_get_serial_sequence('portal_clusterpolicyinfo', 'id'), "
+            "COALESCE((SELECT MAX(id) FROM portal_clusterpolicyinfo), 1), "
+            "(SELECT COUNT(*) > 0 FROM portal_clusterpolicyinfo))",
+            migrations.RunSQL.noop,
+        ),
         migrations.AddField(
             model_name='clusterpolicyinfo',
             name='cluster',

@@ -200,3 +200,27 @@ def test_two_real_clusters_are_synced_each_with_one_partitions_and_one_nodes_cal
         assert SyncStatus.objects.get(kind=f"cluster:{env25['SLURM_CLUSTER']}").failing_since is None
     finally:
         slurm.reset_gateway()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upgraded_site_records_a_second_clusters_policy():
+    """Before clusters the one policy row was written with pk=1 (the id sequence never moved): the
+    migration puts the sequence past it, so the second cluster's policy row gets a fresh id."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    before = [("portal", "0005_cluster_policy_and_node_features")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    old.get_model("portal", "ClusterPolicyInfo").objects.create(pk=1, qos=["normal"], seen_at=timezone.now())
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+    from portal.models import Cluster, ClusterPolicyInfo
+
+    second = Cluster.objects.create(name="second", backend="cli")
+    policy = ClusterPolicyInfo.objects.create(cluster=second, qos=["normal"], seen_at=timezone.now())
+    assert policy.pk != 1
+    assert ClusterPolicyInfo.objects.count() == 2
