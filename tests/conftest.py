@@ -21,7 +21,16 @@ from rest_framework.test import APIClient
 
 from portal.models import Role
 from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFactory
-from tests.support import DEFAULT_RELEASE, SLURM_TARGET_IDS, SLURM_TARGETS, skip_unless_ci, use_slurm_target
+from tests.support import (
+    CACHE_KEY_PREFIX,
+    DEFAULT_RELEASE,
+    SLURM_TARGET_IDS,
+    SLURM_TARGETS,
+    cache_clear,
+    cache_test_location,
+    skip_unless_ci,
+    use_slurm_target,
+)
 
 
 def pytest_configure(config):
@@ -101,11 +110,14 @@ def _test_settings(settings):
 
 
 @pytest.fixture(autouse=True)
-def _clear_cache():
-    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean."""
-    from django.core.cache import cache
-
-    cache.clear()
+def _clear_cache(settings):
+    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean.
+    The tests' Redis database and a key prefix of this run's own: concurrent runs and the demo do
+    not count or clear each other's (tests.support.cache_clear)."""
+    default = settings.CACHES["default"]
+    location = cache_test_location(default["LOCATION"])
+    settings.CACHES = {"default": {**default, "LOCATION": location, "KEY_PREFIX": CACHE_KEY_PREFIX}}
+    cache_clear()
     yield
 
 
