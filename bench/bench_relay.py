@@ -492,14 +492,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="jobs per batch POST to /api/v1/jobs/ (default: n/10, 10–100)")
     args = parser.parse_args()
     common.setup()
-    run(
-        quick=args.quick,
-        jobs=args.jobs,
-        rounds=args.rounds,
-        concurrency=args.concurrency,
-        web_workers=args.web_workers,
-        batch=args.batch,
-    )
+    run(**vars(args))  # every option is a keyword of run()
 
 
 if __name__ == "__main__":

@@ -59,15 +59,15 @@ def slurm_tags() -> set[str]:
     return {e.comment for e in get_gateway().queue() if e.comment}
 
 
-def wait_for(predicate, *, timeout: float = 60.0, interval: float = 0.2):
-    """Poll until predicate() is truthy; returns its value or fails after timeout."""
+def wait_for(predicate, *, timeout: float = 60.0, interval: float = 0.2, what: str = "the condition"):
+    """Poll until predicate() is truthy; returns its value or fails after timeout (naming ``what``)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
 
 
