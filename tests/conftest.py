@@ -110,13 +110,41 @@ def _test_settings(settings):
 
 
 @pytest.fixture(autouse=True)
-def _clear_cache(settings):
-    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean.
-    The tests' Redis database and a key prefix of this run's own: concurrent runs and the demo do
-    not count or clear each other's (tests.support.cache_clear)."""
-    default = settings.CACHES["default"]
+def _fast_tier_runs_no_slurm_command(request, settings):
+    """A test of the fast tier runs no Slurm command: SLURM_BIN_DIR names a directory that does not
+    exist, so each one fails at once (SlurmUnavailable, "cannot be run"), as with the cluster
+    unreachable, instead of answering by luck (``sinfo --version`` needs no controller) or waiting
+    SLURM_TIMEOUT (it does when slurm.conf is missing). Tests that need Slurm carry a slower marker."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    import portal.slurm as slurm
+
+    settings.SLURM_BIN_DIR = "/nonexistent-slurm-bin"
+    slurm.reset_gateway()
+    yield
+    slurm.reset_gateway()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_cache():
+    """The tests' Redis database and a key prefix of this run's own (tests.support.CACHE_KEY_PREFIX):
+    concurrent runs and the demo do not count or clear each other's throttle buckets. Set once for
+    the session (a cache configured per test would open a connection pool per test)."""
+    from django.conf import settings as django_settings
+    from django.test.utils import override_settings
+
+    default = django_settings.CACHES["default"]
     location = cache_test_location(default["LOCATION"])
-    settings.CACHES = {"default": {**default, "LOCATION": location, "KEY_PREFIX": CACHE_KEY_PREFIX}}
+    caches = {"default": {**default, "LOCATION": location, "KEY_PREFIX": CACHE_KEY_PREFIX}}
+    with override_settings(CACHES=caches):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _clear_cache(_test_cache):
+    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean
+    (this run's keys only: tests.support.cache_clear)."""
     cache_clear()
     yield
 
