@@ -14,6 +14,15 @@ from portal.slurm import SlurmError, SlurmUnavailable
 logger = logging.getLogger(__name__)
 
 
+def _until_next_beat(what: str, run):
+    """Run a periodic task's service; a Slurm error is logged and waits for the next beat (None)."""
+    try:
+        return run()
+    except SlurmError as exc:
+        logger.warning("%s: Slurm error: %s", what, exc)
+        return None
+
+
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=80)
 def usage_ingest_task(cluster: str | None = None) -> dict | None:
     """Read one cluster's new accounting from its slurmdbd (one sacct per window; one task per
@@ -21,10 +30,8 @@ def usage_ingest_task(cluster: str | None = None) -> dict | None:
     SyncStatus ("usage", "usage:NAME") and retried by the next beat, a minute later."""
     from accounting.services import usage_ingest
 
-    try:
-        result = usage_ingest(cluster=cluster)
-    except SlurmError as exc:
-        logger.warning("usage ingest %s: Slurm error: %s", cluster or "(default)", exc)
+    result = _until_next_beat(f"usage ingest {cluster or '(default)'}", lambda: usage_ingest(cluster=cluster))
+    if result is None:
         return None
     _budget_alerts_after_ingest()
     return {"read": result.read, "written": result.written, "slices": result.slices, "seconds": result.seconds}
@@ -87,11 +94,7 @@ def booking_cleanup_task() -> dict | None:
     Slurm are deleted; lost creations and deletions are re-enqueued."""
     from accounting.services import booking_cleanup
 
-    try:
-        return booking_cleanup()
-    except SlurmError as exc:
-        logger.warning("booking cleanup: Slurm error: %s", exc)
-        return None
+    return _until_next_beat("booking cleanup", booking_cleanup)
 
 
 # ---------------------------------------------------------------- quotas
@@ -119,11 +122,7 @@ def quota_rollover_task() -> list[str] | None:
     new limits; also mends limit drift. A Slurm failure waits for the next beat."""
     from accounting.services import quota_period_rollover
 
-    try:
-        return quota_period_rollover()
-    except SlurmError as exc:
-        logger.warning("quota roll-over: Slurm error: %s", exc)
-        return None
+    return _until_next_beat("quota roll-over", quota_period_rollover)
 
 
 @shared_task(

@@ -81,16 +81,23 @@ def report(request):
     )
 
 
-@login_required
-def team_usage(request):
-    """The caller's team's usage and cost per month (managers, admins, finance: also per user)."""
-    teams = list(usage_teams_visible_to(request.user).order_by("name"))
+def _team_chosen(request, teams: list):
+    """The team a per-team page shows: ``?team=<slug>`` among ``teams`` (the ones the user may see
+    there), else the first; 404 when the user sees none or the slug is not one of them."""
     if not teams:
         raise Http404("No team.")
     slug = request.GET.get("team")
     team = next((t for t in teams if t.slug == slug), None) if slug else teams[0]
     if team is None:
         raise Http404("No such team.")
+    return team
+
+
+@login_required
+def team_usage(request):
+    """The caller's team's usage and cost per month (managers, admins, finance: also per user)."""
+    teams = list(usage_teams_visible_to(request.user).order_by("name"))
+    team = _team_chosen(request, teams)
     today = billing_date(timezone.now())
     first = month_start(today)
     for _ in range(11):
@@ -354,12 +361,7 @@ def budget(request):
     from portal.selectors import teams_visible_to
 
     teams = list(teams_visible_to(request.user).order_by("name"))
-    if not teams:
-        raise Http404("No team.")
-    slug = request.GET.get("team")
-    team = next((t for t in teams if t.slug == slug), None) if slug else teams[0]
-    if team is None:
-        raise Http404("No such team.")
+    team = _team_chosen(request, teams)
     data = team_budget_data(team)
     head = next((r for r in data["rows"] if not r["gpu_type"]), data["rows"][0] if data["rows"] else None)
     chart = budget_burndown(quota=head["quota"]) if head else None

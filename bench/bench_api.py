@@ -109,13 +109,7 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=3)
     args = parser.parse_args()
     common.setup()
-    run(
-        quick=args.quick,
-        clients=args.clients,
-        requests=args.requests,
-        rounds=args.rounds,
-        web_workers=args.web_workers,
-    )
+    run(**vars(args))  # every option is a keyword of run()
 
 
 if __name__ == "__main__":

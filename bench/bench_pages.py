@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int)
     args = parser.parse_args()
     common.setup()
-    run(quick=args.quick, jobs=args.jobs, runs=args.runs)
+    run(**vars(args))  # every option is a keyword of run()
 
 
 if __name__ == "__main__":

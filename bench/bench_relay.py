@@ -551,19 +551,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=CLIENT_THREADS, help=f"client threads POSTing (default {CLIENT_THREADS})")
     parser.add_argument("--single-only", action="store_true", help="only the raw loop and the single-job POST rounds")
     parser.add_argument("--relay-side", action="store_true", help="only the relay (no API): per-job tasks vs the drain, vs raw")
-    args = parser.parse_args()
-    CLIENT_THREADS = args.clients
+    options = vars(parser.parse_args())
+    CLIENT_THREADS = options.pop("clients")
     common.setup()
-    run(
-        quick=args.quick,
-        jobs=args.jobs,
-        rounds=args.rounds,
-        concurrency=args.concurrency,
-        web_workers=args.web_workers,
-        batch=args.batch,
-        single_only=args.single_only,
-        relay_side=args.relay_side,
-    )
+    run(**options)  # every other option is a keyword of run()
 
 
 if __name__ == "__main__":

@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int)
     args = parser.parse_args()
     common.setup()
-    run(quick=args.quick, live=args.live, sizes=args.sizes, cycles=args.cycles)
+    run(**vars(args))  # every option is a keyword of run()
 
 
 if __name__ == "__main__":

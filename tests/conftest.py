@@ -21,7 +21,16 @@ from rest_framework.test import APIClient
 
 from portal.models import Role
 from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFactory
-from tests.support import DEFAULT_RELEASE, SLURM_TARGET_IDS, SLURM_TARGETS, skip_unless_ci, use_slurm_target
+from tests.support import (
+    CACHE_KEY_PREFIX,
+    DEFAULT_RELEASE,
+    SLURM_TARGET_IDS,
+    SLURM_TARGETS,
+    cache_clear,
+    cache_test_location,
+    skip_unless_ci,
+    use_slurm_target,
+)
 
 
 def pytest_configure(config):
@@ -101,18 +110,50 @@ def _test_settings(settings):
 
 
 @pytest.fixture(autouse=True)
-def _clear_cache():
-    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean.
-    So does the relay drain's coalescing flag (on the broker's Redis, portal.outbox)."""
-    from django.core.cache import cache
+def _fast_tier_runs_no_slurm_command(request, settings):
+    """A test of the fast tier runs no Slurm command: SLURM_BIN_DIR names a directory that does not
+    exist, so each one fails at once (SlurmUnavailable, "cannot be run"), as with the cluster
+    unreachable, instead of answering by luck (``sinfo --version`` needs no controller) or waiting
+    SLURM_TIMEOUT (it does when slurm.conf is missing). Tests that need Slurm carry a slower marker."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    import portal.slurm as slurm
 
+    settings.SLURM_BIN_DIR = "/nonexistent-slurm-bin"
+    slurm.reset_gateway()
+    yield
+    slurm.reset_gateway()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_cache():
+    """The tests' Redis database and a key prefix of this run's own (tests.support.CACHE_KEY_PREFIX):
+    concurrent runs and the demo do not count or clear each other's throttle buckets. Set once for
+    the session (a cache configured per test would open a connection pool per test)."""
+    from django.conf import settings as django_settings
+    from django.test.utils import override_settings
+
+    default = django_settings.CACHES["default"]
+    location = cache_test_location(default["LOCATION"])
+    caches = {"default": {**default, "LOCATION": location, "KEY_PREFIX": CACHE_KEY_PREFIX}}
+    with override_settings(CACHES=caches):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _clear_cache(_test_cache):
+    """Throttle counters and idempotency keys live in the (real, Redis) cache: start each test clean
+    (this run's keys only: tests.support.cache_clear). So does the relay drain's coalescing flag
+    (on the broker's Redis, portal.outbox), and each process's copies of the inventory and the rate
+    book (portal/snapshots.py) hold the last test's rows."""
     from jobs.services import relay_drain_key
     from portal.outbox import coalesced_done
     from portal.snapshots import snapshots_forget
 
-    cache.clear()
+    cache_clear()
     coalesced_done(relay_drain_key())
-    snapshots_forget()  # the inventory and rate book copies (portal/snapshots.py) of the last test's rows
+    snapshots_forget()
     yield
 
 

@@ -3,10 +3,34 @@ Slurm tags, a valid job body."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
 import pytest
+
+# The cache (throttle counters, idempotency keys): the tests use Redis database 12, not the demo's
+# (CACHE_URL, database 1), and each run keeps its keys under a prefix of its own (tests/conftest.py)
+# and clears only those, never the whole database (cache.clear() is FLUSHDB): concurrent runs on one
+# machine neither count nor clear each other's throttle buckets.
+CACHE_TEST_DB = 12
+CACHE_KEY_PREFIX = f"gpuportal-test-p{os.getpid()}"
+
+
+def cache_test_location(location: str) -> str:
+    """CACHE_URL with the tests' database: redis://host:port/1 -> redis://host:port/12."""
+    base, sep, last = location.rstrip("/").rpartition("/")
+    return f"{base}/{CACHE_TEST_DB}" if sep and last.isdigit() else f"{location.rstrip('/')}/{CACHE_TEST_DB}"
+
+
+def cache_clear() -> None:
+    """Delete this run's cache keys (CACHE_KEY_PREFIX), and only those."""
+    from django.core.cache import cache
+
+    client = cache._cache.get_client(write=True)
+    keys = list(client.scan_iter(match=f"{cache.key_prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 class CountingGateway:
@@ -52,15 +76,15 @@ def relay_crashed_after_sbatch(job) -> int:
     return slurm_id
 
 
-def wait_for(predicate, *, timeout: float = 60.0, interval: float = 0.2):
-    """Poll until predicate() is truthy; returns its value or fails after timeout."""
+def wait_for(predicate, *, timeout: float = 60.0, interval: float = 0.2, what: str = "the condition"):
+    """Poll until predicate() is truthy; returns its value or fails after timeout (naming ``what``)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
 
 

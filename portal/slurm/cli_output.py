@@ -48,15 +48,22 @@ def parse_job_id(stdout: str) -> int:
     return job_id
 
 
-def parse_queue(stdout: str) -> list[QueueEntry]:
-    entries = []
+def _rows(stdout: str, fields: tuple[str, ...], command: str):
+    """The non-blank lines of squeue/sacct output, each split into ``len(fields)`` values (the last one,
+    the comment, may hold anything); a line with fewer is logged and skipped."""
     for line in stdout.splitlines():
         if not line.strip():
             continue
-        fields = line.split(FIELD_SEP, len(QUEUE_FIELDS) - 1)
-        if len(fields) != len(QUEUE_FIELDS):
-            logger.warning("squeue line with %d fields ignored: %r", len(fields), line)
+        values = line.split(FIELD_SEP, len(fields) - 1)
+        if len(values) != len(fields):
+            logger.warning("%s line with %d fields ignored: %r", command, len(values), line)
             continue
+        yield values
+
+
+def parse_queue(stdout: str) -> list[QueueEntry]:
+    entries = []
+    for fields in _rows(stdout, QUEUE_FIELDS, "squeue"):
         (job_id, user, account, partition, state, reason, nodes, num_nodes, submit, start, end,
          limit, tres, reservation, own_id, array_id, array_index, name, comment) = fields  # fmt: skip
         job_id_int = parsing.parse_int(own_id, None)
@@ -92,13 +99,7 @@ def parse_queue(stdout: str) -> list[QueueEntry]:
 
 def parse_sacct(stdout: str) -> list[AccountingRecord]:
     records = []
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split(FIELD_SEP, len(SACCT_FIELDS) - 1)
-        if len(fields) != len(SACCT_FIELDS):
-            logger.warning("sacct line with %d fields ignored: %r", len(fields), line)
-            continue
+    for fields in _rows(stdout, SACCT_FIELDS, "sacct"):
         (job_id, user, account, partition, state, exit_code, submit, start, end, elapsed, limit,
          num_nodes, nodes, alloc_tres, req_tres, reservation, cluster, array_job, name, comment) = fields  # fmt: skip
         job_id_int = parsing.parse_int(job_id, None)

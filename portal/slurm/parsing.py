@@ -156,6 +156,25 @@ def format_tres(values: dict[str, int]) -> str:
     return ",".join(f"{key}={values[key]}" for key in sorted(values))
 
 
+def split_outside(value: str, brackets: str) -> list[str]:
+    """``value`` split on the commas outside ``brackets`` (an opening and a closing character):
+    "gpu:a100:2(IDX:0,2),gpu:h100:1" with "()" -> two items; "a100-[01,03],h100-01" with "[]" -> two."""
+    opening, closing = brackets
+    parts, depth, current = [], 0, []
+    for char in value:
+        if char == opening:
+            depth += 1
+        elif char == closing:
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
 _GRES_ITEM_RE = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)(?:\((?P<extra>[^)]*)\))?$")
 
 
@@ -169,20 +188,8 @@ def parse_gres(value: str) -> list[tuple[str, str, int]]:
         return []
     # Split on commas that are not inside parentheses ("(S:0-1)" never holds commas, but
     # "(IDX:0,2)" does).
-    items, depth, current = [], 0, []
-    for char in value:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    items.append("".join(current))
     out = []
-    for item in items:
+    for item in split_outside(value, "()"):
         item = item.strip()
         if item.startswith("gres:"):
             item = item[len("gres:") :]
@@ -237,19 +244,7 @@ def expand_hostlist(value: str) -> tuple[str, ...]:
     if not value:
         return ()
     out: list[str] = []
-    depth, current, parts = 0, [], []
-    for char in value:
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    for part in parts:
+    for part in split_outside(value, "[]"):
         out.extend(_expand_one(part.strip()))
     return tuple(out)
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import requests
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# fuzz: minutes of generated requests per role (make test runs it; make test-fast does not)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.fuzz]
 
 ROLES = ("member", "manager", "admin", "finance")
 SEED = 19

@@ -304,10 +304,11 @@ def assert_each_job_in_slurm_exactly_once(ids, since) -> dict:
     assert states[JobState.ACCEPTED] == 0 and states[JobState.SUBMIT_FAILED] == 0, dict(states)
     tags = {job.slurm_tag for job in jobs}
     found = slurm_ids_by_tag(tags, since)
-    missing = [job.pk for job in jobs if not found.get(job.slurm_tag)]
-    # sacct may lag a finished job by a moment once it has left the queue: ask again before failing
-    if missing:
-        time.sleep(3)
+    # sacct may lag a finished job by a moment once it has left the queue: ask again (for up to 10 s)
+    # until every tag is found, then check
+    deadline = time.monotonic() + 10
+    while any(not found.get(job.slurm_tag) for job in jobs) and time.monotonic() < deadline:
+        time.sleep(0.5)
         found = slurm_ids_by_tag(tags, since)
     twice = {tag: sorted(ids_) for tag, ids_ in found.items() if len(ids_) > 1}
     assert twice == {}, f"jobs submitted to Slurm more than once: {twice}"

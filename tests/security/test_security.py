@@ -6,7 +6,6 @@ error shape, secure cookies and headers in production settings, the audit trail 
 from __future__ import annotations
 
 import pytest
-from django.core.cache import cache
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -14,7 +13,7 @@ from jobs.models import JobTemplate
 from portal.models import ApiToken, AuditEvent
 from portal.services import api_token_create
 from tests.security.test_url_matrix import make_job, url_names
-from tests.support import job_payload
+from tests.support import cache_clear, job_payload
 
 pytestmark = pytest.mark.django_db
 
@@ -252,10 +251,10 @@ def low_rates(settings):
     api_settings.reload()
     original = SimpleRateThrottle.THROTTLE_RATES
     SimpleRateThrottle.THROTTLE_RATES = rates  # class attribute read at import time
-    cache.clear()
+    cache_clear()
     yield rates
     SimpleRateThrottle.THROTTLE_RATES = original
-    cache.clear()
+    cache_clear()
 
 
 def test_submission_is_throttled_with_429_in_the_json_error_shape(world, low_rates, relays):

@@ -13,6 +13,7 @@ reservations deleted, limits cleared); the accounts themselves are left in place
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import pwd
 import re
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import support
 from tests.support import skip_unless_ci
 
 import portal.slurm as slurm
@@ -38,16 +40,7 @@ CI_LIMITS_ACCOUNT = "gpuportal_ci_limits"
 WAIT_SECONDS = 30
 
 
-def wait_for(predicate, *, timeout=WAIT_SECONDS, interval=0.3, what="condition"):
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+wait_for = functools.partial(support.wait_for, timeout=WAIT_SECONDS, interval=0.3)
 
 
 @pytest.fixture
