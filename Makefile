@@ -79,8 +79,11 @@ lint-imports: install
 
 # The fast tier: tests/conftest.py marks every test that needs no cluster, worker, browser or other
 # local service `fast`. SLURM_CONF names no controller, so a test that reaches Slurm unmarked fails here.
+# One pytest-xdist worker per core (FAST_WORKERS): the fast tests share nothing but PostgreSQL and Redis,
+# and each worker has its own test database and cache prefix (tests/conftest.py).
+FAST_WORKERS ?= auto
 test-fast: install lint-imports services
-	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast $(PYTEST_ARGS)
+	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 bench: install pyslurm cluster cluster25
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py
