@@ -18,7 +18,6 @@ running GPUs so the shared cluster stays usable."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import subprocess
@@ -401,11 +400,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
             f"at 2 running GPUs (GrpTRES) and its jobs are cancelled after each round. Figures are medians over rounds."
         ),
     )
-    common.print_header(section.title)
-    world = common.world()
-    common.truncate_jobs()
-    common.drain_cluster()
-    common.gpu_limit_set(2)
+    world = common.begin(section, truncate=True, gpu_cap=2)
     common.broker_purge()
     web = worker = None
     raw_rates, portal_rates, ratios, accept_rates = [], [], [], []
@@ -541,8 +536,7 @@ def _relay_side(world, n: int, rounds: int, concurrency: int, section: common.Se
 
 def main() -> None:
     global CLIENT_THREADS
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (40 jobs, 2 rounds)")
+    parser = common.arguments(__doc__, quick="small sizes (40 jobs, 2 rounds)")
     parser.add_argument("--jobs", type=int)
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker processes (default 2)")
