@@ -138,10 +138,7 @@ def open_loop(client_factory, rate: float, seconds: float, name: str, team: str)
                     latencies.append(done - planned)
                     late.append(sent - planned)
                     statuses[status] = statuses.get(status, 0) + 1
-                    if status != 201:
-                        errors[0] += 1
-                        if errors[0] <= 3:
-                            print(f"  ! POST answered {status}: {text[:200]!r}", file=sys.stderr)
+                    common.count_refusal(errors, status, text, chars=200)
         finally:
             api.close()
 

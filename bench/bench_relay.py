@@ -121,10 +121,7 @@ def post_jobs(
                     status, text, seconds = api.request("POST", "/api/v1/jobs/", body)
                 with lock:
                     latencies.append(seconds)
-                    if status != 201:
-                        errors[0] += 1
-                        if errors[0] <= 3:
-                            print(f"  ! POST answered {status}: {text[:300]!r}", file=sys.stderr)
+                    common.count_refusal(errors, status, text)
         finally:
             api.close()
 
@@ -380,6 +377,17 @@ def batched_in_process(world, n: int, section: common.Section, *, runs: int, thr
 # ---------------------------------------------------------------- run
 
 
+def _timed_round(section, world, n: int, name: str, label: str, *, batch: int = 0) -> tuple[float, dict]:
+    """One timed portal_round of n jobs, the bench jobs cancelled after it, a note on ``section`` when
+    not every job was relayed cleanly. Returns the relay rate (jobs/s) and the round's result."""
+    result = portal_round(world, n, name, timeout=max(120, n), batch=batch)
+    common.drain_cluster()
+    if result["relayed"] != n or result["failed"] or result["post_errors"]:
+        section.note(f"{label}: {result['relayed']}/{n} relayed, {result['failed']} SUBMIT_FAILED, "
+                     f"{result['post_errors']} POST errors")  # fmt: skip
+    return result["relayed"] / result["seconds"], result
+
+
 def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = None, concurrency: int = 2,
         web_workers: int = 3, batch: int | None = None, single_only: bool = False,
         relay_side: bool = False) -> common.Section:  # fmt: skip
@@ -419,12 +427,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
         for r in range(1, rounds + 1):
             raw = n / raw_round(world, n)
             common.drain_cluster()
-            result = portal_round(world, n, f"relay-r{r}", timeout=max(120, n))
-            common.drain_cluster()
-            if result["relayed"] != n or result["failed"] or result["post_errors"]:
-                section.note(f"round {r}: {result['relayed']}/{n} relayed, {result['failed']} SUBMIT_FAILED, "
-                             f"{result['post_errors']} POST errors")  # fmt: skip
-            portal = result["relayed"] / result["seconds"]
+            portal, result = _timed_round(section, world, n, f"relay-r{r}", f"round {r}")
             raw_rates.append(raw)
             portal_rates.append(portal)
             ratios.append(portal / raw)
@@ -435,12 +438,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
                   f"POSTs accepted at {n / result['post_seconds']:.1f}/s", flush=True)  # fmt: skip
             if single_only:
                 continue
-            result = portal_round(world, n, f"relay-b{r}", timeout=max(120, n), batch=batch_size)
-            common.drain_cluster()
-            if result["relayed"] != n or result["failed"] or result["post_errors"]:
-                section.note(f"batch round {r}: {result['relayed']}/{n} relayed, {result['failed']} SUBMIT_FAILED, "
-                             f"{result['post_errors']} POST errors")  # fmt: skip
-            batch = result["relayed"] / result["seconds"]
+            batch, result = _timed_round(section, world, n, f"relay-b{r}", f"batch round {r}", batch=batch_size)
             batch_rates.append(batch)
             batch_ratios.append(batch / raw)
             batch_accept.append(n / result["post_seconds"])

@@ -576,6 +576,15 @@ def print_header(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
 
+def count_refusal(errors: list[int], status: int, text, *, shown: int = 3, chars: int = 300) -> None:
+    """A POST answered other than 201 is counted in ``errors[0]``; the first ``shown`` are printed
+    (``chars`` of the answer). Called under the client threads' lock."""
+    if status != 201:
+        errors[0] += 1
+        if errors[0] <= shown:
+            print(f"  ! POST answered {status}: {text[:chars]!r}", file=sys.stderr)
+
+
 # ---------------------------------------------------------------- command line
 
 
