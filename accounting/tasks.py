@@ -65,11 +65,14 @@ def usage_reprice_task(gpu_type: str, since: str) -> int:
 
 # ---------------------------------------------------------------- bookings
 
+# A booking's reservation is created or deleted in Slurm: retried while Slurm is unavailable.
+_RESERVATION_TASK = {
+    "acks_late": True, "ignore_result": True, "autoretry_for": (SlurmUnavailable,), "retry_backoff": 5,
+    "retry_backoff_max": 120, "max_retries": 8, "soft_time_limit": 50, "time_limit": 80,
+}  # fmt: skip
 
-@shared_task(
-    acks_late=True, ignore_result=True, autoretry_for=(SlurmUnavailable,), retry_backoff=5, retry_backoff_max=120,
-    max_retries=8, soft_time_limit=50, time_limit=80,
-)  # fmt: skip
+
+@shared_task(**_RESERVATION_TASK)
 def booking_reserve_task(booking_id: str) -> str:
     """Create the Slurm reservation of an approved booking; retried while Slurm is unavailable."""
     from accounting.services import booking_reserve_run
@@ -77,10 +80,7 @@ def booking_reserve_task(booking_id: str) -> str:
     return booking_reserve_run(booking_id)
 
 
-@shared_task(
-    acks_late=True, ignore_result=True, autoretry_for=(SlurmUnavailable,), retry_backoff=5, retry_backoff_max=120,
-    max_retries=8, soft_time_limit=50, time_limit=80,
-)  # fmt: skip
+@shared_task(**_RESERVATION_TASK)
 def booking_unreserve_task(booking_id: str) -> str:
     """Delete the Slurm reservation of a cancelled booking; retried while Slurm is unavailable."""
     from accounting.services import booking_unreserve_run

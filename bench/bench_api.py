@@ -9,7 +9,6 @@ message in Redis), not the relay. The queue is purged afterwards and the jobs ne
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
@@ -69,9 +68,7 @@ def run(*, quick: bool = False, clients: int = 20, requests: int | None = None, 
             "counts but never refuses. p50/p99 per round; the table gives the median over rounds."
         ),
     )
-    common.print_header(section.title)
-    world = common.world()
-    common.truncate_jobs()
+    world = common.begin(section, truncate=True)
     common.broker_purge()
     web = common.start_gunicorn(workers=web_workers, threads=2, THROTTLE_SUBMIT="1000000/min")
     p50s, p99s, rates, total = [], [], [], 0
@@ -101,15 +98,12 @@ def run(*, quick: bool = False, clients: int = 20, requests: int | None = None, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10 requests per client, 2 rounds")
+    parser = common.arguments(__doc__, quick="10 requests per client, 2 rounds")
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--requests", type=int, help="POSTs per client per round (default 25)")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--web-workers", type=int, default=3)
-    args = parser.parse_args()
-    common.setup()
-    run(**vars(args))  # every option is a keyword of run()
+    common.main(run, parser)
 
 
 if __name__ == "__main__":

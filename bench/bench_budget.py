@@ -10,7 +10,6 @@ that statement's start to the end of the check (the job insert of job_submit com
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import uuid
@@ -111,11 +110,9 @@ def _locking_statement_ms(team, estimate) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.arguments(__doc__)
     parser.add_argument("--runs", type=int, default=200)
-    args = parser.parse_args()
-    common.setup()
-    run(runs=args.runs)
+    common.main(run, parser)
 
 
 if __name__ == "__main__":

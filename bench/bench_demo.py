@@ -22,8 +22,6 @@ The load average is printed before and after every figure: the machine is shared
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import os
 import sys
 import threading
@@ -140,10 +138,7 @@ def open_loop(client_factory, rate: float, seconds: float, name: str, team: str)
                     latencies.append(done - planned)
                     late.append(sent - planned)
                     statuses[status] = statuses.get(status, 0) + 1
-                    if status != 201:
-                        errors[0] += 1
-                        if errors[0] <= 3:
-                            print(f"  ! POST answered {status}: {text[:200]!r}", file=sys.stderr)
+                    common.count_refusal(errors, status, text, chars=200)
         finally:
             api.close()
 
@@ -226,10 +221,7 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
             f"the same 2 cores as the portal. Load average (1/5/15 min) before → after each figure."
         ),
     )
-    common.print_header(section.title)
-    world = common.world()
-    common.drain_cluster()
-    common.gpu_limit_set(2)
+    world = common.begin(section, gpu_cap=2)
     demo = None
     if url:
         if not (token and team):
@@ -308,8 +300,7 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20/s for 3 s, 20 jobs")
+    parser = common.arguments(__doc__, quick="20/s for 3 s, 20 jobs")
     parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], help="offered rates (default 50,100)")
     parser.add_argument("--seconds", type=float, help="seconds per offered rate (default 20)")
     parser.add_argument("--jobs", type=int, help="single-job POSTs of the throughput part (default 500)")

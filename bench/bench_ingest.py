@@ -10,7 +10,6 @@ The 100 000-record synthetic ingest rate and the 1 000 000-row cost report are b
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import sys
@@ -79,8 +78,7 @@ def run(*, quick: bool = False, since: dt.datetime | None = None, runs: int | No
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 runs")
+    parser = common.arguments(__doc__, quick="2 runs")
     parser.add_argument("--minutes", type=int, default=60, help="window: the last N minutes (default 60)")
     parser.add_argument("--runs", type=int)
     args = parser.parse_args()

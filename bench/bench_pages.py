@@ -9,7 +9,6 @@ applies); each case is requested once to warm, then timed ``runs`` times."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -45,9 +44,7 @@ def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None
             "50 (API)."
         ),
     )
-    common.print_header(section.title)
-    world = common.world(slurm=False)
-    common.truncate_jobs()
+    world = common.begin(section, slurm=False, truncate=True)
     try:
         seconds = 0.0
         for start in range(0, count, 20_000):  # in batches: memory stays small
@@ -107,13 +104,10 @@ def _submit_with_history(client, runs: int) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10 000 jobs, 3 runs")
+    parser = common.arguments(__doc__, quick="10 000 jobs, 3 runs")
     parser.add_argument("--jobs", type=int)
     parser.add_argument("--runs", type=int)
-    args = parser.parse_args()
-    common.setup()
-    run(**vars(args))  # every option is a keyword of run()
+    common.main(run, parser)
 
 
 if __name__ == "__main__":

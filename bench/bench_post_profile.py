@@ -14,7 +14,6 @@ Also the same for a batch POST of 10 jobs (queries only), so the count per batch
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
@@ -79,9 +78,7 @@ def run(*, quick: bool = False, requests: int | None = None, top: int = 20) -> c
             f"`SELECT … FOR UPDATE` to the commit, and cProfile over the {n} requests."
         ),
     )
-    common.print_header(section.title)
-    world = common.world()
-    common.truncate_jobs()
+    world = common.begin(section, truncate=True)
     client = Client(HTTP_AUTHORIZATION=f"Token {world.token}")
     body = job_body("post-profile")
 
@@ -151,8 +148,7 @@ def run(*, quick: bool = False, requests: int | None = None, top: int = 20) -> c
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="30 requests")
+    parser = common.arguments(__doc__, quick="30 requests")
     parser.add_argument("--requests", type=int, help="POSTs timed and profiled (default 200)")
     parser.add_argument("--top", type=int, default=20, help="cProfile lines per ordering")
     parser.add_argument("--markdown", type=Path, help="also write the section as markdown to this file")

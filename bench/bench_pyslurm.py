@@ -17,7 +17,6 @@ thresholds. ``--results`` replaces this benchmark's section of bench/results.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -103,12 +102,8 @@ def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None
             "The bench account is capped at 2 running GPUs; its jobs are cancelled after every run. Medians over runs."
         ),
     )
-    common.print_header(section.title)
     use_backend("cli", env)
-    world = common.world()
-    common.truncate_jobs()
-    common.drain_cluster()
-    common.gpu_limit_set(2)
+    world = common.begin(section, truncate=True, gpu_cap=2)
     common.broker_purge()
     figures: dict[str, dict[str, list[float]]] = {b: {"submit_ms": [], "submit_rate": [], "relay": [], "celery": []} for b in BACKENDS}
     try:
@@ -137,9 +132,7 @@ def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None
         ratio = common.median(figures["cli"]["submit_ms"]) / common.median(figures["pyslurm"]["submit_ms"])
         section.note(f"one submit through pyslurm costs 1/{ratio:.1f} of an sbatch subprocess on the same cluster")
     finally:
-        common.drain_cluster()
-        common.gpu_limit_set(None)
-        common.clean_workdir()
+        common.leave_cluster()
     return section
 
 
@@ -168,8 +161,7 @@ def write_section(section: common.Section, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (20 jobs, 1 run)")
+    parser = common.arguments(__doc__, quick="small sizes (20 jobs, 1 run)")
     parser.add_argument("--jobs", type=int)
     parser.add_argument("--runs", type=int)
     parser.add_argument("--results", type=Path, help="write the section into this results file (bench/results.md)")

@@ -18,7 +18,6 @@ running GPUs so the shared cluster stays usable."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import subprocess
@@ -122,10 +121,7 @@ def post_jobs(
                     status, text, seconds = api.request("POST", "/api/v1/jobs/", body)
                 with lock:
                     latencies.append(seconds)
-                    if status != 201:
-                        errors[0] += 1
-                        if errors[0] <= 3:
-                            print(f"  ! POST answered {status}: {text[:300]!r}", file=sys.stderr)
+                    common.count_refusal(errors, status, text)
         finally:
             api.close()
 
@@ -381,6 +377,17 @@ def batched_in_process(world, n: int, section: common.Section, *, runs: int, thr
 # ---------------------------------------------------------------- run
 
 
+def _timed_round(section, world, n: int, name: str, label: str, *, batch: int = 0) -> tuple[float, dict]:
+    """One timed portal_round of n jobs, the bench jobs cancelled after it, a note on ``section`` when
+    not every job was relayed cleanly. Returns the relay rate (jobs/s) and the round's result."""
+    result = portal_round(world, n, name, timeout=max(120, n), batch=batch)
+    common.drain_cluster()
+    if result["relayed"] != n or result["failed"] or result["post_errors"]:
+        section.note(f"{label}: {result['relayed']}/{n} relayed, {result['failed']} SUBMIT_FAILED, "
+                     f"{result['post_errors']} POST errors")  # fmt: skip
+    return result["relayed"] / result["seconds"], result
+
+
 def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = None, concurrency: int = 2,
         web_workers: int = 3, batch: int | None = None, single_only: bool = False,
         relay_side: bool = False) -> common.Section:  # fmt: skip
@@ -401,11 +408,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
             f"at 2 running GPUs (GrpTRES) and its jobs are cancelled after each round. Figures are medians over rounds."
         ),
     )
-    common.print_header(section.title)
-    world = common.world()
-    common.truncate_jobs()
-    common.drain_cluster()
-    common.gpu_limit_set(2)
+    world = common.begin(section, truncate=True, gpu_cap=2)
     common.broker_purge()
     web = worker = None
     raw_rates, portal_rates, ratios, accept_rates = [], [], [], []
@@ -424,12 +427,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
         for r in range(1, rounds + 1):
             raw = n / raw_round(world, n)
             common.drain_cluster()
-            result = portal_round(world, n, f"relay-r{r}", timeout=max(120, n))
-            common.drain_cluster()
-            if result["relayed"] != n or result["failed"] or result["post_errors"]:
-                section.note(f"round {r}: {result['relayed']}/{n} relayed, {result['failed']} SUBMIT_FAILED, "
-                             f"{result['post_errors']} POST errors")  # fmt: skip
-            portal = result["relayed"] / result["seconds"]
+            portal, result = _timed_round(section, world, n, f"relay-r{r}", f"round {r}")
             raw_rates.append(raw)
             portal_rates.append(portal)
             ratios.append(portal / raw)
@@ -440,12 +438,7 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
                   f"POSTs accepted at {n / result['post_seconds']:.1f}/s", flush=True)  # fmt: skip
             if single_only:
                 continue
-            result = portal_round(world, n, f"relay-b{r}", timeout=max(120, n), batch=batch_size)
-            common.drain_cluster()
-            if result["relayed"] != n or result["failed"] or result["post_errors"]:
-                section.note(f"batch round {r}: {result['relayed']}/{n} relayed, {result['failed']} SUBMIT_FAILED, "
-                             f"{result['post_errors']} POST errors")  # fmt: skip
-            batch = result["relayed"] / result["seconds"]
+            batch, result = _timed_round(section, world, n, f"relay-b{r}", f"batch round {r}", batch=batch_size)
             batch_rates.append(batch)
             batch_ratios.append(batch / raw)
             batch_accept.append(n / result["post_seconds"])
@@ -541,8 +534,7 @@ def _relay_side(world, n: int, rounds: int, concurrency: int, section: common.Se
 
 def main() -> None:
     global CLIENT_THREADS
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (40 jobs, 2 rounds)")
+    parser = common.arguments(__doc__, quick="small sizes (40 jobs, 2 rounds)")
     parser.add_argument("--jobs", type=int)
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker processes (default 2)")

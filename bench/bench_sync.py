@@ -11,7 +11,6 @@ cancelled at the end."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import time
@@ -150,11 +149,7 @@ def run(
             f"{live} change state in one cycle), each with a fresh set of live jobs."
         ),
     )
-    common.print_header(section.title)
-    world = common.world()
-    common.truncate_jobs()
-    common.drain_cluster()
-    common.gpu_limit_set(2)
+    world = common.begin(section, truncate=True, gpu_cap=2)
     rows = ["| portal jobs | live in Slurm | cycle median (ms) | min–max (ms) | Slurm calls / cycle | queries / cycle | changed in last cycle |",
             "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     try:
@@ -209,22 +204,17 @@ def run(
         section.add(f"{sizes[-1]} jobs, all {live} live jobs ended: queries per cycle", max(ended_queries), "queries",
                     f"max of {end_runs} cycles")  # fmt: skip
     finally:
-        common.drain_cluster()
-        common.gpu_limit_set(None)
-        common.clean_workdir()
+        common.leave_cluster()
         common.truncate_jobs()
     return section
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="100 live jobs; 200, 500 and 1000 rows")
+    parser = common.arguments(__doc__, quick="100 live jobs; 200, 500 and 1000 rows")
     parser.add_argument("--live", type=int)
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--cycles", type=int)
-    args = parser.parse_args()
-    common.setup()
-    run(**vars(args))  # every option is a keyword of run()
+    common.main(run, parser)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Environment:
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import datetime as dt
 import json
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,6 +278,20 @@ def leave_cluster() -> None:
     drain_cluster()
     gpu_limit_set(None)
     clean_workdir()
+
+
+def begin(section: Section, *, slurm: bool = True, truncate: bool = False, gpu_cap: int | None = None) -> World:
+    """A benchmark's start: its header printed, the bench world (``world(slurm=...)``), the jobs tables
+    emptied (``truncate``), and with ``gpu_cap`` every live bench job cancelled and the bench account
+    capped at that many running GPUs (undone by leave_cluster())."""
+    print_header(section.title)
+    bench_world = world(slurm=slurm)
+    if truncate:
+        truncate_jobs()
+    if gpu_cap is not None:
+        drain_cluster()
+        gpu_limit_set(gpu_cap)
+    return bench_world
 
 
 def clean_workdir() -> None:
@@ -558,6 +574,35 @@ def _os_name() -> str:
 
 def print_header(title: str) -> None:
     print(f"\n== {title}", flush=True)
+
+
+def count_refusal(errors: list[int], status: int, text, *, shown: int = 3, chars: int = 300) -> None:
+    """A POST answered other than 201 is counted in ``errors[0]``; the first ``shown`` are printed
+    (``chars`` of the answer). Called under the client threads' lock."""
+    if status != 201:
+        errors[0] += 1
+        if errors[0] <= shown:
+            print(f"  ! POST answered {status}: {text[:chars]!r}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def arguments(doc: str, *, quick: str | None = None) -> argparse.ArgumentParser:
+    """A benchmark's command line: the first line of its module docstring (``doc``) as description and,
+    given ``quick`` (what it then measures), the --quick option."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
+    return parser
+
+
+def main(run: Callable[..., Section], parser: argparse.ArgumentParser) -> Section:
+    """Run a benchmark from its command line: its database set up (setup()), every option a keyword
+    of ``run``."""
+    args = parser.parse_args()
+    setup()
+    return run(**vars(args))
 
 
 def dump_json(path: Path, data) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import getpass
-import json
 
 from gpuportal_cli import config as config_mod
 from gpuportal_cli.client import ApiError, Client
 from gpuportal_cli.exit_codes import EXIT_AUTH, EXIT_OK, CliError
-from gpuportal_cli.output import _err, _out, _table
+from gpuportal_cli.output import _err, _json_or_empty, _out, _table
 
 
 def _client(args) -> Client:
@@ -52,11 +51,7 @@ def cmd_login(args) -> int:
 def cmd_teams(args) -> int:
     client = _client(args)
     teams = list(client.paginate("teams/"))
-    if args.json:
-        _out(json.dumps(teams, indent=2))
-        return EXIT_OK
-    if not teams:
-        _out("You are in no team yet: ask a team manager to add you.")
+    if _json_or_empty(teams, as_json=args.json, empty="You are in no team yet: ask a team manager to add you."):
         return EXIT_OK
     rows = [[t.get("slug", ""), t.get("name", ""), t.get("slurm_account", ""), t.get("role") or "", "yes" if t.get("active", True) else "no"] for t in teams]
     _out(_table(rows, ["TEAM", "NAME", "SLURM ACCOUNT", "ROLE", "ACTIVE"]))

@@ -15,6 +15,7 @@ from gpuportal_cli.output import (
     TERMINAL_STATES,
     _err,
     _estimate_line,
+    _json_or_empty,
     _out,
     _table,
     _team_label,
@@ -67,11 +68,7 @@ def cmd_status(args) -> int:
         return EXIT_OK
     params = {"team": args.team, "state": args.state}
     jobs = list(client.paginate("jobs/", params, limit=args.limit))
-    if args.json:
-        _out(json.dumps(jobs, indent=2))
-        return EXIT_OK
-    if not jobs:
-        _out("No jobs yet. Submit one with `gpuportal submit SCRIPT --team TEAM`.")
+    if _json_or_empty(jobs, as_json=args.json, empty="No jobs yet. Submit one with `gpuportal submit SCRIPT --team TEAM`."):
         return EXIT_OK
     rows = [
         [

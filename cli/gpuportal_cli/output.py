@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -21,6 +22,18 @@ def _out(text: str = "") -> None:
 
 def _err(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def _json_or_empty(items: list, *, as_json: bool, empty: str) -> bool:
+    """A listing's first step: ``items`` printed as JSON (``as_json``), or ``empty`` when there are
+    none. True when that was the whole output (the caller prints its table otherwise)."""
+    if as_json:
+        _out(json.dumps(items, indent=2))
+        return True
+    if not items:
+        _out(empty)
+        return True
+    return False
 
 
 def is_terminal(job: dict) -> bool:

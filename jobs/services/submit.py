@@ -9,7 +9,8 @@ import hashlib
 import json
 import re
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -29,6 +30,8 @@ from portal.services import audit_event, audit_record
 
 
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+
+T = TypeVar("T")
 
 
 def job_quote(
@@ -125,6 +128,30 @@ def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, 
     )  # fmt: skip
 
 
+def _check_idempotency_key(key: str | None) -> None:
+    """An Idempotency-Key (None: none given) is 1-255 printable ASCII characters without spaces."""
+    if key is not None and not IDEMPOTENCY_KEY_RE.match(key):
+        raise ApplicationError(
+            "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
+        )
+
+
+def _key_conflict(job: Job) -> Conflict:
+    """The 409 of a key that ``job``'s request already used with another request body."""
+    return Conflict(
+        "This Idempotency-Key was already used for a different request.",
+        errors={"idempotency_key": [f"Already used for job {job.pk} with a different request body."]},
+    )
+
+
+def _replay(find: Callable[..., T | None], *, user, key: str | None, fingerprint: str) -> T | None:
+    """What an earlier request with this key created (``find``: _idempotent_replay or
+    _idempotent_replay_batch), or None (also without a key); Conflict if the request differs."""
+    if key is None:
+        return None
+    return find(user=user, key=key, fingerprint=fingerprint)
+
+
 def job_submit(
     *,
     user,
@@ -163,10 +190,7 @@ def job_submit(
     The spec is the script's #SBATCH directives with the given fields overriding them (None / "":
     the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when its
     partition's name is on several clusters (else the partition decides)."""
-    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
-        raise ApplicationError(
-            "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
-        )
+    _check_idempotency_key(idempotency_key)
     if fingerprint is None:
         fingerprint = request_fingerprint(
             {
@@ -178,10 +202,9 @@ def job_submit(
                 "qos": qos, "constraint": constraint, **({"cluster": cluster} if cluster else {}),
             }
         )  # fmt: skip
-    if idempotency_key is not None:
-        replay = _idempotent_replay(user=user, key=idempotency_key, fingerprint=fingerprint)
-        if replay is not None:
-            return replay, False
+    replay = _replay(_idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
+    if replay is not None:
+        return replay, False
 
     team = _team_for_submit(user=user, team=team)
     spec = validate_job_spec(
@@ -215,9 +238,7 @@ def job_submit(
             relay_drain_after_commit()  # the group commit: a burst of submits, about one drain
     except IntegrityError:
         # Another request with the same key won the race (the constraint is the only judge).
-        if idempotency_key is None:
-            raise
-        replay = _idempotent_replay(user=user, key=idempotency_key, fingerprint=fingerprint)
+        replay = _replay(_idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
         if replay is None:
             raise
         return replay, False
@@ -244,10 +265,7 @@ def _idempotent_replay_batch(*, user, key: str, fingerprint: str) -> list[Job] |
         return None
     first = next((j for j in jobs if j.idempotency_key == key), jobs[0])
     if first.request_fingerprint != fingerprint:
-        raise Conflict(
-            "This Idempotency-Key was already used for a different request.",
-            errors={"idempotency_key": [f"Already used for job {first.pk} with a different request body."]},
-        )
+        raise _key_conflict(first)
     order = {k: i for i, k in enumerate(keys)}
     return sorted(jobs, key=lambda j: order[j.idempotency_key])
 
@@ -276,18 +294,14 @@ def job_submit_batch(
         raise ApplicationError(
             f"At most {MAX_BATCH_JOBS} jobs per batch.", errors={"jobs": [f"At most {MAX_BATCH_JOBS} jobs per batch."]}
         )
-    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
-        raise ApplicationError(
-            "Invalid Idempotency-Key.", errors={"idempotency_key": ["1–255 printable ASCII characters, no spaces."]}
-        )
+    _check_idempotency_key(idempotency_key)
     if fingerprint is None:
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, "batch": [{**item, "booking": str(getattr(item.get("booking"), "pk", item.get("booking")) or "")} for item in jobs]}
         )
-    if idempotency_key is not None:
-        replay = _idempotent_replay_batch(user=user, key=idempotency_key, fingerprint=fingerprint)
-        if replay is not None:
-            return replay, False
+    replay = _replay(_idempotent_replay_batch, user=user, key=idempotency_key, fingerprint=fingerprint)
+    if replay is not None:
+        return replay, False
 
     team = _team_for_submit(user=user, team=team)
     errors: dict[str, dict] = {}
@@ -343,9 +357,8 @@ def job_submit_batch(
 
             after_commit(job_relay_batch, [str(job.pk) for job in rows])
     except IntegrityError:
-        if idempotency_key is None:
-            raise
-        replay = _idempotent_replay_batch(user=user, key=idempotency_key, fingerprint=fingerprint)
+        # Another request with the same key won the race (the constraint is the only judge).
+        replay = _replay(_idempotent_replay_batch, user=user, key=idempotency_key, fingerprint=fingerprint)
         if replay is None:
             raise
         return replay, False
@@ -358,8 +371,5 @@ def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:
     if job is None:
         return None
     if job.request_fingerprint != fingerprint:
-        raise Conflict(
-            "This Idempotency-Key was already used for a different request.",
-            errors={"idempotency_key": [f"Already used for job {job.pk} with a different request body."]},
-        )
+        raise _key_conflict(job)
     return job

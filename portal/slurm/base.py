@@ -7,20 +7,7 @@ import abc
 import datetime as dt
 from collections.abc import Collection
 
-from .types import (
-    AccountingRecord,
-    Association,
-    AssociationLimits,
-    ClusterPolicy,
-    JobSpec,
-    Node,
-    Partition,
-    QueueEntry,
-    Reservation,
-    ReservationSpec,
-    SlurmRejected,
-)
-
+from . import types as t
 
 # How far back a retried relay looks for a job that already carries its tag.
 FIND_BY_COMMENT_DAYS = 7
@@ -42,7 +29,7 @@ class SlurmGateway(abc.ABC):
 
     # Jobs
     @abc.abstractmethod
-    def submit(self, spec: JobSpec) -> int:
+    def submit(self, spec: t.JobSpec) -> int:
         """Submit a batch job; returns Slurm's job id."""
 
     @abc.abstractmethod
@@ -51,16 +38,16 @@ class SlurmGateway(abc.ABC):
 
     def cancel_array_task(self, array_job_id: int, index: int) -> None:
         """Cancel one task of an array job (``scancel 123_4``). Backends that cannot say so."""
-        raise SlurmRejected("This Slurm backend cannot cancel one task of an array job.")
+        raise t.SlurmRejected("This Slurm backend cannot cancel one task of an array job.")
 
     @abc.abstractmethod
-    def queue(self) -> list[QueueEntry]:
+    def queue(self) -> list[t.QueueEntry]:
         """Every job the controller holds, in one call."""
 
     @abc.abstractmethod
     def accounting(
         self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
-    ) -> list[AccountingRecord]:
+    ) -> list[t.AccountingRecord]:
         """Every job allocation (all users) that was eligible/running/ended in [start, end]; one call.
         ``job_ids``: only these jobs (``sacct -j``: the sync asking for the jobs that just ended reads
         them, not every job of the window — 97 ms instead of 670 ms for 1 000 jobs)."""
@@ -89,15 +76,15 @@ class SlurmGateway(abc.ABC):
 
     # Inventory
     @abc.abstractmethod
-    def partitions(self) -> list[Partition]:
+    def partitions(self) -> list[t.Partition]:
         ...
 
     @abc.abstractmethod
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> list[t.Node]:
         ...
 
     @abc.abstractmethod
-    def policy(self) -> ClusterPolicy:
+    def policy(self) -> t.ClusterPolicy:
         """QOS names and the QOS each account may use, node features and MaxArraySize: a fixed
         number of calls (not one per node, QOS or account)."""
 
@@ -109,7 +96,7 @@ class SlurmGateway(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def reservation_create(self, spec: ReservationSpec) -> str:
+    def reservation_create(self, spec: t.ReservationSpec) -> str:
         """Create a reservation; returns its name."""
 
     @abc.abstractmethod
@@ -117,12 +104,12 @@ class SlurmGateway(abc.ABC):
         """Delete a reservation; deleting one that does not exist is not an error."""
 
     @abc.abstractmethod
-    def reservation_list(self) -> list[Reservation]:
+    def reservation_list(self) -> list[t.Reservation]:
         ...
 
     # Associations
     @abc.abstractmethod
-    def associations(self) -> list[Association]:
+    def associations(self) -> list[t.Association]:
         """Every association of this cluster, in one call."""
 
     @abc.abstractmethod
@@ -142,11 +129,11 @@ class SlurmGateway(abc.ABC):
         """Remove the user's association with the account; a missing one counts as success."""
 
     @abc.abstractmethod
-    def association_limits_set(self, limits: AssociationLimits) -> None:
+    def association_limits_set(self, limits: t.AssociationLimits) -> None:
         """Set GrpTRESMins/GrpTRES on the account; keys absent from the dicts are cleared (-1)."""
 
     @abc.abstractmethod
-    def association_limits_get(self, account: str) -> AssociationLimits:
+    def association_limits_get(self, account: str) -> t.AssociationLimits:
         ...
 
     @abc.abstractmethod

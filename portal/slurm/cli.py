@@ -28,6 +28,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from . import parsing
+from . import types as t
 from .base import SlurmGateway
 from .cli_argv import check_text, render_script, sbatch_argv, sreport_argv
 from .cli_output import (
@@ -50,20 +51,6 @@ from .cli_output import (
 )
 from .parsing import FIELD_SEP
 from .request import spec_script
-from .types import (
-    AccountingRecord,
-    Association,
-    AssociationLimits,
-    ClusterPolicy,
-    JobSpec,
-    Node,
-    Partition,
-    QueueEntry,
-    Reservation,
-    ReservationSpec,
-    SlurmRejected,
-    SlurmUnavailable,
-)
 
 # Re-exported: the argv builders (portal.slurm.cli_argv) and output parsers (portal.slurm.cli_output)
 # are importable from here as before the split.
@@ -156,9 +143,9 @@ class CliGateway(SlurmGateway):
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            raise SlurmUnavailable(f"{command} did not answer within {self.timeout} s", command=command) from exc
+            raise t.SlurmUnavailable(f"{command} did not answer within {self.timeout} s", command=command) from exc
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-            raise SlurmUnavailable(f"{command} cannot be run: {exc}", command=command) from exc
+            raise t.SlurmUnavailable(f"{command} cannot be run: {exc}", command=command) from exc
         elapsed_ms = (time.monotonic() - started) * 1000
         logger.debug("%s rc=%s in %.1f ms", command, proc.returncode, elapsed_ms)
         if proc.returncode == 0:
@@ -182,15 +169,15 @@ class CliGateway(SlurmGateway):
     def ping(self) -> bool:
         try:
             out = self._run([self._exe("scontrol"), "ping"])
-        except SlurmRejected as exc:  # scontrol ping exits 1 when a controller is DOWN
-            raise SlurmUnavailable(exc.message, command="scontrol") from exc
+        except t.SlurmRejected as exc:  # scontrol ping exits 1 when a controller is DOWN
+            raise t.SlurmUnavailable(exc.message, command="scontrol") from exc
         if "is UP" not in out:
-            raise SlurmUnavailable(out.strip() or "slurmctld is not responding", command="scontrol")
+            raise t.SlurmUnavailable(out.strip() or "slurmctld is not responding", command="scontrol")
         return True
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec) -> int:
+    def submit(self, spec: t.JobSpec) -> int:
         argv = sbatch_argv(spec, self._exe("sbatch"))
         script = render_script(spec_script(spec), spec.environment)
         return parse_job_id(self._run(argv, stdin=script))
@@ -201,13 +188,13 @@ class CliGateway(SlurmGateway):
     def cancel_array_task(self, array_job_id: int, index: int) -> None:
         self._run([self._exe("scancel"), f"{int(array_job_id)}_{int(index)}"], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
 
-    def queue(self) -> list[QueueEntry]:
+    def queue(self) -> list[t.QueueEntry]:
         out = self._run([self._exe("squeue"), "-h", "-a", "-t", "all", "-o", QUEUE_FORMAT])
         return parse_queue(out)
 
     def accounting(
         self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
-    ) -> list[AccountingRecord]:
+    ) -> list[t.AccountingRecord]:
         argv = [
             self._exe("sacct"), "-X", "-a", "--parsable2", "--noheader", f"--delimiter={FIELD_SEP}",
             "-S", parsing.format_time(start), "-E", parsing.format_time(end),
@@ -223,20 +210,20 @@ class CliGateway(SlurmGateway):
 
     # -- inventory -------------------------------------------------------------------------------
 
-    def partitions(self) -> list[Partition]:
+    def partitions(self) -> list[t.Partition]:
         return parse_partitions(self._run([self._exe("scontrol"), "show", "partition", "-o"]))
 
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> list[t.Node]:
         return parse_nodes(self._run([self._exe("scontrol"), "show", "node", "-o"]))
 
-    def policy(self) -> ClusterPolicy:
+    def policy(self) -> t.ClusterPolicy:
         """Four calls: the QOS slurmctld holds (``scontrol show assoc_mgr flags=qos``: 10 ms, where
         ``sacctmgr show qos`` asks slurmdbd), sacctmgr show assoc, scontrol show config and node."""
         qos = self._run([self._exe("scontrol"), "show", "assoc_mgr", "flags=qos"])
         assoc = self._sacctmgr("show", "assoc", f"cluster={self.cluster}", "format=Account,QOS")
         config = self._run([self._exe("scontrol"), "show", "config"])
         nodes = self._run([self._exe("scontrol"), "show", "node", "-o"])
-        return ClusterPolicy(
+        return t.ClusterPolicy(
             qos=parse_assoc_mgr_qos(qos),
             account_qos=parse_account_qos(assoc),
             node_features=parse_node_features(nodes),
@@ -249,7 +236,7 @@ class CliGateway(SlurmGateway):
     def reservations_support_gpu_counts(self) -> bool:
         return self._quirks.reservation_gpu_tres
 
-    def reservation_argv(self, spec: ReservationSpec) -> list[str]:
+    def reservation_argv(self, spec: t.ReservationSpec) -> list[str]:
         check_text(spec.name, "Reservation name")
         argv = [
             self._exe("scontrol"), "create", "reservation",
@@ -263,7 +250,7 @@ class CliGateway(SlurmGateway):
         elif spec.tres:
             gpu_keys = [key for key in spec.tres if key.startswith("gres/gpu")]
             if gpu_keys and not self._quirks.reservation_gpu_tres:
-                raise SlurmRejected(
+                raise t.SlurmRejected(
                     f"Slurm {self._quirks.version} cannot reserve GPU counts (TRES={parsing.format_tres(spec.tres)});"
                     " reserve whole nodes instead",
                     command="scontrol",
@@ -275,7 +262,7 @@ class CliGateway(SlurmGateway):
             argv.append(f"Flags={','.join(spec.flags)}")
         return argv
 
-    def reservation_create(self, spec: ReservationSpec) -> str:
+    def reservation_create(self, spec: t.ReservationSpec) -> str:
         out = self._run(self.reservation_argv(spec))
         match = re.search(r"Reservation created:\s*(\S+)", out)
         return match[1] if match else spec.name
@@ -287,7 +274,7 @@ class CliGateway(SlurmGateway):
             ok_patterns=parsing.RESERVATION_MISSING_PATTERNS,
         )
 
-    def reservation_list(self) -> list[Reservation]:
+    def reservation_list(self) -> list[t.Reservation]:
         return parse_reservations(self._run([self._exe("scontrol"), "show", "reservation", "-o"]))
 
     # -- associations ----------------------------------------------------------------------------
@@ -298,7 +285,7 @@ class CliGateway(SlurmGateway):
             ok_patterns=parsing.NOTHING_TO_DO_PATTERNS if ok else (),
         )
 
-    def associations(self) -> list[Association]:
+    def associations(self) -> list[t.Association]:
         assoc = self._sacctmgr("show", "assoc", f"cluster={self.cluster}", "format=Cluster,Account,User,ParentName")
         users = self._sacctmgr("show", "user", "withassoc", f"cluster={self.cluster}", "format=User,DefaultAccount")
         return parse_associations(assoc, users)
@@ -332,12 +319,12 @@ class CliGateway(SlurmGateway):
         self._sacctmgr("remove", "user", "where", f"name={check_text(user, 'User')}",
                        f"account={check_text(account, 'Account')}", f"cluster={self.cluster}", ok=True)  # fmt: skip
 
-    def association_limits_get(self, account: str) -> AssociationLimits:
+    def association_limits_get(self, account: str) -> t.AssociationLimits:
         out = self._sacctmgr("show", "assoc", "where", f"account={check_text(account, 'Account')}",
                              f"cluster={self.cluster}", "format=Account,User,GrpTRESMins,GrpTRES")  # fmt: skip
         return parse_limits(account, out)
 
-    def association_limits_set(self, limits: AssociationLimits) -> None:
+    def association_limits_set(self, limits: t.AssociationLimits) -> None:
         current = self.association_limits_get(limits.account)
         mins = limits_update(current.grp_tres_mins, limits.grp_tres_mins)
         tres = limits_update(current.grp_tres, limits.grp_tres)

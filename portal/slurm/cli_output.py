@@ -9,17 +9,8 @@ import logging
 import re
 
 from . import parsing
+from . import types as t
 from .parsing import FIELD_SEP
-from .types import (
-    AccountingRecord,
-    Association,
-    AssociationLimits,
-    Node,
-    Partition,
-    QueueEntry,
-    Reservation,
-    SlurmRejected,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +35,7 @@ def parse_job_id(stdout: str) -> int:
     first = stdout.strip().splitlines()[0] if stdout.strip() else ""
     job_id = parsing.parse_int(first.split(";", 1)[0], None)
     if job_id is None:
-        raise SlurmRejected(f"sbatch printed no job id: {stdout!r}")
+        raise t.SlurmRejected(f"sbatch printed no job id: {stdout!r}")
     return job_id
 
 
@@ -61,7 +52,7 @@ def _rows(stdout: str, fields: tuple[str, ...], command: str):
         yield values
 
 
-def parse_queue(stdout: str) -> list[QueueEntry]:
+def parse_queue(stdout: str) -> list[t.QueueEntry]:
     entries = []
     for fields in _rows(stdout, QUEUE_FIELDS, "squeue"):
         (job_id, user, account, partition, state, reason, nodes, num_nodes, submit, start, end,
@@ -73,7 +64,7 @@ def parse_queue(stdout: str) -> list[QueueEntry]:
             continue
         array_tasks = "" if array_index.strip() in ("", "N/A") else array_index.strip().split("%")[0]
         entries.append(
-            QueueEntry(
+            t.QueueEntry(
                 array_job_id=parsing.parse_int(array_id, None) if array_tasks else None,
                 array_tasks=array_tasks,
                 job_id=job_id_int,
@@ -97,7 +88,7 @@ def parse_queue(stdout: str) -> list[QueueEntry]:
     return entries
 
 
-def parse_sacct(stdout: str) -> list[AccountingRecord]:
+def parse_sacct(stdout: str) -> list[t.AccountingRecord]:
     records = []
     for fields in _rows(stdout, SACCT_FIELDS, "sacct"):
         (job_id, user, account, partition, state, exit_code, submit, start, end, elapsed, limit,
@@ -108,7 +99,7 @@ def parse_sacct(stdout: str) -> list[AccountingRecord]:
         array_base, underscore, array_tasks = array_job.partition("_")  # "559_3", "559_[2-3%2]"
         array_tasks = array_tasks.strip("[]").split("%")[0] if underscore else ""
         records.append(
-            AccountingRecord(
+            t.AccountingRecord(
                 array_job_id=parsing.parse_int(array_base, None) if array_tasks else None,
                 array_tasks=array_tasks,
                 job_id=job_id_int,
@@ -135,14 +126,14 @@ def parse_sacct(stdout: str) -> list[AccountingRecord]:
     return records
 
 
-def parse_partitions(stdout: str) -> list[Partition]:
+def parse_partitions(stdout: str) -> list[t.Partition]:
     out = []
     for line in stdout.splitlines():
         if not line.startswith("PartitionName="):
             continue
         kv = parsing.parse_kv_line(line)
         out.append(
-            Partition(
+            t.Partition(
                 name=kv["PartitionName"],
                 is_default=kv.get("Default", "NO").upper() == "YES",
                 state=kv.get("State", "UNKNOWN").upper(),
@@ -154,7 +145,7 @@ def parse_partitions(stdout: str) -> list[Partition]:
     return out
 
 
-def parse_nodes(stdout: str) -> list[Node]:
+def parse_nodes(stdout: str) -> list[t.Node]:
     out = []
     for line in stdout.splitlines():
         if not line.startswith("NodeName="):
@@ -167,7 +158,7 @@ def parse_nodes(stdout: str) -> list[Node]:
                 gpu_type = gpu_type or typ
         alloc = parsing.parse_tres(kv.get("AllocTRES", ""))
         out.append(
-            Node(
+            t.Node(
                 name=kv["NodeName"],
                 state=kv.get("State", "UNKNOWN").upper(),
                 partitions=parsing.split_list(kv.get("Partitions", "")),
@@ -216,14 +207,14 @@ def parse_max_array_size(stdout: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def parse_reservations(stdout: str) -> list[Reservation]:
+def parse_reservations(stdout: str) -> list[t.Reservation]:
     out = []
     for line in stdout.splitlines():
         if not line.startswith("ReservationName="):
             continue  # "No reservations in the system"
         kv = parsing.parse_kv_line(line)
         out.append(
-            Reservation(
+            t.Reservation(
                 name=kv["ReservationName"],
                 start=parsing.parse_time(kv.get("StartTime", "")),
                 end=parsing.parse_time(kv.get("EndTime", "")),
@@ -236,7 +227,7 @@ def parse_reservations(stdout: str) -> list[Reservation]:
     return out
 
 
-def parse_associations(assoc_stdout: str, users_stdout: str) -> list[Association]:
+def parse_associations(assoc_stdout: str, users_stdout: str) -> list[t.Association]:
     """``sacctmgr -n -P show assoc format=Cluster,Account,User,ParentName`` plus
     ``sacctmgr -n -P show user withassoc format=User,DefaultAccount`` (user -> default account)."""
     defaults: dict[str, str] = {}
@@ -251,7 +242,7 @@ def parse_associations(assoc_stdout: str, users_stdout: str) -> list[Association
             continue
         cluster, account, user, parent = parts[:4]
         out.append(
-            Association(
+            t.Association(
                 cluster=cluster,
                 account=account,
                 user=user,
@@ -262,18 +253,18 @@ def parse_associations(assoc_stdout: str, users_stdout: str) -> list[Association
     return out
 
 
-def parse_limits(account: str, stdout: str) -> AssociationLimits:
+def parse_limits(account: str, stdout: str) -> t.AssociationLimits:
     """``sacctmgr -n -P show assoc where account=A format=Account,User,GrpTRESMins,GrpTRES``."""
     for line in stdout.splitlines():
         parts = line.split("|")
         if len(parts) < 4 or parts[0] != account or parts[1]:
             continue  # user rows carry no account limits
-        return AssociationLimits(
+        return t.AssociationLimits(
             account=account,
             grp_tres_mins=parsing.parse_tres(parts[2]),
             grp_tres=parsing.parse_tres(parts[3]),
         )
-    raise SlurmRejected(f"Account {account!r} has no association on this cluster")
+    raise t.SlurmRejected(f"Account {account!r} has no association on this cluster")
 
 
 def limits_update(current: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:

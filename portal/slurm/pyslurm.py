@@ -40,23 +40,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import parsing
+from . import types as t
 from .base import SlurmGateway
 from .cli import CliGateway, check_text, render_script
 from .pyslurm_request import NotExpressible, description_kwargs
 from .request import spec_script
-from .types import (
-    AccountingRecord,
-    Association,
-    AssociationLimits,
-    JobSpec,
-    Node,
-    Partition,
-    QueueEntry,
-    Reservation,
-    ReservationSpec,
-    SlurmRejected,
-    SlurmUnavailable,
-)
 
 T = TypeVar("T")
 
@@ -227,7 +215,7 @@ class PyslurmGateway(SlurmGateway):
         detected first, by a TCP connect to slurmctld's address (``_controller_answers``); a
         controller that accepts but hangs still blocks the process for up to MessageTimeout."""
         if not self._controller_answers():
-            raise SlurmUnavailable(f"{what}: slurmctld does not accept connections ({self._controllers_text()})",
+            raise t.SlurmUnavailable(f"{what}: slurmctld does not accept connections ({self._controllers_text()})",
                                    command=what)  # fmt: skip
         box: dict[str, Any] = {}
 
@@ -241,7 +229,7 @@ class PyslurmGateway(SlurmGateway):
         thread.start()
         thread.join(self.timeout)
         if thread.is_alive():
-            raise SlurmUnavailable(f"{what}: Slurm did not answer within {self.timeout} s", command=what)
+            raise t.SlurmUnavailable(f"{what}: Slurm did not answer within {self.timeout} s", command=what)
         if "error" in box:
             raise self._map_error(what, box["error"]) from box["error"]
         return box["result"]
@@ -268,10 +256,10 @@ class PyslurmGateway(SlurmGateway):
             errno = getattr(exc, "errno", None)
             message = str(getattr(exc, "msg", None) or exc)
             if errno in UNAVAILABLE_ERRNOS or parsing.is_unavailable_message(message):
-                return SlurmUnavailable(message, command=what)
-            return SlurmRejected(message, command=what)
+                return t.SlurmUnavailable(message, command=what)
+            return t.SlurmRejected(message, command=what)
         if isinstance(exc, ValueError):
-            return SlurmRejected(str(exc), command=what)
+            return t.SlurmRejected(str(exc), command=what)
         return exc
 
     @staticmethod
@@ -287,12 +275,12 @@ class PyslurmGateway(SlurmGateway):
     def ping(self) -> bool:
         response = self._call("ping", lambda: self._pyslurm.slurmctld.ping_primary())
         if not getattr(response, "is_responding", False):
-            raise SlurmUnavailable("slurmctld is not responding", command="ping")
+            raise t.SlurmUnavailable("slurmctld is not responding", command="ping")
         return True
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    def job_description(self, spec: JobSpec, script_path: str) -> Any:
+    def job_description(self, spec: t.JobSpec, script_path: str) -> Any:
         """The JobSubmitDescription for a spec's effective request (the script's #SBATCH lines and
         the portal's options, pyslurm_request); the script is passed as a file path (see submit).
         Raises NotExpressible when pyslurm cannot submit the request as sbatch would."""
@@ -301,7 +289,7 @@ class PyslurmGateway(SlurmGateway):
         kwargs = description_kwargs(spec)
         return self._pyslurm.JobSubmitDescription(script=script_path, **kwargs)
 
-    def submit(self, spec: JobSpec) -> int:
+    def submit(self, spec: t.JobSpec) -> int:
         """pyslurm gets the script as Slurm gets it from sbatch (``spec_script``: the directives the
         command line replaces commented out; the environment as export lines) and the effective
         request as attributes. A request pyslurm cannot express is submitted by the cli backend:
@@ -334,12 +322,12 @@ class PyslurmGateway(SlurmGateway):
 
         self._call("cancel", cancel)
 
-    def queue(self) -> list[QueueEntry]:
+    def queue(self) -> list[t.QueueEntry]:
         jobs = self._call("queue", lambda: self._pyslurm.Jobs.load())
         out = []
         for job in self._values(jobs):
             out.append(
-                QueueEntry(
+                t.QueueEntry(
                     job_id=int(job.id),
                     name=job.name or "",
                     user=job.user_name or "",
@@ -362,16 +350,16 @@ class PyslurmGateway(SlurmGateway):
 
     def accounting(
         self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
-    ) -> list[AccountingRecord]:
+    ) -> list[t.AccountingRecord]:
         # pyslurm.db.Job lacks AllocTRES/ReqTRES in 25.11: sacct it is.
         return self._cli.accounting(start, end, job_ids=job_ids)
 
     # -- inventory -------------------------------------------------------------------------------
 
-    def partitions(self) -> list[Partition]:
+    def partitions(self) -> list[t.Partition]:
         partitions = self._call("partitions", lambda: self._pyslurm.Partitions.load())
         return [
-            Partition(
+            t.Partition(
                 name=part.name,
                 is_default=bool(part.is_default),
                 state=(part.state or "UNKNOWN").upper(),
@@ -382,7 +370,7 @@ class PyslurmGateway(SlurmGateway):
             for part in self._values(partitions)
         ]
 
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> list[t.Node]:
         nodes = self._call("nodes", lambda: self._pyslurm.Nodes.load())
         out = []
         for node in self._values(nodes):
@@ -396,7 +384,7 @@ class PyslurmGateway(SlurmGateway):
                 if key.partition(":")[0] == "gpu":
                     allocated += _gres_count(value)
             out.append(
-                Node(
+                t.Node(
                     name=node.name,
                     state=(node.state or "UNKNOWN").upper(),
                     partitions=tuple(node.partitions or ()),
@@ -417,7 +405,7 @@ class PyslurmGateway(SlurmGateway):
     def reservations_support_gpu_counts(self) -> bool:
         return True  # pyslurm 25.11 builds only against Slurm 25.11, which reserves GPU counts
 
-    def reservation_object(self, spec: ReservationSpec) -> Any:
+    def reservation_object(self, spec: t.ReservationSpec) -> Any:
         check_text(spec.name, "Reservation name")
         kwargs: dict[str, Any] = {
             "start_time": int(spec.start.timestamp()),
@@ -433,12 +421,12 @@ class PyslurmGateway(SlurmGateway):
         if spec.flags:
             unknown = [flag for flag in spec.flags if flag.upper() not in RESERVATION_FLAGS]
             if unknown:
-                raise SlurmRejected(f"Unknown reservation flags: {', '.join(unknown)}")
+                raise t.SlurmRejected(f"Unknown reservation flags: {', '.join(unknown)}")
             names = [RESERVATION_FLAGS[flag.upper()] for flag in spec.flags]
             kwargs["flags"] = self._pyslurm.ReservationFlags.from_list(names)
         return self._pyslurm.Reservation(spec.name, **kwargs)
 
-    def reservation_create(self, spec: ReservationSpec) -> str:
+    def reservation_create(self, spec: t.ReservationSpec) -> str:
         resv = self.reservation_object(spec)
         self._call("reservation_create", resv.create)
         return spec.name
@@ -456,10 +444,10 @@ class PyslurmGateway(SlurmGateway):
 
         self._call("reservation_delete", delete)
 
-    def reservation_list(self) -> list[Reservation]:
+    def reservation_list(self) -> list[t.Reservation]:
         reservations = self._call("reservation_list", lambda: self._pyslurm.Reservations.load())
         return [
-            Reservation(
+            t.Reservation(
                 name=resv.name,
                 start=_ts(resv.start_time),
                 end=_ts(resv.end_time),
@@ -473,7 +461,7 @@ class PyslurmGateway(SlurmGateway):
 
     # -- associations: pyslurm 25.11 has no released API for these; sacctmgr --------------------
 
-    def associations(self) -> list[Association]:
+    def associations(self) -> list[t.Association]:
         return self._cli.associations()
 
     def policy(self):
@@ -491,10 +479,10 @@ class PyslurmGateway(SlurmGateway):
     def user_remove(self, user: str, account: str) -> None:
         self._cli.user_remove(user, account)
 
-    def association_limits_set(self, limits: AssociationLimits) -> None:
+    def association_limits_set(self, limits: t.AssociationLimits) -> None:
         self._cli.association_limits_set(limits)
 
-    def association_limits_get(self, account: str) -> AssociationLimits:
+    def association_limits_get(self, account: str) -> t.AssociationLimits:
         return self._cli.association_limits_get(account)
 
     def account_usage_reset(self, account: str) -> None:

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from accounting.selectors import billing_midnight
 from accounting.services import usage_ingest
-from portal.slurm import SlurmError, configured_clusters
+from portal.management.clusters import cluster_names, for_each_cluster
 
 
 class Command(BaseCommand):
@@ -32,22 +32,12 @@ class Command(BaseCommand):
                     start = billing_midnight(dt.date.fromisoformat(since))
             except ValueError:
                 raise CommandError(f"--since {since!r}: expected YYYY-MM-DD or an ISO datetime.") from None
-        names = [c.name for c in configured_clusters()]
-        if options.get("cluster"):
-            if options["cluster"] not in names:
-                raise CommandError(f"Unknown cluster {options['cluster']!r}: configured are {', '.join(names)}.")
-            names = [options["cluster"]]
-        failed = []
-        for name in names:
-            try:
-                result = usage_ingest(cluster=name, since=start)
-            except SlurmError as exc:
-                if len(names) == 1:
-                    raise CommandError(f"Slurm: {exc.message}") from exc
-                self.stderr.write(f"{name}: Slurm: {exc.message}")
-                failed.append(name)
-                continue
-            self._report(name if len(names) > 1 else "", result)
+        names = cluster_names(options.get("cluster") or "")
+
+        def ingest(name: str) -> None:
+            self._report(name if len(names) > 1 else "", usage_ingest(cluster=name, since=start))
+
+        failed = for_each_cluster(self, names, ingest)
         if failed:
             raise CommandError(f"Slurm: {', '.join(failed)} not read" + (" (the others were)" if len(failed) < len(names) else ""))
 
