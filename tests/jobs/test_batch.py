@@ -10,7 +10,6 @@ from collections import Counter
 import pytest
 
 from accounting.models import BudgetHold, BudgetTotal, Quota
-from jobs import services
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services import job_relay_batch_run, job_submit_batch
