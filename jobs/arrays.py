@@ -70,6 +70,9 @@ def array_view(job: Job, rows: list, *, kind: str, known: dict[int, dict] | None
                               ended_at=row.end_time if state in TERMINAL_STATES else None)  # fmt: skip
                 if kind == "accounting":
                     values["exit_code"] = row.exit_code
+            prior = (known or {}).get(index)
+            if "exit_code" not in values and prior is not None and prior.get("exit_code") is not None:
+                values["exit_code"] = prior["exit_code"]  # the queue has none: keep the one accounting gave
             tasks[index] = values
     total = job.array_tasks
     if known:  # ended tasks stay ended; their values are not rewritten by this view
@@ -89,6 +92,15 @@ def array_view(job: Job, rows: list, *, kind: str, known: dict[int, dict] | None
         pending = next((r for r in rows if state_from_slurm(r.state) == JobState.PENDING), None)
         changes["reason"] = pending.reason if pending is not None and folded == JobState.PENDING else "None"
     return dataclasses.replace(first, **changes), (tasks_out if known else tasks)
+
+
+def tasks_without_exit_code(tasks: dict[int, dict]) -> list[int]:
+    """Tasks that ended (not cancelled before they ran) and whose exit code accounting has not
+    given yet: slurmdbd lags the controller, so the array is not final until they have one."""
+    return sorted(
+        index for index, values in tasks.items()
+        if values["state"] in TERMINAL_STATES and values["state"] != JobState.CANCELLED and values.get("exit_code") is None
+    )  # fmt: skip
 
 
 def ended_tasks(job_ids: list) -> dict:

@@ -121,7 +121,7 @@ class FakeGateway(SlurmGateway):
         self._call("accounting")
         self.accounting_windows.append((start, end))
         self.accounting_job_ids = job_ids
-        return [r for r in self.records if job_ids is None or r.job_id in job_ids]
+        return [r for r in self.records if job_ids is None or r.job_id in job_ids or r.array_job_id in job_ids]  # sacct -j ARRAY: its tasks
 
     def find_by_comment(self, comment):
         self._call("find_by_comment")

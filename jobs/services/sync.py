@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounting.services import budget_holds_release
-from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array
+from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array, tasks_without_exit_code
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
 from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent
 from portal.db import bulk_update_values
@@ -110,12 +110,16 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
             for job in need_accounting:
                 if job.array and job.slurm_job_id is not None:
                     array_rows = group_by_array(rows).get(job.slurm_job_id, [])
-                    record, done = array_view(job, array_rows, kind="accounting", known=array_ended.get(job.id))
+                    # tasks ended by the queue's word count as ended here too (slurmdbd may not have them yet)
+                    queue_ended = {i: v for i, v in array_tasks.get(job.id, {}).items() if v["state"] in TERMINAL_STATES}
+                    known = {**array_ended.get(job.id, {}), **queue_ended}
+                    record, done = array_view(job, array_rows, kind="accounting", known=known)
                     array_tasks.setdefault(job.id, {}).update(done)
                     # one task's raw row is not the array's; the array has ended once every task has
                     records.pop(job.slurm_job_id, None)
                     if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
-                        records[job.slurm_job_id] = record
+                        if _array_final(record, {**known, **array_tasks[job.id]}):
+                            records[job.slurm_job_id] = record
             accounting_ok = True
         except SlurmUnavailable as exc:  # slurmdbd down: apply what the queue says, record the rest later
             stats["accounting_error"] = str(exc)
@@ -139,6 +143,14 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     else:
         sync_record_success(kind, data=data)
     return stats
+
+
+def _array_final(record, tasks: dict[int, dict]) -> bool:
+    """An array whose tasks have all ended is final once accounting has every ended task's exit
+    code, or ACCOUNTING_GRACE_SECONDS after its end (a task slurmdbd never records stays without)."""
+    if not tasks_without_exit_code(tasks):
+        return True
+    return record.end_time is None or (timezone.now() - record.end_time).total_seconds() >= ACCOUNTING_GRACE_SECONDS
 
 
 def _clean_reason(reason: str | None) -> str:

@@ -71,3 +71,63 @@ def test_tasks_the_portal_recorded_as_ended_count_when_slurm_no_longer_shows_the
     assert folded.state == "CANCELLED" and 9 not in tasks  # ended: not rewritten
     folded, _ = array_view(array_job, rows, kind="accounting")
     assert folded.state == JobState.PENDING  # without it, task 9 would still be to come
+
+
+@pytest.fixture
+def live_array(array_job, use_gateway):
+    from tests.fakes import FakeGateway
+
+    JobArrayTask.objects.all().delete()
+    array_job.state = JobState.RUNNING
+    array_job.save(update_fields=["state", "slurm_job_id"])
+    job = type(array_job).objects.get(pk=array_job.pk)
+    return job, use_gateway(FakeGateway())
+
+
+def ended_queue(end):
+    return [entry(101 + i, str(i), "COMPLETED", start=end, end=end) for i in range(9)] + [entry(100, "9", "FAILED", start=end, end=end)]
+
+
+def test_an_exit_code_accounting_gave_survives_a_queue_row_without_one(live_array):
+    from jobs.services import jobs_sync
+
+    job, fake = live_array
+    array_tasks_record({job.pk: {0: {"state": "COMPLETED", "exit_code": 0, "slurm_job_id": 101}}})
+    fake.queue_entries = [entry(101, "0", "COMPLETED", start=NOW, end=NOW), entry(102, "1", "RUNNING", start=NOW),
+                          entry(100, "2-9", "PENDING")]  # fmt: skip
+    jobs_sync()
+    assert JobArrayTask.objects.get(job=job, index=0).exit_code == 0  # squeue -t all shows no exit codes
+
+
+def test_an_array_is_not_final_until_accounting_has_every_tasks_exit_code(live_array):
+    from jobs.services import jobs_sync
+
+    job, fake = live_array
+    end = timezone.now()
+    fake.queue_entries = ended_queue(end)
+    fake.records = [record(101 + i, i, "COMPLETED", 0) for i in range(1, 9)] + [record(100, 9, "FAILED", 3)]  # slurmdbd lags: no task 0
+    jobs_sync()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and JobArrayTask.objects.get(job=job, index=0).exit_code is None
+    fake.records.append(record(101, 0, "COMPLETED", 0))
+    jobs_sync()
+    job.refresh_from_db()
+    assert (job.state, job.exit_code) == (JobState.FAILED, 3)
+    assert dict(JobArrayTask.objects.filter(job=job).values_list("index", "exit_code")) == {**{i: 0 for i in range(9)}, 9: 3}
+
+
+def test_an_array_whose_task_accounting_never_records_ends_after_the_grace(live_array):
+    import dataclasses
+
+    from jobs.services import jobs_sync
+    from jobs.services.sync import ACCOUNTING_GRACE_SECONDS
+
+    job, fake = live_array
+    end = timezone.now() - dt.timedelta(seconds=ACCOUNTING_GRACE_SECONDS + 10)
+    fake.queue_entries = ended_queue(end)
+    fake.records = [dataclasses.replace(record(101 + i, i, "COMPLETED", 0), end_time=end) for i in range(1, 9)]
+    fake.records.append(dataclasses.replace(record(100, 9, "FAILED", 3), end_time=end))
+    jobs_sync()
+    job.refresh_from_db()
+    assert (job.state, job.exit_code) == (JobState.FAILED, 3)
+    assert JobArrayTask.objects.get(job=job, index=0).exit_code is None
