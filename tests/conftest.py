@@ -330,6 +330,15 @@ def slurm_target(request, settings):
 
 
 @pytest.fixture
+def unix_users():
+    """The fixture world's members as Unix users of this host (the submit host has them; building
+    the sbatch request resolves their uid/gid). Created once when missing (root; idempotent)."""
+    from portal.unix import unix_user_ensure
+
+    return {name: unix_user_ensure(name) for name in ("alice", "bob", "carol", "dave")}
+
+
+@pytest.fixture
 def cluster(request, world):
     """The local Slurm cluster ready for the fixture world: inventory synced, Unix users for the
     members, teams mirrored to Slurm associations. Skips when the cluster is not up. With

@@ -187,6 +187,9 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
         held = Decimal(0) if (hold.booking_id is not None and covered) else estimate
         rows.append((hold.job_uuid, hold.gpu_type, hold.booking_id, estimate, cost, held, at))
     increments = _increments((gpu_type, held) for _, gpu_type, _, _, _, held, _ in rows)
+    # the quotas in force, read before the totals' lock so that it is held for as little as can be:
+    # a quota is changed under the team's row lock, which the locking statement waits for
+    effective = quotas_effective(team=team, at=at) if increments else {}
     with transaction.atomic(savepoint=False):
         sql, params = _place_sql(rows, increments, team_id=team.pk, at=at)
         with connection.cursor() as cursor:
@@ -199,7 +202,6 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
                                                          period_end=end, held_gpu_hours=held, used_gpu_hours=used)
             for pk, team_id, gpu_type, start, end, held, used in returned
         }  # fmt: skip
-        effective = quotas_effective(team=team, at=at)
         checked: dict[int, object] = {}
         for job_type in sorted({gpu_type for _, gpu_type, _, _, _, held, _ in rows if held > 0}):
             applicable = [q for key, q in effective.items() if key[1] == "" or (job_type and key[1] == job_type)]

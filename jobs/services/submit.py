@@ -221,11 +221,8 @@ def job_submit(
                    fingerprint=fingerprint)  # fmt: skip
     try:
         with transaction.atomic():
-            # in the transaction that inserts the job: the hold is added to the team's running totals
-            # under their row lock, so the next submission for the team waits and then sees it
-            _hold_budget(team, [job], [quote])
-            # the job, its first event and its audit event: one statement (one round trip, the team
-            # lock held for one INSERT instead of three)
+            # the job, its first event and its audit event: one statement, before the budget lock
+            # (the new row is this transaction's own; nobody waits for it)
             insert_together(
                 job,
                 lambda: JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at),
@@ -235,6 +232,10 @@ def job_submit(
                           "time_limit_minutes": job.time_limit_minutes},
                 ),
             )  # fmt: skip
+            # last, in the same transaction: the hold is added to the team's running totals under
+            # their row lock, held from here to COMMIT, so the next submission for the team waits
+            # for one statement or two and then sees it
+            _hold_budget(team, [job], [quote])
             relay_drain_after_commit()  # the group commit: a burst of submits, about one drain
     except IntegrityError:
         # Another request with the same key won the race (the constraint is the only judge).
@@ -342,8 +343,6 @@ def job_submit_batch(
         ))  # fmt: skip
     try:
         with transaction.atomic():
-            # one placement for the whole batch: every quota checked for the sum of its jobs
-            _hold_budget(team, rows, [quote for _spec, _booking_id, quote in prepared])
             Job.objects.bulk_create(rows)
             JobEvent.objects.bulk_create(
                 [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
@@ -353,6 +352,9 @@ def job_submit_batch(
                 data={"count": len(rows), "jobs": [str(job.pk) for job in rows],
                       "gpus": sum(job.gpus for job in rows)},
             )  # fmt: skip
+            # last (the budget lock is held from here to COMMIT): one placement for the whole
+            # batch, every quota checked for the sum of its jobs
+            _hold_budget(team, rows, [quote for _spec, _booking_id, quote in prepared])
             from jobs.tasks import job_relay_batch  # jobs.tasks imports this module
 
             after_commit(job_relay_batch, [str(job.pk) for job in rows])

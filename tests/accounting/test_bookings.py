@@ -280,7 +280,7 @@ def test_usage_in_a_booking_is_linked_and_free_in_reserved_mode(world, inventory
 # ---------------------------------------------------------------- jobs into a booking
 
 
-def test_job_submit_checks_the_booking(world, inventory_whole_nodes, reserve_calls, relays):
+def test_job_submit_checks_the_booking(world, inventory_whole_nodes, reserve_calls, relays, unix_users):
     from jobs.services import job_submit
 
     booking = book(world, timezone.now(), timezone.now() + dt.timedelta(hours=1), gpu_type="h100")

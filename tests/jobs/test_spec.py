@@ -25,7 +25,7 @@ def post(api_client_for, **body):
     return api_client_for("member").post(URL, {"team": "vision", **body}, format="json")
 
 
-def test_team_and_script_alone_are_enough(api_client_for, inventory, relays):
+def test_team_and_script_alone_are_enough(api_client_for, inventory, relays, unix_users):
     response = post(api_client_for, script=DDP)
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
@@ -37,7 +37,7 @@ def test_team_and_script_alone_are_enough(api_client_for, inventory, relays):
     assert ("cpus-per-task", "4") in spec_request(services._spec_for(job))
 
 
-def test_a_field_replaces_the_scripts_mutually_exclusive_directive(api_client_for, inventory, relays):
+def test_a_field_replaces_the_scripts_mutually_exclusive_directive(api_client_for, inventory, relays, unix_users):
     response = post(api_client_for, script=DDP, cpus_per_gpu=3)
     assert response.status_code == 201, response.json()
     spec = services._spec_for(Job.objects.get(pk=response.json()["id"]))
@@ -101,7 +101,7 @@ def test_the_teams_own_account_in_the_script_is_accepted(api_client_for, invento
     assert response.status_code == 201, response.json()
 
 
-def test_output_files_where_the_script_put_them(api_client_for, inventory, relays, settings):
+def test_output_files_where_the_script_put_them(api_client_for, inventory, relays, settings, unix_users):
     response = post(api_client_for, script="#!/bin/bash\n#SBATCH --gres=gpu:1 -J train -D /scratch/r1\n#SBATCH -o logs/%x-%j.out\ntrue\n")
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
