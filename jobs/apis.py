@@ -42,6 +42,7 @@ from jobs.services import (
 from portal.exceptions import ApplicationError
 from portal.models import Team
 from portal.roles import team_with_role
+from portal.serializer_cache import represented, validated
 from portal.throttles import SubmitRateThrottle
 
 
@@ -227,9 +228,7 @@ class JobCollectionApi(ListAPIView):
     def post(self, request, *args, **kwargs):
         if isinstance(request.data, list):
             return self._post_batch(request)
-        serializer = self.JobSubmitInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
+        data = validated(self.JobSubmitInputSerializer, request.data)  # one serializer per thread: the hot path
         if not data.get("cluster"):
             data.pop("cluster", None)  # not given: the fingerprint of a one-cluster body stays what it was
         fingerprint = request_fingerprint(data)  # the body as understood, key order irrelevant
@@ -242,7 +241,7 @@ class JobCollectionApi(ListAPIView):
             **data,
         )
         return Response(
-            JobSummaryOutputSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            represented(JobSummaryOutputSerializer, job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
 
     def _post_batch(self, request):
