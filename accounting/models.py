@@ -151,6 +151,26 @@ class UsageSlice(models.Model):
         return f"{self.record_id} {self.period:%Y-%m} {self.gpu_seconds} GPU-s"
 
 
+class PendingReprice(models.Model):
+    """Re-pricing owed: the usage of ``gpu_type`` from ``since`` on is to be priced again because a
+    rate starting that day was added (accounting.services.rate_create writes this row in the rate's
+    transaction). The re-pricing (accounting.services.usage_reprice_pending) deletes the rows it
+    covered; the sweeper (usage_reprice_sweep) re-enqueues those a lost task left. ``started_at`` is
+    the lease of a run under way: the sweeper leaves the row alone while it is recent. The table only
+    holds work not done yet (a few rows): no index beyond the key."""
+
+    gpu_type = models.CharField(max_length=32)
+    since = models.DateField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"re-price {self.gpu_type} from {self.since}"
+
+
 # ---------------------------------------------------------------- bookings
 
 

@@ -1,6 +1,7 @@
-"""Celery tasks of accounting. The schedule lives in portal/celery.py (usage-ingest, every 60 s).
-Both tasks are safe to run twice: ingestion upserts by (cluster, job_id, submit_time) and writes only
-what changed; re-pricing rebuilds slices from the records."""
+"""Celery tasks of accounting. The schedules live in portal/celery.py (usage-ingest, every 60 s; the
+sweepers). Every task is safe to run twice: ingestion upserts by (cluster, job_id, submit_time) and
+writes only what changed; re-pricing claims the rows that say it is owed and rebuilds slices from
+the records."""
 
 from __future__ import annotations
 
@@ -56,11 +57,20 @@ def _budget_alerts_after_ingest() -> None:
     soft_time_limit=600,
     time_limit=660,
 )
-def usage_reprice_task(gpu_type: str, since: str) -> int:
-    """Rebuild the cost of usage of ``gpu_type`` from ``since`` (ISO date) after a rate was added."""
-    from accounting.services import usage_reprice
+def usage_reprice_task(gpu_type: str, since: str) -> int | None:
+    """Rebuild the cost of usage of ``gpu_type`` from ``since`` (ISO date) after a rate was added: the
+    re-pricing its PendingReprice rows say is owed (None: already done by another run)."""
+    from accounting.services import usage_reprice_pending
 
-    return usage_reprice(gpu_type=gpu_type, since=dt.date.fromisoformat(since))
+    return usage_reprice_pending(gpu_type=gpu_type, since=dt.date.fromisoformat(since))
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=30, time_limit=60)
+def usage_reprice_sweep_task() -> list[tuple[str, str]]:
+    """Periodic (portal/celery.py, usage-reprice-sweep): re-enqueue re-pricing a lost task left owed."""
+    from accounting.services import usage_reprice_sweep
+
+    return usage_reprice_sweep()
 
 
 # ---------------------------------------------------------------- bookings

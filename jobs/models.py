@@ -74,6 +74,10 @@ class Job(models.Model):
     submitted_at = models.DateTimeField(null=True, blank=True)  # Slurm gave it an id
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # The job-end e-mail was dealt with (sent, or not wanted: the submitter had not opted in), set by
+    # the claim that decides it (jobs.services.job_end_notify_send). Null on an ended job that
+    # reached Slurm: its notice is owed (the sweeper's, jobs.services.job_end_notify_sweep).
+    end_notified_at = models.DateTimeField(null=True, blank=True)
 
     # Estimate at submission
     estimated_gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
@@ -122,6 +126,11 @@ class Job(models.Model):
             models.Index(fields=["submitter", "-created_at"], name="job_submitter_created"),
             # look-ups by Slurm id (CLI `gpuportal job 1234`, admin search, accounting joins)
             models.Index(fields=["slurm_job_id"], name="job_slurm_job_id"),
+            # job_end_notify_sweep: ended jobs whose end notice is owed, by end (partial: a handful)
+            models.Index(
+                fields=["ended_at"], name="job_end_notice_owed",
+                condition=Q(end_notified_at__isnull=True, slurm_job_id__isnull=False, state__in=sorted(TERMINAL_STATES)),
+            ),  # fmt: skip
         ]
 
     def __str__(self) -> str:

@@ -96,9 +96,22 @@ def jobs_sweep_task() -> dict:
 
 @shared_task(bind=True, ignore_result=True, max_retries=3, default_retry_delay=60, soft_time_limit=50, time_limit=60)
 def job_end_notify(self, job_ids: list[str]) -> int:
-    """Email opted-in submitters that their jobs ended (one task per sync cycle). Not acks_late: a
-    redelivery after a crash could send the same email twice, a lost notice is the lesser harm."""
+    """Email opted-in submitters that their jobs ended (one task per sync cycle; the sweeper's repeats).
+    Each notice is claimed before it is sent (services.job_end_notify_send), so a repeat or a
+    redelivery sends nothing twice; SMTP unreachable hands the unsent back and retries."""
     try:
         return services.job_end_notify_send(job_ids=job_ids)
     except OSError as exc:  # SMTP unreachable
         raise self.retry(exc=exc) from exc
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
+def job_end_notify_sweep_task() -> int:
+    """Periodic (portal/celery.py, job-end-notify-sweep): re-enqueue job-end e-mails whose task was lost."""
+    return len(services.job_end_notify_sweep())
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=120, time_limit=180)
+def budget_holds_sweep_task() -> dict:
+    """Periodic (portal/celery.py, budget-hold-sweep): release budget holds whose final usage never came."""
+    return services.budget_holds_sweep()

@@ -27,7 +27,15 @@ def _beat_schedule() -> dict:
         # the sweepers of the outbox (portal/outbox.py) for work that has no other one
         "team-mirror-sweep": {"task": "portal.tasks.team_mirror_sweep_task", "schedule": 300.0},
         "budget-alert-sweep": {"task": "accounting.tasks.budget_alert_sweep_task", "schedule": 300.0},
-    }
+        "usage-reprice-sweep": {
+            "task": "accounting.tasks.usage_reprice_sweep_task", "schedule": float(settings.USAGE_REPRICE_SWEEP_SECONDS),
+        },
+        "job-end-notify-sweep": {
+            "task": "jobs.tasks.job_end_notify_sweep_task", "schedule": float(settings.JOB_END_NOTIFY_SWEEP_SECONDS),
+        },
+        # not an outbox: holds whose job's final usage never came (BUDGET_HOLD_RELEASE_AFTER_HOURS)
+        "budget-hold-sweep": {"task": "jobs.tasks.budget_holds_sweep_task", "schedule": float(settings.BUDGET_HOLD_SWEEP_SECONDS)},
+    }  # fmt: skip
     # The periodic Slurm reads run per cluster, each its own task (a cluster down fails only its own):
     # the default cluster keeps the names of a one-cluster portal, another's get "@NAME".
     for index, config in enumerate(configured_clusters()):

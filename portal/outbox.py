@@ -5,9 +5,10 @@ and swallowed, never turned into an error for a client whose row is committed. E
 enqueued here has a periodic sweeper (portal/celery.py) that finds the rows still waiting and
 enqueues them again: jobs.tasks.jobs_sweep_task (relays, cancels), accounting.tasks.booking_cleanup_task
 (reservations), quota_rollover_task (quota limits), portal.tasks.team_mirror_sweep_task (teams),
-budget_alert_sweep_task (alert e-mails). Two kinds have none yet: re-pricing after a new rate (no row records that
-it was done: a sweeper needs one) and job-end e-mails (a lost notice is not re-sent; the job page
-shows the end).
+budget_alert_sweep_task (alert e-mails), usage_reprice_sweep_task (re-pricing after a new rate: a
+PendingReprice row), jobs.tasks.job_end_notify_sweep_task (job-end e-mails: Job.end_notified_at).
+Work that sends something claims its row before sending (a marker set by one conditional update), so
+a sweep's repeat never sends twice.
 
 Coalesced work (``after_commit_coalesced``): a task that reads every row waiting (the relay drain,
 jobs.tasks.job_relay_drain) needs one run for a burst of rows, not one per row. A short-lived flag on

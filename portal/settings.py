@@ -213,6 +213,21 @@ JOB_SYNC_INTERVAL_SECONDS = env.float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=
 # many ACCEPTED jobs per claim; sbatch calls for them run in parallel, their outcomes are one bulk write.
 JOB_RELAY_DRAIN_BATCH = env.int("JOB_RELAY_DRAIN_BATCH", 100, minimum=1, maximum=1000)
 
+# The outbox's sweepers (portal/outbox.py; schedules in portal/celery.py): how often each looks for
+# work whose enqueue was lost. Re-pricing after a new rate (accounting.services.usage_reprice_sweep)
+# and job-end e-mails (jobs.services.job_end_notify_sweep) wait 5 minutes for their own task first.
+USAGE_REPRICE_SWEEP_SECONDS = env.int("USAGE_REPRICE_SWEEP_SECONDS", 300, minimum=10)
+JOB_END_NOTIFY_SWEEP_SECONDS = env.int("JOB_END_NOTIFY_SWEEP_SECONDS", 300, minimum=10)
+# Budget holds whose final usage never comes (jobs.services.budget_holds_sweep): a job that ended this
+# many hours ago without a final usage record, a job row deleted, a job left on a cluster no longer
+# configured. Final records normally arrive within a minute or two of the end (usage-ingest runs
+# every minute); a slurmdbd outage delays them until it is back (slurmctld keeps them). 24 h covers
+# an outage through a night; past that the hold only blocks the team's budget. Releasing early never
+# charges twice nor loses a charge: "used" comes from the usage slices, so a record arriving later is
+# still counted. BUDGET_HOLD_SWEEP_SECONDS: how often the sweep runs.
+BUDGET_HOLD_RELEASE_AFTER_HOURS = env.int("BUDGET_HOLD_RELEASE_AFTER_HOURS", 24, minimum=1, maximum=24 * 31)
+BUDGET_HOLD_SWEEP_SECONDS = env.int("BUDGET_HOLD_SWEEP_SECONDS", 3600, minimum=60)
+
 # Accounting
 DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")
 # Quotas (accounting.services.budget_holds_place): a team without an approved quota for the current

@@ -3,7 +3,8 @@
 
 - ``rates``         rate_create (which rate is in force: accounting.rates.RateBook)
 - ``ingestion``     usage ingestion from slurmdbd (usage_ingest, usage_records_upsert)
-- ``repricing``     usage slices priced by the rate book, re-pricing after a rate change
+- ``repricing``     usage slices priced by the rate book, re-pricing after a rate change (owed as a
+                    row, swept)
 - ``bookings``      booking create / approve / reject / cancel, the capacity rule, the booking budget check
 - ``reservations``  the bookings' Slurm reservations (reserve, unreserve, cleanup)
 - ``quotas``        quota request / approve / reject / cancel
@@ -42,7 +43,13 @@ from accounting.services.budget import (
 from accounting.services.ingestion import IngestResult, usage_ingest, usage_records_upsert, usage_window_start
 from accounting.services.quotas import quota_approve, quota_cancel, quota_reject, quota_request
 from accounting.services.rates import may_set_prices, rate_create
-from accounting.services.repricing import slice_record, usage_reprice
+from accounting.services.repricing import (
+    slice_record,
+    usage_reprice,
+    usage_reprice_owed,
+    usage_reprice_pending,
+    usage_reprice_sweep,
+)
 from accounting.services.reservations import (
     RESERVE_LEASE,
     booking_cleanup,
@@ -65,5 +72,6 @@ __all__ = [
     "HoldRequest", "budget_holds_convert", "budget_holds_place", "budget_holds_release",
     "quota_approve", "quota_cancel", "quota_expected_limits", "quota_limit_drift", "quota_limits_apply",
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
-    "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_window_start",
+    "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",
+    "usage_reprice_sweep", "usage_window_start",
 ]  # fmt: skip

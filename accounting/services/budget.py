@@ -9,7 +9,8 @@ The jobs app's interface to the budget (jobs depends on accounting, never the re
                            the team's running totals (BudgetTotal) under their row locks, refused
                            (409) when a quota does not have room — rolled back with the job rows
 - ``budget_holds_release`` a job ended without running, its submission failed, it was cancelled
-                           before it started: its hold stops holding
+                           before it started — or its final usage never came (the jobs app's
+                           sweeper, audited): its hold stops holding
 - ``budget_holds_convert`` (usage ingestion) ingested GPU-hours move from held to used; a final usage
                            record releases the hold
 
@@ -18,6 +19,7 @@ Enforcement in Slurm (association limits) is accounting.services.slurm_limits.""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,7 +34,10 @@ from accounting.charging import bookings_charge_reserved
 from accounting.models import BudgetHold, BudgetTotal
 from accounting.selectors.budgets import budget_rows, budget_total_figures, quotas_effective
 from portal.exceptions import Conflict
-from portal.models import Team
+from portal.models import AuditEvent, Team
+from portal.services import audit_event
+
+logger = logging.getLogger(__name__)
 
 QUOTA_PAGE = "/accounting/quotas/"
 
@@ -256,11 +261,13 @@ def _totals_apply(*, deltas: Sequence[tuple[int, str, dt.datetime, Decimal]], us
     return len(changed)
 
 
-def budget_holds_release(*, job_uuids: Iterable, at: dt.datetime | None = None) -> int:
+def budget_holds_release(*, job_uuids: Iterable, at: dt.datetime | None = None, reason: str = "") -> int:
     """The jobs ended without running (cancelled before they started, their submission refused or
-    failed, ended in the queue): their holds stop holding. Idempotent (released holds are left
+    failed, ended in the queue), or their final usage never came (the sweeper,
+    jobs.services.budget_holds_sweep): their holds stop holding. Idempotent (released holds are left
     alone); call it in the transaction that records the job's end. Three queries (holds, the totals'
-    lock, one UPDATE of them) for any number of jobs; none when no hold is open."""
+    lock, one UPDATE of them) for any number of jobs; none when no hold is open. With a ``reason``
+    each release is also an audit event (``budget.hold_released``, one INSERT) and a log line."""
     wanted = [u if isinstance(u, uuid.UUID) else uuid.UUID(str(u)) for u in job_uuids]
     if not wanted:
         return 0
@@ -273,7 +280,23 @@ def budget_holds_release(*, job_uuids: Iterable, at: dt.datetime | None = None) 
             return 0
         BudgetHold.objects.filter(job_uuid__in=[h.job_uuid for h in holds]).update(released_at=at, held_gpu_hours=0)
         _totals_apply(deltas=[(h.team_id, h.gpu_type, h.created_at, -h.held_gpu_hours) for h in holds], at=at)
+        if reason:
+            _releases_audit(holds, reason=reason)
     return len(holds)
+
+
+def _releases_audit(holds: Sequence[BudgetHold], *, reason: str) -> None:
+    """One audit event per released hold (what it still held, why), in one INSERT; one log line."""
+    AuditEvent.objects.bulk_create([
+        audit_event(actor=None, action="budget.hold_released", target=hold, team=Team(pk=hold.team_id), data={
+            "reason": reason, "held_gpu_hours": str(hold.held_gpu_hours),
+            "estimated_gpu_hours": str(hold.estimated_gpu_hours),
+        })
+        for hold in holds
+    ])  # fmt: skip
+    freed = sum((Decimal(h.held_gpu_hours) for h in holds), Decimal(0))
+    logger.warning("released %d budget holds (%s GPU-h) %s: %s", len(holds), gpu_hours_text(freed), reason,
+                   ", ".join(str(h.job_uuid) for h in holds))  # fmt: skip
 
 
 def budget_holds_convert(*, ingested: dict, final: set, team_ids: Iterable[int], since: dt.datetime | None,

@@ -1,6 +1,6 @@
 """Writes of prices: ``rate_create`` (history is kept: a change is a new row). Which rate is in force
 is accounting.rates.RateBook's answer; re-pricing the usage a new rate touches is
-accounting.services.repricing."""
+accounting.services.repricing (owed as a PendingReprice row written with the rate, swept)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 
 from accounting.models import Rate
+from accounting.services.repricing import usage_reprice_owed
 from accounting.tasks import usage_reprice_task
 from portal.exceptions import ApplicationError, Conflict
 from portal.outbox import after_commit
@@ -35,7 +36,8 @@ def rate_create(
     created_by=None,
 ) -> Rate:
     """Add a price. Only admins set prices (403 otherwise); ``created_by=None`` is the system (the demo
-    seed, commands). Usage from ``effective_from`` on is re-priced after commit."""
+    seed, commands). Usage from ``effective_from`` on is re-priced after commit: the work is owed as a
+    row in this transaction (usage_reprice_owed), so a lost enqueue is the sweeper's."""
     if created_by is not None and not may_set_prices(created_by):
         raise ApplicationError("Only admins set prices.", status_code=403)
     currency = (currency or settings.DEFAULT_CURRENCY).upper()
@@ -62,5 +64,6 @@ def rate_create(
     rate.full_clean()
     rate.save()
     snapshot_changed(RATES)  # every process re-reads the rate book (accounting.rates.RateBook.current)
+    usage_reprice_owed(gpu_type=gpu_type, since=effective_from)
     after_commit(usage_reprice_task, gpu_type, effective_from.isoformat())
     return rate

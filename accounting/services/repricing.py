@@ -1,6 +1,11 @@
 """Pricing usage: a usage record's slices (its GPU time cut at month boundaries and at rate changes,
 each priced by accounting.rates.RateBook) and re-pricing after a rate is added (``usage_reprice``).
-Ingestion (accounting.services.ingestion) writes slices through ``slices_replace`` too."""
+Ingestion (accounting.services.ingestion) writes slices through ``slices_replace`` too.
+
+Re-pricing owed is a row (PendingReprice, written with the rate by rate_create): the task
+(accounting.tasks.usage_reprice_task → ``usage_reprice_pending``) claims the rows it covers, re-prices
+and deletes them; ``usage_reprice_sweep`` (periodic, portal/celery.py) enqueues again what a lost
+task left — the outbox's policy (portal/outbox.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +13,16 @@ import datetime as dt
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Min, Q
+from django.utils import timezone
 
 from accounting.calendar import HOUR, billing_midnight, billing_zone, month_starts
 from accounting.charging import bookings_charge_reserved
-from accounting.models import UsageRecord, UsageSlice
+from accounting.models import PendingReprice, UsageRecord, UsageSlice
 from accounting.rates import RateBook
+from accounting.tasks import usage_reprice_task
 from portal.db import bulk_insert_copy
+from portal.outbox import publish
 
 SIX = Decimal("0.000001")
 BATCH = 2000
@@ -32,9 +40,70 @@ def usage_reprice(*, gpu_type: str, since: dt.date) -> int:
     )
     for offset in range(0, len(ids), BATCH):
         with transaction.atomic():
-            records = list(UsageRecord.objects.filter(pk__in=ids[offset : offset + BATCH]))
+            # locked (in id order): a concurrent re-pricing or ingestion of these records waits for
+            # this batch's slices instead of rebuilding them beside it
+            batch = ids[offset : offset + BATCH]
+            records = list(UsageRecord.objects.select_for_update().filter(pk__in=batch).order_by("pk"))
             slices_replace(records, RateBook.load({r.gpu_type for r in records}))
     return len(ids)
+
+
+# A new rate's own task has this long to run before the sweeper enqueues its work again; a run under
+# way holds its rows this long (beyond usage_reprice_task's hard time limit, 660 s)
+REPRICE_SWEEP_AFTER = dt.timedelta(minutes=5)
+REPRICE_LEASE = dt.timedelta(minutes=15)
+
+
+def usage_reprice_owed(*, gpu_type: str, since: dt.date) -> PendingReprice:
+    """Record that the usage of ``gpu_type`` from ``since`` on is to be re-priced: call in the
+    transaction that adds the rate (rate_create), then enqueue usage_reprice_task after commit."""
+    return PendingReprice.objects.create(gpu_type=gpu_type, since=since)
+
+
+def usage_reprice_pending(*, gpu_type: str, since: dt.date, now: dt.datetime | None = None) -> int | None:
+    """The work of usage_reprice_task: claim the PendingReprice rows of ``gpu_type`` from ``since``
+    on (locked SKIP LOCKED and marked in one UPDATE: rows another run holds are skipped), re-price
+    that usage and delete them. Those rows were committed with their rates, so the rate book this run reads has them; a
+    rate added meanwhile has a row (and a task) of its own. None when nothing is owed: another run
+    did it (a sweep's repeat, a redelivery) — running it twice re-prices once. A failure hands the
+    rows back for the retry or the sweeper."""
+    now = now or timezone.now()
+    free = Q(started_at__isnull=True) | Q(started_at__lt=now - REPRICE_LEASE)
+    with transaction.atomic():
+        claimed = list(
+            PendingReprice.objects.select_for_update(skip_locked=True)
+            .filter(free, gpu_type=gpu_type, since__gte=since)
+            .values_list("pk", flat=True)
+        )
+        PendingReprice.objects.filter(pk__in=claimed).update(started_at=now)
+    if not claimed:
+        return None
+    mine = PendingReprice.objects.filter(pk__in=claimed, started_at=now)
+    try:
+        count = usage_reprice(gpu_type=gpu_type, since=since)
+    except BaseException:
+        mine.update(started_at=None)
+        raise
+    mine.delete()
+    return count
+
+
+def usage_reprice_sweep(*, now: dt.datetime | None = None) -> list[tuple[str, str]]:
+    """The sweeper of usage_reprice_task: re-pricing owed for more than REPRICE_SWEEP_AFTER and not
+    under way is enqueued again, one task per GPU type from its earliest day (which covers the
+    type's later rows too). Returns the (gpu_type, ISO day) enqueued."""
+    now = now or timezone.now()
+    rows = (
+        PendingReprice.objects.filter(created_at__lt=now - REPRICE_SWEEP_AFTER)
+        .filter(Q(started_at__isnull=True) | Q(started_at__lt=now - REPRICE_LEASE))
+        .values("gpu_type")
+        .annotate(first=Min("since"))
+        .order_by("gpu_type")
+    )
+    owed = [(row["gpu_type"], row["first"].isoformat()) for row in rows]
+    for gpu_type, since in owed:
+        publish(usage_reprice_task, gpu_type, since)
+    return owed
 
 
 def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:

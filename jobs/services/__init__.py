@@ -7,8 +7,8 @@
                  the batched relay, the drain (group commit of single-job submits)
 - ``cancel``     cancel in the portal or passed on to Slurm
 - ``sync``       bring live jobs in line with Slurm (plan, then apply in bulk)
-- ``notify``     job-end e-mails
-- ``sweep``      re-enqueue stuck relays and cancels
+- ``notify``     job-end e-mails (each sent once) and their sweeper
+- ``sweep``      re-enqueue stuck relays and cancels; release budget holds whose usage never comes
 - ``templates``  job templates
 
 Rules every function here follows:
@@ -22,7 +22,7 @@ A test or bench that patches a module attribute (``RELAY_LEASE_SECONDS``, ``_hol
 """
 
 from jobs.services.cancel import _may_cancel, job_cancel, job_cancel_relay_run
-from jobs.services.notify import job_end_notify_send
+from jobs.services.notify import job_end_notify_send, job_end_notify_sweep
 from jobs.services.relay import (
     RELAY_BATCH_SUBMIT_SECONDS,
     RELAY_BATCH_THREADS,
@@ -49,7 +49,7 @@ from jobs.services.submit import (
     job_submit_batch,
     request_fingerprint,
 )
-from jobs.services.sweep import jobs_sweep
+from jobs.services.sweep import budget_holds_sweep, jobs_sweep
 from jobs.services.sync import ACCOUNTING_BY_ID_MAX, ACCOUNTING_GRACE_SECONDS, _apply_plan, _plan_job, jobs_sync
 from jobs.services.templates import job_template_create, job_template_delete
 from jobs.spec import DEFAULT_SHEBANG
@@ -75,9 +75,11 @@ __all__ = [
     "_record_submitted",
     "_release",
     "_spec_for",
+    "budget_holds_sweep",
     "job_cancel",
     "job_cancel_relay_run",
     "job_end_notify_send",
+    "job_end_notify_sweep",
     "job_quote",
     "job_relay_batch_run",
     "job_relay_drain_run",

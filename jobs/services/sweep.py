@@ -1,14 +1,18 @@
-"""The sweeper: re-enqueue relays and cancels that got stuck."""
+"""The sweepers of the jobs app: re-enqueue relays and cancels that got stuck (``jobs_sweep``), and
+release the budget holds of jobs whose final usage will not come (``budget_holds_sweep``). The
+job-end e-mails' sweeper is notify's (jobs.services.job_end_notify_sweep)."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from jobs.choices import LIVE_STATES, JobState
+from accounting.models import BudgetHold
+from accounting.services import budget_holds_release
+from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from jobs.models import Job
 from jobs.services.relay import _lease_free
 from portal.outbox import publish
@@ -36,5 +40,47 @@ def jobs_sweep() -> dict:
     if relay_ids:
         publish(job_relay_drain)
     for job_id in cancel_ids:
-        job_cancel_relay.delay(str(job_id))
+        publish(job_cancel_relay, str(job_id))
     return {"relays": len(relay_ids), "cancels": len(cancel_ids)}
+
+
+HOLD_SWEEP_BATCH = 1000
+
+
+def budget_holds_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
+    """Release the budget holds whose final usage will not come, BUDGET_HOLD_RELEASE_AFTER_HOURS on
+    (the setting says why 24 h), so that they stop blocking their team's budget:
+
+    - ``ended``: the job ended that long ago (``ended_at``) and the usage ingestion never saw its
+      final record (slurmdbd lost it; the job ran on a cluster whose accounting is not read);
+    - ``gone``: the hold was placed that long ago and its job row no longer exists (deleted, purged);
+    - ``unfollowed``: the hold was placed that long ago and its job is live on a cluster no longer
+      configured (Cluster.active false: nothing syncs it or ingests its usage).
+
+    Each kind goes through budget_holds_release (the running totals move under their locks, in
+    one transaction with the holds) with its reason: an audit event per hold and a log line. Usage
+    that arrives later is still charged (used comes from the slices), never twice. Idempotent: a
+    released hold is left alone. At most HOLD_SWEEP_BATCH holds of each kind a run (the next run
+    takes the rest). Returns how many holds of each kind were released."""
+    now = now or timezone.now()
+    hours = settings.BUDGET_HOLD_RELEASE_AFTER_HOURS
+    cutoff = now - dt.timedelta(hours=hours)
+    open_holds = BudgetHold.objects.filter(released_at__isnull=True)
+    old_holds = open_holds.filter(created_at__lt=cutoff)
+    kinds = {
+        "ended": Job.objects.filter(pk__in=open_holds.values("job_uuid"), state__in=TERMINAL_STATES)
+        .filter(Q(ended_at__lt=cutoff) | Q(ended_at__isnull=True, created_at__lt=cutoff))
+        .values_list("pk", flat=True),
+        "gone": old_holds.filter(~Exists(Job.objects.filter(pk=OuterRef("job_uuid")))).values_list("job_uuid", flat=True),
+        "unfollowed": Job.objects.filter(pk__in=old_holds.values("job_uuid"), state__in=LIVE_STATES, cluster__active=False)
+        .values_list("pk", flat=True),
+    }
+    reasons = {
+        "ended": f"the job ended over {hours} h ago and its final usage never came",
+        "gone": f"the job no longer exists (hold placed over {hours} h ago)",
+        "unfollowed": f"the job's cluster is no longer configured (hold placed over {hours} h ago)",
+    }
+    return {
+        kind: budget_holds_release(job_uuids=list(ids[:HOLD_SWEEP_BATCH]), at=now, reason=reasons[kind])
+        for kind, ids in kinds.items()
+    }

@@ -9,21 +9,34 @@ import datetime as dt
 import json
 import os
 import socket
+from decimal import Decimal
 
 import pytest
 import redis
+from django.core import mail
 from django.utils import timezone
 
-from accounting.models import BudgetAlert, Quota, Rate
-from accounting.services import budget_alert_sweep
+from accounting.models import BudgetAlert, PendingReprice, Quota, Rate, UsageSlice
+from accounting.services import (
+    budget_alert_sweep,
+    rate_create,
+    repricing,
+    usage_records_upsert,
+    usage_reprice_owed,
+    usage_reprice_pending,
+    usage_reprice_sweep,
+)
+from accounting.tasks import usage_reprice_task
 from jobs.choices import JobState
 from jobs.models import Job
-from jobs.services import jobs_sweep
-from portal.models import Membership
+from jobs.services import _apply_plan, job_end_notify_send, job_end_notify_sweep, jobs_sweep
+from portal.models import Membership, Profile
 from portal.services import membership_set, team_mirror_sweep
 from portal.tasks import team_mirror_sweep_task
+from tests.accounting.helpers import acct, at
 from tests.conftest import _use_broker
 from tests.fakes import FakeGateway
+from tests.security.test_url_matrix import make_job
 from tests.support import job_payload
 
 pytestmark = pytest.mark.django_db
@@ -148,3 +161,173 @@ def test_team_mirror_sweep_makes_slurm_match_every_team_once(world, use_gateway)
     assert {("vision", ""), ("vision", "alice"), ("vision", "bob"), ("nlp", ""), ("nlp", "carol"), ("nlp", "dave")} <= rows
     assert "account vision is missing in Slurm" in done
     assert team_mirror_sweep() == []  # in sync: nothing to do
+
+
+# ---------------------------------------------------------------- re-pricing after a new rate
+
+
+def _h100_usage() -> UsageSlice:
+    usage_records_upsert(records=[acct(start=at(2026, 2, 3), hours=2, gpu_type="h100")])
+    piece = UsageSlice.objects.get()
+    assert piece.rate is None and piece.cost == 0  # no h100 rate yet
+    return piece
+
+
+def test_a_rate_added_with_the_broker_down_is_repriced_by_the_sweeper_once(world, broker, django_capture_on_commit_callbacks, caplog):
+    _h100_usage()
+    with django_capture_on_commit_callbacks(execute=True):
+        rate_create(gpu_type="h100", price_per_gpu_hour=Decimal(16), effective_from=dt.date(2026, 1, 1))
+    assert "accounting.tasks.usage_reprice_task" in caplog.text and broker.sent() == []
+    assert UsageSlice.objects.get().cost == 0  # the re-pricing is owed, as a row
+    assert list(PendingReprice.objects.values_list("gpu_type", "since")) == [("h100", dt.date(2026, 1, 1))]
+    assert usage_reprice_sweep() == []  # too recent: its own enqueue may still be under way
+
+    broker.back()
+    later = timezone.now() + dt.timedelta(minutes=6)
+    assert usage_reprice_sweep(now=later) == [("h100", "2026-01-01")]
+    assert broker.sent() == [("accounting.tasks.usage_reprice_task", repr(("h100", "2026-01-01")))]
+    assert usage_reprice_task("h100", "2026-01-01") == 1  # what the worker runs for that message
+    piece = UsageSlice.objects.get()
+    assert (piece.cost, piece.price_per_gpu_hour) == (Decimal(2 * 16), Decimal(16))
+    assert not PendingReprice.objects.exists()
+    # the sweep again, or the lost task after all: nothing owed, nothing rebuilt
+    assert usage_reprice_sweep(now=later) == []
+    assert usage_reprice_task("h100", "2026-01-01") is None
+    assert UsageSlice.objects.get().pk == piece.pk
+    assert broker.sent() == [("accounting.tasks.usage_reprice_task", repr(("h100", "2026-01-01")))]
+
+
+def test_a_reprice_run_that_fails_hands_its_row_back_to_the_sweeper(world, monkeypatch):
+    _h100_usage()
+    rate = Rate.objects.create(gpu_type="h100", price_per_gpu_hour=Decimal(16), effective_from=dt.date(2026, 1, 1))
+    usage_reprice_owed(gpu_type=rate.gpu_type, since=rate.effective_from)
+    later = timezone.now() + dt.timedelta(minutes=6)
+
+    def broken(**kwargs):
+        assert PendingReprice.objects.get().started_at is not None  # held while it runs: the sweep leaves it
+        assert usage_reprice_sweep(now=later) == []
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(repricing, "usage_reprice", broken)
+    with pytest.raises(RuntimeError):
+        usage_reprice_pending(gpu_type="h100", since=dt.date(2026, 1, 1))
+    assert PendingReprice.objects.get().started_at is None
+    monkeypatch.undo()
+    assert usage_reprice_sweep(now=later) == [("h100", "2026-01-01")]  # the broker is eager here: it ran
+    assert UsageSlice.objects.get().cost == Decimal(32) and not PendingReprice.objects.exists()
+
+
+def test_a_rate_added_while_a_reprice_runs_keeps_its_own_row(world, monkeypatch):
+    """The run deletes the rows it claimed, not every row of the type: a rate committed after its
+    start may be missing from the rate book it read."""
+    _h100_usage()
+    rate_create(gpu_type="h100", price_per_gpu_hour=Decimal(16), effective_from=dt.date(2026, 1, 1))  # owes 1 Jan on
+    real = repricing.usage_reprice
+
+    def with_a_new_rate_meanwhile(**kwargs):
+        Rate.objects.create(gpu_type="h100", price_per_gpu_hour=Decimal(20), effective_from=dt.date(2026, 2, 1))
+        PendingReprice.objects.create(gpu_type="h100", since=dt.date(2026, 2, 1))
+        return real(**kwargs)
+
+    monkeypatch.setattr(repricing, "usage_reprice", with_a_new_rate_meanwhile)
+    assert usage_reprice_pending(gpu_type="h100", since=dt.date(2026, 1, 1)) == 1
+    assert list(PendingReprice.objects.values_list("since", flat=True)) == [dt.date(2026, 2, 1)]
+
+
+# ---------------------------------------------------------------- job-end e-mails
+
+
+def _ended_with_the_broker_down(world, django_capture_on_commit_callbacks, caplog) -> list[Job]:
+    Profile.objects.filter(user=world.alice).update(notify_job_end=True)
+    mine = make_job(world.vision, world.alice, state=JobState.RUNNING, slurm_job_id=6161, name="train-a")
+    bobs = make_job(world.vision, world.bob, state=JobState.RUNNING, slurm_job_id=6162, name="train-b")  # not opted in
+    now = timezone.now()
+    with django_capture_on_commit_callbacks(execute=True):
+        _apply_plan({job.pk: {"state": JobState.COMPLETED, "exit_code": 0, "ended_at": now} for job in (mine, bobs)}, now)
+    assert "jobs.tasks.job_end_notify" in caplog.text and "not enqueued" in caplog.text
+    assert mail.outbox == []
+    return [mine, bobs]
+
+
+def test_job_end_emails_lost_with_the_broker_are_sent_once_by_the_sweeper(world, broker, django_capture_on_commit_callbacks, caplog):
+    mine, bobs = _ended_with_the_broker_down(world, django_capture_on_commit_callbacks, caplog)
+    assert job_end_notify_sweep() == []  # too recent: the sync's own task may still be under way
+
+    broker.back()
+    later = timezone.now() + dt.timedelta(minutes=6)
+    ids = job_end_notify_sweep(now=later)
+    assert sorted(ids) == sorted([str(mine.pk), str(bobs.pk)])
+    assert broker.sent() == [("jobs.tasks.job_end_notify", repr((ids,)))]
+    assert job_end_notify_send(job_ids=ids) == 1  # what the worker runs for that message
+    assert [m.to for m in mail.outbox] == [[world.alice.email]] and "train-a" in mail.outbox[0].subject
+    assert Job.objects.filter(pk__in=ids, end_notified_at__isnull=False).count() == 2  # bob's: not wanted, dealt with
+    # the sweep again, and the lost task after all: nothing sent twice
+    assert job_end_notify_sweep(now=later) == []
+    assert job_end_notify_send(job_ids=ids) == 0
+    assert len(mail.outbox) == 1 and len(broker.sent()) == 1
+
+
+def test_the_sweep_leaves_jobs_that_never_reached_slurm_and_old_ends(world):
+    Profile.objects.filter(user=world.alice).update(notify_job_end=True)
+    long_ago = timezone.now() - dt.timedelta(days=3)
+    make_job(world.vision, world.alice, state=JobState.CANCELLED, ended_at=timezone.now() - dt.timedelta(hours=1))  # no Slurm id
+    make_job(world.vision, world.alice, state=JobState.COMPLETED, slurm_job_id=6170, ended_at=long_ago)
+    owed = make_job(world.vision, world.alice, state=JobState.COMPLETED, slurm_job_id=6171,
+                    ended_at=timezone.now() - dt.timedelta(hours=1))  # fmt: skip
+    assert job_end_notify_sweep() == [str(owed.pk)]  # the broker is eager here: it ran
+    assert [m.to for m in mail.outbox] == [[world.alice.email]]
+
+
+def test_an_smtp_failure_hands_the_unsent_notices_back(world, monkeypatch):
+    from django.core.mail.backends.locmem import EmailBackend
+
+    Profile.objects.filter(user=world.alice).update(notify_job_end=True)
+    ended = timezone.now() - dt.timedelta(hours=1)
+    jobs = [make_job(world.vision, world.alice, state=JobState.FAILED, slurm_job_id=6180 + i, name=f"j{i}",
+                     ended_at=ended + dt.timedelta(seconds=i)) for i in range(2)]  # fmt: skip
+    ids = [str(job.pk) for job in jobs]
+    real, calls = EmailBackend.send_messages, []
+
+    def second_fails(self, messages):
+        calls.append(messages)
+        if len(calls) == 2:
+            raise OSError("connection reset")
+        return real(self, messages)
+
+    monkeypatch.setattr(EmailBackend, "send_messages", second_fails)
+    with pytest.raises(OSError):
+        job_end_notify_send(job_ids=ids)
+    assert [m.subject for m in mail.outbox] == ["[gpuportal] j0: FAILED"]
+    assert list(Job.objects.filter(end_notified_at__isnull=True).values_list("name", flat=True)) == ["j1"]
+    monkeypatch.undo()
+    assert job_end_notify_send(job_ids=ids) == 1  # the retry sends only what was not sent
+    assert [m.subject for m in mail.outbox] == ["[gpuportal] j0: FAILED", "[gpuportal] j1: FAILED"]
+
+
+# ---------------------------------------------------------------- the beat
+
+
+SWEEPERS = {
+    "jobs-sweep-accepted": "jobs.tasks.jobs_sweep_task",
+    "booking-cleanup": "accounting.tasks.booking_cleanup_task",
+    "quota-rollover": "accounting.tasks.quota_rollover_task",
+    "team-mirror-sweep": "portal.tasks.team_mirror_sweep_task",
+    "budget-alert-sweep": "accounting.tasks.budget_alert_sweep_task",
+    "usage-reprice-sweep": "accounting.tasks.usage_reprice_sweep_task",
+    "job-end-notify-sweep": "jobs.tasks.job_end_notify_sweep_task",
+    "budget-hold-sweep": "jobs.tasks.budget_holds_sweep_task",
+}
+
+
+def test_the_beat_runs_every_sweeper_at_its_setting(settings):
+    import accounting.tasks  # noqa: F401 (the imports register the tasks)
+    import jobs.tasks  # noqa: F401
+    import portal.tasks  # noqa: F401
+    from portal.celery import _beat_schedule, app
+
+    settings.USAGE_REPRICE_SWEEP_SECONDS, settings.JOB_END_NOTIFY_SWEEP_SECONDS, settings.BUDGET_HOLD_SWEEP_SECONDS = 61, 62, 630
+    schedule = _beat_schedule()
+    assert {key: schedule[key]["task"] for key in SWEEPERS if key in schedule} == SWEEPERS
+    assert all(task in app.tasks for task in SWEEPERS.values())  # each names a real task
+    intervals = [schedule[key]["schedule"] for key in ("usage-reprice-sweep", "job-end-notify-sweep", "budget-hold-sweep")]
+    assert intervals == [61.0, 62.0, 630.0]
