@@ -6,6 +6,8 @@ and the page's cluster picker, column and calendar only when several clusters ar
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -231,3 +233,30 @@ def test_with_one_cluster_the_page_has_no_cluster_choice_or_column(world, invent
     assert '<input type="hidden" name="cluster"' in page and '<select name="cluster"' not in page
     assert '<th scope="col">Cluster</th>' not in page and "<td data-cluster=" not in page
     assert 'data-gpu-type="a100"' in page and "a100 on " not in page  # the calendar names no cluster
+
+
+# ---------------------------------------------------------------- jobs in a booking
+
+
+def test_a_job_in_a_booking_runs_on_the_bookings_cluster_or_is_refused_naming_cluster(two_clusters, world, relays):
+    from accounting.models import ReservationState
+    from jobs.services import job_submit
+    from portal.exceptions import ApplicationError
+    from portal.models import PartitionInfo
+    from portal.snapshots import INVENTORY, snapshot_changed
+
+    _, east = two_clusters
+    PartitionInfo.objects.create(cluster=east, name="gpu", is_default=True, state="UP", default_time_minutes=60,
+                                 max_time_minutes=4320, node_names=["east-a100-01", "east-l40s-01"], seen_at=timezone.now())  # fmt: skip
+    snapshot_changed(INVENTORY)
+    now = timezone.now()
+    booking = booking_create(team=world.vision, gpu_type="a100", gpus=4, start=now, end=now + dt.timedelta(hours=1),
+                             actor=world.admin, cluster="east")  # fmt: skip
+    Booking.objects.filter(pk=booking.pk).update(reservation_state=ReservationState.ACTIVE)
+    common = {"user": world.alice, "team": world.vision, "name": "in-booking", "script": "true", "partition": "gpu",
+              "gpu_type": "a100", "gpus": 4, "time_limit_minutes": 10, "booking": booking.pk}  # fmt: skip
+    with pytest.raises(ApplicationError) as info:  # "gpu" is on both clusters: the default one, not the booking's
+        job_submit(**common)
+    assert "on cluster 'east'" in info.value.errors["cluster"][0], info.value.errors
+    job, created = job_submit(**common, cluster="east")
+    assert created and (job.cluster_id, job.booking_id) == (east.pk, booking.pk)
