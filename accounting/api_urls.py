@@ -7,6 +7,7 @@ urlpatterns = [
     path("teams/<slug:slug>/usage/", apis.TeamUsageApi.as_view(), name="api-team-usage"),
     path("bookings/", apis.BookingCollectionApi.as_view(), name="api-booking-list"),
     path("bookings/availability/", apis.BookingAvailabilityApi.as_view(), name="api-booking-availability"),
+    path("bookings/<uuid:booking_id>/", apis.BookingDetailApi.as_view(), name="api-booking-detail"),
     path("bookings/<uuid:booking_id>/cancel/", apis.BookingCancelApi.as_view(), name="api-booking-cancel"),
     path("bookings/<uuid:booking_id>/approve/", apis.BookingApproveApi.as_view(), name="api-booking-approve"),
     path("bookings/<uuid:booking_id>/reject/", apis.BookingRejectApi.as_view(), name="api-booking-reject"),

@@ -140,6 +140,7 @@ class TeamUsageApi(APIView):
 class BookingOutputSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     team = serializers.CharField(source="team.slug")
+    cluster = serializers.CharField(source="cluster.name", help_text="The cluster whose GPUs are booked (its reservation is there).")
     gpu_type = serializers.CharField()
     gpus = serializers.IntegerField()
     start = serializers.DateTimeField()
@@ -163,7 +164,7 @@ def _booking_for(request, booking_id):
     """A booking the user may see, else 404 (whether it exists or not)."""
     from accounting.selectors import bookings_visible_to
 
-    booking = bookings_visible_to(request.user).filter(pk=booking_id).first()
+    booking = bookings_visible_to(request.user).select_related("cluster").filter(pk=booking_id).first()
     if booking is None:
         from django.http import Http404
 
@@ -173,14 +174,19 @@ def _booking_for(request, booking_id):
 
 class BookingCollectionApi(ListAPIView):
     """GET: the bookings you may see (your teams'; admins and finance: all), newest window first,
-    paginated; filters ``team`` (slug), ``status``, ``gpu_type``. POST: book GPUs for a team (its
-    managers and admins): 201 approved at once or awaiting approval, 400 bad input (``gpus`` must be a
-    multiple of a node's GPUs where Slurm reserves whole nodes), 409 naming the window that is full."""
+    paginated; filters ``team`` (slug), ``status``, ``gpu_type``, ``cluster`` (name). POST: book GPUs
+    for a team (its managers and admins) on one cluster: 201 approved at once or awaiting approval,
+    400 bad input (``gpus`` must be a multiple of a node's GPUs where Slurm reserves whole nodes;
+    ``cluster`` unknown, needed, or one where the team has no account), 409 naming the window that
+    is full."""
 
     serializer_class = BookingOutputSerializer
 
     class BookingCreateInputSerializer(serializers.Serializer):
         team = serializers.CharField(help_text="Team slug.")
+        cluster = serializers.CharField(required=False, allow_blank=True, default="", max_length=64,
+                                        help_text="Cluster name. Empty: the one cluster that has the GPU type "
+                                        "(needed when several have it).")  # fmt: skip
         gpu_type = serializers.CharField()
         gpus = serializers.IntegerField(min_value=1)
         start = serializers.DateTimeField(help_text="ISO 8601; without an offset: the site's time zone.")
@@ -190,17 +196,22 @@ class BookingCollectionApi(ListAPIView):
     def get_queryset(self):
         from accounting.selectors import bookings_visible_to
 
-        queryset = bookings_visible_to(self.request.user).order_by("-start", "-created_at")
+        queryset = bookings_visible_to(self.request.user).select_related("cluster").order_by("-start", "-created_at")
         params = self.request.query_params
         if params.get("team"):
             queryset = queryset.filter(team__slug=params["team"])
+        if params.get("cluster"):
+            queryset = queryset.filter(cluster__name=params["cluster"])
         if params.get("status"):
             queryset = queryset.filter(status=params["status"])
         if params.get("gpu_type"):
             queryset = queryset.filter(gpu_type=params["gpu_type"])
         return queryset
 
-    @extend_schema(summary="Bookings you may see", responses=BookingOutputSerializer(many=True))
+    @extend_schema(summary="Bookings you may see", responses=BookingOutputSerializer(many=True), parameters=[
+        OpenApiParameter(name, str, description=text) for name, text in (
+            ("team", "A team's slug."), ("status", "requested, approved, rejected, cancelled."),
+            ("gpu_type", "A GPU type."), ("cluster", "A cluster's name."))])  # fmt: skip
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
@@ -208,7 +219,9 @@ class BookingCollectionApi(ListAPIView):
                    description="201: approved at once, or awaiting an admin. A schema-valid body that a booking rule "
                    "refuses answers 400 naming the field: a team that does not exist or that you cannot see, an unknown "
                    "GPU type, an end not after the start, a window in the past, too short or too long, GPUs not a multiple "
-                   "of a node's where Slurm reserves whole nodes. 409: the window is full or over budget.")  # fmt: skip
+                   "of a node's where Slurm reserves whole nodes; an unknown cluster, one where the team has no Slurm "
+                   "account, or none given when several clusters have the GPU type (`cluster`, listing them). 409: the "
+                   "window is full or over budget.")  # fmt: skip
     def post(self, request, *args, **kwargs):
         from accounting.services import booking_create
         from portal.selectors import team_visible_or_error
@@ -219,9 +232,17 @@ class BookingCollectionApi(ListAPIView):
         team = team_visible_or_error(request.user, data["team"])
         booking = booking_create(
             team=team, gpu_type=data["gpu_type"], gpus=data["gpus"], start=data["start"], end=data["end"],
-            note=data["note"], actor=request.user, request=request,
+            note=data["note"], actor=request.user, request=request, cluster=data["cluster"] or None,
         )  # fmt: skip
         return Response(BookingOutputSerializer(booking).data, status=201)
+
+
+class BookingDetailApi(APIView):
+    """One booking you may see (your teams'; admins and finance: any); 404 otherwise."""
+
+    @extend_schema(summary="A booking", responses=BookingOutputSerializer)
+    def get(self, request, booking_id):
+        return Response(BookingOutputSerializer(_booking_for(request, booking_id)).data)
 
 
 class BookingDecisionInputSerializer(serializers.Serializer):
@@ -262,10 +283,12 @@ class BookingRejectApi(APIView):
 
 
 class BookingAvailabilityApi(APIView):
-    """Free bookable GPUs over time, per GPU type: a step function [{start, end, free, booked}]
-    covering [start, end) (default: the next 7 days). Any signed-in user (no team data)."""
+    """Free bookable GPUs of one cluster over time, per GPU type: a step function [{start, end, free,
+    booked}] covering [start, end) (default: the next 7 days). Any signed-in user (no team data)."""
 
     class BookingAvailabilityQueryInputSerializer(serializers.Serializer):
+        cluster = serializers.CharField(required=False, allow_blank=True, default="", max_length=64,
+                                        help_text="Cluster name. Empty: the default cluster.")  # fmt: skip
         gpu_type = serializers.CharField(required=False, allow_blank=True, default="")
         start = serializers.DateTimeField(required=False)
         end = serializers.DateTimeField(required=False)
@@ -296,6 +319,7 @@ class BookingAvailabilityApi(APIView):
         steps = serializers.ListField(child=serializers.DictField())
 
     class BookingAvailabilityOutputSerializer(serializers.Serializer):
+        cluster = serializers.CharField()
         start = serializers.DateTimeField()
         end = serializers.DateTimeField()
         whole_nodes = serializers.BooleanField(help_text="Bookings are whole nodes (multiples of gpus_per_node).")
@@ -304,18 +328,20 @@ class BookingAvailabilityApi(APIView):
     @extend_schema(summary="Bookable GPUs over time", parameters=[BookingAvailabilityQueryInputSerializer],
                    responses=BookingAvailabilityOutputSerializer,
                    description="A window whose end is not after its start, or longer than 92 days, answers 400 naming "
-                   "`end`. Default window: the next 7 days.")  # fmt: skip
+                   "`end`; an unknown cluster, 400 naming `cluster`. Default window: the next 7 days.")  # fmt: skip
     def get(self, request):
         from accounting.selectors import booking_availability
-        from accounting.services import bookings_whole_nodes
+        from accounting.services import bookable_cluster, bookings_whole_nodes
 
         query = self.BookingAvailabilityQueryInputSerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         data = query.validated_data
-        results = booking_availability(start=data["start"], end=data["end"], gpu_type=data["gpu_type"] or None)
+        cluster = bookable_cluster(data["cluster"])
+        results = booking_availability(start=data["start"], end=data["end"], gpu_type=data["gpu_type"] or None,
+                                       cluster=cluster.name)  # fmt: skip
         step = self.BookingAvailabilityStepOutputSerializer
         payload = {
-            "start": data["start"], "end": data["end"], "whole_nodes": bookings_whole_nodes(),
+            "cluster": cluster.name, "start": data["start"], "end": data["end"], "whole_nodes": bookings_whole_nodes(cluster),
             "results": [{**row, "steps": step(row["steps"], many=True).data} for row in results],
         }  # fmt: skip
         return Response(self.BookingAvailabilityOutputSerializer(payload).data)

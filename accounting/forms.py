@@ -64,20 +64,36 @@ class RateForm(forms.Form):
 
 
 class BookingForm(forms.Form):
-    """Book GPUs for a team (its managers; admins for any team). Times in the viewer's time zone."""
+    """Book GPUs for a team (its managers; admins for any team). Times in the viewer's time zone.
+    ``clusters``: the configured clusters' names; the cluster picker is shown only when there are
+    several (as the job form's), else it is hidden and always empty (the default cluster)."""
 
     team = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None)
+    cluster = forms.ChoiceField(choices=(), required=False,
+                                help_text="Needed only when several clusters have the GPU type.")  # fmt: skip
     gpu_type = forms.ChoiceField(choices=(), label="GPU type")
     gpus = forms.IntegerField(min_value=1, label="GPUs")
     start = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
     end = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
     note = forms.CharField(max_length=200, required=False)
 
-    def __init__(self, *args, teams, gpu_types: list[str], gpus_per_node: int | None = None, **kwargs):
+    def __init__(self, *args, teams, gpu_types: list[str], gpus_per_node: int | None = None,
+                 clusters: tuple[str, ...] = (), whole_nodes_on: tuple[str, ...] = (), **kwargs):  # fmt: skip
+        """``gpus_per_node``: the unit of whole-node bookings; ``whole_nodes_on``: the clusters where
+        it applies when only some of several clusters reserve whole nodes (empty: every cluster)."""
         super().__init__(*args, **kwargs)
         self.fields["team"].queryset = teams
         self.fields["gpu_type"].choices = [(t, t) for t in gpu_types]
-        if gpus_per_node:
+        if len(clusters) > 1:
+            self.fields["cluster"].choices = [("", "the GPU type's")] + [(name, name) for name in clusters]
+        else:  # one cluster: nothing to choose (hidden, always empty)
+            self.fields["cluster"].choices = [("", "")]
+            self.fields["cluster"].widget = forms.HiddenInput()
+        if gpus_per_node and whole_nodes_on:
+            self.fields["gpus"].help_text = (
+                f"A multiple of {gpus_per_node} on {', '.join(whole_nodes_on)}: Slurm there reserves whole nodes."
+            )
+        elif gpus_per_node:
             self.fields["gpus"].help_text = f"A multiple of {gpus_per_node}: Slurm here reserves whole nodes."
             self.fields["gpus"].widget.attrs["step"] = gpus_per_node
             self.fields["gpus"].initial = gpus_per_node

@@ -153,9 +153,9 @@ def _week_start(value: str | None) -> dt.date:
     return day - dt.timedelta(days=day.weekday())
 
 
-def _calendar(week: dt.date) -> dict:
-    """A week as days × hours per GPU type: each cell the fewest free GPUs in that hour (from
-    accounting.selectors.booking_availability), as a share of capacity for its colour."""
+def _calendar(week: dt.date, clusters: tuple[str, ...]) -> dict:
+    """A week as days × hours per GPU type of each cluster: each cell the fewest free GPUs in that
+    hour (from accounting.selectors.booking_availability), as a share of capacity for its colour."""
     from accounting.selectors import booking_availability
 
     zone = timezone.get_current_timezone()
@@ -163,7 +163,7 @@ def _calendar(week: dt.date) -> dict:
     end = start + dt.timedelta(days=7)
     now = timezone.now()
     types = []
-    for row in booking_availability(start=start, end=end):
+    for cluster, row in ((name, row) for name in clusters for row in booking_availability(start=start, end=end, cluster=name)):
         steps = row["steps"]
         days = []
         for d in range(7):
@@ -175,43 +175,54 @@ def _calendar(week: dt.date) -> dict:
                 level = "full" if free == 0 else ("some" if free < row["capacity"] else "free")
                 cells.append({"at": a, "free": free, "level": level, "past": b <= now})
             days.append({"date": week + dt.timedelta(days=d), "cells": cells})
-        types.append({**row, "days": days})
+        types.append({**row, "cluster": cluster, "days": days})
     return {"week": week, "prev": week - dt.timedelta(days=7), "next": week + dt.timedelta(days=7),
-            "types": types, "hours": range(24), "zone": timezone.get_current_timezone_name()}  # fmt: skip
+            "types": types, "hours": range(24), "zone": timezone.get_current_timezone_name(),
+            "several_clusters": len(clusters) > 1}  # fmt: skip
 
 
 @login_required
 def booking_list(request):
     """The bookings calendar: free GPUs per type over a week (htmx changes the week), the team's
-    bookings with cancel/approve/reject buttons, and the booking form (managers and admins)."""
+    bookings with cancel/approve/reject buttons, and the booking form (managers and admins). With
+    several clusters: the calendar per cluster, a cluster picker and a cluster column."""
     from accounting.forms import BookingForm
     from accounting.selectors import booking_availability, bookings_visible_to
     from accounting.services import booking_create, bookings_whole_nodes
     from portal.selectors import teams_managed_by
+    from portal.services import cluster_row
+    from portal.slurm import configured_clusters
 
+    clusters = tuple(config.name for config in configured_clusters())
     week = _week_start(request.GET.get("week"))
-    calendar = _calendar(week)
+    calendar = _calendar(week, clusters)
     if request.headers.get("HX-Request") and request.method == "GET":
         return render(request, "partials/accounting_booking_calendar.html", {"calendar": calendar})
     teams = teams_managed_by(request.user).filter(active=True).order_by("name")
     now = timezone.now()
-    capacity = booking_availability(start=now, end=now + dt.timedelta(minutes=1))
-    gpu_types = [row["gpu_type"] for row in capacity]
-    per_node = min((row["gpus_per_node"] for row in capacity), default=None) if bookings_whole_nodes() else None
+    capacity = {name: booking_availability(start=now, end=now + dt.timedelta(minutes=1), cluster=name) for name in clusters}
+    gpu_types = sorted({row["gpu_type"] for rows in capacity.values() for row in rows})
+    if len(clusters) == 1:
+        whole = clusters if bookings_whole_nodes() else ()
+    else:
+        whole = tuple(name for name in clusters if bookings_whole_nodes(cluster_row(name)))
+    per_node = min((row["gpus_per_node"] for name in whole for row in capacity[name]), default=None)
+    form_args = {"teams": teams, "gpu_types": gpu_types, "gpus_per_node": per_node, "clusters": clusters,
+                 "whole_nodes_on": whole if len(whole) < len(clusters) else ()}  # fmt: skip
     form = None
     if teams.exists():
         start = (timezone.localtime(now) + dt.timedelta(minutes=5)).replace(second=0, microsecond=0)
-        form = BookingForm(teams=teams, gpu_types=gpu_types, gpus_per_node=per_node,
-                           initial={"start": start, "end": start + dt.timedelta(hours=2)})  # fmt: skip
+        form = BookingForm(**form_args, initial={"start": start, "end": start + dt.timedelta(hours=2)})
     if request.method == "POST":
         if form is None:
             raise PermissionDenied("Only team managers and admins book GPUs.")
-        form = BookingForm(request.POST, teams=teams, gpu_types=gpu_types, gpus_per_node=per_node)
+        form = BookingForm(request.POST, **form_args)
         if form.is_valid():
             data = form.cleaned_data
             try:
                 booking = booking_create(team=data["team"], gpu_type=data["gpu_type"], gpus=data["gpus"], start=data["start"],
-                                         end=data["end"], note=data["note"], actor=request.user, request=request)  # fmt: skip
+                                         end=data["end"], note=data["note"], actor=request.user, request=request,
+                                         cluster=data["cluster"] or None)  # fmt: skip
             except ApplicationError as exc:
                 form_add_application_error(form, exc)
             else:
@@ -220,10 +231,12 @@ def booking_list(request):
                 else:
                     messages.info(request, f"Requested {booking.gpu_hours} GPU-hours: an admin will approve it.")
                 return redirect(f"{request.path}?week={_week_start(timezone.localtime(booking.start).date().isoformat())}")
-    bookings = bookings_visible_to(request.user).filter(end__gt=now - dt.timedelta(days=7)).order_by("start")[:200]
+    bookings = (bookings_visible_to(request.user).select_related("cluster").filter(end__gt=now - dt.timedelta(days=7))
+                .order_by("start")[:200])  # fmt: skip
     managed = set(teams.values_list("pk", flat=True))
     return render(request, "accounting/booking_list.html", {
         "calendar": calendar, "form": form, "bookings": bookings, "managed": managed, "now": now,
+        "several_clusters": len(clusters) > 1,
         "is_admin": is_admin(request.user), "auto_approve": settings.BOOKING_AUTO_APPROVE_GPU_HOURS,
         "charge_mode": booking_charge_mode(),
     }, status=400 if request.method == "POST" else 200)  # fmt: skip

@@ -131,19 +131,23 @@ def booking_availability(
 
 
 def booking_check_for_job(*, booking_id, team: Team, gpu_type: str, gpus: int, time_limit_minutes: int,
-                          now: dt.datetime | None = None):  # fmt: skip
+                          now: dt.datetime | None = None, cluster: str | None = None):  # fmt: skip
     """The booking a job is submitted into, when it may run there: it belongs to the job's team, is
-    approved with its reservation in Slurm, has the job's GPU type and at least its GPUs, and the job
-    (starting now, or at the booking's start if later) ends by the booking's end. ApplicationError
-    (400, field "booking", or the job field at fault) otherwise."""
+    on the job's cluster (``cluster``, a name; None: not checked), approved with its reservation in
+    Slurm, has the job's GPU type and at least its GPUs, and the job (starting now, or at the
+    booking's start if later) ends by the booking's end. ApplicationError (400, field "booking", or
+    the job field at fault) otherwise."""
     now = now or timezone.now()
-    booking = Booking.objects.filter(pk=booking_id, team=team).first()
+    booking = Booking.objects.filter(pk=booking_id, team=team).select_related("cluster").first()
 
     def refuse(message: str, field: str = "booking"):
         raise ApplicationError(f"The job cannot run in this booking: {message}", errors={field: [message]})
 
     if booking is None:
         refuse(f"no such booking of team {team.name}.")
+    if cluster and cluster != booking.cluster.name:
+        refuse(f"the booking is on cluster {booking.cluster.name!r}, the job on {cluster!r}; set cluster to "
+               f"{booking.cluster.name!r}.", "cluster")  # fmt: skip
     if booking.status != BookingStatus.APPROVED:
         refuse(f"the booking is {booking.get_status_display().lower()}.")
     if booking.end <= now:

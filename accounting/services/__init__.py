@@ -26,6 +26,7 @@ from accounting.services.bookings import (
     BOOKING_LOCK_NAMESPACE,
     BOOKING_PAST_GRACE,
     TypeCapacity,
+    bookable_cluster,
     booking_approve,
     booking_cancel,
     booking_create,
@@ -66,7 +67,7 @@ from accounting.services.slurm_limits import (
 
 __all__ = [
     "BOOKING_LOCK_NAMESPACE", "BOOKING_PAST_GRACE", "QUOTA_ALERT_THRESHOLDS", "QUOTA_PAGE", "RESERVE_LEASE",
-    "ROLLOVER_KIND", "IngestResult", "TypeCapacity", "booking_approve", "booking_cancel", "booking_cleanup",
+    "ROLLOVER_KIND", "IngestResult", "TypeCapacity", "bookable_cluster", "booking_approve", "booking_cancel", "booking_cleanup",
     "booking_create", "booking_reject", "booking_reserve_run", "booking_unreserve_run", "bookings_whole_nodes",
     "budget_alert_email", "budget_alert_payload", "budget_alert_sweep", "budget_alert_webhook", "budget_alerts_check",
     "HoldRequest", "budget_holds_convert", "budget_holds_place", "budget_holds_release",

@@ -27,8 +27,9 @@ from portal.exceptions import ApplicationError, Conflict
 from portal.models import Cluster, NodeInfo, Team, default_cluster_id
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
+from portal.selectors import team_cluster_accounts
 from portal.services import audit_record, cluster_row
-from portal.slurm import SlurmError, get_gateway
+from portal.slurm import SlurmError, configured_clusters, get_gateway
 
 logger = logging.getLogger(__name__)
 
@@ -255,6 +256,46 @@ def enqueue_booking_task(task_name: str, booking_id) -> None:
     after_commit(getattr(tasks, task_name), str(booking_id))
 
 
+def bookable_cluster(name: str | None) -> Cluster:
+    """The Cluster row of a configured cluster by name (None or "": the default one), for the
+    bookings' API and pages. ApplicationError (400 naming ``cluster`` and the configured clusters)
+    for a name the portal does not serve."""
+    name = (name or "").strip()
+    try:
+        return cluster_row(name or None)
+    except KeyError:
+        known = ", ".join(c.name for c in configured_clusters())
+        message = f"No such cluster: {name!r} (clusters: {known})."
+        raise ApplicationError(message, errors={"cluster": [message]}) from None
+
+
+def _booking_cluster(*, team: Team | None, gpu_type: str, cluster: str | None) -> Cluster:
+    """Where a booking is made: the cluster named; without one, the default cluster when the portal
+    serves one, else the one cluster whose available nodes have GPUs of the type (400 naming
+    ``cluster`` and the candidates when several have; the default cluster when none has: the type is
+    then refused there). 400 naming ``cluster`` for an unknown cluster, or one where the team has no
+    Slurm account (the default cluster: always Team.slurm_account; another: a TeamClusterAccount)."""
+    configs = configured_clusters()
+    if (cluster or "").strip():
+        row = bookable_cluster(cluster)
+    elif len(configs) == 1:
+        return cluster_row()
+    else:
+        gpu_type = (gpu_type or "").strip()
+        names = sorted(set(
+            NodeInfo.objects.filter(cluster__active=True, cluster__name__in=[c.name for c in configs], gpu_type=gpu_type,
+                                    available=True, gpus_total__gt=0).values_list("cluster__name", flat=True)
+        )) if gpu_type else []  # fmt: skip
+        if len(names) > 1:
+            message = f"{gpu_type} GPUs are on several clusters ({', '.join(names)}); name one."
+            raise ApplicationError(f"The booking cannot be made: {message}", errors={"cluster": [message]})
+        row = cluster_row(names[0] if names else None)
+    if team is not None and row.name != configs[0].name and row.name not in team_cluster_accounts(team):
+        message = f"Team {team.name} has no Slurm account on cluster {row.name!r}."
+        raise ApplicationError(f"The booking cannot be made: {message}", errors={"cluster": [message]})
+    return row
+
+
 def booking_create(
     *, team: Team | None, gpu_type: str, gpus: int, start: dt.datetime, end: dt.datetime, note: str = "",
     actor, request=None, now: dt.datetime | None = None, cluster: str | None = None,
@@ -263,18 +304,15 @@ def booking_create(
     admins may book. Bookings of at most BOOKING_AUTO_APPROVE_GPU_HOURS GPU-hours (and every booking an
     admin makes) are approved at once and reserved in Slurm after commit; larger ones wait for an
     admin (``booking_approve``). ApplicationError (400) on bad input, Conflict (409) naming the window
-    when the GPUs are not free. ``cluster``: whose GPUs (a configured name; None: the default
-    cluster); capacity is each cluster's own."""
+    when the GPUs are not free. ``cluster``: whose GPUs (a configured name; None: the one cluster
+    that has the GPU type, see _booking_cluster); capacity is each cluster's own."""
     now = now or timezone.now()
-    try:
-        cluster_obj = cluster_row(cluster)
-    except KeyError:
-        raise ApplicationError(f"No such cluster: {cluster!r}.", errors={"cluster": [f"No such cluster: {cluster!r}."]}) from None
     if team is not None and not (is_admin(actor) or is_manager(actor, team)):
         raise ApplicationError(
             "Only the team's managers and admins may book GPUs.",
             errors={"team": [f"You are not a manager of team {team.name}."]}, status_code=403,
         )  # fmt: skip
+    cluster_obj = _booking_cluster(team=team, gpu_type=gpu_type, cluster=cluster)
     gpu_type, gpus = _validate_booking_input(team=team, gpu_type=gpu_type, gpus=gpus, start=start, end=end, now=now,
                                              cluster=cluster_obj)  # fmt: skip
     start = max(start, now)  # a window starting within the grace period starts now
@@ -301,7 +339,7 @@ def booking_create(
         booking.save(force_insert=True)
         audit_record(
             actor=actor, action="booking.create", target=booking, team=team, request=request,
-            data={"gpu_type": gpu_type, "gpus": gpus, "start": start.isoformat(), "end": end.isoformat(),
+            data={"cluster": cluster_obj.name, "gpu_type": gpu_type, "gpus": gpus, "start": start.isoformat(), "end": end.isoformat(),
                   "gpu_hours": str(booking.gpu_hours), "status": booking.status, "nodes": booking.nodes},
         )  # fmt: skip
         if auto:

@@ -100,7 +100,7 @@ def _check_booking(booking_id: uuid.UUID, *, team: Team, spec: ValidSpec) -> Non
     from accounting.selectors import booking_check_for_job
 
     booking_check_for_job(booking_id=booking_id, team=team, gpu_type=spec.gpu_type, gpus=spec.total_gpus,
-                          time_limit_minutes=spec.time_limit_minutes)  # fmt: skip
+                          time_limit_minutes=spec.time_limit_minutes, cluster=spec.capacity.cluster)  # fmt: skip
 
 
 def _booking_id(booking: Any) -> uuid.UUID | None:

@@ -311,17 +311,22 @@ def test_each_cluster_books_its_own_gpus(world, inventory_whole_nodes, reserve_c
     """A second cluster with one 4×a100 node: the default cluster full does not make it full, and
     a booking there gets its node and its cluster; the availability is each cluster's own."""
     from accounting.selectors import booking_availability
+    from portal.models import TeamClusterAccount
     from portal.services import cluster_row, clusters_record
     from portal.slurm import ClusterConfig
 
     settings.SLURM_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "cli"))
     clusters_record()
     east = cluster_row("east")
+    TeamClusterAccount.objects.create(team=world.vision, cluster=east, slurm_account="vision-east")
     NodeInfo.objects.create(cluster=east, name="a100-01", state="IDLE", partitions=["gpu"], gpu_type="a100", gpus_total=4,
                             cpus_total=32, memory_mb=256000, seen_at=timezone.now())  # fmt: skip
-    book(world, day_at(9), day_at(12), gpus=8)  # every a100 of the default cluster
+    here = settings.SLURM_CLUSTER  # both clusters have a100: the booking names its cluster
+    booking_create(team=world.vision, gpu_type="a100", gpus=8, start=day_at(9), end=day_at(12), actor=world.admin,
+                   cluster=here)  # every a100 of the default cluster  # fmt: skip
     with pytest.raises(Conflict):
-        book(world, day_at(10), day_at(11), gpus=4)
+        booking_create(team=world.vision, gpu_type="a100", gpus=4, start=day_at(10), end=day_at(11), actor=world.admin,
+                       cluster=here)  # fmt: skip
     there = booking_create(team=world.vision, gpu_type="a100", gpus=4, start=day_at(10), end=day_at(11), actor=world.admin,
                            cluster="east")  # fmt: skip
     assert (there.cluster_id, there.nodes) == (east.pk, ["a100-01"])

@@ -1,9 +1,11 @@
 """Bookings against the real local clusters: on Slurm 22.05 whole-node reservations, on 25.11
-GPU-count reservations (``TRES=gres/gpu:a100=2``; cli and pyslurm). A fresh random team/account and
-Unix user, a 10-minute window starting now, reservations deleted in teardown."""
+GPU-count reservations (``TRES=gres/gpu:a100=2``; cli and pyslurm), and with both clusters served a
+booking on 25.11 reserved there only. A fresh random team/account and Unix user, a 10-minute window
+starting now, reservations deleted in teardown."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import subprocess
@@ -12,23 +14,29 @@ import uuid
 import pytest
 from django.conf import settings
 from django.utils import timezone
+from rest_framework.test import APIClient
 
-from accounting.models import BookingStatus, ReservationState
+from accounting.models import Booking, BookingStatus, ReservationState
 from accounting.services import booking_cancel, booking_create
 from jobs.services import job_submit
 from portal.exceptions import Conflict
-from portal.models import Role
-from portal.slurm import get_gateway
+from portal.models import Role, TeamClusterAccount
+from portal.slurm import ClusterConfig, SlurmError, configured_clusters, get_gateway
 from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFactory
-from tests.support import wait_for
+from tests.support import cluster_env, skip_unless_ci, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
 
 def slurm(command: str, *argv: str) -> str:
     """One Slurm command of the cluster the settings point at (its SLURM_CONF and bin dir)."""
-    env = {**os.environ, **({"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {})}
-    exe = os.path.join(settings.SLURM_BIN_DIR, command) if settings.SLURM_BIN_DIR else command
+    return slurm_of(settings.SLURM_CONF, settings.SLURM_BIN_DIR, command, *argv)
+
+
+def slurm_of(conf: str, bin_dir: str, command: str, *argv: str) -> str:
+    """One Slurm command of the cluster of that slurm.conf and bin dir (empty: the environment's)."""
+    env = {**os.environ, **({"SLURM_CONF": conf} if conf else {})}
+    exe = os.path.join(bin_dir, command) if bin_dir else command
     return subprocess.run([exe, *argv], capture_output=True, text=True, env=env, timeout=30, check=False).stdout
 
 
@@ -144,3 +152,67 @@ def test_on_slurm_25_11_a_booking_reserves_a_gpu_count_and_a_job_runs_in_it(slur
     booking.refresh_from_db()
     assert booking.reservation_state == ReservationState.DELETED, booking.reservation_error
     assert booking.reservation_name not in {r.name for r in get_gateway().reservation_list()}
+
+
+# ---------------------------------------------------------------- both clusters served
+
+
+@pytest.fixture
+def both_clusters_served(settings, cluster):
+    """22.05 (the default) and 25.11 served by one portal (cli), both inventories read. Skips (fails
+    under CI) when the 25.11 cluster is not built or not up."""
+    import portal.slurm as slurm_package
+    from portal.services import cluster_sync, clusters_record
+
+    env25 = cluster_env("25.11")
+    settings.SLURM_CLUSTERS = (
+        ClusterConfig(settings.SLURM_CLUSTER, "cli", settings.SLURM_CONF, settings.SLURM_BIN_DIR),
+        ClusterConfig(env25["SLURM_CLUSTER"], "cli", env25["SLURM_CONF"], env25["SLURM_BIN_DIR"]),
+    )  # fmt: skip
+    slurm_package.reset_gateway()
+    try:
+        get_gateway(env25["SLURM_CLUSTER"]).ping()
+    except SlurmError as exc:
+        skip_unless_ci(f"Slurm 25.11 cluster {env25['SLURM_CLUSTER']} not reachable (scripts/cluster up --slurm 25.11): {exc}")
+    clusters_record()
+    for config in configured_clusters():
+        cluster_sync(cluster=config.name)
+    yield env25
+    slurm_package.reset_gateway()
+
+
+def test_a_booking_on_the_25_11_cluster_is_reserved_there_only(both_clusters_served, fresh_team,
+                                                               django_capture_on_commit_callbacks):  # fmt: skip
+    from portal.services import cluster_row, team_mirror
+
+    env25 = both_clusters_served
+    name25 = env25["SLURM_CLUSTER"]
+    team, manager, _ = fresh_team
+    TeamClusterAccount.objects.create(team=team, cluster=cluster_row(name25), slurm_account=team.slurm_account)
+    team_mirror(team=team)  # its account and association on 25.11 too
+    client = APIClient()
+    client.force_authenticate(user=manager)
+    start = timezone.now()
+    payload = {"team": team.slug, "cluster": name25, "gpu_type": "a100", "gpus": 2, "start": start.isoformat(),
+               "end": (start + dt.timedelta(minutes=10)).isoformat()}  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = client.post("/api/v1/bookings/", payload, format="json")
+    assert answer.status_code == 201, answer.json()
+    booking = Booking.objects.get(pk=answer.json()["id"])
+    try:
+        assert answer.json()["cluster"] == name25 and booking.cluster.name == name25
+        assert booking.reservation_state == ReservationState.ACTIVE, booking.reservation_error
+        shown = slurm_of(env25["SLURM_CONF"], env25["SLURM_BIN_DIR"], "scontrol", "show", "reservation", booking.reservation_name, "-o")
+        assert f"ReservationName={booking.reservation_name}" in shown, shown
+        assert "gres/gpu:a100=2" in shown and f"Accounts={team.slurm_account}" in shown, shown
+        # not on the default cluster (its gateway raises when it cannot tell)
+        assert booking.reservation_name not in {r.name for r in get_gateway(settings.SLURM_CLUSTER).reservation_list()}
+
+        with django_capture_on_commit_callbacks(execute=True):
+            booking_cancel(booking=booking, actor=manager)
+        booking.refresh_from_db()
+        assert booking.reservation_state == ReservationState.DELETED, booking.reservation_error
+        assert booking.reservation_name not in {r.name for r in get_gateway(name25).reservation_list()}
+    finally:
+        with contextlib.suppress(SlurmError):  # gone already: not an error
+            get_gateway(name25).reservation_delete(booking.reservation_name)

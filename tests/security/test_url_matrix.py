@@ -158,7 +158,12 @@ MATRIX: dict[str, list[Req]] = {
         Req("GET", lambda o: "/api/v1/bookings/", API_LOGIN_THEN_200),
         Req("POST", lambda o: "/api/v1/bookings/", (401, 400, 403, 201, 201, 403), data={
             "team": "vision", "gpu_type": "a100", "gpus": 4, "start": "2099-01-05T09:00:00Z", "end": "2099-01-05T10:00:00Z"}),
+        # the cluster field: the role is checked before the cluster (a member learns nothing of it)
+        Req("POST", lambda o: "/api/v1/bookings/", (401, 400, 403, 400, 400, 403), data={
+            "team": "vision", "cluster": "nosuchcluster", "gpu_type": "a100", "gpus": 4, "start": "2099-01-05T09:00:00Z",
+            "end": "2099-01-05T10:00:00Z"}),
     ],
+    "api-booking-detail": [Req("GET", lambda o: f"/api/v1/bookings/{o.booking.pk}/", (401, 404, 200, 200, 200, 200))],
     "api-booking-availability": [Req("GET", lambda o: "/api/v1/bookings/availability/?gpu_type=a100", API_LOGIN_THEN_200)],
     "api-booking-cancel": [Req("POST", lambda o: f"/api/v1/bookings/{o.booking.pk}/cancel/", (401, 404, 403, 200, 200, 403))],
     "api-booking-approve": [Req("POST", lambda o: f"/api/v1/bookings/{o.booking.pk}/approve/", (401, 404, 403, 403, 200, 403))],
