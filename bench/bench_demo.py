@@ -52,7 +52,6 @@ class DemoProcesses:
 
     def start(self) -> None:
         import platform
-        import urllib.request
 
         from portal.celery import app
 
@@ -76,15 +75,10 @@ class DemoProcesses:
         while time.monotonic() < deadline and not (web_ok and worker_ok):
             for service in self.services:
                 service.check()
-            if not web_ok:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{common.BENCH_PORT}/login/", timeout=2).read()
-                    web_ok = True
-                except OSError:
-                    pass
+            web_ok = web_ok or common.web_answers()
             if not worker_ok:
                 worker_ok = bool(app.control.ping(destination=[node], timeout=0.5))
-            time.sleep(0.3)
+            time.sleep(0.3)  # polling the processes, not synchronising
         if not (web_ok and worker_ok):
             self.stop()
             raise RuntimeError("the demo's processes did not answer within 90 s (logs in .run/bench/)")

@@ -18,7 +18,6 @@ thresholds. ``--results`` replaces this benchmark's section of bench/results.md.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -150,16 +149,6 @@ def _celery_rates(bench_relay, world, n: int, runs: int, worker_env: dict[str, s
         common.start_worker = original
 
 
-def write_section(section: common.Section, path: Path) -> None:
-    """Replace (or append) this benchmark's section in bench/results.md, leaving the others as they are."""
-    text = path.read_text() if path.exists() else "# gpuportal benchmarks\n"
-    block = section.markdown().rstrip() + "\n"
-    pattern = re.compile(rf"^## {re.escape(TITLE)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: block + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + block
-    path.write_text(text.rstrip() + "\n")
-    print(f"section written to {path}")
-
-
 def main() -> None:
     parser = common.arguments(__doc__, quick="small sizes (20 jobs, 1 run)")
     parser.add_argument("--jobs", type=int)
@@ -177,7 +166,7 @@ def main() -> None:
                      f"{machine['load average at start (1/5/15 min)']} (a shared machine: compare the two backends, "
                      "not these figures with other sections)")  # fmt: skip
         if args.results:
-            write_section(section, args.results)
+            common.write_section(section, args.results)
     finally:
         common.stop_all()
         if not args.keep_db:

@@ -324,7 +324,7 @@ def relay_only(world, n: int, *, concurrency: int, runs: int, drain: bool = Fals
     try:
         for _ in range(4 * concurrency):  # warm each child (imports, database connection): no job to relay
             app.send_task("jobs.tasks.job_relay_drain") if drain else app.send_task("jobs.tasks.job_relay", args=[str(uuid.uuid4())])
-        time.sleep(2)
+        common.worker_idle_wait(worker)
         for run in range(runs):
             name = f"relay-only-c{concurrency}-{'drain-' if drain else ''}{run}-{uuid.uuid4().hex[:6]}"
             ids = _accepted_jobs(world, n, name)

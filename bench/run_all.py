@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 ORDER = ("post_profile", "relay", "demo", "api", "sync", "ingest", "pages", "reports")
-RESULTS = common.ROOT / "bench" / "results.md"
+RESULTS = common.RESULTS
 
 
 def reports_section(*, quick: bool) -> common.Section:
@@ -53,34 +53,6 @@ def reports_section(*, quick: bool) -> common.Section:
         section.failed = True
     section.note(f"took {time.monotonic() - began:.0f} s")
     return section
-
-
-def write_results(sections: list[common.Section], machine: dict, *, quick: bool, seconds: float, path: Path = RESULTS) -> None:
-    lines = [
-        "# gpuportal benchmarks",
-        "",
-        f"Written by `bench/run_all.py{' --quick' if quick else ''}` on {machine['date']} in {seconds / 60:.1f} min."
-        + (
-            " **Quick mode: small sizes, for checking the benchmarks, not for reading figures.**"
-            if quick
-            else ""
-        ),
-        (
-            "Medians unless said otherwise; each figure says over how many runs. Figures from a shared or loaded "
-            "machine are not comparable with those from a quiet one (see the load average)."
-        ),
-        "",
-        "## Machine",
-        "",
-        "| | |",
-        "|---|---|",
-        *[f"| {key} | {value} |" for key, value in machine.items()],
-        "",
-    ]
-    for section in sections:
-        lines.append(section.markdown())
-    path.write_text("\n".join(lines).rstrip() + "\n")
-    print(f"\nresults written to {path}")
 
 
 def main() -> None:
@@ -150,7 +122,8 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"! could not check the cluster for bench jobs: {exc}", file=sys.stderr)
         common.clean_workdir()
-        write_results(sections, machine, quick=args.quick, seconds=time.monotonic() - began, path=args.results)
+        seconds = time.monotonic() - began
+        common.write_results(sections, machine, quick=args.quick, seconds=seconds, path=args.results)
         if not args.keep_db:
             common.database_drop()
             print(f"database {common.BENCH_DB} dropped")

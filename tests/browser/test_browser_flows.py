@@ -19,6 +19,7 @@ import pytest
 from jobs.choices import JobState
 from jobs.models import Job
 from tests.browser.helpers import log_in, screenshot
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slurm, pytest.mark.celery]
 
@@ -119,6 +120,17 @@ def scancel_leftovers():
             pass
 
 
+def _status_swap_watch(page) -> None:
+    """Count the status cards a poll puts in place from now on (``window.__statusSwaps``): htmx fires
+    ``htmx:load`` on the new card once it is swapped in and settled, after the page's own listeners."""
+    page.evaluate("""() => {
+        window.__statusSwaps = 0;
+        document.addEventListener("htmx:load", (e) => {
+            if (e.target.id === "job-status") window.__statusSwaps += 1;
+        });
+    }""")
+
+
 def test_member_cancels_a_sleeping_job_from_its_page(portal, browsing, scancel_leftovers):
     from jobs.services import job_submit
 
@@ -138,11 +150,9 @@ def test_member_cancels_a_sleeping_job_from_its_page(portal, browsing, scancel_l
 
     # the reader opened the state history: the next poll of the status card keeps it open
     page.get_by_text("State history").click()
-    with page.expect_response(
-        lambda r: r.url.endswith(f"/jobs/{job.pk}/") and r.request.headers.get("hx-request") == "true"
-    ):
-        pass
-    page.wait_for_timeout(300)  # settle
+    expect(page.locator("#job-status details")).to_have_attribute("open", "")
+    _status_swap_watch(page)
+    page.wait_for_function("window.__statusSwaps > 0")  # the next poll's card is in place (htmx:load)
     expect(page.locator("#job-status details")).to_have_attribute("open", "")
     expect(page.locator("#job-status details").get_by_role("row").filter(has_text="Running")).to_be_visible()
 
@@ -294,11 +304,22 @@ def _booking_row(page, booking):
     return page.locator(f'#booking-table tr[data-booking="{booking.pk}"]')
 
 
+def _wait_for_reservation(booking, state) -> None:
+    """Wait until the worker has left ``booking``'s reservation in ``state`` or failed it (then say why)."""
+    from accounting.models import ReservationState
+
+    def settled():
+        booking.refresh_from_db()
+        return booking.reservation_state in (state, ReservationState.FAILED)
+
+    wait_for(settled, timeout=BOOKING_RESERVED_TIMEOUT_S, interval=0.5, what=f"reservation {state.label!r}")
+    assert booking.reservation_state == state, booking.reservation_error
+
+
 def test_manager_books_gpus_on_the_calendar_and_cancels(portal, browsing, booking_leftovers, settings):
     """bob books a whole a100 node (4 GPUs × 30 min = 2 GPU-h: approved at once) a few minutes from
     now, sees the reservation made in Slurm by the real worker, cancels it, and it is gone."""
     import datetime as dt
-    import time
 
     from django.utils import timezone
 
@@ -346,14 +367,10 @@ def test_manager_books_gpus_on_the_calendar_and_cancels(portal, browsing, bookin
     expect(row).to_contain_text(booking.reservation_name)
     expect(row).to_contain_text("2.00")  # GPU-hours
 
-    # the real worker makes the reservation: reload the page (bounded) until it says so
-    deadline = time.monotonic() + BOOKING_RESERVED_TIMEOUT_S
-    while ReservationState.ACTIVE.label not in row.inner_text() and time.monotonic() < deadline:
-        page.wait_for_timeout(1000)
-        page.reload()
-    expect(row).to_contain_text(ReservationState.ACTIVE.label, timeout=1_000)
-    booking.refresh_from_db()
-    assert booking.reservation_state == ReservationState.ACTIVE, booking.reservation_error
+    # the real worker makes the reservation (the page does not poll): once it has, a reload shows it
+    _wait_for_reservation(booking, ReservationState.ACTIVE)
+    page.reload()
+    expect(row).to_contain_text(ReservationState.ACTIVE.label)
     assert len(booking.nodes) == 1 and booking.nodes[0].startswith("a100-")
     expect(row).to_contain_text(booking.nodes[0])
     reservation = next(r for r in get_gateway().reservation_list() if r.name == booking.reservation_name)
@@ -366,13 +383,7 @@ def test_manager_books_gpus_on_the_calendar_and_cancels(portal, browsing, bookin
     expect(row.get_by_role("button")).to_have_count(0)
     booking.refresh_from_db()
     assert (booking.status, booking.cancelled_by) == (BookingStatus.CANCELLED, portal.bob)
-    deadline = time.monotonic() + BOOKING_RESERVED_TIMEOUT_S
-    while time.monotonic() < deadline:
-        booking.refresh_from_db()
-        if booking.reservation_state == ReservationState.DELETED:
-            break
-        time.sleep(0.5)
-    assert booking.reservation_state == ReservationState.DELETED, booking.reservation_error
+    _wait_for_reservation(booking, ReservationState.DELETED)
     assert booking.reservation_name not in {r.name for r in get_gateway().reservation_list()}
     page.reload()
     expect(row).to_contain_text(ReservationState.DELETED.label)

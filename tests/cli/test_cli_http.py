@@ -13,6 +13,7 @@ from gpuportal_cli import client as cli_client
 from gpuportal_cli.client import ApiError, Client, retry_after_seconds
 from gpuportal_cli.main import main
 from tests.cli.conftest import FakeApi
+from tests.support import wait_for
 
 JOB_ID = "3f1c2e9a-1111-4222-8333-944455556666"
 JOB_PATH = f"/api/v1/jobs/{JOB_ID}/"
@@ -175,10 +176,8 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_before_sending(fa
     client = Client(fake_api.url, "gpp_test")
 
     assert client.post("jobs/quote/", {"gpus": 1})["gpu_hours"] == "1.00"
-    deadline = time.monotonic() + 10
-    while not cli_client._dropped(client._connection.sock):  # until the server's close has arrived
-        assert time.monotonic() < deadline, "the stand-in never closed the connection"
-        time.sleep(0.01)
+    wait_for(lambda: cli_client._dropped(client._connection.sock), timeout=10, interval=0.01,
+             what="the stand-in's close of the idle connection to arrive")  # fmt: skip
     assert client.post("jobs/quote/", {"gpus": 1})["gpu_hours"] == "1.00"
 
     assert client.connections_opened == 2 == fake_api.connections

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import skip_unless_ci
+from tests.support import skip_unless_ci, wait_for
 from django.utils import timezone
 
 from tests.conftest import ROOT, _use_broker
@@ -60,11 +60,13 @@ class RedisServer:
             ],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while not _port_open(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"redis-server on port {self.port} did not start")
-            time.sleep(0.02)
+
+        def listening() -> bool:
+            if self.proc.poll() is not None:
+                pytest.fail(f"redis-server on port {self.port} exited with {self.proc.returncode}")
+            return _port_open(self.port)
+
+        wait_for(listening, timeout=10, interval=0.02, what=f"redis-server to listen on port {self.port}")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -131,7 +133,7 @@ class FaultWorker:
                 if app.control.ping(destination=[self.node_name], timeout=0.5):
                     return time.monotonic() - started
             except Exception:  # noqa: BLE001 — the broker may be restarting
-                time.sleep(0.2)
+                time.sleep(0.2)  # back off before the next ping (the ping itself waits 0.5 s for answers)
         pytest.fail(f"celery worker did not answer within {timeout} s (log: {self.log_path})")
 
     def supervise(self) -> bool:
@@ -288,6 +290,8 @@ def recover(ids, *, timeout: float, sweep_every: float = 2.0, worker: FaultWorke
             sweeps += 1
             re_enqueued += result["relays"]
             last_sweep = time.monotonic()
+        # a poll of the condition above that also plays beat (sweeps, supervision) between polls;
+        # its failure says how many sweeps ran, which wait_for's would not
         time.sleep(0.3)
 
 
@@ -308,7 +312,7 @@ def assert_each_job_in_slurm_exactly_once(ids, since) -> dict:
     # until every tag is found, then check
     deadline = time.monotonic() + 10
     while any(not found.get(job.slurm_tag) for job in jobs) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.5)  # a bounded poll that does not fail by itself: the asserts below say what is missing
         found = slurm_ids_by_tag(tags, since)
     twice = {tag: sorted(ids_) for tag, ids_ in found.items() if len(ids_) > 1}
     assert twice == {}, f"jobs submitted to Slurm more than once: {twice}"

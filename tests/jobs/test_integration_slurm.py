@@ -164,24 +164,23 @@ def test_sync_makes_one_squeue_and_at_most_one_sacct_per_cycle(slurm_target, clu
     jobs = _submit_direct(cluster, n)
     counting_gateway.calls.clear()  # the submissions went through the gateway too: count the sync cycles only
     ids = [j.pk for j in jobs]
-    cycles = 0
     durations = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+
+    def cycle() -> bool:
+        """One sync cycle (what beat runs): its Slurm calls and queries checked; True once all ended."""
         before = dict(counting_gateway.calls)
         with django_assert_max_num_queries(12):
             stats = jobs_sync()
-        cycles += 1
         durations.append(stats["duration_ms"])
         assert counting_gateway.calls["queue"] - before.get("queue", 0) == 1
         assert counting_gateway.calls["accounting"] - before.get("accounting", 0) <= 1
         assert set(counting_gateway.calls) <= {"queue", "accounting"}
-        if set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) <= TERMINAL_STATES:
-            break
-        time.sleep(0.5)
+        return set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) <= TERMINAL_STATES
+
+    wait_for(cycle, timeout=90, interval=0.5, what=f"the {n} jobs to end")
     states = set(Job.objects.filter(pk__in=ids).values_list("state", flat=True))
     assert states == {JobState.COMPLETED}, states
-    print(f"\nsync of {n} jobs: {cycles} cycles, durations {durations} ms")
+    print(f"\nsync of {n} jobs: {len(durations)} cycles, durations {durations} ms")
     # history: no job went backwards (events in order of progress)
     from jobs.models import JobEvent
 

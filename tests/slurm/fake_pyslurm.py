@@ -36,7 +36,7 @@ STATE = _State()
 
 def _rpc(result: Any = None) -> Any:
     if STATE.delay:
-        time.sleep(STATE.delay)
+        time.sleep(STATE.delay)  # slow on purpose: time must pass (the gateway's timeout is tested)
     if STATE.error is not None:
         error, STATE.error = STATE.error, None
         raise error
