@@ -72,7 +72,7 @@ class Inventory:
         ClusterChoiceError naming them, an unknown ``cluster`` too. No query."""
         if cluster:
             if cluster not in self.clusters:
-                raise ClusterChoiceError(f"No such cluster: {cluster!r}.")
+                raise ClusterChoiceError(f"No such cluster: {cluster!r} ({self.served()}).")
             name = partition or self.defaults.get(cluster)
             return self.partitions.get((cluster, name)) if name else None
         if not partition:
@@ -90,6 +90,10 @@ class Inventory:
                 f"Partition {partition!r} exists on clusters {', '.join(names)}: name one in `cluster`.", ambiguous=names
             )
         return found[0] if found else None
+
+    def served(self) -> str:
+        """The clusters the portal serves, for error messages: "clusters here: a, b"."""
+        return "clusters here: " + (", ".join(sorted(self.clusters)) or "none")
 
     def policy(self, capacity: PartitionCapacity) -> ClusterPolicyInfo | None:
         return self.policies.get(capacity.cluster_id) if capacity.cluster_id is not None else None

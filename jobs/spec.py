@@ -7,6 +7,10 @@ the form or the CLI, checked against the synced inventory, as the effective requ
   are stored on the job (``Job.overrides``) and become the relay's command line; the gateway turns
   the script's directives they replace (the same option, or one Slurm holds mutually exclusive with
   it) into comments, so the argv never carries two options Slurm refuses together.
+- The cluster: the ``cluster`` field, else the script's ``-M``/``--clusters`` (one name the portal
+  serves; several or ``all``, which sbatch would resolve to the one that starts the job soonest, are
+  a 400), else the partition's (``Inventory.capacity``). The job goes to that cluster's gateway,
+  which never passes a cluster option to sbatch (portal.slurm.request).
 - Everything else the script says reaches Slurm unchanged (it stays in the script).
 - ``gpus`` is what Slurm allocates to one job (one array task): ``--exclusive`` gets every GPU of its
   nodes, ``--gpus-per-task`` × tasks, per-node forms × nodes.
@@ -22,6 +26,7 @@ from typing import Any
 from django.conf import settings
 
 from gpuportal_cli.sbatch_directives import (
+    CLUSTER_OPTIONS,
     Directive,
     DirectiveError,
     ScriptRequest,
@@ -79,8 +84,6 @@ REFUSED_OPTIONS = {
     "gid": "the portal runs every job with its submitter's group",
     "export": "jobs start with a clean environment (--export=NONE); give variables in the job's environment",
     "export-file": "jobs start with a clean environment (--export=NONE); give variables in the job's environment",
-    "clusters": "the portal submits to its own cluster",
-    "cluster": "the portal submits to its own cluster",
     "wrap": "the script is the job",
     "hold": "the portal cannot release a held job (it would hold budget forever)",
     "wait": "the portal follows the job itself",
@@ -159,8 +162,9 @@ def validate_job_spec(
     (``script`` for a directive, with its line). ``None``/"" for a field: the script decides.
     ``account``: the team's Slurm account (a script's --account must name it); ``accounts``
     instead: its account on each cluster it has access to ({cluster name: account}), the one of the
-    cluster the partition picks (or ``cluster`` names; "" / None: from the partition) applies, and a
-    cluster not in it is refused (``cluster``).
+    cluster the partition picks (or ``cluster`` names, else the script's ``-M``/``--clusters``; "" /
+    None: from the partition) applies, and a cluster not in it is refused (``cluster``, or ``script``
+    naming the line).
     ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition."""
     cache = {} if cache is None else cache
     errors = _Errors()
@@ -290,31 +294,37 @@ def validate_job_spec(
         if "," in partition:
             errors.directive(script_options.get("partition"), "the portal submits to one partition; name one.")
     capacity = None
+    chosen_by: Directive | None = None  # the script's -M/--clusters, when it chose the cluster
     if "inventory" not in cache:
         cache["inventory"] = inventory()
     if not cache["inventory"].partitions:
         errors.add("partition", "The cluster inventory has not been read yet; try again in a minute.")
     else:
+        # the cluster: the field, else the script's -M/--clusters (as sbatch's command line overrides it)
         cluster = (cluster or "").strip() if isinstance(cluster, str) else ""
-        key = ("partition", partition, cluster)
-        if key not in cache:
-            try:
-                cache[key] = cache["inventory"].capacity(partition, cluster)
-            except ClusterChoiceError as exc:
-                cache[key] = exc
-        capacity = cache[key]
-        if isinstance(capacity, ClusterChoiceError):
-            errors.add("cluster", str(capacity))
-            capacity = None
-        elif capacity is None:
-            message = f"No such partition: {partition!r}." if partition else "The cluster has no default partition."
-            errors.directive(script_options.get("partition") if not overrides_has(overrides, "partition") else None, message, fallback="partition")
-        elif not partition:
-            override("partition", capacity.name)
+        chosen_by = None if cluster else next((d for d in reversed(directives) if d.option in CLUSTER_OPTIONS), None)
+        if chosen_by is not None:
+            cluster = _script_cluster(chosen_by, cache["inventory"], errors)
+        if cluster is not None:  # None: the script's choice is refused (above)
+            key = ("partition", partition, cluster)
+            if key not in cache:
+                try:
+                    cache[key] = cache["inventory"].capacity(partition, cluster)
+                except ClusterChoiceError as exc:
+                    cache[key] = exc
+            capacity = cache[key]
+            if isinstance(capacity, ClusterChoiceError):
+                errors.directive(chosen_by, _lower_first(str(capacity)), fallback="cluster")
+                capacity = None
+            elif capacity is None:
+                message = f"No such partition: {partition!r}." if partition else "The cluster has no default partition."
+                errors.directive(script_options.get("partition") if not overrides_has(overrides, "partition") else None, message, fallback="partition")
+            elif not partition:
+                override("partition", capacity.name)
     if capacity is not None and accounts is not None:
         account = accounts.get(capacity.cluster, "")
         if not account:
-            errors.add("cluster", f"This team has no Slurm account on cluster {capacity.cluster!r}.")
+            errors.directive(chosen_by, f"this team has no Slurm account on cluster {capacity.cluster!r}.", fallback="cluster")
             capacity = None
         else:
             given = script_options.get("account")
@@ -333,7 +343,8 @@ def validate_job_spec(
 
     if account:
         override("account", account)
-    effective = apply_overrides(directives, overrides)
+    # what Slurm gets: the cluster is the job's (its gateway's), never a directive sbatch would route by
+    effective = [d for d in apply_overrides(directives, overrides) if d.option not in CLUSTER_OPTIONS]
     spec.update(
         name=name, script=script, workdir=workdir, environment=environment_clean,
         output=_absolute(request.output, workdir) if request.output else "",
@@ -348,6 +359,21 @@ def overrides_has(overrides: list[Directive], option: str) -> bool:
     return any(d.option == option for d in overrides)
 
 
+def _script_cluster(directive: Directive, known: Inventory, errors: _Errors) -> str | None:
+    """The one cluster a script's ``-M``/``--clusters`` names (Inventory.capacity then says whether
+    the portal serves it), or None after an error naming the line: the portal submits a job to one
+    cluster, where sbatch given several (or ``all``) would pick the one that starts it soonest."""
+    names = [name.strip().lower() for name in (directive.value or "").split(",") if name.strip()]  # as sbatch: any case
+    if len(names) == 1 and names[0] != "all":
+        return names[0]
+    errors.directive(directive, f"the portal submits a job to one cluster: name one ({known.served()}).")
+    return None
+
+
+def _lower_first(message: str) -> str:
+    return message[:1].lower() + message[1:]
+
+
 # ---------------------------------------------------------------- what the form shows
 
 _MEANING = {
@@ -359,6 +385,7 @@ _MEANING = {
     "qos": "QOS", "constraint": "node features", "output": "stdout file", "error": "stderr file",
     "chdir": "working directory", "account": "account (must be the team's)", "signal": "signal before the end",
     "requeue": "requeue on failure", "mail-type": "mail on", "mail-user": "mail to",
+    "clusters": "cluster (the cluster field overrides it)", "cluster": "cluster (the cluster field overrides it)",
 }  # fmt: skip
 
 

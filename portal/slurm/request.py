@@ -8,11 +8,24 @@
   environment as ``export`` lines after the directive block;
 - ``spec_request``: every option Slurm will apply, in order (the script's remaining directives, then
   the command line): what a backend that does not read ``#SBATCH`` lines itself (pyslurm) submits.
+
+A gateway talks to ONE cluster, through that cluster's own ``SLURM_CONF``: the options that choose a
+cluster (``CLUSTER_OPTIONS``: a script's ``#SBATCH -M name`` / ``--clusters`` / ``--cluster``, which
+the portal reads as the job's cluster before it picks the gateway) are never sent. Left in the
+script, sbatch would ask slurmdbd where that cluster's controller is and submit there: a name
+slurmdbd does not hold (another site's slurmdbd, or a portal name that is not Slurm's ClusterName)
+is refused ("No cluster ... known by database"), and every submit would need slurmdbd up. So they
+are taken out of the script (a line with nothing else is commented out like a replaced directive; a
+line with other options too keeps those, each one argv word) and dropped from the options.
 """
 
 from __future__ import annotations
 
+import shlex
+
 from gpuportal_cli.sbatch_directives import (
+    CLUSTER_OPTIONS,
+    MAGIC_WORDS,
     Directive,
     DirectiveError,
     apply_overrides,
@@ -50,8 +63,10 @@ def _typed_options(spec: JobSpec) -> list[tuple[str, str | None]]:
 
 
 def spec_options(spec: JobSpec) -> list[tuple[str, str | None]]:
-    """The command-line options for a spec, in order (portal-only options last)."""
+    """The command-line options for a spec, in order (portal-only options last); never one that
+    chooses a cluster (the gateway's cluster is the job's)."""
     options = list(spec.options) if spec.options is not None else _typed_options(spec)
+    options = [(option, value) for option, value in options if option not in CLUSTER_OPTIONS]
     options.append(("account", spec.account))
     if spec.comment:
         options.append(("comment", spec.comment))
@@ -76,13 +91,36 @@ def _overrides(spec: JobSpec) -> list[Directive]:
 
 
 def spec_script(spec: JobSpec) -> str:
-    """The script without the directives the command line replaces."""
+    """The script without the directives the command line replaces, nor those that choose a cluster."""
     directives = _directives(spec)
-    kept = {d.line for d in apply_overrides(directives, _overrides(spec))}
-    return disable_directives(spec.script, {d.line for d in directives} - kept)
+    kept = {d.line for d in _effective(directives, spec) if d.line}
+    return disable_directives(_without_cluster_options(spec.script, directives), {d.line for d in directives} - kept)
+
+
+def _without_cluster_options(script: str, directives: list[Directive]) -> str:
+    """The script with no directive of CLUSTER_OPTIONS: a line holding one and others is written
+    again with the others only (one quoted argv word each, as sbatch reads them back; the line as
+    written follows a ``#``, which ends what sbatch reads); a line holding only such directives
+    becomes a comment (disable_directives). Line numbers stay."""
+    out = script.split("\n")
+    emptied = set()
+    for number in sorted({d.line for d in directives if d.option in CLUSTER_OPTIONS}):
+        others = [d for d in directives if d.line == number and d.option not in CLUSTER_OPTIONS]
+        if not others:
+            emptied.add(number)
+            continue
+        raw = out[number - 1]
+        magic = next(m for m in MAGIC_WORDS if raw.startswith(m))  # a directive's line starts with one
+        words = " ".join(shlex.quote(d.as_arg()) for d in others)
+        out[number - 1] = f"{magic} {words}  # [gpuportal: cluster option taken out] {raw[len(magic):].strip()}"
+    return disable_directives("\n".join(out), emptied)
 
 
 def spec_request(spec: JobSpec) -> list[tuple[str, str | None]]:
     """Every option Slurm applies to the job, in order: the script's directives the command line
     does not replace, then the command line (``[(long option, value or None), ...]``)."""
-    return [(d.option, d.value) for d in apply_overrides(_directives(spec), _overrides(spec))]
+    return [(d.option, d.value) for d in _effective(_directives(spec), spec)]
+
+
+def _effective(directives: list[Directive], spec: JobSpec) -> list[Directive]:
+    return [d for d in apply_overrides(directives, _overrides(spec)) if d.option not in CLUSTER_OPTIONS]
