@@ -1,18 +1,22 @@
 """portal.slurm.request: a gateway talks to its own cluster, so the options that choose one (a
 script's ``-M``/``--clusters``/``--cluster``, which jobs.spec reads as the job's cluster) never reach
 sbatch or pyslurm: a line holding only them becomes a comment, a line holding others too keeps those
-(read back by the one parser as sbatch reads them), and the line numbers stay. Pure; real sbatch on
-the non-default cluster: tests/jobs/test_spec_clusters.py."""
+(read back by the one parser as sbatch reads them), and the line numbers stay. The last test runs
+real sbatch on each local cluster; the portal's path to the non-default cluster:
+tests/jobs/test_spec_clusters.py."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 
 from gpuportal_cli.sbatch_directives import CLUSTER_OPTIONS, parse_directives
+from portal.slurm import get_gateway
 from portal.slurm.cli_argv import sbatch_argv
 from portal.slurm.pyslurm_request import description_kwargs
 from portal.slurm.request import spec_options, spec_request, spec_script
-from portal.slurm.types import JobSpec
+from portal.slurm.types import JobSpec, SlurmRejected
 
 
 def _spec(*lines: str, options: tuple = (("partition", "gpu"),)) -> JobSpec:
@@ -62,3 +66,30 @@ def test_cluster_options_are_never_on_the_command_line_nor_in_pyslurms_request()
 def test_a_script_without_cluster_options_is_sent_as_before():
     spec = _spec("#SBATCH --gres=gpu:1 -t 5")
     assert spec_script(spec) == spec.script
+
+
+# ---------------------------------------------------------------- real sbatch
+
+
+@pytest.mark.slurm
+def test_a_cluster_name_slurmdbd_does_not_know_still_submits_to_the_gateways_own_cluster(slurm_target, settings):
+    """A portal cluster name need not be Slurm's ClusterName: sbatch given ``-M`` that name asks its
+    slurmdbd and refuses (measured on 22.05 and 25.11: "No cluster 'x' known by database"); the
+    gateway takes the directive out (alone on its line and beside others), so the job is submitted
+    to the cluster of the gateway's SLURM_CONF."""
+    real = get_gateway()
+    gateway = type(real)(cluster="site-x", timeout=settings.SLURM_TIMEOUT, slurm_conf=settings.SLURM_CONF,
+                         bin_dir=settings.SLURM_BIN_DIR)  # fmt: skip
+    tag = f"gpuportal-test:{uuid.uuid4()}"
+    script = "#!/bin/bash\n#SBATCH -M site-x\n#SBATCH -t 1 --clusters=site-x -J m-test\ntrue\n"
+    with pytest.raises(SlurmRejected, match="known by database"):  # what sbatch does with the directive
+        cli = getattr(real, "_cli", real)  # the pyslurm gateway's cli backend runs sbatch
+        cli._run([cli._exe("sbatch"), "--parsable", "--hold", "-A", "root", "-p", "gpu"], stdin=script)
+    spec = JobSpec(script=script, account="root", partition="gpu", comment=tag, options=(("partition", "gpu"), ("hold", None)))
+    job_id = gateway.submit(spec)
+    try:
+        assert real.find_by_comment(tag) == job_id
+        (entry,) = [e for e in real.queue() if e.job_id == job_id]
+        assert (entry.name, entry.time_limit_minutes) == ("m-test", 1)  # the line's other options reached Slurm
+    finally:
+        real.cancel(job_id)
