@@ -17,8 +17,8 @@ slurmdbd does not hold (another site's slurmdbd, or a portal name that is not Sl
 is refused ("No cluster ... known by database"), and every submit would need slurmdbd up and take
 longer (measured with ``-M`` naming the cluster itself, 20 submits each: 22.05 100 ms instead of
 18 ms a submit, 25.11 11 ms instead of 7.6 ms). So they
-are taken out of the script (a line with nothing else is commented out like a replaced directive; a
-line with other options too keeps those, each one argv word) and dropped from the options.
+are taken out of the script (its directive lines written again without them: a line left with
+nothing is commented out like a replaced directive) and dropped from the options.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from gpuportal_cli.sbatch_directives import (
     Directive,
     DirectiveError,
     apply_overrides,
+    directive_lines,
     disable_directives,
     parse_directives,
 )
@@ -100,21 +101,28 @@ def spec_script(spec: JobSpec) -> str:
 
 
 def _without_cluster_options(script: str, directives: list[Directive]) -> str:
-    """The script with no directive of CLUSTER_OPTIONS: a line holding one and others is written
-    again with the others only (one quoted argv word each, as sbatch reads them back; the line as
-    written follows a ``#``, which ends what sbatch reads); a line holding only such directives
-    becomes a comment (disable_directives). Line numbers stay."""
+    """The script with no directive of CLUSTER_OPTIONS. In a script that has one, each directive line
+    is written again with the other directives that start on it, each one quoted argv word
+    (``--option=value``, as sbatch reads them back), so a value given on the next line goes too; a
+    line that then holds none becomes a comment (disable_directives). Where a cluster option was,
+    the line as written follows a ``#`` (which ends what sbatch reads). Line numbers stay."""
+    cluster_lines = {d.line for d in directives if d.option in CLUSTER_OPTIONS}
+    if not cluster_lines:
+        return script
+    starting: dict[int, list[Directive]] = {}
+    for directive in directives:
+        if directive.option not in CLUSTER_OPTIONS:
+            starting.setdefault(directive.line, []).append(directive)
     out = script.split("\n")
     emptied = set()
-    for number in sorted({d.line for d in directives if d.option in CLUSTER_OPTIONS}):
-        others = [d for d in directives if d.line == number and d.option not in CLUSTER_OPTIONS]
-        if not others:
+    for number, body in directive_lines(script):
+        if number not in starting:
             emptied.add(number)
             continue
-        raw = out[number - 1]
-        magic = next(m for m in MAGIC_WORDS if raw.startswith(m))  # a directive's line starts with one
-        words = " ".join(shlex.quote(d.as_arg()) for d in others)
-        out[number - 1] = f"{magic} {words}  # [gpuportal: cluster option taken out] {raw[len(magic):].strip()}"
+        magic = next(m for m in MAGIC_WORDS if out[number - 1].startswith(m))
+        words = " ".join(shlex.quote(d.as_arg()) for d in starting[number])
+        note = f"  # [gpuportal: cluster option taken out] {body.strip()}" if number in cluster_lines else ""
+        out[number - 1] = f"{magic} {words}{note}"
     return disable_directives("\n".join(out), emptied)
 
 

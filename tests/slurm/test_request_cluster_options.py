@@ -48,6 +48,15 @@ def test_a_line_with_other_options_keeps_them_quoted_as_sbatch_reads_them():
     assert len(script.splitlines()) == len(spec.script.splitlines())  # line numbers stay
 
 
+def test_a_value_on_the_next_line_goes_with_its_option_and_other_lines_keep_their_options():
+    spec = _spec("#SBATCH -M", "#SBATCH east -t 5", "#SBATCH --nodes 1", "#SBATCH -J", "#SBATCH 'a b' --clusters", "#SBATCH east")
+    script = spec_script(spec)
+    assert _kept(spec) == [("time", "5", 3), ("nodes", "1", 4), ("job-name", "a b", 5)]
+    assert script.splitlines()[1] == "# [gpuportal: replaced] SBATCH -M"
+    assert script.splitlines()[6] == "# [gpuportal: replaced] SBATCH east"
+    assert len(script.splitlines()) == len(spec.script.splitlines())
+
+
 def test_a_portal_option_that_replaces_a_directive_on_that_line_still_wins():
     spec = _spec("#SBATCH -M east -t 30", options=(("partition", "gpu"), ("time", "5")))
     # the line's only other directive is replaced by the command line: the whole line is a comment
@@ -81,7 +90,7 @@ def test_a_cluster_name_slurmdbd_does_not_know_still_submits_to_the_gateways_own
     gateway = type(real)(cluster="site-x", timeout=settings.SLURM_TIMEOUT, slurm_conf=settings.SLURM_CONF,
                          bin_dir=settings.SLURM_BIN_DIR)  # fmt: skip
     tag = f"gpuportal-test:{uuid.uuid4()}"
-    script = "#!/bin/bash\n#SBATCH -M site-x\n#SBATCH -t 1 --clusters=site-x -J m-test\ntrue\n"
+    script = "#!/bin/bash\n#SBATCH -M site-x\n#SBATCH -t 1 --clusters=site-x -J m-test --clusters\n#SBATCH site-x\ntrue\n"
     with pytest.raises(SlurmRejected, match="known by database"):  # what sbatch does with the directive
         cli = getattr(real, "_cli", real)  # the pyslurm gateway's cli backend runs sbatch
         cli._run([cli._exe("sbatch"), "--parsable", "--hold", "-A", "root", "-p", "gpu"], stdin=script)
