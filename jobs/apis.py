@@ -174,7 +174,8 @@ class JobCollectionApi(ListAPIView):
         cluster = serializers.CharField(
             allow_blank=True, required=False, default="", max_length=64,
             help_text="The cluster to run on; needed only when the partition's name is on several clusters "
-            "(a 400 naming `cluster` says so). Empty: the partition's cluster (no partition: the default cluster).",
+            "(a 400 naming `cluster` says so). Overrides the script's `#SBATCH -M`/`--clusters`, as sbatch's command "
+            "line does. Empty: the script's -M, else the partition's cluster (no partition: the default cluster).",
         )  # fmt: skip
         gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
         gpus = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="GPUs of the job in total.")

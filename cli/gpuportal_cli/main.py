@@ -62,6 +62,10 @@ __all__ = [
 ]  # fmt: skip
 
 
+CLUSTER_HELP = ("the cluster to run on, one of those the portal serves (as sbatch -M; default: the script's "
+                "-M/--clusters, else the partition's cluster)")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on bad usage; 2 means "job cancelled" here, so usage errors exit 64."""
 
@@ -114,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-type", help="GPU type, e.g. a100 (default: any)")
     p.add_argument("--time", metavar="LIMIT", help="time limit: 90 (minutes), 90m, 2h, 1:30:00, 2-00:00:00")
     p.add_argument("--partition", "-p")
+    p.add_argument("--cluster", "--clusters", "-M", metavar="NAME", help=CLUSTER_HELP)
     p.add_argument("--nodes", "-N", type=int)
     p.add_argument("--name", "-J", help="job name (default: the script's -J, else its file name)")
     p.add_argument("--cpus-per-gpu", type=int)
@@ -152,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time", metavar="LIMIT", help="default: the script's --time, else the partition's default")
     p.add_argument("--gpu-type")
     p.add_argument("--partition", "-p")
+    p.add_argument("--cluster", "--clusters", "-M", metavar="NAME", help=CLUSTER_HELP)
     p.add_argument("--nodes", "-N", type=int)
     p.add_argument("--team")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -44,6 +44,7 @@ __all__ = [
     "resolve_option",
     "script_request",
     "EXCLUSIVE_GROUPS",
+    "CLUSTER_OPTIONS",
 ]
 
 MAGIC_WORDS = ("#SBATCH", "#SLURM")
@@ -353,6 +354,12 @@ def _node_range(directive: Directive) -> Tuple[int, int]:
 
 
 # ---------------------------------------------------------------- what a script asks for
+
+
+# The options that choose the cluster (sbatch's -M/--clusters and its alias --cluster): the portal
+# reads them as the cluster choice (jobs.spec); its gateway, which talks to one cluster through that
+# cluster's own SLURM_CONF, never sends them to sbatch (portal.slurm.request).
+CLUSTER_OPTIONS = frozenset({"clusters", "cluster"})
 
 
 # Options Slurm refuses together (slurm_opt.c: validate_memory_options, the cpus-per-task vs

@@ -45,6 +45,8 @@ def build_submission(args, script: str, script_name: str) -> tuple[dict, list[st
         body["name"] = re.sub(r"[^A-Za-z0-9._-]+", "-", script_name).strip("-")[:128] or "sbatch"  # sbatch: the file name
     if args.partition:
         body["partition"] = args.partition
+    if getattr(args, "cluster", None):
+        body["cluster"] = args.cluster  # overrides the script's -M/--clusters, as sbatch's command line
     if args.nodes is not None:
         body["nodes"] = args.nodes
     gpu_type_flag = None
@@ -175,7 +177,7 @@ def cmd_quote(args) -> int:
         raise CliError(str(exc)) from None
     if args.gpu_type or gpu_type:
         body["gpu_type"] = args.gpu_type or gpu_type
-    for key in ("partition", "team", "nodes"):
+    for key in ("partition", "cluster", "team", "nodes"):
         if getattr(args, key, None):
             body[key] = getattr(args, key)
     quote = client.post("jobs/quote/", body)

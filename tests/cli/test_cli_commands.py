@@ -127,6 +127,38 @@ def test_submit_retries_a_failed_post_with_the_same_idempotency_key(fake_api, tm
     assert len(keys) == 2 and keys[0] == keys[1]
 
 
+@pytest.mark.parametrize("flag", [["--cluster", "east"], ["-M", "east"], ["-Meast"], ["--clusters=east"]])
+def test_submit_sends_the_cluster_flag_as_the_cluster_field(fake_api, tmp_path, flag):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT.replace("#SBATCH --time=5", "#SBATCH --time=5 -M west"))
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job(cluster="east"))
+
+    assert main(["submit", str(script), "--team", "vision", *flag]) == 0
+
+    (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
+    # the flag overrides the script's -M on the server, as sbatch's command line does; the script goes as it is
+    assert request["json"]["cluster"] == "east" and "-M west" in request["json"]["script"]
+
+
+def test_submit_without_the_flag_sends_no_cluster_and_leaves_the_choice_to_the_script(fake_api, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT.replace("#SBATCH --time=5", "#SBATCH --time=5\n#SBATCH -M east"))
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job())
+    assert main(["submit", str(script), "--team", "vision"]) == 0
+    assert "cluster" not in fake_api.requests_to("POST", "/api/v1/jobs/")[0]["json"]
+
+
+def test_several_scripts_with_the_cluster_flag_each_carry_it(fake_api, tmp_path):
+    paths = []
+    for name in ("a.sh", "b.sh"):
+        (tmp_path / name).write_text(SCRIPT)
+        paths.append(str(tmp_path / name))
+    fake_api.add("POST", "/api/v1/jobs/", 201, _jobs(2))
+    assert main(["submit", *paths, "--team", "vision", "-M", "east"]) == 0
+    (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
+    assert [body["cluster"] for body in request["json"]] == ["east", "east"]
+
+
 def test_submit_uses_the_given_idempotency_key(fake_api, tmp_path):
     script = tmp_path / "job.sh"
     script.write_text(SCRIPT)
@@ -362,6 +394,12 @@ def test_quote_posts_minutes_and_prints_cost(fake_api, capsys):
         "time_limit_minutes": 120, "gpus": 2, "gpu_type": "a100", "team": "vision",
     }
     assert "4.00 GPU-hours, 40.00 CNY" in capsys.readouterr().out
+
+
+def test_quote_sends_the_cluster_flag(fake_api, capsys):
+    fake_api.add("POST", "/api/v1/jobs/quote/", 200, {"gpu_hours": "2.00", "cost": "20.00", "currency": "CNY"})
+    assert main(["quote", "--gpus", "2", "--time", "1h", "-M", "east"]) == 0
+    assert fake_api.requests_to("POST", "/api/v1/jobs/quote/")[0]["json"] == {"time_limit_minutes": 60, "gpus": 2, "cluster": "east"}
 
 
 def test_teams_follows_pagination(fake_api, capsys):

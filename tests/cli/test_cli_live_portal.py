@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from gpuportal_cli.client import ApiError, Client
+from gpuportal_cli.main import main
 from jobs.models import Job
 from portal.services import api_token_create
+from tests.jobs.test_clusters_jobs import two_inventories  # noqa: F401  (a fixture)
 from tests.support import job_payload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +80,24 @@ def test_a_wrong_portal_url_is_a_one_line_error_naming_url_and_status(world, liv
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert f"GET {live_server.url}/gpu/api/v1/teams/ answered 404 Not Found with text/html, not JSON" in err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submit_with_M_runs_the_job_on_that_cluster_over_the_scripts(world, two_inventories, relays, live_server, alice_key,
+                                                                      cli_env, monkeypatch, tmp_path, capsys):  # fmt: skip
+    monkeypatch.setenv("GPUPORTAL_URL", live_server.url)
+    monkeypatch.setenv("GPUPORTAL_TOKEN", alice_key)
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --gres=gpu:1 -t 10\n#SBATCH -M main\necho hi\n")
+
+    assert main(["submit", str(script), "--team", "vision", "-M", "east"]) == 0
+    assert main(["submit", str(script), "--team", "vision"]) == 0  # the script's -M main
+    assert [job.cluster.name for job in Job.objects.order_by("created_at")] == ["east", "main"]
+    capsys.readouterr()
+
+    assert main(["submit", str(script), "--team", "vision", "--cluster", "west"]) == 65
+    assert "cluster: No such cluster: 'west' (clusters here: east, main)." in capsys.readouterr().err
+    assert Job.objects.count() == 2
 
 
 @pytest.fixture(scope="module")

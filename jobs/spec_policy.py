@@ -1,0 +1,117 @@
+"""A job against what its partition and its cluster allow, in Slurm's words (each refusal names
+the directive): the cluster's policy (QOS, node features, MaxArraySize) and the partition's limits
+(GPUs, nodes, CPUs, memory, time), and the numbers Slurm will allocate (jobs.spec)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from gpuportal_cli.sbatch_directives import ScriptRequest
+from jobs.constraints import unmatched
+from jobs.inventory import PartitionCapacity
+from jobs.spec_fields import _Errors
+from portal.models import ClusterPolicyInfo
+
+
+def _check_policy(policy: ClusterPolicyInfo | None, capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors, account: str) -> None:
+    """QOS, constraint and array size against what the last sync read from the cluster, in the
+    words of Slurm's refusal. Nothing read yet (no policy): QOS and features are left to Slurm, the
+    array to the SLURM_MAX_ARRAY_SIZE setting."""
+    opt = request.options.get
+    max_array = (policy.max_array_size if policy else None) or settings.SLURM_MAX_ARRAY_SIZE
+    if request.array_indexes and max_array and max(request.array_indexes) >= max_array:
+        errors.directive(
+            opt("array"), f"invalid job array specification: index {max(request.array_indexes)} is beyond the cluster's "
+            f"MaxArraySize ({max_array}: indexes 0–{max_array - 1}).", fallback="array",
+        )  # fmt: skip
+    if policy is None:
+        return
+    qos = (request.qos or "").strip()
+    if qos and qos.lower() not in {q.lower() for q in policy.qos}:  # Slurm matches QOS names case-insensitively
+        known = ", ".join(policy.qos) or "none"
+        errors.directive(opt("qos"), f"invalid qos specification: the cluster has no QOS {qos!r} (QOS here: {known}).", fallback="qos")
+    elif qos and account in policy.account_qos and qos.lower() not in {q.lower() for q in policy.account_qos[account]}:
+        allowed = ", ".join(policy.account_qos[account])
+        errors.directive(opt("qos"), f"invalid qos specification: account {account!r} may use QOS {allowed}, not {qos!r}.", fallback="qos")
+    constraint = (request.constraint or "").strip()
+    missing = unmatched(constraint, [n.features for n in capacity.nodes]) if constraint else None
+    if missing:
+        known = ", ".join(sorted({f for n in capacity.nodes for f in n.features})) or "none"
+        wanted = [f"{term.partition('*')[2]} nodes with feature {term.partition('*')[0]}" if "*" in term else f"feature {term}" for term in missing]
+        errors.directive(
+            opt("constraint"), f"invalid feature specification: partition {capacity.name} has no {' or '.join(wanted)} "
+            f"(features there: {known}).", fallback="constraint",
+        )  # fmt: skip
+
+
+def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors, script_options: dict) -> dict | None:
+    """The partition's limits in Slurm's terms (each refusal names the directive); the numbers
+    Slurm will allocate."""
+    opt = request.options.get
+    gpu_type = request.gpu_type
+    eligible = capacity.eligible_nodes(gpu_type)
+    if gpu_type and not eligible:
+        known = ", ".join(capacity.gpu_types) or "none"
+        source = opt("gres") or opt("gpus") or opt("gpus-per-node") or opt("gpus-per-task")
+        errors.directive(source, f"no {gpu_type} GPUs in partition {capacity.name} (types there: {known}).", fallback="gpu_type", field="gpu_type")
+        return None
+    if not eligible:
+        errors.add("partition", f"Partition {capacity.name} has no GPUs.")
+        return None
+    per_node_gpus = max(n.gpus_total for n in eligible)
+    cpus_per_node = max((n.cpus_total for n in eligible), default=0)
+    mem_per_node_mb = max((n.memory_mb for n in eligible), default=0)
+    nodes = request.nodes_for(cpus_per_node)
+    if nodes > len(eligible):
+        errors.directive(opt("nodes") or opt("ntasks"), f"partition {capacity.name} has {len(eligible)} node(s) with {gpu_type or 'GPUs'}.", fallback="nodes")
+        return None
+    gpus = request.gpus_total(nodes=nodes, gpus_per_node=per_node_gpus)
+    if not gpus:
+        errors.add("gpus", "Ask for GPUs: give gpus, or a GPU directive in the script (--gres=gpu:N, --gpus, --gpus-per-node, --gpus-per-task).")
+        return None
+    if -(-gpus // nodes) > per_node_gpus:
+        source = opt("gres") or opt("gpus") or opt("gpus-per-node") or opt("gpus-per-task")
+        errors.directive(
+            source, f"at most {per_node_gpus * nodes} {gpu_type or 'GPUs'} on {nodes} node(s) of partition {capacity.name} "
+            f"({per_node_gpus} per node).", fallback="gpus",
+        )  # fmt: skip
+    tasks = request.tasks(nodes)
+    cpus_needed = 0
+    if request.cpus_per_gpu:
+        cpus_needed = request.cpus_per_gpu * -(-gpus // nodes)
+    elif request.cpus_per_task:
+        cpus_needed = request.cpus_per_task * -(-tasks // nodes)
+    else:
+        cpus_needed = -(-tasks // nodes)
+    if cpus_per_node and cpus_needed > cpus_per_node and not request.exclusive:
+        source = opt("cpus-per-gpu") or opt("cpus-per-task") or opt("ntasks") or opt("ntasks-per-node")
+        errors.directive(source, f"{cpus_needed} CPUs per node requested; the nodes of partition {capacity.name} have {cpus_per_node}.", fallback="cpus_per_gpu")
+    if request.mem_mb and mem_per_node_mb and request.mem_mb > mem_per_node_mb:
+        errors.directive(opt("mem"), f"at most {mem_per_node_mb // 1024} GB per node in partition {capacity.name}.", fallback="memory_gb")
+    if request.mem_per_cpu_mb and mem_per_node_mb and request.mem_per_cpu_mb * max(cpus_needed, 1) > mem_per_node_mb:
+        errors.directive(opt("mem-per-cpu"), f"{request.mem_per_cpu_mb} MB per CPU × {cpus_needed} CPUs exceeds a node's {mem_per_node_mb} MB.")
+    if request.mem_per_gpu_mb and mem_per_node_mb and request.mem_per_gpu_mb * -(-gpus // nodes) > mem_per_node_mb:
+        errors.directive(opt("mem-per-gpu"), f"{request.mem_per_gpu_mb} MB per GPU exceeds a node's {mem_per_node_mb} MB.")
+    time_n = request.time_limit_minutes
+    if request.time_unlimited:
+        if capacity.max_time_minutes is None:
+            errors.directive(opt("time"), "give a finite time limit (the portal estimates the cost from it).", fallback="time_limit_minutes")
+        else:
+            errors.directive(opt("time"), f"requested time limit is invalid: at most {capacity.max_time_minutes} minutes in partition {capacity.name}.", fallback="time_limit_minutes")
+        return None
+    if time_n is None:
+        time_n = capacity.default_time_minutes or capacity.max_time_minutes or 60
+    elif capacity.max_time_minutes is not None and time_n > capacity.max_time_minutes:
+        errors.directive(opt("time"), f"at most {capacity.max_time_minutes} minutes in partition {capacity.name}.", fallback="time_limit_minutes")
+    if errors:
+        return None
+    memory_gb = None
+    if request.mem_mb:
+        memory_gb = -(-request.mem_mb // 1024)
+    return {
+        "partition": capacity.name, "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes,
+        "cpus_per_gpu": request.cpus_per_gpu, "memory_gb": memory_gb, "time_limit_minutes": time_n,
+        "capacity": capacity, "ntasks": tasks, "cpus_per_task": request.cpus_per_task,
+        "exclusive": request.exclusive, "array": request.array, "array_tasks": request.array_tasks,
+        "array_throttle": request.array_throttle, "qos": request.qos or "", "constraint": request.constraint or "",
+    }  # fmt: skip
