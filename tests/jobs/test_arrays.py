@@ -84,6 +84,12 @@ def live_array(array_job, use_gateway):
     return job, use_gateway(FakeGateway())
 
 
+def ended_now(row, end):
+    import dataclasses
+
+    return dataclasses.replace(row, end_time=end)
+
+
 def ended_queue(end):
     return [entry(101 + i, str(i), "COMPLETED", start=end, end=end) for i in range(9)] + [entry(100, "9", "FAILED", start=end, end=end)]
 
@@ -105,11 +111,12 @@ def test_an_array_is_not_final_until_accounting_has_every_tasks_exit_code(live_a
     job, fake = live_array
     end = timezone.now()
     fake.queue_entries = ended_queue(end)
-    fake.records = [record(101 + i, i, "COMPLETED", 0) for i in range(1, 9)] + [record(100, 9, "FAILED", 3)]  # slurmdbd lags: no task 0
+    # slurmdbd lags: no task 0 (the records end now: NOW is when the module was imported)
+    fake.records = [ended_now(record(101 + i, i, "COMPLETED", 0), end) for i in range(1, 9)] + [ended_now(record(100, 9, "FAILED", 3), end)]
     jobs_sync()
     job.refresh_from_db()
     assert job.state == JobState.RUNNING and JobArrayTask.objects.get(job=job, index=0).exit_code is None
-    fake.records.append(record(101, 0, "COMPLETED", 0))
+    fake.records.append(ended_now(record(101, 0, "COMPLETED", 0), end))
     jobs_sync()
     job.refresh_from_db()
     assert (job.state, job.exit_code) == (JobState.FAILED, 3)
@@ -117,16 +124,14 @@ def test_an_array_is_not_final_until_accounting_has_every_tasks_exit_code(live_a
 
 
 def test_an_array_whose_task_accounting_never_records_ends_after_the_grace(live_array):
-    import dataclasses
-
     from jobs.services import jobs_sync
     from jobs.services.sync import ACCOUNTING_GRACE_SECONDS
 
     job, fake = live_array
     end = timezone.now() - dt.timedelta(seconds=ACCOUNTING_GRACE_SECONDS + 10)
     fake.queue_entries = ended_queue(end)
-    fake.records = [dataclasses.replace(record(101 + i, i, "COMPLETED", 0), end_time=end) for i in range(1, 9)]
-    fake.records.append(dataclasses.replace(record(100, 9, "FAILED", 3), end_time=end))
+    fake.records = [ended_now(record(101 + i, i, "COMPLETED", 0), end) for i in range(1, 9)]
+    fake.records.append(ended_now(record(100, 9, "FAILED", 3), end))
     jobs_sync()
     job.refresh_from_db()
     assert (job.state, job.exit_code) == (JobState.FAILED, 3)
