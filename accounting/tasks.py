@@ -141,8 +141,8 @@ def quota_rollover_task() -> list[str] | None:
     soft_time_limit=30, time_limit=60,
 )  # fmt: skip
 def budget_alert_deliver_task(alert_id: int) -> None:
-    """Email a budget alert to the team's managers (once), then hand the webhook to its own task (not
-    enqueued: budget_alert_webhook_sweep_task sends it)."""
+    """Email a budget alert to the team's managers (once), then hand the webhook to its own task (an
+    enqueue the broker loses is logged; budget_alert_webhook_sweep_task sends that webhook)."""
     from accounting.services import budget_alert_email
 
     budget_alert_email(alert_id=alert_id)
