@@ -364,7 +364,9 @@ class Quota(models.Model):
 
 class BudgetAlert(models.Model):
     """A team crossed ``threshold`` % of a quota (used + booked). One row per (quota, threshold): the
-    unique constraint makes the alert fire once, whoever notices first. Delivery is recorded."""
+    unique constraint makes the alert fire once, whoever notices first. Delivery is recorded: each
+    channel is claimed before it sends (accounting.services.alerts), so a sweep's repeat never sends
+    twice."""
 
     quota = models.ForeignKey(Quota, on_delete=models.CASCADE, related_name="alerts")
     threshold = models.PositiveSmallIntegerField()  # percent: 80, 100
@@ -374,6 +376,10 @@ class BudgetAlert(models.Model):
     emailed_at = models.DateTimeField(null=True, blank=True)
     webhook_delivered_at = models.DateTimeField(null=True, blank=True)
     webhook_error = models.TextField(blank=True)
+    # the webhook POST in flight: set by the claim of budget_alert_webhook (with one more attempt),
+    # cleared when the POST fails; a claim older than its lease is a dead worker's, taken again
+    webhook_claimed_at = models.DateTimeField(null=True, blank=True)
+    webhook_attempts = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]

@@ -10,6 +10,7 @@ import logging
 
 from celery import shared_task
 
+from portal.outbox import publish
 from portal.slurm import SlurmError, SlurmUnavailable
 
 logger = logging.getLogger(__name__)
@@ -140,11 +141,12 @@ def quota_rollover_task() -> list[str] | None:
     soft_time_limit=30, time_limit=60,
 )  # fmt: skip
 def budget_alert_deliver_task(alert_id: int) -> None:
-    """Email a budget alert to the team's managers (once), then hand the webhook to its own task."""
+    """Email a budget alert to the team's managers (once), then hand the webhook to its own task (an
+    enqueue the broker loses is logged; budget_alert_webhook_sweep_task sends that webhook)."""
     from accounting.services import budget_alert_email
 
     budget_alert_email(alert_id=alert_id)
-    budget_alert_webhook_task.delay(alert_id)
+    publish(budget_alert_webhook_task, alert_id)
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -160,7 +162,16 @@ def budget_alert_sweep_task() -> list[int]:
     max_retries=6, soft_time_limit=30, time_limit=60,
 )  # fmt: skip
 def budget_alert_webhook_task(alert_id: int) -> None:
-    """POST the alert to the team's webhook; retried with backoff (urllib errors), once delivered a no-op."""
+    """POST the alert to the team's webhook (claimed first: once); retried with backoff (urllib
+    errors), once delivered a no-op."""
     from accounting.services import budget_alert_webhook
 
     budget_alert_webhook(alert_id=alert_id)
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=30, time_limit=60)
+def budget_alert_webhook_sweep_task() -> list[int]:
+    """Periodic (portal/celery.py, budget-alert-webhook-sweep): re-enqueue webhooks whose task was lost."""
+    from accounting.services import budget_alert_webhook_sweep
+
+    return budget_alert_webhook_sweep()

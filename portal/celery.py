@@ -27,6 +27,10 @@ def _beat_schedule() -> dict:
         # the sweepers of the outbox (portal/outbox.py) for work that has no other one
         "team-mirror-sweep": {"task": "portal.tasks.team_mirror_sweep_task", "schedule": 300.0},
         "budget-alert-sweep": {"task": "accounting.tasks.budget_alert_sweep_task", "schedule": 300.0},
+        "budget-alert-webhook-sweep": {
+            "task": "accounting.tasks.budget_alert_webhook_sweep_task",
+            "schedule": float(settings.BUDGET_ALERT_WEBHOOK_SWEEP_SECONDS),
+        },
         "usage-reprice-sweep": {
             "task": "accounting.tasks.usage_reprice_sweep_task", "schedule": float(settings.USAGE_REPRICE_SWEEP_SECONDS),
         },

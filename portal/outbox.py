@@ -5,10 +5,15 @@ and swallowed, never turned into an error for a client whose row is committed. E
 enqueued here has a periodic sweeper (portal/celery.py) that finds the rows still waiting and
 enqueues them again: jobs.tasks.jobs_sweep_task (relays, cancels), accounting.tasks.booking_cleanup_task
 (reservations), quota_rollover_task (quota limits), portal.tasks.team_mirror_sweep_task (teams),
-budget_alert_sweep_task (alert e-mails), usage_reprice_sweep_task (re-pricing after a new rate: a
+budget_alert_sweep_task (alert e-mails), budget_alert_webhook_sweep_task (alert webhooks:
+BudgetAlert.webhook_claimed_at), usage_reprice_sweep_task (re-pricing after a new rate: a
 PendingReprice row), jobs.tasks.job_end_notify_sweep_task (job-end e-mails: Job.end_notified_at).
 Work that sends something claims its row before sending (a marker set by one conditional update), so
 a sweep's repeat never sends twice.
+
+``after_commit`` for work a transaction's rows call for; ``publish`` (the same policy, at once) where
+no transaction writes them: a task handing work on, a sweeper. Nothing else in the apps calls
+``.delay`` / ``.apply_async`` / ``send_task`` (tests/portal/test_outbox.py scans for them).
 
 Coalesced work (``after_commit_coalesced``): a task that reads every row waiting (the relay drain,
 jobs.tasks.job_relay_drain) needs one run for a burst of rows, not one per row. A short-lived flag on

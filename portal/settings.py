@@ -214,10 +214,12 @@ JOB_SYNC_INTERVAL_SECONDS = env.float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=
 JOB_RELAY_DRAIN_BATCH = env.int("JOB_RELAY_DRAIN_BATCH", 100, minimum=1, maximum=1000)
 
 # The outbox's sweepers (portal/outbox.py; schedules in portal/celery.py): how often each looks for
-# work whose enqueue was lost. Re-pricing after a new rate (accounting.services.usage_reprice_sweep)
-# and job-end e-mails (jobs.services.job_end_notify_sweep) wait 5 minutes for their own task first.
+# work whose enqueue was lost. Re-pricing after a new rate (accounting.services.usage_reprice_sweep),
+# job-end e-mails (jobs.services.job_end_notify_sweep) and budget-alert webhooks
+# (accounting.services.budget_alert_webhook_sweep) wait 5 minutes for their own task first.
 USAGE_REPRICE_SWEEP_SECONDS = env.int("USAGE_REPRICE_SWEEP_SECONDS", 300, minimum=10)
 JOB_END_NOTIFY_SWEEP_SECONDS = env.int("JOB_END_NOTIFY_SWEEP_SECONDS", 300, minimum=10)
+BUDGET_ALERT_WEBHOOK_SWEEP_SECONDS = env.int("BUDGET_ALERT_WEBHOOK_SWEEP_SECONDS", 300, minimum=10)
 # Budget holds whose final usage never comes (jobs.services.budget_holds_sweep): a job that ended this
 # many hours ago without a final usage record, a job row deleted, a job left on a cluster no longer
 # configured. Final records normally arrive within a minute or two of the end (usage-ingest runs

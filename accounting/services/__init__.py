@@ -20,6 +20,7 @@ from accounting.services.alerts import (
     budget_alert_payload,
     budget_alert_sweep,
     budget_alert_webhook,
+    budget_alert_webhook_sweep,
     budget_alerts_check,
 )
 from accounting.services.bookings import (
@@ -69,7 +70,8 @@ __all__ = [
     "BOOKING_LOCK_NAMESPACE", "BOOKING_PAST_GRACE", "QUOTA_ALERT_THRESHOLDS", "QUOTA_PAGE", "RESERVE_LEASE",
     "ROLLOVER_KIND", "IngestResult", "TypeCapacity", "bookable_cluster", "booking_approve", "booking_cancel", "booking_cleanup",
     "booking_create", "booking_reject", "booking_reserve_run", "booking_unreserve_run", "bookings_whole_nodes",
-    "budget_alert_email", "budget_alert_payload", "budget_alert_sweep", "budget_alert_webhook", "budget_alerts_check",
+    "budget_alert_email", "budget_alert_payload", "budget_alert_sweep", "budget_alert_webhook", "budget_alert_webhook_sweep",
+    "budget_alerts_check",
     "HoldRequest", "budget_holds_convert", "budget_holds_place", "budget_holds_release",
     "quota_approve", "quota_cancel", "quota_expected_limits", "quota_limit_drift", "quota_limits_apply",
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",

@@ -1,5 +1,7 @@
 """Budget alerts: a BudgetAlert per quota and threshold (80 %, 100 % of the budget consumed),
-recorded after each usage ingest and delivered once by e-mail to the team's managers and by webhook."""
+recorded after each usage ingest and delivered once by e-mail to the team's managers and by webhook.
+Each channel is claimed before it sends and has its sweeper: ``budget_alert_sweep`` (e-mails not
+sent) and ``budget_alert_webhook_sweep`` (webhooks owed after the e-mail went)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from accounting.models import BudgetAlert
 from accounting.selectors.budgets import budget_rows, quotas_effective
 from accounting.services.budget import QUOTA_PAGE
-from accounting.tasks import budget_alert_deliver_task
+from accounting.tasks import budget_alert_deliver_task, budget_alert_webhook_task
 from portal.models import Team
 from portal.outbox import after_commit, publish
 from portal.roles import team_manager_emails
@@ -122,21 +125,59 @@ def budget_alert_email(*, alert_id: int) -> bool:
     return True
 
 
+# A webhook POST claimed longer ago than this is a dead worker's (the task's hard time limit is 60 s):
+# the sweep and the retry may claim it again.
+WEBHOOK_LEASE = dt.timedelta(minutes=5)
+# POSTs of one alert at the most, whoever makes them (the task's first try and its 6 retries; a sweep
+# that re-enqueues an alert whose task was lost spends what that task left).
+WEBHOOK_ATTEMPTS = 7
+
+
+def _webhook_owed(now: dt.datetime) -> Q:
+    """Alerts whose webhook is owed and free to claim: not delivered, attempts left, no live claim."""
+    return Q(webhook_delivered_at__isnull=True, webhook_attempts__lt=WEBHOOK_ATTEMPTS) & (
+        Q(webhook_claimed_at__isnull=True) | Q(webhook_claimed_at__lt=now - WEBHOOK_LEASE)
+    )
+
+
 def budget_alert_webhook(*, alert_id: int) -> bool:
-    """POST the alert as JSON to the team's alert_webhook_url (if any). Raises on failure (the task
-    retries with backoff); does nothing once delivered."""
+    """POST the alert as JSON to the team's alert_webhook_url (if any), once: claimed first by a
+    conditional update (``webhook_claimed_at``, one of WEBHOOK_ATTEMPTS), so the sweep's repeat and
+    the task never both send. Raises on failure (the claim is handed back, the error recorded; the
+    task retries with backoff). Returns True when this call delivered it."""
     alert = BudgetAlert.objects.select_related("quota__team").get(pk=alert_id)
     url = alert.quota.team.alert_webhook_url
-    if not url or alert.webhook_delivered_at is not None:
+    now = timezone.now()
+    if not url or not BudgetAlert.objects.filter(_webhook_owed(now), pk=alert_id).update(
+        webhook_claimed_at=now, webhook_attempts=F("webhook_attempts") + 1
+    ):
         return False
     data = json.dumps(budget_alert_payload(alert)).encode()
     req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json",
                                                                           "User-Agent": "gpuportal"})  # fmt: skip
+    mine = BudgetAlert.objects.filter(pk=alert_id, webhook_claimed_at=now)
     try:
         with urllib.request.urlopen(req, timeout=10) as response:  # an http(s) URLField
             response.read(1024)
     except Exception as exc:
-        BudgetAlert.objects.filter(pk=alert_id).update(webhook_error=str(exc)[:2000])
+        mine.update(webhook_claimed_at=None, webhook_error=str(exc)[:2000])  # let a retry send it
         raise
-    BudgetAlert.objects.filter(pk=alert_id).update(webhook_delivered_at=timezone.now(), webhook_error="")
+    mine.update(webhook_delivered_at=timezone.now(), webhook_error="")
     return True
+
+
+def budget_alert_webhook_sweep(*, now: dt.datetime | None = None) -> list[int]:
+    """The sweeper of budget_alert_webhook_task: alerts of the last week e-mailed five minutes ago or
+    more (the e-mail's task hands the webhook on; the alert sweep covers alerts not e-mailed) whose
+    team has a webhook that is still owed (``_webhook_owed``) are enqueued again."""
+    now = now or timezone.now()
+    ids = list(
+        BudgetAlert.objects.filter(
+            _webhook_owed(now), emailed_at__lt=now - ALERT_SWEEP_AFTER, created_at__gte=now - ALERT_SWEEP_WITHIN
+        )
+        .exclude(quota__team__alert_webhook_url="")
+        .values_list("pk", flat=True)[:1000]
+    )
+    for alert_id in ids:
+        publish(budget_alert_webhook_task, alert_id)
+    return ids

@@ -188,7 +188,7 @@ def job_relay_run(job_id) -> str:
         # Cancel asked while we were submitting: pass it on now.
         from jobs.tasks import job_cancel_relay
 
-        job_cancel_relay.delay(str(job.pk))
+        publish(job_cancel_relay, str(job.pk))  # lost: jobs_sweep sends it
     return "adopted" if existing is not None else "submitted"
 
 
@@ -382,7 +382,7 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
         from jobs.tasks import job_cancel_relay
 
         for pk in Job.objects.filter(pk__in=recorded_ids, cancel_requested_at__isnull=False).values_list("pk", flat=True):
-            job_cancel_relay.delay(str(pk))
+            publish(job_cancel_relay, str(pk))  # lost: jobs_sweep sends it
     if unavailable:
         raise SlurmUnavailable(f"{len(released)} of {len(jobs)} jobs not relayed: {unavailable[0]}")
 

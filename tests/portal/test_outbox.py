@@ -5,20 +5,30 @@ Redis database and a queue of this test's own, read directly."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import datetime as dt
+import io
 import json
 import os
 import socket
+import urllib.error
+import urllib.request
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import redis
 from django.core import mail
 from django.utils import timezone
 
-from accounting.models import BudgetAlert, PendingReprice, Quota, Rate, UsageSlice
+from accounting.models import Booking, BookingStatus, BudgetAlert, PendingReprice, Quota, Rate, ReservationState, UsageSlice
 from accounting.services import (
+    booking_cleanup,
+    booking_reserve_run,
     budget_alert_sweep,
+    budget_alert_webhook,
+    budget_alert_webhook_sweep,
     rate_create,
     repricing,
     usage_records_upsert,
@@ -26,14 +36,24 @@ from accounting.services import (
     usage_reprice_pending,
     usage_reprice_sweep,
 )
-from accounting.tasks import usage_reprice_task
+from accounting.services.alerts import WEBHOOK_ATTEMPTS, WEBHOOK_LEASE
+from accounting.tasks import budget_alert_deliver_task, budget_alert_webhook_task, usage_reprice_task
 from jobs.choices import JobState
 from jobs.models import Job
-from jobs.services import _apply_plan, job_end_notify_send, job_end_notify_sweep, jobs_sweep
+from jobs.services import (
+    _apply_plan,
+    job_cancel_relay_run,
+    job_end_notify_send,
+    job_end_notify_sweep,
+    job_relay_batch_run,
+    job_relay_run,
+    jobs_sweep,
+)
 from portal.models import Membership, Profile
 from portal.services import membership_set, team_mirror_sweep
 from portal.tasks import team_mirror_sweep_task
 from tests.accounting.helpers import acct, at
+from tests.accounting.test_bookings import day_at, make_inventory
 from tests.conftest import _use_broker
 from tests.fakes import FakeGateway
 from tests.security.test_url_matrix import make_job
@@ -313,6 +333,7 @@ SWEEPERS = {
     "quota-rollover": "accounting.tasks.quota_rollover_task",
     "team-mirror-sweep": "portal.tasks.team_mirror_sweep_task",
     "budget-alert-sweep": "accounting.tasks.budget_alert_sweep_task",
+    "budget-alert-webhook-sweep": "accounting.tasks.budget_alert_webhook_sweep_task",
     "usage-reprice-sweep": "accounting.tasks.usage_reprice_sweep_task",
     "job-end-notify-sweep": "jobs.tasks.job_end_notify_sweep_task",
     "budget-hold-sweep": "jobs.tasks.budget_holds_sweep_task",
@@ -326,8 +347,205 @@ def test_the_beat_runs_every_sweeper_at_its_setting(settings):
     from portal.celery import _beat_schedule, app
 
     settings.USAGE_REPRICE_SWEEP_SECONDS, settings.JOB_END_NOTIFY_SWEEP_SECONDS, settings.BUDGET_HOLD_SWEEP_SECONDS = 61, 62, 630
+    settings.BUDGET_ALERT_WEBHOOK_SWEEP_SECONDS = 63
     schedule = _beat_schedule()
     assert {key: schedule[key]["task"] for key in SWEEPERS if key in schedule} == SWEEPERS
     assert all(task in app.tasks for task in SWEEPERS.values())  # each names a real task
-    intervals = [schedule[key]["schedule"] for key in ("usage-reprice-sweep", "job-end-notify-sweep", "budget-hold-sweep")]
-    assert intervals == [61.0, 62.0, 630.0]
+    keys = ("usage-reprice-sweep", "job-end-notify-sweep", "budget-hold-sweep", "budget-alert-webhook-sweep")
+    assert [schedule[key]["schedule"] for key in keys] == [61.0, 62.0, 630.0, 63.0]
+
+
+# ---------------------------------------------------------------- the outbox is the one way to enqueue
+
+ENQUEUE_METHODS = {"delay", "apply_async", "send_task"}
+# Files of jobs/, accounting/ and portal/ that may hand a task to the broker themselves, and why.
+BARE_ENQUEUE_ALLOWED = {
+    "portal/outbox.py": "the outbox itself: publish() is the one call of task.delay, with the one policy",
+}
+
+
+def _bare_enqueues(source: str) -> list[tuple[int, str]]:
+    """(line, method) of each call of ``.delay(`` / ``.apply_async(`` / ``.send_task(`` in ``source``."""
+    calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)]
+    return sorted(
+        (node.lineno, node.func.attr)
+        for node in calls
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ENQUEUE_METHODS
+    )
+
+
+def test_the_scan_finds_every_kind_of_bare_enqueue():
+    source = "task.delay(1)\nx = app.send_task('t')\nif y:\n    sig(f()).apply_async(args=[1])\npublish(task, 1)\n"
+    assert _bare_enqueues(source) == [(1, "delay"), (2, "send_task"), (4, "apply_async")]
+
+
+def test_nothing_in_the_apps_enqueues_outside_the_outbox():
+    root = Path(__file__).resolve().parents[2]
+    assert all((root / name).is_file() for name in BARE_ENQUEUE_ALLOWED)  # no stale entry
+    found = []
+    for app in ("jobs", "accounting", "portal"):
+        for path in sorted((root / app).rglob("*.py")):
+            name = path.relative_to(root).as_posix()
+            if name not in BARE_ENQUEUE_ALLOWED:
+                found += [f"{name}:{line}: .{method}(" for line, method in _bare_enqueues(path.read_text())]
+    assert found == [], "enqueue through portal.outbox (after_commit in a transaction, publish outside one)"
+
+
+# ---------------------------------------------------------------- cancels asked while a relay submits
+
+
+class _CancelledWhileSubmitting(FakeGateway):
+    """sbatch answers after the user asked to cancel: the request lands between submit and record."""
+
+    def submit(self, spec):
+        Job.objects.filter(pk=spec.comment.removeprefix("gpuportal:")).update(cancel_requested_at=timezone.now())
+        return super().submit(spec)
+
+
+@pytest.mark.django_db(transaction=True)  # the batched relay calls sbatch from its pool's threads
+@pytest.mark.parametrize("relay", ["single", "batch"])
+def test_a_cancel_the_relay_cannot_enqueue_is_logged_and_sent_once_by_the_sweeper(world, broker, use_gateway, settings, caplog, relay):
+    settings.SLURM_SUBMIT_AS_USER = False  # no Unix accounts needed for the fake
+    gateway = use_gateway(_CancelledWhileSubmitting())
+    job = make_job(world.vision, world.alice)
+    if relay == "single":
+        assert job_relay_run(job.pk) == "submitted"
+    else:
+        assert job_relay_batch_run([job.pk])["submitted"] == 1
+    job.refresh_from_db()
+    assert (job.state, job.slurm_job_id, job.cancel_sent_at) == (JobState.PENDING, 1001, None)
+    assert job.cancel_requested_at is not None
+    assert "jobs.tasks.job_cancel_relay" in caplog.text and "not enqueued" in caplog.text
+    assert gateway.cancelled == []
+
+    broker.back()
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now() - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS + 1))
+    assert jobs_sweep() == {"relays": 0, "cancels": 1}
+    assert broker.sent() == [("jobs.tasks.job_cancel_relay", repr((str(job.pk),)))]
+    assert job_cancel_relay_run(job.pk) == "sent"  # what the worker runs for that message
+    assert gateway.cancelled == [1001]
+    assert jobs_sweep() == {"relays": 0, "cancels": 0}  # sent: the sweep leaves it
+    assert len(broker.sent()) == 1
+
+
+# ---------------------------------------------------------------- booking reservations
+
+
+def test_a_booking_approved_with_the_broker_down_is_reserved_once_by_the_cleanup(
+    world, broker, api_client_for, use_gateway, settings, django_capture_on_commit_callbacks, caplog
+):
+    settings.BOOKING_RESERVE_WHOLE_NODES, settings.BOOKING_AUTO_APPROVE_GPU_HOURS, settings.TIME_ZONE = "yes", 32, "UTC"
+    make_inventory()
+    gateway = use_gateway(FakeGateway())
+    payload = {"team": "vision", "gpu_type": "a100", "gpus": 4, "start": day_at(9).isoformat(), "end": day_at(10).isoformat()}
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api_client_for("manager").post("/api/v1/bookings/", payload, format="json")
+    assert response.status_code == 201, response.json()
+    booking = Booking.objects.get(pk=response.json()["id"])
+    assert (booking.status, booking.reservation_state) == (BookingStatus.APPROVED, ReservationState.PENDING)
+    assert "accounting.tasks.booking_reserve_task" in caplog.text and "not enqueued" in caplog.text
+
+    Booking.objects.filter(pk=booking.pk).update(reservation_updated_at=timezone.now() - dt.timedelta(minutes=2))
+    caplog.clear()
+    assert booking_cleanup() == {"deleted": 0, "marked": 0, "requeued": 0}  # still down: logged, next time
+    assert "accounting.tasks.booking_reserve_task" in caplog.text and "not enqueued" in caplog.text
+    broker.back()
+    assert booking_cleanup() == {"deleted": 0, "marked": 0, "requeued": 1}
+    assert broker.sent() == [("accounting.tasks.booking_reserve_task", repr((str(booking.pk),)))]
+    assert booking_reserve_run(booking.pk) == "created"  # what the worker runs for that message
+    assert list(gateway.reservations) == [booking.reservation_name]
+    assert booking_cleanup()["requeued"] == 0  # reserved: the cleanup leaves it
+    assert booking_reserve_run(booking.pk) == "not-claimed" and gateway.calls["reservation_create"] == 1
+    assert len(broker.sent()) == 1
+
+
+# ---------------------------------------------------------------- budget-alert webhooks
+
+
+@pytest.fixture
+def hook(monkeypatch, world):
+    """vision's alert webhook: each POST's JSON is recorded in ``hook.received``; ``hook.fail`` (an
+    exception) is raised instead while set."""
+    world.vision.alert_webhook_url = "https://hooks.example.org/gpu"
+    world.vision.save(update_fields=["alert_webhook_url"])
+
+    class Hook:
+        received: list = []  # noqa: RUF012 (one per test: set below)
+        fail: Exception | None = None
+
+    Hook.received = []
+
+    def urlopen(request, timeout):
+        assert request.full_url == world.vision.alert_webhook_url and request.get_method() == "POST"
+        if Hook.fail is not None:
+            raise Hook.fail
+        Hook.received.append(json.loads(request.data))
+        return contextlib.nullcontext(io.BytesIO(b""))
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    return Hook
+
+
+def _alert(world, **fields) -> BudgetAlert:
+    quota = Quota.objects.filter(team=world.vision).first()
+    return BudgetAlert.objects.create(**{"quota": quota, "threshold": 80, "consumed_gpu_hours": 800, "budget_gpu_hours": 1000, **fields})
+
+
+def test_a_webhook_lost_with_the_broker_after_the_email_is_sent_once_by_its_sweeper(world, broker, hook, caplog):
+    alert = _alert(world)
+    budget_alert_deliver_task(alert.pk)  # what the worker runs: the e-mail goes, the webhook's enqueue fails
+    assert len(mail.outbox) == 1
+    assert "accounting.tasks.budget_alert_webhook_task" in caplog.text and "not enqueued" in caplog.text
+    assert hook.received == []
+    assert budget_alert_webhook_sweep() == []  # too recent: its own task may still be under way
+
+    broker.back()
+    later = timezone.now() + dt.timedelta(minutes=6)
+    assert budget_alert_webhook_sweep(now=later) == [alert.pk]
+    assert broker.sent() == [("accounting.tasks.budget_alert_webhook_task", repr((alert.pk,)))]
+    budget_alert_webhook_task(alert.pk)  # what the worker runs for that message
+    assert [(h["team"], h["threshold_percent"], h["quota_id"]) for h in hook.received] == [("vision", 80, alert.quota_id)]
+    alert.refresh_from_db()
+    assert alert.webhook_delivered_at is not None and alert.webhook_attempts == 1
+    # the sweep again, and the lost task after all: nothing sent twice
+    assert budget_alert_webhook_sweep(now=later) == []
+    assert budget_alert_webhook(alert_id=alert.pk) is False
+    assert len(hook.received) == 1 and len(broker.sent()) == 1 and len(mail.outbox) == 1
+
+
+def test_a_webhook_is_claimed_before_it_is_posted_and_a_failed_post_hands_the_claim_back(world, hook):
+    alert = _alert(world, emailed_at=timezone.now() - dt.timedelta(minutes=10))
+    hook.fail = urllib.error.URLError("connection refused")
+    with pytest.raises(urllib.error.URLError):
+        budget_alert_webhook(alert_id=alert.pk)
+    alert.refresh_from_db()
+    assert (alert.webhook_claimed_at, alert.webhook_delivered_at, alert.webhook_attempts) == (None, None, 1)
+    assert "connection refused" in alert.webhook_error
+    hook.fail = None
+
+    # another worker holds the claim (its POST in flight): neither the task nor the sweep sends
+    BudgetAlert.objects.filter(pk=alert.pk).update(webhook_claimed_at=timezone.now(), webhook_attempts=2)
+    assert budget_alert_webhook(alert_id=alert.pk) is False
+    assert budget_alert_webhook_sweep() == []
+    assert hook.received == []
+    # that worker died: past its lease the sweep enqueues it again (the broker is eager here: it ran)
+    BudgetAlert.objects.filter(pk=alert.pk).update(webhook_claimed_at=timezone.now() - WEBHOOK_LEASE)
+    assert budget_alert_webhook_sweep() == [alert.pk]
+    assert len(hook.received) == 1
+    alert.refresh_from_db()
+    assert alert.webhook_delivered_at is not None and alert.webhook_attempts == 3 and alert.webhook_error == ""
+    assert budget_alert_webhook_sweep() == [] and budget_alert_webhook(alert_id=alert.pk) is False
+    assert len(hook.received) == 1
+
+
+def test_the_webhook_sweep_leaves_spent_attempts_teams_without_a_webhook_and_alerts_not_emailed(world, hook):
+    emailed = timezone.now() - dt.timedelta(minutes=10)
+    spent = _alert(world, emailed_at=emailed, webhook_attempts=WEBHOOK_ATTEMPTS, webhook_error="HTTP Error 500")
+    not_emailed = _alert(world, threshold=100)  # budget_alert_sweep's: its deliver task hands the webhook on
+    nlp_quota = Quota.objects.filter(team=world.nlp).first()
+    no_hook = BudgetAlert.objects.create(quota=nlp_quota, threshold=80, consumed_gpu_hours=8, budget_gpu_hours=10, emailed_at=emailed)
+    assert budget_alert_webhook_sweep() == []
+    assert budget_alert_webhook(alert_id=spent.pk) is False and budget_alert_webhook(alert_id=no_hook.pk) is False
+    assert hook.received == []
+    assert budget_alert_webhook(alert_id=not_emailed.pk) is True  # its own task may send it
+    assert len(hook.received) == 1
