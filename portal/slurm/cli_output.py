@@ -127,12 +127,17 @@ def parse_sacct(stdout: str) -> list[t.AccountingRecord]:
     return records
 
 
+def _scontrol_records(stdout: str, key: str):
+    """The records of ``scontrol show … -o`` output (one a line, starting ``key=``), each as its
+    {field: value}; other lines ("No reservations in the system") are skipped."""
+    for line in stdout.splitlines():
+        if line.startswith(f"{key}="):
+            yield parsing.parse_kv_line(line)
+
+
 def parse_partitions(stdout: str) -> list[t.Partition]:
     out = []
-    for line in stdout.splitlines():
-        if not line.startswith("PartitionName="):
-            continue
-        kv = parsing.parse_kv_line(line)
+    for kv in _scontrol_records(stdout, "PartitionName"):
         out.append(
             t.Partition(
                 name=kv["PartitionName"],
@@ -148,10 +153,7 @@ def parse_partitions(stdout: str) -> list[t.Partition]:
 
 def parse_nodes(stdout: str) -> list[t.Node]:
     out = []
-    for line in stdout.splitlines():
-        if not line.startswith("NodeName="):
-            continue
-        kv = parsing.parse_kv_line(line)
+    for kv in _scontrol_records(stdout, "NodeName"):
         gpu_type, gpus_total = "", 0
         for name, typ, count in parsing.parse_gres(kv.get("Gres", "")):
             if name == "gpu":
@@ -178,10 +180,8 @@ def parse_nodes(stdout: str) -> list[t.Node]:
 def parse_node_features(stdout: str) -> dict[str, tuple[str, ...]]:
     """``scontrol show node -o`` -> {node: AvailableFeatures} (``(null)``: none)."""
     out = {}
-    for line in stdout.splitlines():
-        if line.startswith("NodeName="):
-            kv = parsing.parse_kv_line(line)
-            out[kv["NodeName"]] = parsing.split_list(kv.get("AvailableFeatures", ""))
+    for kv in _scontrol_records(stdout, "NodeName"):
+        out[kv["NodeName"]] = parsing.split_list(kv.get("AvailableFeatures", ""))
     return out
 
 
@@ -210,10 +210,7 @@ def parse_max_array_size(stdout: str) -> int | None:
 
 def parse_reservations(stdout: str) -> list[t.Reservation]:
     out = []
-    for line in stdout.splitlines():
-        if not line.startswith("ReservationName="):
-            continue  # "No reservations in the system"
-        kv = parsing.parse_kv_line(line)
+    for kv in _scontrol_records(stdout, "ReservationName"):
         out.append(
             t.Reservation(
                 name=kv["ReservationName"],
