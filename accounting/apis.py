@@ -16,9 +16,9 @@ from accounting.forms import default_range, validate_range
 from accounting.reports import rows_to_csv
 from accounting.selectors import GROUP_BY_CHOICES, can_see_user_breakdown, cost_report, usage_teams_visible_to
 from portal.fields import StrictCharField
-from portal.serializer_cache import validated
 from portal.roles import can_read_cost_reports
 from portal.schema import ErrorSerializer
+from portal.serializer_cache import validated
 
 
 class CsvRenderer(BaseRenderer):

@@ -7,7 +7,6 @@ import datetime as dt
 import uuid
 from decimal import Decimal
 
-from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
