@@ -17,6 +17,7 @@ from accounting.services import (
     quota_reject,
     rate_create,
 )
+from portal.db import copied_fields
 from portal.exceptions import ApplicationError
 
 
@@ -34,15 +35,7 @@ class RateAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request, obj, form, change):
-        rate = rate_create(
-            gpu_type=obj.gpu_type,
-            partition=obj.partition,
-            price_per_gpu_hour=obj.price_per_gpu_hour,
-            currency=obj.currency,
-            effective_from=obj.effective_from,
-            note=obj.note,
-            created_by=request.user,
-        )
+        rate = rate_create(**copied_fields(obj, self.fields), created_by=request.user)  # the form's fields, as entered
         obj.pk = rate.pk
 
 

@@ -18,6 +18,7 @@ from accounting.selectors import GROUP_BY_CHOICES, can_see_user_breakdown, cost_
 from portal.fields import StrictCharField
 from portal.roles import can_read_cost_reports
 from portal.schema import ErrorSerializer
+from portal.serializer_cache import validated
 
 
 class CsvRenderer(BaseRenderer):
@@ -160,6 +161,15 @@ class BookingOutputSerializer(serializers.Serializer):
     reservation_error = serializers.CharField()
 
 
+def _team_input(request, serializer_class) -> tuple[dict, object]:
+    """The request body's validated data and the team it names (portal.selectors.team_visible_or_error:
+    400 naming ``team`` for a team that does not exist or that the user cannot see)."""
+    from portal.selectors import team_visible_or_error
+
+    data = validated(serializer_class, request.data)
+    return data, team_visible_or_error(request.user, data["team"])
+
+
 def _booking_for(request, booking_id):
     """A booking the user may see, else 404 (whether it exists or not)."""
     from accounting.selectors import bookings_visible_to
@@ -224,12 +234,8 @@ class BookingCollectionApi(ListAPIView):
                    "window is full or over budget.")  # fmt: skip
     def post(self, request, *args, **kwargs):
         from accounting.services import booking_create
-        from portal.selectors import team_visible_or_error
 
-        serializer = self.BookingCreateInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
-        team = team_visible_or_error(request.user, data["team"])
+        data, team = _team_input(request, self.BookingCreateInputSerializer)
         booking = booking_create(
             team=team, gpu_type=data["gpu_type"], gpus=data["gpus"], start=data["start"], end=data["end"],
             note=data["note"], actor=request.user, request=request, cluster=data["cluster"] or None,
@@ -258,16 +264,19 @@ class BookingCancelApi(APIView):
         return Response(BookingOutputSerializer(booking).data)
 
 
+def _booking_decision(request, booking_id, decide) -> Response:
+    """An admin's decision on a booking: ``decide`` (booking_approve or booking_reject) with the note."""
+    note = validated(BookingDecisionInputSerializer, request.data)["note"]
+    booking = decide(booking=_booking_for(request, booking_id), actor=request.user, note=note, request=request)
+    return Response(BookingOutputSerializer(booking).data)
+
+
 class BookingApproveApi(APIView):
     @extend_schema(summary="Approve a booking (admins)", request=BookingDecisionInputSerializer, responses=BookingOutputSerializer)
     def post(self, request, booking_id):
         from accounting.services import booking_approve
 
-        serializer = BookingDecisionInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        booking = booking_approve(booking=_booking_for(request, booking_id), actor=request.user,
-                                  note=serializer.validated_data["note"], request=request)  # fmt: skip
-        return Response(BookingOutputSerializer(booking).data)
+        return _booking_decision(request, booking_id, booking_approve)
 
 
 class BookingRejectApi(APIView):
@@ -275,11 +284,7 @@ class BookingRejectApi(APIView):
     def post(self, request, booking_id):
         from accounting.services import booking_reject
 
-        serializer = BookingDecisionInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        booking = booking_reject(booking=_booking_for(request, booking_id), actor=request.user,
-                                 note=serializer.validated_data["note"], request=request)  # fmt: skip
-        return Response(BookingOutputSerializer(booking).data)
+        return _booking_decision(request, booking_id, booking_reject)
 
 
 class BookingAvailabilityApi(APIView):
@@ -421,12 +426,8 @@ class QuotaCollectionApi(ListAPIView):
                    "field; a team you do not manage, 403.")  # fmt: skip
     def post(self, request, *args, **kwargs):
         from accounting.services import quota_request
-        from portal.selectors import team_visible_or_error
 
-        serializer = self.QuotaCreateInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
-        team = team_visible_or_error(request.user, data["team"])
+        data, team = _team_input(request, self.QuotaCreateInputSerializer)
         quota = quota_request(
             team=team, user=request.user, gpu_hours=data["gpu_hours"], gpu_type=data["gpu_type"],
             max_gpus=data["max_gpus"], period_start=data["period_start"], period_end=data["period_end"],
@@ -447,10 +448,8 @@ class QuotaApproveApi(APIView):
     def post(self, request, quota_id):
         from accounting.services import quota_approve
 
-        serializer = QuotaDecisionInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        quota = quota_approve(quota=_quota_for(request, quota_id), user=request.user,
-                              comment=serializer.validated_data["comment"], request=request)  # fmt: skip
+        comment = validated(QuotaDecisionInputSerializer, request.data)["comment"]
+        quota = quota_approve(quota=_quota_for(request, quota_id), user=request.user, comment=comment, request=request)
         return Response(QuotaOutputSerializer(quota).data)
 
 
@@ -464,10 +463,8 @@ class QuotaRejectApi(APIView):
     def post(self, request, quota_id):
         from accounting.services import quota_reject
 
-        serializer = self.QuotaRejectInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        quota = quota_reject(quota=_quota_for(request, quota_id), user=request.user,
-                             comment=serializer.validated_data["comment"], request=request)  # fmt: skip
+        comment = validated(self.QuotaRejectInputSerializer, request.data)["comment"]
+        quota = quota_reject(quota=_quota_for(request, quota_id), user=request.user, comment=comment, request=request)
         return Response(QuotaOutputSerializer(quota).data)
 
 

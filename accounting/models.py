@@ -7,7 +7,6 @@ import datetime as dt
 import uuid
 from decimal import Decimal
 
-from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -29,9 +28,7 @@ class Rate(models.Model):
     effective_from = models.DateField()
     note = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    created_by = portal_models.user_reference()
 
     class Meta:
         ordering = ["gpu_type", "partition", "-effective_from"]
@@ -62,9 +59,7 @@ class UsageRecord(models.Model):
     account = models.CharField(max_length=64)
     team = models.ForeignKey("portal.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     unix_user = models.CharField(max_length=64)
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    user = portal_models.user_reference()
     partition = models.CharField(max_length=64, blank=True)
     num_nodes = models.PositiveIntegerField(default=1)
     comment = models.CharField(max_length=500, blank=True)
@@ -216,19 +211,13 @@ class Booking(models.Model):
     note = models.CharField(max_length=200, blank=True)
     status = models.CharField(max_length=16, choices=BookingStatus.choices, default=BookingStatus.REQUESTED)
     auto_approved = models.BooleanField(default=False)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    created_by = portal_models.user_reference()
     created_at = models.DateTimeField(auto_now_add=True)
-    decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    decided_by = portal_models.user_reference()
     decided_at = models.DateTimeField(null=True, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)  # kept when it is cancelled later
     decision_note = models.CharField(max_length=500, blank=True)
-    cancelled_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    cancelled_by = portal_models.user_reference()
     cancelled_at = models.DateTimeField(null=True, blank=True)
     # Slurm side
     reservation_name = models.CharField(max_length=64, unique=True)  # gpuportal-<first 12 hex of id>
@@ -313,13 +302,9 @@ class Quota(models.Model):
     max_gpus = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs in use at once; empty: no cap.")
     state = models.CharField(max_length=16, choices=QuotaState.choices, default=QuotaState.REQUESTED)
     justification = models.TextField(blank=True)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    requested_by = portal_models.user_reference()
     requested_at = models.DateTimeField(auto_now_add=True)
-    decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    decided_by = portal_models.user_reference()
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_comment = models.CharField(max_length=1000, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)  # effective from (kept once superseded)

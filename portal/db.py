@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import Model, QuerySet
 from django.db.models.expressions import RawSQL
+
+
+def copied_fields(source: object, names: Iterable[str]) -> dict[str, Any]:
+    """``{name: source.name}`` for each of ``names``: the fields a row takes unchanged from another
+    object (a gateway's typed result, the row it is cut from), as keyword arguments; the same names
+    can then be a bulk upsert's ``update_fields``."""
+    return {name: getattr(source, name) for name in names}
 
 
 def bulk_update_values(queryset: QuerySet, objs: Sequence[Model], fields: Sequence[str], *, batch_size: int = 1000) -> int:

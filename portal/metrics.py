@@ -61,6 +61,15 @@ QUEUE_WAIT_BUCKETS: tuple[float, ...] = (
     10, 30, 60, 300, 600, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400,
 )  # fmt: skip
 
+# The histograms of job intervals over the last METRICS_HISTOGRAM_WINDOW_HOURS: (name, what it
+# measures, over which jobs; the interval's start and end fields; buckets).
+JOB_INTERVAL_HISTOGRAMS: tuple[tuple[str, str, str, str, tuple[float, ...]], ...] = (
+    ("gpuportal_job_relay_latency_seconds", "Accepted to Slurm job id (submitted_at - created_at), jobs submitted",
+     "created_at", "submitted_at", RELAY_LATENCY_BUCKETS),
+    ("gpuportal_job_queue_wait_seconds", "Pending in Slurm to running (started_at - submitted_at), jobs started",
+     "submitted_at", "started_at", QUEUE_WAIT_BUCKETS),
+)  # fmt: skip
+
 UNTYPED_GPU = "untyped"  # gpu_type label of nodes whose GRES names no type ("gpu:4")
 
 
@@ -75,20 +84,11 @@ class PortalCollector:
 
     def collect(self) -> Iterator[Metric]:
         now = self.now or timezone.now()
-        window = dt.timedelta(hours=settings.METRICS_HISTOGRAM_WINDOW_HOURS)
+        hours = settings.METRICS_HISTOGRAM_WINDOW_HOURS
         yield from job_metrics()
-        yield duration_histogram(
-            "gpuportal_job_relay_latency_seconds",
-            "Accepted to Slurm job id (submitted_at - created_at), jobs submitted in the last "
-            f"{settings.METRICS_HISTOGRAM_WINDOW_HOURS} h (a sliding window, not a counter).",
-            start="created_at", end="submitted_at", since=now - window, buckets=RELAY_LATENCY_BUCKETS,
-        )  # fmt: skip
-        yield duration_histogram(
-            "gpuportal_job_queue_wait_seconds",
-            "Pending in Slurm to running (started_at - submitted_at), jobs started in the last "
-            f"{settings.METRICS_HISTOGRAM_WINDOW_HOURS} h (a sliding window, not a counter).",
-            start="submitted_at", end="started_at", since=now - window, buckets=QUEUE_WAIT_BUCKETS,
-        )  # fmt: skip
+        for name, what, start, end, buckets in JOB_INTERVAL_HISTOGRAMS:
+            yield duration_histogram(name, f"{what} in the last {hours} h (a sliding window, not a counter).", start=start,
+                                     end=end, since=now - dt.timedelta(hours=hours), buckets=buckets)  # fmt: skip
         yield from sync_metrics()
         yield gpu_metrics()
         yield from budget_metrics()

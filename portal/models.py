@@ -174,6 +174,12 @@ class Cluster(models.Model):
         return self.name
 
 
+def user_reference() -> models.ForeignKey:
+    """A row's reference to the user who did something (created, decided, cancelled it): optional,
+    set to NULL when the user is deleted (the row stays), no reverse accessor on the user."""
+    return models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+
 def default_cluster_id() -> int:
     """The default cluster's pk (the first configured): the default of every row's ``cluster``, so
     that code written for one cluster keeps working. Recorded on first use when it is not yet."""
@@ -283,7 +289,7 @@ class AuditEvent(models.Model):
     Rows are only ever inserted (``portal.services.audit_record``); the admin shows them read-only."""
 
     at = models.DateTimeField(auto_now_add=True, db_index=True)
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = user_reference()
     actor_name = models.CharField(max_length=150, blank=True)  # kept when the user is deleted
     action = models.CharField(max_length=64)  # e.g. "job.submit", "quota.approve", "team.member_add"
     target_type = models.CharField(max_length=64)

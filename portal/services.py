@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from portal.db import copied_fields
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import (
     ApiToken, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team,
@@ -347,6 +348,12 @@ def clusters_sync() -> dict[str, dict | str]:
     return results
 
 
+# What cluster_sync copies unchanged from the gateway's Partition / Node onto PartitionInfo / NodeInfo:
+# named once, for the new row and for the upsert's update_fields.
+PARTITION_COPIED = ("is_default", "state", "default_time_minutes", "max_time_minutes")
+NODE_COPIED = ("state", "available", "gpu_type", "gpus_total", "gpus_allocated", "cpus_total", "cpus_allocated", "memory_mb")
+
+
 def cluster_sync(*, cluster: str | None = None) -> dict:
     """Read one cluster's partitions, nodes and policy (QOS, node features, MaxArraySize: a fixed
     number of Slurm calls, ``gateway.policy()``) and record them in bulk (``cluster`` None: the
@@ -375,35 +382,21 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
         PartitionInfo.objects.bulk_create(
             [
                 PartitionInfo(
-                    cluster=row,
-                    name=p.name,
-                    is_default=p.is_default,
-                    state=p.state,
-                    default_time_minutes=p.default_time_minutes,
-                    max_time_minutes=p.max_time_minutes,
-                    node_names=list(p.nodes),
-                    seen_at=now,
+                    cluster=row, name=p.name, **copied_fields(p, PARTITION_COPIED), node_names=list(p.nodes), seen_at=now
                 )
                 for p in partitions
             ],
             update_conflicts=True,
             unique_fields=["cluster", "name"],
-            update_fields=["is_default", "state", "default_time_minutes", "max_time_minutes", "node_names", "seen_at"],
+            update_fields=[*PARTITION_COPIED, "node_names", "seen_at"],
         )
         NodeInfo.objects.bulk_create(
             [
                 NodeInfo(
                     cluster=row,
                     name=n.name,
-                    state=n.state,
-                    available=n.available,
+                    **copied_fields(n, NODE_COPIED),
                     partitions=list(n.partitions),
-                    gpu_type=n.gpu_type,
-                    gpus_total=n.gpus_total,
-                    gpus_allocated=n.gpus_allocated,
-                    cpus_total=n.cpus_total,
-                    cpus_allocated=n.cpus_allocated,
-                    memory_mb=n.memory_mb,
                     features=list(policy.node_features.get(n.name, ())) if policy else [],
                     reason=n.reason[:255],
                     seen_at=now,
@@ -412,10 +405,7 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
             ],
             update_conflicts=True,
             unique_fields=["cluster", "name"],
-            update_fields=[
-                "state", "available", "partitions", "gpu_type", "gpus_total", "gpus_allocated",
-                "cpus_total", "cpus_allocated", "memory_mb", "reason", "seen_at", *(["features"] if policy else []),
-            ],
+            update_fields=[*NODE_COPIED, "partitions", "reason", "seen_at", *(["features"] if policy else [])],
         )
         if policy is not None:  # else the last policy read stays (and the nodes keep their features)
             ClusterPolicyInfo.objects.update_or_create(

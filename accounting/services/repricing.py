@@ -21,7 +21,7 @@ from accounting.charging import bookings_charge_reserved
 from accounting.models import PendingReprice, UsageRecord, UsageSlice
 from accounting.rates import RateBook
 from accounting.tasks import usage_reprice_task
-from portal.db import bulk_insert_copy
+from portal.db import bulk_insert_copy, copied_fields
 from portal.outbox import publish
 
 SIX = Decimal("0.000001")
@@ -106,6 +106,10 @@ def usage_reprice_sweep(*, now: dt.datetime | None = None) -> list[tuple[str, st
     return owed
 
 
+# What a UsageSlice takes unchanged from its UsageRecord (who, where, what; provisional until final).
+SLICE_COPIED = ("cluster", "account", "team_id", "unix_user", "gpu_type", "partition", "gpus", "provisional")
+
+
 def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
     """A record's slices: its GPU time cut at month boundaries and at rate changes."""
     if not record.gpus or not record.gpu_seconds:
@@ -141,19 +145,12 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
                 period=dt.date(local.year, local.month, 1),
                 slice_start=a,
                 slice_end=b,
-                cluster=record.cluster,
-                account=record.account,
-                team_id=record.team_id,
-                unix_user=record.unix_user,
-                gpu_type=record.gpu_type,
-                partition=record.partition,
-                gpus=record.gpus,
+                **copied_fields(record, SLICE_COPIED),
                 gpu_seconds=gpu_seconds,
                 requested_gpu_seconds=requested,
                 rate=rate,
                 price_per_gpu_hour=price,
                 cost=cost,
-                provisional=record.provisional,
             )
         )
     return slices

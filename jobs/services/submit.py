@@ -10,6 +10,8 @@ import json
 import re
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, transaction
@@ -34,33 +36,51 @@ IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no 
 T = TypeVar("T")
 
 
-def job_quote(
-    *,
-    partition: str = "",
-    gpu_type: str = "",
-    gpus: int | None = None,
-    nodes: int | None = None,
-    cpus_per_gpu: int | None = None,
-    memory_gb: int | None = None,
-    time_limit_minutes: int | None = None,
-    script: str = "",
-    ntasks: int | None = None,
-    cpus_per_task: int | None = None,
-    exclusive: bool | None = None,
-    array: str | None = None,
-    cluster: str = "",
-    at: dt.datetime | None = None,
-) -> JobQuote:
-    """The most a job of this shape can use: GPU-hours = the GPUs Slurm allocates × time limit × array
-    tasks, and its cost at the rate in force (the dearest type of the partition when any type will
-    do). ``script``: its #SBATCH directives count, the fields override them, as for job_submit.
-    Validates like job_submit (ApplicationError naming the field)."""
-    spec = validate_job_spec(
-        name=None, script=script or None, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
-        cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes, workdir=None,
-        environment=None, ntasks=ntasks, cpus_per_task=cpus_per_task, exclusive=exclusive, array=array,
-        check_script=bool(script), cluster=cluster,
-    )  # fmt: skip
+@dataclass(frozen=True, kw_only=True)
+class JobShape:
+    """The one job spec's fields that size a job: what job_quote takes, and job_submit with
+    JobSpecFields. Explicit fields override the script's #SBATCH directives (None / "": the script
+    decides); jobs.spec.validate_job_spec checks them. Building one from unknown names is a
+    TypeError, as an unknown keyword argument is."""
+
+    script: str = ""
+    partition: str = ""
+    gpu_type: str = ""
+    gpus: int | None = None
+    nodes: int | None = None
+    cpus_per_gpu: int | None = None
+    memory_gb: int | None = None
+    time_limit_minutes: int | None = None
+    ntasks: int | None = None
+    cpus_per_task: int | None = None
+    exclusive: bool | None = None
+    array: str | None = None
+    cluster: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpecFields(JobShape):
+    """A job as job_submit (and each job of job_submit_batch) takes it: its shape, and what it runs as."""
+
+    name: str | None = None
+    workdir: str | None = None
+    environment: dict | None = None
+    qos: str | None = None
+    constraint: str | None = None
+
+
+SPEC_FIELD_NAMES = tuple(f.name for f in dataclass_fields(JobSpecFields))
+
+
+def job_quote(*, at: dt.datetime | None = None, **shape: Any) -> JobQuote:
+    """The most a job of this shape (the fields of ``JobShape``) can use: GPU-hours = the GPUs Slurm
+    allocates × time limit × array tasks, and its cost at the rate in force (the dearest type of the
+    partition when any type will do). ``script``: its #SBATCH directives count, the fields override
+    them, as for job_submit. Validates like job_submit (ApplicationError naming the field)."""
+    fields = dict(vars(JobShape(**shape)))  # a shallow copy: the values as given
+    script = fields.pop("script")
+    spec = validate_job_spec(name=None, script=script or None, workdir=None, environment=None,
+                             check_script=bool(script), **fields)  # fmt: skip
     return quote_for(spec, at=at)
 
 
@@ -152,32 +172,30 @@ def _replay(find: Callable[..., T | None], *, user, key: str | None, fingerprint
     return find(user=user, key=key, fingerprint=fingerprint)
 
 
+def _insert_once(insert: Callable[[], T], find: Callable[..., T | None], *, user, key: str | None,
+                 fingerprint: str) -> tuple[T, bool]:  # fmt: skip
+    """(what ``insert`` stores in its transaction, True); or, when another request with the same key
+    won the race (the unique constraint on (submitter, key) is the only judge), (what that request
+    created, False), found by ``find`` as in _replay."""
+    try:
+        return insert(), True
+    except IntegrityError:
+        replay = _replay(find, user=user, key=key, fingerprint=fingerprint)
+        if replay is None:
+            raise
+        return replay, False
+
+
 def job_submit(
     *,
     user,
     team: Team | None,
     script: str,
-    name: str | None = None,
-    partition: str = "",
-    gpu_type: str = "",
-    gpus: int | None = None,
-    nodes: int | None = None,
-    cpus_per_gpu: int | None = None,
-    memory_gb: int | None = None,
-    time_limit_minutes: int | None = None,
-    workdir: str | None = None,
-    environment: dict | None = None,
-    ntasks: int | None = None,
-    cpus_per_task: int | None = None,
-    exclusive: bool | None = None,
-    array: str | None = None,
-    qos: str | None = None,
-    constraint: str | None = None,
     booking: Any = None,
-    cluster: str = "",
     idempotency_key: str | None = None,
     fingerprint: str | None = None,
     request=None,
+    **spec_fields: Any,
 ) -> tuple[Job, bool]:
     """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit.
 
@@ -187,63 +205,51 @@ def job_submit(
     ``fingerprint`` defaults to a hash of the arguments as given. A new job is recorded in the audit
     trail (``request``: the client's address).
 
-    The spec is the script's #SBATCH directives with the given fields overriding them (None / "":
-    the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when its
-    partition's name is on several clusters (else the partition decides)."""
+    ``spec_fields``: the fields of ``JobSpecFields`` besides the script (an unknown name is a
+    TypeError). The spec is the script's #SBATCH directives with the given fields overriding them
+    (None / "": the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when
+    its partition's name is on several clusters (else the partition decides)."""
+    fields = dict(vars(JobSpecFields(script=script, **spec_fields)))
     _check_idempotency_key(idempotency_key)
     if fingerprint is None:
+        given = {name: value for name, value in fields.items() if name != "cluster" or value}  # no cluster: as before
         fingerprint = request_fingerprint(
-            {
-                "team": team.pk if team else None, "name": name, "script": script, "partition": partition,
-                "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes, "cpus_per_gpu": cpus_per_gpu,
-                "memory_gb": memory_gb, "time_limit_minutes": time_limit_minutes, "workdir": workdir,
-                "environment": environment, "booking": str(getattr(booking, "pk", booking) or ""),
-                "ntasks": ntasks, "cpus_per_task": cpus_per_task, "exclusive": exclusive, "array": array,
-                "qos": qos, "constraint": constraint, **({"cluster": cluster} if cluster else {}),
-            }
-        )  # fmt: skip
+            {"team": team.pk if team else None, **given, "booking": str(getattr(booking, "pk", booking) or "")}
+        )
     replay = _replay(_idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
     if replay is not None:
         return replay, False
 
     team = _team_for_submit(user=user, team=team)
-    spec = validate_job_spec(
-        name=name, script=script, partition=partition, gpu_type=gpu_type, gpus=gpus, nodes=nodes,
-        cpus_per_gpu=cpus_per_gpu, memory_gb=memory_gb, time_limit_minutes=time_limit_minutes,
-        workdir=workdir, environment=environment, **spec_accounts(team), cluster=cluster, ntasks=ntasks,
-        cpus_per_task=cpus_per_task, exclusive=exclusive, array=array, qos=qos, constraint=constraint,
-    )  # fmt: skip
+    spec = validate_job_spec(**fields, **spec_accounts(team))
     booking_id = _booking_id(booking)
     if booking_id is not None:
         _check_booking(booking_id, team=team, spec=spec)
     quote = quote_for(spec)
     job = _job_row(spec, quote, team=team, user=user, booking_id=booking_id, idempotency_key=idempotency_key,
                    fingerprint=fingerprint)  # fmt: skip
-    try:
-        with transaction.atomic():
-            # the job, its first event and its audit event: one statement, before the budget lock
-            # (the new row is this transaction's own; nobody waits for it)
-            insert_together(
-                job,
-                lambda: JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at),
-                lambda: audit_event(
-                    actor=user, action="job.submit", target=job, team=team, request=request,
-                    data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
-                          "time_limit_minutes": job.time_limit_minutes},
-                ),
-            )  # fmt: skip
-            # last, in the same transaction: the hold is added to the team's running totals under
-            # their row lock, held from here to COMMIT, so the next submission for the team waits
-            # for one statement or two and then sees it
-            _hold_budget(team, [job], [quote])
-            relay_drain_after_commit()  # the group commit: a burst of submits, about one drain
-    except IntegrityError:
-        # Another request with the same key won the race (the constraint is the only judge).
-        replay = _replay(_idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
-        if replay is None:
-            raise
-        return replay, False
-    return job, True
+
+    @transaction.atomic
+    def insert() -> Job:
+        # the job, its first event and its audit event: one statement, before the budget lock
+        # (the new row is this transaction's own; nobody waits for it)
+        insert_together(
+            job,
+            lambda: JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at),
+            lambda: audit_event(
+                actor=user, action="job.submit", target=job, team=team, request=request,
+                data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
+                      "time_limit_minutes": job.time_limit_minutes},
+            ),
+        )  # fmt: skip
+        # last, in the same transaction: the hold is added to the team's running totals under
+        # their row lock, held from here to COMMIT, so the next submission for the team waits
+        # for one statement or two and then sees it
+        _hold_budget(team, [job], [quote])
+        relay_drain_after_commit()  # the group commit: a burst of submits, about one drain
+        return job
+
+    return _insert_once(insert, _idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
 
 
 MAX_BATCH_JOBS = 100
@@ -282,8 +288,8 @@ def job_submit_batch(
 ) -> tuple[list[Job], bool]:
     """Validate and store up to MAX_BATCH_JOBS jobs of one team at once (all or none).
 
-    ``jobs``: dicts with job_submit's spec fields (name, script, partition, gpu_type, gpus, nodes,
-    cpus_per_gpu, memory_gb, time_limit_minutes, workdir, environment, booking). Every spec is
+    ``jobs``: dicts with job_submit's spec fields (``JobSpecFields``'s names, and booking; a missing
+    one is None, other keys are not read). Every spec is
     checked with the same validation as job_submit; the errors come back keyed by the spec's index
     (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget holds of all the jobs are placed at
     once (each quota checked for the sum of the jobs it covers), then the jobs are bulk-inserted with
@@ -312,15 +318,7 @@ def job_submit_batch(
     accounts = spec_accounts(team)
     for index, item in enumerate(jobs):
         try:
-            spec = validate_job_spec(
-                name=item.get("name"), script=item.get("script"), partition=item.get("partition"),
-                gpu_type=item.get("gpu_type"), gpus=item.get("gpus"), nodes=item.get("nodes"),
-                cpus_per_gpu=item.get("cpus_per_gpu"), memory_gb=item.get("memory_gb"),
-                time_limit_minutes=item.get("time_limit_minutes"), workdir=item.get("workdir"),
-                environment=item.get("environment"), **accounts, cluster=item.get("cluster"), ntasks=item.get("ntasks"),
-                cpus_per_task=item.get("cpus_per_task"), exclusive=item.get("exclusive"), array=item.get("array"),
-                qos=item.get("qos"), constraint=item.get("constraint"), cache=cache,
-            )  # fmt: skip
+            spec = validate_job_spec(**{name: item.get(name) for name in SPEC_FIELD_NAMES}, **accounts, cache=cache)
             booking_id = _booking_id(item.get("booking"))
             if booking_id is not None:
                 _check_booking(booking_id, team=team, spec=spec)
@@ -341,30 +339,27 @@ def job_submit_batch(
             spec, quote, team=team, user=user, booking_id=booking_id,
             idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index), fingerprint=fingerprint,
         ))  # fmt: skip
-    try:
-        with transaction.atomic():
-            Job.objects.bulk_create(rows)
-            JobEvent.objects.bulk_create(
-                [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
-            )
-            audit_record(
-                actor=user, action="job.submit_batch", target=rows[0], team=team, request=request,
-                data={"count": len(rows), "jobs": [str(job.pk) for job in rows],
-                      "gpus": sum(job.gpus for job in rows)},
-            )  # fmt: skip
-            # last (the budget lock is held from here to COMMIT): one placement for the whole
-            # batch, every quota checked for the sum of its jobs
-            _hold_budget(team, rows, [quote for _spec, _booking_id, quote in prepared])
-            from jobs.tasks import job_relay_batch  # jobs.tasks imports this module
 
-            after_commit(job_relay_batch, [str(job.pk) for job in rows])
-    except IntegrityError:
-        # Another request with the same key won the race (the constraint is the only judge).
-        replay = _replay(_idempotent_replay_batch, user=user, key=idempotency_key, fingerprint=fingerprint)
-        if replay is None:
-            raise
-        return replay, False
-    return rows, True
+    @transaction.atomic
+    def insert() -> list[Job]:
+        Job.objects.bulk_create(rows)
+        JobEvent.objects.bulk_create(
+            [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
+        )
+        audit_record(
+            actor=user, action="job.submit_batch", target=rows[0], team=team, request=request,
+            data={"count": len(rows), "jobs": [str(job.pk) for job in rows],
+                  "gpus": sum(job.gpus for job in rows)},
+        )  # fmt: skip
+        # last (the budget lock is held from here to COMMIT): one placement for the whole
+        # batch, every quota checked for the sum of its jobs
+        _hold_budget(team, rows, [quote for _spec, _booking_id, quote in prepared])
+        from jobs.tasks import job_relay_batch  # jobs.tasks imports this module
+
+        after_commit(job_relay_batch, [str(job.pk) for job in rows])
+        return rows
+
+    return _insert_once(insert, _idempotent_replay_batch, user=user, key=idempotency_key, fingerprint=fingerprint)
 
 
 def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:

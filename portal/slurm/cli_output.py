@@ -52,6 +52,25 @@ def _rows(stdout: str, fields: tuple[str, ...], command: str):
         yield values
 
 
+def _job_columns(*, job_id: int, array_id: str, array_tasks: str, name: str, user: str, account: str, partition: str,
+                 state: str, submit: str, start: str, end: str) -> dict:  # fmt: skip
+    """The columns squeue and sacct both print, read the same way into the fields QueueEntry and
+    AccountingRecord share (``array_id``: the array's id, read only for a row of an array job)."""
+    return {
+        "array_job_id": parsing.parse_int(array_id, None) if array_tasks else None,
+        "array_tasks": array_tasks,
+        "job_id": job_id,
+        "name": name,
+        "user": user,
+        "account": account,
+        "partition": partition,
+        "state": parsing.base_state(state),
+        "submit_time": parsing.parse_time(submit),
+        "start_time": parsing.parse_time(start),
+        "end_time": parsing.parse_time(end),
+    }
+
+
 def parse_queue(stdout: str) -> list[t.QueueEntry]:
     entries = []
     for fields in _rows(stdout, QUEUE_FIELDS, "squeue"):
@@ -65,21 +84,12 @@ def parse_queue(stdout: str) -> list[t.QueueEntry]:
         array_tasks = "" if array_index.strip() in ("", "N/A") else array_index.strip().split("%")[0]
         entries.append(
             t.QueueEntry(
-                array_job_id=parsing.parse_int(array_id, None) if array_tasks else None,
-                array_tasks=array_tasks,
-                job_id=job_id_int,
-                name=name,
-                user=user,
-                account=account,
-                partition=partition,
-                state=parsing.base_state(state),
+                **_job_columns(job_id=job_id_int, array_id=array_id, array_tasks=array_tasks, name=name, user=user,
+                               account=account, partition=partition, state=state, submit=submit, start=start, end=end),
                 reason=reason,
                 comment="" if comment == "(null)" else comment,
                 nodes=parsing.null_to_empty(nodes),
                 num_nodes=parsing.parse_int(num_nodes, 0) or 0,
-                submit_time=parsing.parse_time(submit),
-                start_time=parsing.parse_time(start),
-                end_time=parsing.parse_time(end),
                 time_limit_minutes=parsing.parse_duration_minutes(limit),
                 tres_per_node=parsing.tres_per_node(tres),
                 reservation=parsing.null_to_empty(reservation),
@@ -100,18 +110,9 @@ def parse_sacct(stdout: str) -> list[t.AccountingRecord]:
         array_tasks = array_tasks.strip("[]").split("%")[0] if underscore else ""
         records.append(
             t.AccountingRecord(
-                array_job_id=parsing.parse_int(array_base, None) if array_tasks else None,
-                array_tasks=array_tasks,
-                job_id=job_id_int,
-                name=name,
-                user=user,
-                account=account,
-                partition=partition,
-                state=parsing.base_state(state),
+                **_job_columns(job_id=job_id_int, array_id=array_base, array_tasks=array_tasks, name=name, user=user,
+                               account=account, partition=partition, state=state, submit=submit, start=start, end=end),
                 exit_code=parsing.parse_exit_code(exit_code),
-                submit_time=parsing.parse_time(submit),
-                start_time=parsing.parse_time(start),
-                end_time=parsing.parse_time(end),
                 elapsed_seconds=parsing.parse_int(elapsed, 0) or 0,
                 time_limit_minutes=parsing.parse_minutes_raw(limit),
                 num_nodes=parsing.parse_int(num_nodes, 0) or 0,
@@ -126,12 +127,17 @@ def parse_sacct(stdout: str) -> list[t.AccountingRecord]:
     return records
 
 
+def _scontrol_records(stdout: str, key: str):
+    """The records of ``scontrol show … -o`` output (one a line, starting ``key=``), each as its
+    {field: value}; other lines ("No reservations in the system") are skipped."""
+    for line in stdout.splitlines():
+        if line.startswith(f"{key}="):
+            yield parsing.parse_kv_line(line)
+
+
 def parse_partitions(stdout: str) -> list[t.Partition]:
     out = []
-    for line in stdout.splitlines():
-        if not line.startswith("PartitionName="):
-            continue
-        kv = parsing.parse_kv_line(line)
+    for kv in _scontrol_records(stdout, "PartitionName"):
         out.append(
             t.Partition(
                 name=kv["PartitionName"],
@@ -147,10 +153,7 @@ def parse_partitions(stdout: str) -> list[t.Partition]:
 
 def parse_nodes(stdout: str) -> list[t.Node]:
     out = []
-    for line in stdout.splitlines():
-        if not line.startswith("NodeName="):
-            continue
-        kv = parsing.parse_kv_line(line)
+    for kv in _scontrol_records(stdout, "NodeName"):
         gpu_type, gpus_total = "", 0
         for name, typ, count in parsing.parse_gres(kv.get("Gres", "")):
             if name == "gpu":
@@ -177,10 +180,8 @@ def parse_nodes(stdout: str) -> list[t.Node]:
 def parse_node_features(stdout: str) -> dict[str, tuple[str, ...]]:
     """``scontrol show node -o`` -> {node: AvailableFeatures} (``(null)``: none)."""
     out = {}
-    for line in stdout.splitlines():
-        if line.startswith("NodeName="):
-            kv = parsing.parse_kv_line(line)
-            out[kv["NodeName"]] = parsing.split_list(kv.get("AvailableFeatures", ""))
+    for kv in _scontrol_records(stdout, "NodeName"):
+        out[kv["NodeName"]] = parsing.split_list(kv.get("AvailableFeatures", ""))
     return out
 
 
@@ -209,10 +210,7 @@ def parse_max_array_size(stdout: str) -> int | None:
 
 def parse_reservations(stdout: str) -> list[t.Reservation]:
     out = []
-    for line in stdout.splitlines():
-        if not line.startswith("ReservationName="):
-            continue  # "No reservations in the system"
-        kv = parsing.parse_kv_line(line)
+    for kv in _scontrol_records(stdout, "ReservationName"):
         out.append(
             t.Reservation(
                 name=kv["ReservationName"],

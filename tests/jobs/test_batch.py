@@ -6,6 +6,7 @@ after a crash, in a number of queries that does not grow with the batch."""
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 
 import pytest
 
@@ -128,26 +129,34 @@ def _tag_counts(jobs) -> Counter:
     return Counter(e.comment for e in get_gateway().queue() if e.comment in tags)
 
 
-def _cancel_all(jobs) -> None:
-    for slurm_id in Job.objects.filter(pk__in=[j.pk for j in jobs], slurm_job_id__isnull=False).values_list("slurm_job_id", flat=True):
-        get_gateway().cancel(slurm_id)
+def _assert_each_in_slurm_once(jobs) -> None:
+    """Slurm holds every one of the jobs, each exactly once (by the tag the relay gives it)."""
+    counts = _tag_counts(jobs)
+    assert len(counts) == len(jobs) and set(counts.values()) == {1}
+
+
+@contextmanager
+def _relayed(jobs, *also_cancel: int):
+    """job_relay_batch_run over the jobs (its result); then their Slurm jobs, and ``also_cancel``, are cancelled."""
+    try:
+        yield job_relay_batch_run([str(j.pk) for j in jobs])
+    finally:
+        for slurm_id in [*Job.objects.filter(pk__in=[j.pk for j in jobs], slurm_job_id__isnull=False)
+                         .values_list("slurm_job_id", flat=True), *also_cancel]:  # fmt: skip
+            get_gateway().cancel(slurm_id)
 
 
 @pytest.mark.slurm
 def test_batched_relay_submits_each_job_exactly_once(cluster, batch_relays):
     jobs = _accepted(cluster, 12)
-    try:
-        result = job_relay_batch_run([str(j.pk) for j in jobs])
+    with _relayed(jobs) as result:
         again = job_relay_batch_run([str(j.pk) for j in jobs])  # a redelivery does nothing
         assert result["submitted"] == 12 and again["claimed"] == 0
         rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
         assert {r.state for r in rows} == {JobState.PENDING} and all(r.slurm_job_id for r in rows)
         assert all(r.relay_token is None and r.relay_attempts == 1 for r in rows)
-        counts = _tag_counts(jobs)
-        assert len(counts) == 12 and set(counts.values()) == {1}
+        _assert_each_in_slurm_once(jobs)
         assert JobEvent.objects.filter(job__in=jobs, state=JobState.PENDING).count() == 12
-    finally:
-        _cancel_all(jobs)
 
 
 @pytest.mark.slurm
@@ -157,8 +166,7 @@ def test_batched_relay_records_a_rejection_for_that_job_only(cluster, batch_rela
     # Slurm refuses this one (the relay's command line comes from the job's overrides)
     overrides = [[o, "no-such-partition" if o == "partition" else v] for o, v in Job.objects.get(pk=bad.pk).overrides]
     Job.objects.filter(pk=bad.pk).update(partition="no-such-partition", overrides=overrides)
-    try:
-        result = job_relay_batch_run([str(j.pk) for j in jobs])
+    with _relayed(jobs) as result:
         assert (result["submitted"], result["submit_failed"]) == (3, 1)
         bad.refresh_from_db()
         assert bad.state == JobState.SUBMIT_FAILED and bad.slurm_job_id is None
@@ -166,8 +174,6 @@ def test_batched_relay_records_a_rejection_for_that_job_only(cluster, batch_rela
         assert JobEvent.objects.filter(job=bad, state=JobState.SUBMIT_FAILED).count() == 1
         others = Job.objects.filter(pk__in=[j.pk for j in jobs if j.pk != bad.pk])
         assert {o.state for o in others} == {JobState.PENDING}
-    finally:
-        _cancel_all(jobs)
 
 
 @pytest.mark.slurm
@@ -175,16 +181,11 @@ def test_batched_relay_after_a_crash_following_sbatch_adopts_instead_of_duplicat
     jobs = _accepted(cluster, 3)
     crashed = jobs[0]
     first_id = relay_crashed_after_sbatch(crashed)
-    try:
-        result = job_relay_batch_run([str(j.pk) for j in jobs])
+    with _relayed(jobs, first_id) as result:
         assert (result["adopted"], result["submitted"]) == (1, 2)
         crashed.refresh_from_db()
         assert (crashed.slurm_job_id, crashed.state, crashed.relay_attempts) == (first_id, JobState.PENDING, 2)
-        counts = _tag_counts(jobs)
-        assert len(counts) == 3 and set(counts.values()) == {1}
-    finally:
-        _cancel_all(jobs)
-        get_gateway().cancel(first_id)
+        _assert_each_in_slurm_once(jobs)
 
 
 def test_batched_relay_query_count_does_not_grow_with_the_batch(world, inventory, batch_relays, monkeypatch, settings, django_assert_max_num_queries):

@@ -189,3 +189,37 @@ def test_submission_stores_the_cost_estimate(api_client_for, inventory, relays):
     Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal("12.5"), currency="CNY", effective_from=dt.date(2020, 1, 1))
     data = api_client_for("member").post(URL, job_payload(gpus=4, time_limit_minutes=120), format="json").json()
     assert (data["estimated_gpu_hours"], data["estimated_cost"], data["currency"]) == ("8.00", "100.00", "CNY")
+
+
+def test_the_default_fingerprint_is_the_arguments_as_given_so_a_stored_key_still_replays(world, inventory, relays):
+    """job_submit's fields come from one spec type (JobSpecFields); the fingerprint it stores without
+    one given is still the hash of every field as given (cluster only when given), so a key stored
+    before keeps replaying, and another value of any field is a 409."""
+    from jobs.services import SPEC_FIELD_NAMES, request_fingerprint
+    from portal.exceptions import Conflict
+
+    given = {"name": "fp", "script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 1, "time_limit_minutes": 5}
+    job, created = job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **given)
+    assert created
+    # the dict job_submit hashed when its fields were its own parameters
+    before = {
+        "team": world.vision.pk, "name": "fp", "script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 1,
+        "nodes": None, "cpus_per_gpu": None, "memory_gb": None, "time_limit_minutes": 5, "workdir": None,
+        "environment": None, "booking": "", "ntasks": None, "cpus_per_task": None, "exclusive": None, "array": None,
+        "qos": None, "constraint": None,
+    }  # fmt: skip
+    assert job.request_fingerprint == request_fingerprint(before)
+    assert set(before) == {*SPEC_FIELD_NAMES, "team", "booking"} - {"cluster"}
+    again, created = job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **given)
+    assert (again.pk, created) == (job.pk, False)
+    with pytest.raises(Conflict):
+        job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **{**given, "memory_gb": 4})
+    assert Job.objects.count() == 1
+
+
+def test_an_unknown_spec_field_is_a_type_error_as_an_unknown_keyword_was(world, inventory, relays):
+    with pytest.raises(TypeError, match="gpu_count"):
+        job_submit(user=world.alice, team=world.vision, script="true", partition="gpu", gpu_count=1)
+    with pytest.raises(TypeError, match="qos"):
+        job_quote(partition="gpu", gpus=1, qos="high")  # the quote takes the shape only
+    assert Job.objects.count() == 0

@@ -443,3 +443,17 @@ def test_the_dashboard_is_importable_with_a_prometheus_datasource_input():
             assert target["datasource"]["uid"] == "${DS_PROMETHEUS}"
         refs = [t["refId"] for t in panel["targets"]]
         assert len(set(refs)) == len(refs)
+
+
+def test_the_interval_histograms_help_names_what_they_measure_and_the_window(world, no_budgets, settings):
+    settings.METRICS_HISTOGRAM_WINDOW_HOURS = 36
+    response = Client().get("/metrics", REMOTE_ADDR=LOCAL)
+    helps = {family.name: family.documentation for family in text_string_to_metric_families(response.content.decode())}
+    assert helps["gpuportal_job_relay_latency_seconds"] == (
+        "Accepted to Slurm job id (submitted_at - created_at), jobs submitted in the last 36 h "
+        "(a sliding window, not a counter)."
+    )
+    assert helps["gpuportal_job_queue_wait_seconds"] == (
+        "Pending in Slurm to running (started_at - submitted_at), jobs started in the last 36 h "
+        "(a sliding window, not a counter)."
+    )
