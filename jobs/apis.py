@@ -62,7 +62,18 @@ def _team_by_slug(request, slug: str | None) -> Team | None:
 # ---------------------------------------------------------------- output serializers (shared)
 
 
-class JobSummaryOutputSerializer(serializers.Serializer):
+class JobShapeOutputFields(serializers.Serializer):
+    """The job-shape fields a job and a job template both show (the one declaration of them)."""
+
+    partition = serializers.CharField()
+    gpu_type = serializers.CharField()
+    gpus = serializers.IntegerField()
+    nodes = serializers.IntegerField()
+    cpus_per_gpu = serializers.IntegerField(allow_null=True)
+    memory_gb = serializers.IntegerField(allow_null=True)
+
+
+class JobSummaryOutputSerializer(JobShapeOutputFields):
     """A job as lists, submit and cancel show it (no script: lists stay small)."""
 
     id = serializers.UUIDField()
@@ -70,12 +81,6 @@ class JobSummaryOutputSerializer(serializers.Serializer):
     submitter = serializers.CharField(source="submitter.username")
     name = serializers.CharField()
     cluster = serializers.CharField(source="cluster.name", help_text="The cluster it runs on.")
-    partition = serializers.CharField()
-    gpu_type = serializers.CharField()
-    gpus = serializers.IntegerField()
-    nodes = serializers.IntegerField()
-    cpus_per_gpu = serializers.IntegerField(allow_null=True)
-    memory_gb = serializers.IntegerField(allow_null=True)
     time_limit_minutes = serializers.IntegerField()
     workdir = serializers.CharField()
     ntasks = serializers.IntegerField()
@@ -392,7 +397,7 @@ class JobQuoteApi(APIView):
 # ---------------------------------------------------------------- templates
 
 
-class JobTemplateOutputSerializer(serializers.Serializer):
+class JobTemplateOutputSerializer(JobShapeOutputFields):
     id = serializers.IntegerField()
     scope = serializers.ChoiceField(choices=TemplateScope.choices)
     team = serializers.CharField(source="team.slug", allow_null=True, default=None)
@@ -400,12 +405,6 @@ class JobTemplateOutputSerializer(serializers.Serializer):
     name = serializers.CharField()
     description = serializers.CharField()
     script = serializers.CharField()
-    partition = serializers.CharField()
-    gpu_type = serializers.CharField()
-    gpus = serializers.IntegerField()
-    nodes = serializers.IntegerField()
-    cpus_per_gpu = serializers.IntegerField(allow_null=True)
-    memory_gb = serializers.IntegerField(allow_null=True)
     time_limit_minutes = serializers.IntegerField(allow_null=True)
     workdir = serializers.CharField()
     environment = serializers.DictField(child=serializers.CharField())
