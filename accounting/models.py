@@ -166,6 +166,23 @@ class PendingReprice(models.Model):
         return f"re-price {self.gpu_type} from {self.since}"
 
 
+# ---------------------------------------------------------------- bookings and quotas: an admin's decision
+
+
+class AdminDecision(models.Model):
+    """The admin's decision on a request (a booking, a quota): who decided and when, and when it
+    was approved (kept when the row moves on: a booking cancelled, a quota superseded; a quota is
+    in force from then). The decision services (``booking_approve``/``booking_reject``,
+    ``quota_approve``/``quota_reject``) set them."""
+
+    decided_by = portal_models.user_reference()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
 # ---------------------------------------------------------------- bookings
 
 
@@ -192,7 +209,7 @@ class ReservationState(models.TextChoices):
     DELETED = "deleted", "Deleted"
 
 
-class Booking(models.Model):
+class Booking(AdminDecision):
     """GPUs of one type booked by a team for a time window. Approved bookings become a Slurm
     reservation (``reservation_name``) for the team's account: on Slurm releases that cannot reserve
     GPU counts the reservation covers whole nodes (``nodes``) and ``gpus`` is a multiple of a node's
@@ -213,9 +230,6 @@ class Booking(models.Model):
     auto_approved = models.BooleanField(default=False)
     created_by = portal_models.user_reference()
     created_at = models.DateTimeField(auto_now_add=True)
-    decided_by = portal_models.user_reference()
-    decided_at = models.DateTimeField(null=True, blank=True)
-    approved_at = models.DateTimeField(null=True, blank=True)  # kept when it is cancelled later
     decision_note = models.CharField(max_length=500, blank=True)
     cancelled_by = portal_models.user_reference()
     cancelled_at = models.DateTimeField(null=True, blank=True)
@@ -288,7 +302,7 @@ class QuotaState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-class Quota(models.Model):
+class Quota(AdminDecision):
     """A team's GPU-hour budget for a period [period_start, period_end) (dates, billing time zone;
     a calendar month by default), for one GPU type or for any (``gpu_type=""``), with an optional cap
     on GPUs in use at once. Managers request, admins approve or reject (``accounting.services``);
@@ -304,10 +318,7 @@ class Quota(models.Model):
     justification = models.TextField(blank=True)
     requested_by = portal_models.user_reference()
     requested_at = models.DateTimeField(auto_now_add=True)
-    decided_by = portal_models.user_reference()
-    decided_at = models.DateTimeField(null=True, blank=True)
     decision_comment = models.CharField(max_length=1000, blank=True)
-    approved_at = models.DateTimeField(null=True, blank=True)  # effective from (kept once superseded)
     superseded_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     slurm_mirrored_at = models.DateTimeField(null=True, blank=True)  # last successful quota_limits_apply
 
