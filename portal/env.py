@@ -47,33 +47,29 @@ class Env:
             return False
         raise self._fail(name, value, "one of 1/0, true/false, yes/no, on/off")
 
-    def int(self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    def _number(self, name: str, default, parse, kind: str, *, minimum=None, maximum=None):
+        """NAME as ``parse`` reads it (``kind`` names what it must be: "a whole number"), within the
+        bounds; ``default`` when unset or empty. The one reader behind ``int`` and ``float``."""
         value = self._raw(name)
         if value is None or value == "":
             return default
         try:
-            number = int(value)
+            number = parse(value)
         except ValueError:
-            raise self._fail(name, value, "a whole number") from None
-        if minimum is not None and number < minimum:
-            raise self._fail(name, value, f"a whole number >= {minimum}")
-        if maximum is not None and number > maximum:
-            raise self._fail(name, value, f"a whole number <= {maximum}")
-        return number
-
-    def float(self, name: str, default: float, *, minimum: float | None = None) -> float:
-        value = self._raw(name)
-        if value is None or value == "":
-            return default
-        try:
-            number = float(value)
-        except ValueError:
-            raise self._fail(name, value, "a number") from None
+            raise self._fail(name, value, kind) from None
         if not math.isfinite(number):  # float() accepts nan, inf, -infinity: no setting means those
             raise self._fail(name, value, "a finite number (not nan or inf)")
         if minimum is not None and number < minimum:
-            raise self._fail(name, value, f"a number >= {minimum}")
+            raise self._fail(name, value, f"{kind} >= {minimum}")
+        if maximum is not None and number > maximum:
+            raise self._fail(name, value, f"{kind} <= {maximum}")
         return number
+
+    def int(self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+        return self._number(name, default, int, "a whole number", minimum=minimum, maximum=maximum)
+
+    def float(self, name: str, default: float, *, minimum: float | None = None) -> float:
+        return self._number(name, default, float, "a number", minimum=minimum)
 
     def secret(self, name: str, default: str = "") -> str:
         """A secret from NAME, or from the file named by NAME_FILE (its content, one trailing newline
