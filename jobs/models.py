@@ -176,9 +176,7 @@ class JobTemplate(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="job_templates"
     )
     team = models.ForeignKey("portal.Team", on_delete=models.CASCADE, null=True, blank=True, related_name="job_templates")
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
+    created_by = portal_models.user_reference()
     name = models.CharField(max_length=128)
     description = models.TextField(blank=True)
     script = models.TextField()
