@@ -59,6 +59,26 @@ def slurm_tags() -> set[str]:
     return {e.comment for e in get_gateway().queue() if e.comment}
 
 
+def slurm_tag_counts(jobs) -> Counter:
+    """How many jobs the controller holds with each of these jobs' tags (a job relayed twice: 2)."""
+    from portal.slurm import get_gateway
+
+    tags = {j.slurm_tag for j in jobs}
+    return Counter(e.comment for e in get_gateway().queue() if e.comment in tags)
+
+
+def slurm_cancel_tagged(jobs) -> None:
+    """A test's clean-up: scancel every job the controller holds with these jobs' tags (a job that
+    was relayed twice, or left behind by a crashed relay, included)."""
+    from portal.slurm import get_gateway
+
+    tags = {j.slurm_tag for j in jobs}
+    gateway = get_gateway()
+    for entry in gateway.queue():
+        if entry.comment in tags:
+            gateway.cancel(entry.job_id)
+
+
 def relay_crashed_after_sbatch(job) -> int:
     """What a relay that crashed leaves behind: it claimed ``job`` (attempt 1), sbatch succeeded, it
     died before the write, and its lease has expired. Returns the Slurm id that sbatch gave."""

@@ -5,7 +5,6 @@ after a crash, in a number of queries that does not grow with the batch."""
 
 from __future__ import annotations
 
-from collections import Counter
 from contextlib import contextmanager
 
 import pytest
@@ -17,7 +16,7 @@ from jobs.services import job_relay_batch_run, job_submit_batch
 from portal.exceptions import Conflict
 from portal.models import AuditEvent
 from portal.slurm import get_gateway
-from tests.support import job_payload, relay_crashed_after_sbatch
+from tests.support import job_payload, relay_crashed_after_sbatch, slurm_cancel_tagged, slurm_tag_counts
 
 pytestmark = pytest.mark.django_db
 
@@ -124,26 +123,20 @@ def _accepted(world, n: int, *, script="#!/bin/bash\nsleep 60\n") -> list[Job]:
     return jobs
 
 
-def _tag_counts(jobs) -> Counter:
-    tags = {j.slurm_tag for j in jobs}
-    return Counter(e.comment for e in get_gateway().queue() if e.comment in tags)
-
-
 def _assert_each_in_slurm_once(jobs) -> None:
     """Slurm holds every one of the jobs, each exactly once (by the tag the relay gives it)."""
-    counts = _tag_counts(jobs)
+    counts = slurm_tag_counts(jobs)
     assert len(counts) == len(jobs) and set(counts.values()) == {1}
 
 
 @contextmanager
-def _relayed(jobs, *also_cancel: int):
-    """job_relay_batch_run over the jobs (its result); then their Slurm jobs, and ``also_cancel``, are cancelled."""
+def _relayed(jobs):
+    """job_relay_batch_run over the jobs (its result); then every Slurm job with their tags is cancelled
+    (a crashed relay's leftover too)."""
     try:
         yield job_relay_batch_run([str(j.pk) for j in jobs])
     finally:
-        for slurm_id in [*Job.objects.filter(pk__in=[j.pk for j in jobs], slurm_job_id__isnull=False)
-                         .values_list("slurm_job_id", flat=True), *also_cancel]:  # fmt: skip
-            get_gateway().cancel(slurm_id)
+        slurm_cancel_tagged(jobs)
 
 
 @pytest.mark.slurm
@@ -181,7 +174,7 @@ def test_batched_relay_after_a_crash_following_sbatch_adopts_instead_of_duplicat
     jobs = _accepted(cluster, 3)
     crashed = jobs[0]
     first_id = relay_crashed_after_sbatch(crashed)
-    with _relayed(jobs, first_id) as result:
+    with _relayed(jobs) as result:
         assert (result["adopted"], result["submitted"]) == (1, 2)
         crashed.refresh_from_db()
         assert (crashed.slurm_job_id, crashed.state, crashed.relay_attempts) == (first_id, JobState.PENDING, 2)

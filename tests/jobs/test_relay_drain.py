@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,10 +24,15 @@ from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services import job_relay_drain_run, job_submit, relay_drain_key
 from portal.outbox import coalesced_done
-from portal.slurm import get_gateway
 from tests.conftest import ROOT
 from tests.faults.conftest import assert_each_job_in_slurm_exactly_once
-from tests.support import job_payload, relay_crashed_after_sbatch, wait_for
+from tests.support import (
+    job_payload,
+    relay_crashed_after_sbatch,
+    slurm_cancel_tagged,
+    slurm_tag_counts,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -37,20 +41,6 @@ def _submit(world, name: str, *, script: str = "#!/bin/bash\nsleep 60\n") -> Job
     job, _ = job_submit(user=world.alice, team=world.vision, name=name, script=script, partition="debug", gpus=1,
                         time_limit_minutes=2)  # fmt: skip
     return job
-
-
-def _tag_counts(jobs) -> Counter:
-    """How many jobs Slurm holds with each of these jobs' tags."""
-    tags = {j.slurm_tag for j in jobs}
-    return Counter(e.comment for e in get_gateway().queue() if e.comment in tags)
-
-
-def _cancel_all(jobs) -> None:
-    tags = {j.slurm_tag for j in jobs}
-    gateway = get_gateway()
-    for entry in gateway.queue():
-        if entry.comment in tags:
-            gateway.cancel(entry.job_id)
 
 
 @pytest.fixture
@@ -110,7 +100,7 @@ def test_drain_claims_in_bounded_batches_and_submits_each_job_once(cluster, drai
         assert not Job.objects.filter(pk__in=[j.pk for j in jobs], relay_token__isnull=False).exists()
         assert JobEvent.objects.filter(job__in=jobs, state=JobState.PENDING).count() == 7
     finally:
-        _cancel_all(jobs)
+        slurm_cancel_tagged(jobs)
 
 
 @pytest.mark.slurm
@@ -125,10 +115,10 @@ def test_drain_leaves_a_job_with_a_live_lease_to_its_holder_and_adopts_after_a_c
         assert (crashed.slurm_job_id, crashed.state, crashed.relay_attempts) == (first_id, JobState.PENDING, 2)
         held.refresh_from_db()
         assert (held.state, held.slurm_job_id) == (JobState.ACCEPTED, None)
-        counts = _tag_counts([crashed, fresh])
+        counts = slurm_tag_counts([crashed, fresh])
         assert counts == {crashed.slurm_tag: 1, fresh.slurm_tag: 1}
     finally:
-        _cancel_all([held, crashed, fresh])
+        slurm_cancel_tagged([held, crashed, fresh])
 
 
 @pytest.mark.slurm
@@ -155,7 +145,7 @@ def test_concurrent_drains_never_submit_a_job_twice(cluster, drains):
         figures = assert_each_job_in_slurm_exactly_once([j.pk for j in jobs], since)
         assert figures["relay_attempts"] == {1: 40}
     finally:
-        _cancel_all(jobs)
+        slurm_cancel_tagged(jobs)
 
 
 # ---------------------------------------------------------------- through a real Celery worker
@@ -210,7 +200,7 @@ def test_a_burst_of_single_submits_reaches_slurm_once_each_in_fewer_drain_runs_t
               f"{seconds:.1f} s to the last Slurm id")  # fmt: skip
         assert 1 <= runs < n and len(published) < n
     finally:
-        _cancel_all(jobs)
+        slurm_cancel_tagged(jobs)
 
 
 # ---------------------------------------------------------------- what only a fake can show: calls and time
