@@ -12,29 +12,29 @@ from portal.slurm.types import AssociationLimits
 
 US = parsing.FIELD_SEP  # "\x1f", shown as ^_ by cat -A
 
+
+def _captured(*lines: str) -> str:
+    """Output captured with cat -A, one record a line: each ^_ back to the field separator."""
+    return "\n".join(line.replace("^_", US) for line in lines)
+
+
 # squeue -h -a -t all -o '%i^_%u^_%a^_%P^_%T^_%r^_%N^_%D^_%V^_%S^_%e^_%l^_%b^_%v^_%j^_%k'
-SQUEUE_SAMPLE = "\n".join(
-    line.replace("^_", US)
-    for line in [
-        "6^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_None^_h100-01^_1^_2026-11-30T11:11:39^_2026-11-30T11:11:40^_2026-11-30T11:11:40^_1:00:00^_gres:gpu:h100:1^_(null)^_6^_6^_N/A^_sbatch^_(null)",
-        "13^_root^_zzprobe^_gpu^_PENDING^_Resources^_^_2^_2026-11-30T11:11:49^_2026-11-30T12:11:49^_2026-11-30T13:11:49^_1:00:00^_gres:gpu:a100:2^_(null)^_13^_13^_N/A^_sbatch^_two",
-        "11^_zzslurmtest^_zztestacct^_gpu^_PENDING^_AssocGrpGRES^_^_1^_2026-11-30T11:11:49^_N/A^_N/A^_1:00:00^_gres:gpu:1^_(null)^_11^_11^_N/A^_sbatch^_(null)",
-        "12^_root^_zzprobe^_gpu^_RUNNING^_None^_a100-02^_1^_2026-11-30T11:11:49^_2026-11-30T11:11:50^_2026-11-30T11:16:50^_5:00^_gres:gpu:a100:1^_(null)^_12^_12^_N/A^_x;rm -rf /|$(id)^_gpuportal:abc|def",
-        "3^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_None^_a100-01^_1^_2026-11-30T11:11:18^_2026-11-30T11:11:19^_2026-11-30T11:11:19^_3-00:00:00^_N/A^_resv1^_3^_3^_N/A^_sbatch^_(null)",
-        "20_[1-4]^_root^_zzprobe^_gpu^_PENDING^_None^_^_1^_2026-11-30T11:11:49^_N/A^_N/A^_UNLIMITED^_N/A^_(null)^_20^_20^_1-4^_arr^_(null)",
-    ]
+SQUEUE_SAMPLE = _captured(
+    "6^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_None^_h100-01^_1^_2026-11-30T11:11:39^_2026-11-30T11:11:40^_2026-11-30T11:11:40^_1:00:00^_gres:gpu:h100:1^_(null)^_6^_6^_N/A^_sbatch^_(null)",
+    "13^_root^_zzprobe^_gpu^_PENDING^_Resources^_^_2^_2026-11-30T11:11:49^_2026-11-30T12:11:49^_2026-11-30T13:11:49^_1:00:00^_gres:gpu:a100:2^_(null)^_13^_13^_N/A^_sbatch^_two",
+    "11^_zzslurmtest^_zztestacct^_gpu^_PENDING^_AssocGrpGRES^_^_1^_2026-11-30T11:11:49^_N/A^_N/A^_1:00:00^_gres:gpu:1^_(null)^_11^_11^_N/A^_sbatch^_(null)",
+    "12^_root^_zzprobe^_gpu^_RUNNING^_None^_a100-02^_1^_2026-11-30T11:11:49^_2026-11-30T11:11:50^_2026-11-30T11:16:50^_5:00^_gres:gpu:a100:1^_(null)^_12^_12^_N/A^_x;rm -rf /|$(id)^_gpuportal:abc|def",
+    "3^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_None^_a100-01^_1^_2026-11-30T11:11:18^_2026-11-30T11:11:19^_2026-11-30T11:11:19^_3-00:00:00^_N/A^_resv1^_3^_3^_N/A^_sbatch^_(null)",
+    "20_[1-4]^_root^_zzprobe^_gpu^_PENDING^_None^_^_1^_2026-11-30T11:11:49^_N/A^_N/A^_UNLIMITED^_N/A^_(null)^_20^_20^_1-4^_arr^_(null)",
 )
 
 # sacct -X -a --parsable2 --noheader --delimiter=$'\x1f' -o <cli.SACCT_FIELDS>
-SACCT_SAMPLE = "\n".join(
-    line.replace("^_", US)
-    for line in [
-        "1^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_0:0^_2026-11-30T11:11:13^_2026-11-30T11:11:13^_2026-11-30T11:11:13^_0^_60^_1^_a100-01^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_1^_sbatch^_",
-        "11^_zzslurmtest^_zztestacct^_gpu^_CANCELLED by 0^_0:0^_2026-11-30T11:11:49^_2026-11-30T11:11:51^_2026-11-30T11:11:51^_0^_60^_1^_None assigned^_^_billing=1,cpu=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_11^_sbatch^_",
-        "12^_root^_zzprobe^_gpu^_COMPLETED^_0:0^_2026-11-30T11:11:49^_2026-11-30T11:11:50^_2026-11-30T11:11:52^_2^_5^_1^_a100-02^_billing=2,cpu=2,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_12^_x;rm -rf /|$(id)^_gpuportal:abc|def",
-        "13^_root^_zzprobe^_gpu^_CANCELLED by 0^_0:0^_2026-11-30T11:11:49^_2026-11-30T11:11:51^_2026-11-30T11:11:52^_1^_60^_2^_a100-[01-02]^_billing=4,cpu=4,gres/gpu:a100=4,gres/gpu=4,mem=4G,node=2^_billing=2,cpu=2,gres/gpu:a100=4,gres/gpu=4,mem=2G,node=2^_^_gpuportal^_13^_sbatch^_two",
-        "15^_zzslurmtest^_zztestacct^_gpu^_FAILED^_1:0^_2026-11-30T11:11:52^_None^_2026-11-30T11:11:55^_0^_UNLIMITED^_1^_None assigned^_^_billing=1,cpu=1,gres/gpu:h100=1,gres/gpu=1,mem=1G,node=1^_resv1^_gpuportal^_15^_sbatch^_",
-    ]
+SACCT_SAMPLE = _captured(
+    "1^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_0:0^_2026-11-30T11:11:13^_2026-11-30T11:11:13^_2026-11-30T11:11:13^_0^_60^_1^_a100-01^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_1^_sbatch^_",
+    "11^_zzslurmtest^_zztestacct^_gpu^_CANCELLED by 0^_0:0^_2026-11-30T11:11:49^_2026-11-30T11:11:51^_2026-11-30T11:11:51^_0^_60^_1^_None assigned^_^_billing=1,cpu=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_11^_sbatch^_",
+    "12^_root^_zzprobe^_gpu^_COMPLETED^_0:0^_2026-11-30T11:11:49^_2026-11-30T11:11:50^_2026-11-30T11:11:52^_2^_5^_1^_a100-02^_billing=2,cpu=2,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_12^_x;rm -rf /|$(id)^_gpuportal:abc|def",
+    "13^_root^_zzprobe^_gpu^_CANCELLED by 0^_0:0^_2026-11-30T11:11:49^_2026-11-30T11:11:51^_2026-11-30T11:11:52^_1^_60^_2^_a100-[01-02]^_billing=4,cpu=4,gres/gpu:a100=4,gres/gpu=4,mem=4G,node=2^_billing=2,cpu=2,gres/gpu:a100=4,gres/gpu=4,mem=2G,node=2^_^_gpuportal^_13^_sbatch^_two",
+    "15^_zzslurmtest^_zztestacct^_gpu^_FAILED^_1:0^_2026-11-30T11:11:52^_None^_2026-11-30T11:11:55^_0^_UNLIMITED^_1^_None assigned^_^_billing=1,cpu=1,gres/gpu:h100=1,gres/gpu=1,mem=1G,node=1^_resv1^_gpuportal^_15^_sbatch^_",
 )
 
 SCONTROL_PARTITIONS = """\
