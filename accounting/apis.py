@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounting.forms import default_range, validate_range
+from accounting.models import QUOTA_MAX_GPUS
 from accounting.reports import rows_to_csv
 from accounting.selectors import GROUP_BY_CHOICES, can_see_user_breakdown, cost_report, usage_teams_visible_to
 from portal.fields import StrictCharField
@@ -398,7 +399,7 @@ class QuotaCollectionApi(ListAPIView):
         team = serializers.CharField(help_text="Team slug.")
         gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=0)
         gpu_type = serializers.CharField(required=False, allow_blank=True, default="", help_text='"" = any type.')
-        max_gpus = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None)
+        max_gpus = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=QUOTA_MAX_GPUS, default=None)
         period_start = serializers.DateField(required=False, allow_null=True, default=None,
                                              help_text="Default: the 1st of this month.")  # fmt: skip
         period_end = serializers.DateField(required=False, allow_null=True, default=None,

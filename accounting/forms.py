@@ -8,6 +8,7 @@ from decimal import Decimal
 from django import forms
 from django.utils import timezone
 
+from accounting.models import QUOTA_MAX_GPUS
 from accounting.selectors import GROUP_BY_CHOICES, billing_date, month_start
 
 MAX_RANGE_DAYS = 3 * 366
@@ -109,7 +110,7 @@ class QuotaRequestForm(forms.Form):
     team = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None)
     gpu_type = forms.ChoiceField(choices=(), required=False, label="GPU type")
     gpu_hours = forms.DecimalField(max_digits=12, decimal_places=2, min_value=Decimal("0"), label="GPU-hours")
-    max_gpus = forms.IntegerField(min_value=0, required=False, label="Max GPUs at once",
+    max_gpus = forms.IntegerField(min_value=0, max_value=QUOTA_MAX_GPUS, required=False, label="Max GPUs at once",
                                   help_text="Empty: no cap.")  # fmt: skip
     period_start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
                                    help_text="Empty: the 1st of this month.")  # fmt: skip

@@ -302,6 +302,10 @@ class QuotaState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+# The largest cap on GPUs in use at once a quota may set (the column holds 2^31 - 1; no cluster has 100 000 GPUs).
+QUOTA_MAX_GPUS = 100_000
+
+
 class Quota(AdminDecision):
     """A team's GPU-hour budget for a period [period_start, period_end) (dates, billing time zone;
     a calendar month by default), for one GPU type or for any (``gpu_type=""``), with an optional cap

@@ -472,8 +472,29 @@ def real_worker(request, celery_workers, transactional_db, settings):
     app.conf.task_default_queue = queue
     _use_broker(WORKER_BROKER_URL)
     yield queue
+    _worker_settle(queue)
     app.conf.task_always_eager, _, app.conf.task_default_queue = saved
     _use_broker(saved[1])
+
+
+def _worker_settle(queue: str, timeout: float = 60.0) -> None:
+    """Before the test's tables are flushed: drop what is still queued for the worker (tasks the test
+    left behind, e.g. the job-end notice of its last job) and wait until no worker runs or holds a
+    task — one writing to the tables while they are truncated deadlocks the flush."""
+    import redis
+
+    from portal.celery import app
+    from tests.support import wait_for
+
+    broker = redis.Redis.from_url(WORKER_BROKER_URL)
+    broker.delete(queue, *(f"{queue}\x06\x16{step}" for step in (3, 6, 9)))  # kombu's list per priority step
+
+    def idle():
+        inspect = app.control.inspect(timeout=0.5)
+        busy = [tasks for reply in (inspect.active(), inspect.reserved()) for tasks in (reply or {}).values()]
+        return not any(busy)
+
+    wait_for(idle, timeout=timeout, interval=0.2, what="the test's Celery worker to finish its tasks")
 
 
 @pytest.fixture

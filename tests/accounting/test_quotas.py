@@ -320,6 +320,18 @@ def test_team_budget_ratios_query_count_does_not_grow_with_teams(world, django_a
 # ---------------------------------------------------------------- API
 
 
+def test_a_cap_beyond_any_cluster_is_a_400_naming_max_gpus_not_a_500(world, api_client_for):
+    from accounting.models import QUOTA_MAX_GPUS, Quota
+
+    body = {"team": "vision", "gpu_hours": "120", "gpu_type": "", "justification": "x", "max_gpus": 406488109244790464}
+    before = Quota.objects.count()
+    response = api_client_for("manager").post("/api/v1/quotas/", body, format="json")  # found by schemathesis: 500
+    assert response.status_code == 400 and "max_gpus" in response.json()["errors"], response.json()
+    assert Quota.objects.count() == before
+    body["max_gpus"] = QUOTA_MAX_GPUS
+    assert api_client_for("manager").post("/api/v1/quotas/", body, format="json").status_code == 201
+
+
 def test_quota_api_create_list_approve_reject(world, api_client_for):
     body = {"team": "vision", "gpu_hours": "120", "gpu_type": "", "justification": "deadline", "max_gpus": 8}
     assert api_client_for("member").post("/api/v1/quotas/", body, format="json").status_code == 403
