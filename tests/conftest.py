@@ -8,10 +8,8 @@ real worker (``celery_worker`` fixture in tests/jobs)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,15 @@ from tests.support import (
     cache_test_location,
     skip_unless_ci,
     use_slurm_target,
+)
+from tests.workers import (  # noqa: F401  (ROOT and _use_broker: other test modules import them from here)
+    ROOT,
+    WORKER_BROKER_URL,
+    WORKER_QUEUE,
+    _start_worker,
+    _stop_worker,
+    _use_broker,
+    _worker_settle,
 )
 
 
@@ -289,11 +296,6 @@ def inventory_small(db):
 
 # ---------------------------------------------------------------- the local Slurm cluster
 
-ROOT = Path(__file__).resolve().parents[1]
-# A queue of this test run's own on a broker database no demo uses (14): concurrent test runs on
-# one machine never take each other's tasks.
-WORKER_QUEUE = f"tests-{os.getpid()}"
-WORKER_BROKER_URL = "redis://127.0.0.1:6379/14"
 
 
 def _cluster_reachable() -> str | None:
@@ -363,74 +365,6 @@ def cluster(request, world):
 # ---------------------------------------------------------------- a real Celery worker
 
 
-def _use_broker(url: str) -> None:
-    """Point this process's Celery app at another broker. The connection and producer pools are
-    built lazily from the configuration on first use, so they are dropped too (test-only reach into
-    Celery's private attributes; the same reset Celery does after a fork)."""
-    from portal.celery import app
-
-    # Celery's Settings.broker_url prefers the CELERY_BROKER_URL environment variable (which
-    # `make test` exports) to the configured value: change both.
-    os.environ["CELERY_BROKER_URL"] = url
-    app.conf.broker_url = url
-    app._pool = None
-    app.amqp._producer_pool = None
-
-
-def _start_worker(name: str, queue: str, slurm_env: dict[str, str]):
-    """A real ``celery worker`` subprocess on ``queue`` of the dedicated broker database, connected
-    to the pytest test database, with ``slurm_env`` (SLURM_BACKEND, SLURM_CONF ...) over ours.
-    Returns (process, log file, log path) once it answers a ping."""
-    import redis
-    from django.conf import settings
-
-    redis.Redis.from_url(WORKER_BROKER_URL).delete(queue)
-    db = settings.DATABASES["default"]
-    database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = os.environ | slurm_env | {
-        "DATABASE_URL": database_url,
-        "CELERY_BROKER_URL": WORKER_BROKER_URL,
-        "CELERY_TASK_ALWAYS_EAGER": "0",
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-    }
-    (ROOT / ".run").mkdir(exist_ok=True)
-    log_path = ROOT / ".run" / f"test-celery-{name}-{os.getpid()}.log"
-    log = open(log_path, "w")
-    node = f"{name}-{os.getpid()}"
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", queue, "--pool=prefork",
-            "--concurrency=2", "--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel=INFO",
-            "-n", f"{node}@%h",
-        ],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        from portal.celery import app
-
-        _use_broker(WORKER_BROKER_URL)
-        deadline = time.monotonic() + 90  # a loaded 2-core machine takes a while to import Django + Celery
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"celery worker exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            if app.control.ping(destination=[f"{node}@{os.uname().nodename}"], timeout=0.5):
-                return proc, log
-        pytest.fail(f"celery worker did not answer within 90 s:\n{log_path.read_text()[-3000:]}")
-    except BaseException:
-        _stop_worker(proc, log)
-        raise
-
-
-def _stop_worker(proc, log) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-    log.close()
-
-
 @pytest.fixture(scope="session")
 def celery_workers(django_db_setup, django_db_blocker):
     """Real Celery workers, one per Slurm target (the default cluster from the environment, or
@@ -475,26 +409,6 @@ def real_worker(request, celery_workers, transactional_db, settings):
     _worker_settle(queue)
     app.conf.task_always_eager, _, app.conf.task_default_queue = saved
     _use_broker(saved[1])
-
-
-def _worker_settle(queue: str, timeout: float = 60.0) -> None:
-    """Before the test's tables are flushed: drop what is still queued for the worker (tasks the test
-    left behind, e.g. the job-end notice of its last job) and wait until no worker runs or holds a
-    task — one writing to the tables while they are truncated deadlocks the flush."""
-    import redis
-
-    from portal.celery import app
-    from tests.support import wait_for
-
-    broker = redis.Redis.from_url(WORKER_BROKER_URL)
-    broker.delete(queue, *(f"{queue}\x06\x16{step}" for step in (3, 6, 9)))  # kombu's list per priority step
-
-    def idle():
-        inspect = app.control.inspect(timeout=0.5)
-        busy = [tasks for reply in (inspect.active(), inspect.reserved()) for tasks in (reply or {}).values()]
-        return not any(busy)
-
-    wait_for(idle, timeout=timeout, interval=0.2, what="the test's Celery worker to finish its tasks")
 
 
 @pytest.fixture
