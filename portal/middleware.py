@@ -3,7 +3,7 @@ from __future__ import annotations
 import zoneinfo
 
 from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 from django.http.multipartparser import MultiPartParserError
 from django.utils import timezone
 
@@ -42,6 +42,25 @@ class ApiErrorMiddleware:
         if not is_api_request(request) or isinstance(exception, _CLIENT_ERRORS):
             return None  # pages: Django's handling; API 4xx: converted in __call__
         return internal_error_response(request, exc_info=(type(exception), exception, exception.__traceback__))
+
+
+class NulQueryMiddleware:
+    """A query parameter (name or value) with a NUL byte is a 400 naming it, before any view: PostgreSQL
+    text cannot hold NUL, so a filter like ``?status=%00`` would otherwise be a database error (500).
+    Request bodies are covered by their serializers and forms (DRF's and Django's CharField refuse NUL)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        bad = sorted({name.replace("\x00", "\\x00") for name, values in request.GET.lists() for text in (name, *values)
+                      if "\x00" in text})  # fmt: skip
+        if bad:
+            message = "Must not contain NUL (0x00) bytes."
+            if is_api_request(request):
+                return api_error_response(400, f"Query parameter {bad[0]!r}: {message}", {name: [message] for name in bad})
+            return HttpResponseBadRequest(f"Query parameter {bad[0]!r}: {message}", content_type="text/plain; charset=utf-8")
+        return self.get_response(request)
 
 
 def _is_json(response) -> bool:

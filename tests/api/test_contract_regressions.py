@@ -81,3 +81,18 @@ def test_a_number_too_large_for_its_column_is_a_400_naming_the_field(world, api_
     assert response.status_code == 400, response.content
     assert response.json()["errors"][field] == [f"Must be at most {2**31 - 1}."]
     assert not JobTemplate.objects.filter(name="big").exists()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/bookings/", "/api/v1/jobs/", "/api/v1/quotas/"])
+def test_a_nul_byte_in_a_query_parameter_is_a_400_naming_it(world, api_client_for, path):
+    """``?status=Y…%00…`` reached PostgreSQL, which cannot hold NUL in text: a 500."""
+    response = api_client_for("manager").get(f"{path}?team=vision&status=a%00b")
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"] == {"status": ["Must not contain NUL (0x00) bytes."]}
+    assert api_client_for("manager").get(f"{path}?team=vision&status=approved").status_code == 200
+
+
+def test_a_page_with_a_nul_byte_in_its_query_is_a_400(world, client):
+    client.force_login(world.alice)
+    assert client.get("/jobs/?state=%00").status_code == 400
+    assert client.get("/jobs/").status_code == 200
