@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
+import cpu
 from bench_relay import job_body, portal_round, raw_round
 
 OPEN_LOOP_CLIENTS = 64
@@ -240,8 +241,11 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
         common.drain_cluster()
         for rate in rates:
             before = load()
+            snap = cpu.snapshot()
             result = open_loop(client_factory, rate, seconds, f"demo-open-{rate:g}", team)
             after = load()
+            if not url:
+                section.note(f"CPU during the open loop at {rate:g}/s: {cpu.describe(cpu.since(snap), result['n'], seconds)}")
             lat = result["latencies"]
             runs = f"{result['n']} requests, 1 run; load {before} → {after}"
             section.add(f"open loop {rate:g}/s: POST latency p50", common.median(lat) * 1000, "ms", runs)
@@ -260,10 +264,13 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
             common.drain_cluster()
 
         before = load()
+        snap = cpu.snapshot()
         raw_seconds = raw_round(world, n)
         raw = n / raw_seconds
+        section.note(f"CPU during the raw sbatch loop: {cpu.describe(cpu.since(snap), n, raw_seconds)}")
         common.drain_cluster()
         name = "demo-throughput"
+        snap = cpu.snapshot()
         if url:
             from bench_relay import post_jobs
 
@@ -277,6 +284,8 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
             relayed, portal_seconds = result["relayed"], result["seconds"]
             post_seconds, post_errors = result["post_seconds"], result["post_errors"]
         after = load()
+        if not url:
+            section.note(f"CPU during the {n} POSTs until their Slurm ids: {cpu.describe(cpu.since(snap), n, portal_seconds)}")
         common.drain_cluster()
         portal = relayed / portal_seconds
         runs = f"{n} jobs, 1 run; load {before} → {after}"

@@ -63,6 +63,20 @@ class NulQueryMiddleware:
         return self.get_response(request)
 
 
+class SnapshotScopeMiddleware:
+    """Read the versions of the process's snapshots (portal.snapshots) once per request: one cache
+    MGET for the inventory, rates, quotas, bookings and roles a submission looks at."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        from portal.snapshots import snapshot_scope
+
+        with snapshot_scope():
+            return self.get_response(request)
+
+
 def _is_json(response) -> bool:
     content_type = response.get("Content-Type", "").split(";")[0].strip()
     return content_type == "application/json" or content_type.endswith("+json")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db.models import OuterRef, Subquery
 
 from portal.models import Membership, Role, Team
+from portal.snapshots import ROLES, snapshot
 
 FINANCE_GROUP = "finance"
 COST_REPORT_PERMISSION = "portal.view_cost_reports"
@@ -36,19 +37,45 @@ def team_role(user, team: Team | int) -> str | None:
     return membership.role if membership else None
 
 
+# team_with_role's memo holds at most this many (user, slug) answers per version of ROLES
+ROLE_MEMO_MAX = 20000
+_MISSING = object()
+
+
+def _role_memo() -> dict:
+    return {}
+
+
 def team_with_role(user, slug: str | None) -> Team | None:
-    """The team of this slug, or None, with the user's role in it read in the same query (the
-    submit path: one query for both; ``team_role`` / ``is_member`` then answer from it)."""
+    """The team of this slug, or None, with the user's role in it (the submit path; ``team_role`` /
+    ``is_member`` then answer from it). From this process's memo of earlier answers (portal.snapshots
+    ROLES: emptied by any change of a team or a membership), else one query for both. Each call
+    gets a Team of its own."""
     if not slug:
         return None
     teams = Team.objects.filter(slug=slug)
     if not user.is_authenticated:
         return teams.first()
-    role = Membership.objects.filter(team=OuterRef("pk"), user=user).values("role")[:1]
-    team = teams.annotate(viewer_role=Subquery(role)).first()
-    if team is not None:
-        team._role_of = (user.pk, team.viewer_role)
+    memo = snapshot(ROLES, _role_memo)
+    found = memo.get((user.pk, slug), _MISSING)
+    if found is _MISSING:
+        role = Membership.objects.filter(team=OuterRef("pk"), user=user).values("role")[:1]
+        team = teams.annotate(viewer_role=Subquery(role)).first()
+        found = None if team is None else (tuple(getattr(team, f.attname) for f in _TEAM_FIELDS), team.viewer_role)
+        if len(memo) >= ROLE_MEMO_MAX:
+            memo.clear()
+        memo[(user.pk, slug)] = found
+    if found is None:
+        return None
+    values, role = found
+    team = Team.from_db(Team.objects.db, _TEAM_NAMES, values)
+    team.viewer_role = role
+    team._role_of = (user.pk, role)
     return team
+
+
+_TEAM_FIELDS = tuple(Team._meta.concrete_fields)
+_TEAM_NAMES = tuple(f.attname for f in _TEAM_FIELDS)
 
 
 def is_member(user, team: Team | int) -> bool:

@@ -21,7 +21,7 @@ from portal.models import (
 from portal.outbox import after_commit
 from portal.proxies import client_address
 from portal.slurm import Association, SlurmError, cluster_config, configured_clusters, get_gateway
-from portal.snapshots import INVENTORY, snapshot_changed
+from portal.snapshots import INVENTORY, ROLES, snapshot_changed
 from portal.tasks import team_mirror_to_slurm
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def team_create(
 
 @transaction.atomic
 def team_set_active(*, team: Team, active: bool, actor=None, request=None) -> Team:
+    snapshot_changed(ROLES)  # a queryset update sends no signal: every process re-reads teams and roles
     Team.objects.filter(pk=team.pk).update(active=active)
     team.refresh_from_db()
     audit_record(actor=actor, action="team.set_active", target=team, team=team, request=request, data={"active": active})

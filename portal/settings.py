@@ -60,6 +60,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "portal.middleware.ApiErrorMiddleware",  # first: every answer under /api/ is JSON, 500s included
     "portal.middleware.NulQueryMiddleware",  # ?x=%00: a 400 naming x, not a database error
+    "portal.middleware.SnapshotScopeMiddleware",  # the snapshots' versions: one cache read per request
     "django.middleware.security.SecurityMiddleware",
     # Static files from STATIC_ROOT (collectstatic) in every process, DEBUG or not (docs/deploy.md)
     "whitenoise.middleware.WhiteNoiseMiddleware",

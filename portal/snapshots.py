@@ -1,37 +1,50 @@
 """Read-mostly rows kept in each process and re-read once per change, not once per request.
 
-The submit path reads the cluster inventory (partitions, nodes, policy) and the rate book on every
-request; they change a few times a day (``cluster_sync``, ``rate_create``). ``snapshot(name, load)``
-keeps ``load()``'s value in this process under a version stored in the cache (Redis): one cache
-GET per call instead of the queries, and ``load()`` again when the version moved or the copy is older
+The submit path reads the cluster inventory (partitions, nodes, policy), the rate book, the quotas
+in force, the bookings that hold capacity and the submitter's team and role on every request; they
+change a few times a day. ``snapshot(name, load)`` keeps ``load()``'s value in this process under a
+version stored in the cache (Redis), and ``load()`` again when the version moved or the copy is older
 than ``SNAPSHOT_MAX_AGE_SECONDS`` (a bound, should an invalidation be lost: Redis down at commit).
+In a request (``snapshot_scope``, portal.middleware.SnapshotScopeMiddleware) every version is read
+with ONE cache MGET, the first time one is needed; elsewhere one GET per call.
 
-The one writer of each kind of row calls ``snapshot_changed(name)`` in its transaction: it moves the
-version at once and again after commit, so every process re-reads at its next call (a reader that
-re-read between the two moves, before the commit, re-reads again after it). A value must be treated
-as read-only: it is shared by the threads of the process. When the cache does not answer, ``load()``
-runs every time (the database stays the truth). ``SNAPSHOT_MAX_AGE_SECONDS=0`` turns the copies off.
+Whoever writes such rows moves the version with ``snapshot_changed(name)`` in its transaction: at
+once and again after commit, so every process re-reads at its next call (a reader that re-read
+between the two moves, before the commit, re-reads again after it). Saves and deletes of the models
+behind a snapshot do it by themselves (``changed_on_save``: model signals, so factories and the
+admin count too); a queryset ``update()`` must call it. A transaction that changed a snapshot's rows
+reads them from the database, never from (or into) the copy: what it sees is not committed and may
+roll back. A value must be treated as read-only: it is shared by the threads of the process. When
+the cache does not answer, ``load()`` runs every time (the database stays the truth).
+``SNAPSHOT_MAX_AGE_SECONDS=0`` turns the copies off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connection, transaction
 
 logger = logging.getLogger(__name__)
 
 # The snapshots there are, and who moves their version:
 INVENTORY = "inventory"  # PartitionInfo, NodeInfo, ClusterPolicyInfo — portal.services.cluster_sync
 RATES = "rates"  # accounting.Rate — accounting.services.rates.rate_create
+QUOTAS = "quotas"  # accounting.Quota — saves (signal), accounting.services.quotas
+BOOKINGS = "bookings"  # accounting.Booking — saves (signal)
+ROLES = "roles"  # portal.Team, portal.Membership — saves and deletes (signals), portal.services.team_set_active
+NAMES = (INVENTORY, RATES, QUOTAS, BOOKINGS, ROLES)
 
 _held: dict[str, tuple[str, float, Any]] = {}  # name -> (version, loaded at (monotonic), value)
+_local = threading.local()  # .scope: {name: version} of the current request; .dirty: names changed in its transaction
 
 
 def _key(name: str) -> str:
@@ -39,11 +52,31 @@ def _key(name: str) -> str:
 
 
 def _version(name: str) -> str:
+    scope = getattr(_local, "scope", None)
+    if scope is not None:
+        if not scope:  # the request's first snapshot: every version in one round trip
+            found = cache.get_many([_key(n) for n in NAMES])
+            scope.update({n: found[_key(n)] for n in NAMES if _key(n) in found})
+            scope.setdefault("", "")  # read once, even if nothing was found
+        if name in scope:
+            return scope[name]
     version = cache.get(_key(name))
     if version is None:  # first use, or the cache lost it: a new version (every process re-reads)
         cache.add(_key(name), uuid.uuid4().hex, timeout=None)
         version = cache.get(_key(name))
+    if scope is not None:
+        scope[name] = version
     return version
+
+
+@contextlib.contextmanager
+def snapshot_scope() -> Iterator[None]:
+    """One request: the snapshots' versions are read once (one MGET) for all of it."""
+    _local.scope = {}
+    try:
+        yield
+    finally:
+        _local.scope = None
 
 
 def snapshot(name: str, load: Callable[[], Any]) -> Any:
@@ -52,6 +85,11 @@ def snapshot(name: str, load: Callable[[], Any]) -> Any:
     max_age = settings.SNAPSHOT_MAX_AGE_SECONDS
     if max_age <= 0:
         return load()
+    dirty = getattr(_local, "dirty", None)
+    if dirty and name in dirty:
+        if connection.in_atomic_block:  # this transaction changed the rows: not committed yet
+            return load()
+        dirty.discard(name)  # its transaction ended (a rollback leaves the name here)
     try:
         version = _version(name)
     except Exception:  # noqa: BLE001 — the cache is an optimisation: without it, read the rows
@@ -67,6 +105,9 @@ def snapshot(name: str, load: Callable[[], Any]) -> Any:
 
 
 def _move(name: str) -> None:
+    scope = getattr(_local, "scope", None)
+    if scope:
+        scope.pop(name, None)  # this request re-reads it too
     try:
         cache.set(_key(name), uuid.uuid4().hex, timeout=None)
     except Exception:  # noqa: BLE001 — copies expire within SNAPSHOT_MAX_AGE_SECONDS anyway
@@ -79,9 +120,32 @@ def snapshot_changed(name: str) -> None:
     """The rows behind ``name`` change in the current transaction: every process re-reads them at its
     next ``snapshot(name, …)`` (the version moves now and after commit)."""
     _move(name)
-    transaction.on_commit(lambda: _move(name))
+    if connection.in_atomic_block:
+        dirty = getattr(_local, "dirty", None)
+        if dirty is None:
+            dirty = _local.dirty = set()
+        dirty.add(name)
+
+        def committed() -> None:
+            dirty.discard(name)
+            _move(name)
+
+        transaction.on_commit(committed)
+
+
+def changed_on_save(model, name: str) -> None:
+    """Every save and delete of ``model`` moves snapshot ``name`` (model signals; a queryset
+    ``update()`` or ``bulk_create`` does not send them and must call snapshot_changed itself)."""
+    from django.db.models.signals import post_delete, post_save
+
+    def moved(sender, **kwargs) -> None:
+        snapshot_changed(name)
+
+    post_save.connect(moved, sender=model, weak=False, dispatch_uid=f"snapshot-{name}-{model._meta.label}-save")
+    post_delete.connect(moved, sender=model, weak=False, dispatch_uid=f"snapshot-{name}-{model._meta.label}-delete")
 
 
 def snapshots_forget() -> None:
     """Drop this process's copies (tests: each test's rows are its own)."""
     _held.clear()
+    _local.dirty = set()

@@ -18,6 +18,7 @@ from accounting.selectors.bookings import bookings_holding_capacity
 from accounting.selectors.usage import aggregate_slices, slices_in
 from portal.models import Team
 from portal.selectors import teams_visible_to
+from portal.snapshots import BOOKINGS, QUOTAS, snapshot
 
 
 def quotas_visible_to(user) -> QuerySet:
@@ -30,17 +31,30 @@ def quota_period_bounds(quota) -> tuple[dt.datetime, dt.datetime]:
     return billing_midnight(quota.period_start), billing_midnight(quota.period_end)
 
 
+def _quotas_in_force_load() -> tuple[dt.date, list]:
+    """(today, the approved quotas whose period ends after today, newest approval first): every
+    quota that can be in force today or later. The QUOTAS snapshot's value."""
+    day = billing_date(timezone.now())
+    queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_end__gt=day).select_related("team")
+    return day, list(queryset.order_by("-approved_at", "-pk"))
+
+
 def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None) -> dict:
     """The approved quota in force at ``at`` per (team id, gpu_type) — the most recently approved one
-    whose period contains that day (effective-dated: a newer approval wins). One query (index
-    quota_team_state_start)."""
+    whose period contains that day (effective-dated: a newer approval wins). From this process's copy
+    of the quotas in force (portal.snapshots QUOTAS: re-read once per change of a quota, not per
+    submission); a day before the copy's, from one query (index quota_team_state_start). The quotas
+    are shared: read them, never change them."""
     day = billing_date(at or timezone.now())
-    queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_start__lte=day, period_end__gt=day)
-    if team is not None:
-        queryset = queryset.filter(team=team)
+    loaded_day, in_force = snapshot(QUOTAS, _quotas_in_force_load)
+    if day < loaded_day:
+        queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_start__lte=day, period_end__gt=day)
+        in_force = list(queryset.select_related("team").order_by("-approved_at", "-pk"))
+    team_id = team.pk if team is not None else None
     effective: dict[tuple[int, str], object] = {}
-    for quota in queryset.select_related("team").order_by("-approved_at", "-pk"):
-        effective.setdefault((quota.team_id, quota.gpu_type), quota)
+    for quota in in_force:
+        if (team_id is None or quota.team_id == team_id) and quota.period_start <= day < quota.period_end:
+            effective.setdefault((quota.team_id, quota.gpu_type), quota)
     return effective
 
 
@@ -56,13 +70,36 @@ def _used_seconds(team_ids: Iterable[int], start_at: dt.datetime, end_at: dt.dat
     return {(v["team"], v["gpu_type"]): Decimal(v["sum_gpu_seconds"] or 0) for v in rows}
 
 
+# The BOOKINGS snapshot holds the bookings that held capacity in a window ending after this many
+# days before it was read (a year and a month: a yearly quota's period); older windows are queried.
+BOOKINGS_SNAPSHOT_DAYS = 400
+
+
+def _bookings_holding_load() -> tuple[dt.datetime, list]:
+    """(horizon, the bookings that held capacity after it): the BOOKINGS snapshot's value."""
+    horizon = timezone.now() - dt.timedelta(days=BOOKINGS_SNAPSHOT_DAYS)
+    far = horizon + dt.timedelta(days=100 * 366)
+    rows = bookings_holding_capacity(start=horizon, end=far).only(
+        "team_id", "gpu_type", "gpus", "start", "end", "status", "approved_at", "cancelled_at"
+    )
+    return horizon, list(rows)
+
+
 def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[Team]) -> dict[tuple[int, str], Decimal]:
     """GPU-hours booked per (team id, gpu_type) within [start_at, end_at); {} when bookings are not
-    charged by their reserved hours. One query."""
+    charged by their reserved hours. From this process's copy of the bookings that hold capacity
+    (portal.snapshots BOOKINGS: re-read once per change of a booking); a range starting before the
+    copy's horizon, from one query."""
     if not bookings_charge_reserved():
         return {}
+    horizon, holding = snapshot(BOOKINGS, _bookings_holding_load)
+    team_ids = {team.pk for team in teams}
+    if start_at < horizon:
+        holding = bookings_holding_capacity(start=start_at, end=end_at).filter(team__in=teams)
     seconds: dict[tuple[int, str], int] = {}
-    for booking in bookings_holding_capacity(start=start_at, end=end_at).filter(team__in=teams):
+    for booking in holding:
+        if booking.team_id not in team_ids or not (booking.start < end_at and booking.end > start_at):
+            continue
         held_until = booking.held_until
         if held_until is None:
             continue

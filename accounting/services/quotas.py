@@ -25,6 +25,7 @@ from portal.models import NodeInfo, Team
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
+from portal.snapshots import QUOTAS, snapshot_changed
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ def quota_approve(*, quota, user, comment: str = "", request=None):
         type(quota).objects.filter(pk=old.pk).update(state=QuotaState.SUPERSEDED, superseded_by=quota)
         audit_record(actor=user, action="quota.supersede", target=old, team=quota.team, request=request,
                      data={"superseded_by": quota.pk})  # fmt: skip
+    snapshot_changed(QUOTAS)  # queryset updates send no signal: every process re-reads the quotas
     type(quota).objects.filter(pk=quota.pk).update(
         state=QuotaState.APPROVED, decided_by=user, decided_at=now, approved_at=now, decision_comment=(comment or "")[:1000]
     )
@@ -140,6 +142,7 @@ def quota_reject(*, quota, user, comment: str, request=None):
     if quota.state != QuotaState.REQUESTED:
         raise Conflict(f"This quota is {quota.get_state_display().lower()}, not awaiting approval.",
                        errors={"state": [quota.state]})  # fmt: skip
+    snapshot_changed(QUOTAS)  # queryset updates send no signal: every process re-reads the quotas
     type(quota).objects.filter(pk=quota.pk).update(
         state=QuotaState.REJECTED, decided_by=user, decided_at=timezone.now(), decision_comment=comment.strip()[:1000]
     )
@@ -163,6 +166,7 @@ def quota_cancel(*, quota, user, request=None):
     if not allowed:
         raise _forbidden("You may not cancel this quota.")
     was = quota.state
+    snapshot_changed(QUOTAS)  # queryset updates send no signal: every process re-reads the quotas
     type(quota).objects.filter(pk=quota.pk).update(state=QuotaState.CANCELLED, decided_by=user, decided_at=timezone.now())
     quota.refresh_from_db()
     audit_record(actor=user, action="quota.cancel", target=quota, team=quota.team, request=request, data={"was": was})

@@ -23,16 +23,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # Queries of one single-job POST, warm, as django_assert_num_queries counts them (BEGIN and COMMIT
 # included: they are round trips too):
-#   1  the team and the submitter's role in it (portal.roles.team_with_role)
 #   1  BEGIN
-#   3  the budget check (accounting.services.budget.budget_holds_place: one statement locks the
-#      team row, inserts the hold and adds it to the team's running totals under their row locks;
-#      the quotas in force; the booked hours) — no aggregate over live jobs or usage
 #   1  the job, its ACCEPTED event and its audit event in one INSERT … WITH (portal.db.insert_together)
+#   1  the budget check (accounting.services.budget.budget_holds_place): one statement locks the
+#      team row, inserts the hold and adds it to the team's running totals under their row locks —
+#      no aggregate over live jobs or usage
 #   1  COMMIT
-# The token lookup, the inventory and the prices cost none while their cached copies are current
-# (before issue 16: 19 statements, bench/post_profile_before.md).
-SINGLE_JOB_POST_QUERIES = 7  # 5 besides BEGIN/COMMIT (the issue's bound: 6)
+# The token lookup, the inventory, the prices, the quotas in force, the booked hours and the team
+# with the submitter's role cost none while this process's copies are current (portal/snapshots.py;
+# before issue 16: 19 statements, bench/post_profile_before.md; session 5: 7).
+SINGLE_JOB_POST_QUERIES = 4  # 2 besides BEGIN/COMMIT (the issue's bound: 6)
 
 
 @pytest.fixture(autouse=True)
