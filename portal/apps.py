@@ -28,6 +28,10 @@ class PortalConfig(AppConfig):
 
         post_migrate.connect(_record_clusters, sender=self, dispatch_uid="portal-record-clusters")
 
+        from portal.db import psycopg_statement_cache_widen
+
+        psycopg_statement_cache_widen()  # a submission's long INSERT converted once, not per request
+
         # the submitter's team and role (portal.roles.team_with_role): re-read after any change
         from portal.models import Membership, Team
         from portal.snapshots import ROLES, changed_on_save

@@ -205,3 +205,25 @@ def insert_together(*objs: Model | Callable[[], Model], using: str = "default") 
         obj._state.adding = False
         obj._state.db = using
     return made
+
+
+# psycopg converts a query's %s placeholders once per distinct statement (an LRU cache), but only
+# for statements of at most 4096 bytes and 50 parameters (psycopg._queries, 3.3): a single-job
+# submission's one INSERT … WITH (insert_together: the job, its event, its audit event) has more
+# and was split again on every request — 0.4 ms of a 2.8 ms POST (bench/bench_post_profile.py).
+STATEMENT_CACHE_MAX_PARAMS = 400
+STATEMENT_CACHE_MAX_BYTES = 32768
+
+
+def psycopg_statement_cache_widen() -> bool:
+    """Let psycopg keep the conversion of the portal's longer statements (PortalConfig.ready).
+    False when this psycopg has no such limits (nothing to do; tests/portal/test_db.py notices)."""
+    try:
+        from psycopg import _queries
+    except ImportError:
+        return False
+    if not hasattr(_queries, "MAX_CACHED_STATEMENT_PARAMS") or not hasattr(_queries, "MAX_CACHED_STATEMENT_LENGTH"):
+        return False
+    _queries.MAX_CACHED_STATEMENT_PARAMS = max(_queries.MAX_CACHED_STATEMENT_PARAMS, STATEMENT_CACHE_MAX_PARAMS)
+    _queries.MAX_CACHED_STATEMENT_LENGTH = max(_queries.MAX_CACHED_STATEMENT_LENGTH, STATEMENT_CACHE_MAX_BYTES)
+    return True

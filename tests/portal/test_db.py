@@ -184,3 +184,19 @@ def test_insert_together_is_all_or_nothing_on_a_unique_violation(world):
     with pytest.raises(IntegrityError), transaction.atomic():
         insert_together(job, JobEvent(job=job, state=JobState.ACCEPTED, reason="x", at=timezone.now()))
     assert not Job.objects.filter(pk=job.pk).exists() and not JobEvent.objects.filter(job_id=job.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_statement_with_many_parameters_is_converted_once_not_per_execution():
+    """psycopg_statement_cache_widen (PortalConfig.ready): a long INSERT of a submission (here 120
+    parameters, psycopg's own limit is 50) comes out of psycopg's conversion cache the second time."""
+    from django.db import connection
+    from psycopg import _queries
+
+    sql = "SELECT " + ", ".join(["%s::int"] * 120)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(range(120)))
+        hits = _queries._query2pg_client.cache_info().hits
+        cursor.execute(sql, list(range(1, 121)))
+        assert cursor.fetchone()[-1] == 120
+    assert _queries._query2pg_client.cache_info().hits == hits + 1
