@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import subprocess
 import sys
 import threading
@@ -68,10 +69,12 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
 
     from portal.slurm.cli import _clean_env, render_script, sbatch_argv
 
-    env = _clean_env(settings.SLURM_CONF)
+    # the configured cluster's own sbatch and libslurm (a Slurm 25.11 build outside the PATH)
+    env = _clean_env(settings.SLURM_CONF, settings.SLURM_LIB_DIR)
+    exe = os.path.join(settings.SLURM_BIN_DIR, "sbatch") if settings.SLURM_BIN_DIR else "sbatch"
     base = raw_spec(world)
     script = render_script(base.script, base.environment)
-    argvs = [sbatch_argv(replace(base, comment=f"gpuportal:{uuid.uuid4()}")) for _ in range(n)]
+    argvs = [sbatch_argv(replace(base, comment=f"gpuportal:{uuid.uuid4()}"), exe) for _ in range(n)]
 
     def one(argv):
         proc = subprocess.run(

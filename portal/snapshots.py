@@ -41,7 +41,8 @@ RATES = "rates"  # accounting.Rate — accounting.services.rates.rate_create
 QUOTAS = "quotas"  # accounting.Quota — saves (signal), accounting.services.quotas
 BOOKINGS = "bookings"  # accounting.Booking — saves (signal)
 ROLES = "roles"  # portal.Team, portal.Membership — saves and deletes (signals), portal.services.team_set_active
-NAMES = (INVENTORY, RATES, QUOTAS, BOOKINGS, ROLES)
+APITOKENS = "apitokens"  # portal.ApiToken lookups — portal.authentication.api_token_forget
+NAMES = (INVENTORY, RATES, QUOTAS, BOOKINGS, ROLES, APITOKENS)
 
 _held: dict[str, tuple[str, float, Any]] = {}  # name -> (version, loaded at (monotonic), value)
 _local = threading.local()  # .scope: {name: version} of the current request; .dirty: names changed in its transaction

@@ -120,3 +120,19 @@ def test_a_request_reads_every_version_in_one_cache_call(world, api_client_for):
     assert response.status_code == 400  # validated against the inventory: a snapshot was read
     assert len(many) == 1 and all("snapshot:" in key for key in many[0])
     assert single == []
+
+
+def test_a_token_is_looked_up_once_per_process_and_a_revocation_is_seen_at_once(world):
+    from django.core.cache import cache
+    from rest_framework.test import APIClient
+
+    from portal.services import api_token_create, api_token_revoke
+
+    token, key = api_token_create(user=world.alice, name="memo")
+    client = APIClient(HTTP_AUTHORIZATION=f"Token {key}")
+    assert client.get("/api/v1/teams/").status_code == 200  # looked up, kept in the cache and the memo
+    with mock.patch.object(cache, "get", wraps=cache.get) as get:
+        assert client.get("/api/v1/teams/").status_code == 200
+    assert not [c for c in get.call_args_list if "apitoken:" in str(c.args[0])]  # from the memo
+    api_token_revoke(token=token)
+    assert client.get("/api/v1/teams/").status_code == 401
