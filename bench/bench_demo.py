@@ -4,8 +4,8 @@
     .venv/bin/python bench/bench_demo.py --url http://127.0.0.1:8000 --token KEY --team vision   # a running demo
 
 The processes are the ones ``scripts/demo start`` runs, with its settings (DEBUG=0, the demo's
-gunicorn configuration ``deploy/gunicorn.conf.py``: gthread workers, 2 × cores + 1 of them, 2 threads
-each; one Celery worker ``--concurrency=2``; Celery beat), started by this benchmark on its own port
+gunicorn configuration ``deploy/gunicorn.conf.py``: gthread workers, one per core (at least 2), 4
+threads each; one Celery worker ``--concurrency=2``; Celery beat), started by this benchmark on its own port
 (BENCH_PORT), database (BENCH_DB) and Redis databases (BENCH_REDIS_DB), never on the demo's. With
 ``--url`` it targets an already running portal instead (then ``--token`` and ``--team`` of a member
 there; the raw sbatch loop still runs as the bench user, and the Slurm ids are read through the API).
@@ -208,10 +208,15 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
     seconds = seconds or (3.0 if quick else 20.0)
     n = jobs or (20 if quick else 500)
     target = url or f"the demo's processes started by the benchmark on 127.0.0.1:{common.BENCH_PORT}"
+    from django.conf import settings
+
+    gateway = common.gateway()
+    where = f"cluster {settings.SLURM_CLUSTER} (Slurm {gateway.version()}, relay through {gateway.name})"
     section = common.Section(
-        "Single-job POSTs on the demo's processes: open-loop latency, 500 POSTs to Slurm ids",
+        "Single-job POSTs on the demo's processes: open-loop latency, 500 POSTs to Slurm ids"
+        + ("" if settings.SLURM_CLUSTER == "gpuportal" else f" — {where}"),
         method=(
-            f"Target: {target} (gunicorn -c deploy/gunicorn.conf.py with DEBUG=0, one Celery worker --concurrency=2, "
+            f"Target: {target}, {where} (gunicorn -c deploy/gunicorn.conf.py with DEBUG=0, one Celery worker --concurrency=2, "
             f"Celery beat — as scripts/demo starts them). Open loop: R POSTs/s for {seconds:.0f} s with the send times fixed "
             f"in advance, {OPEN_LOOP_CLIENTS} keep-alive client threads, latency from the planned send time. Throughput: "
             f"{n} single-job POSTs from {THROUGHPUT_CLIENTS} keep-alive clients until every job has its Slurm id, against a "

@@ -57,13 +57,26 @@ def drain_cluster(*, timeout: float = 120.0) -> int:
 
 
 def gpu_limit_set(gpus: int | None) -> None:
-    """Cap the bench account at ``gpus`` GPUs running at once (GrpTRES), or lift the cap (None), so
-    that benchmark jobs never hold the whole shared cluster."""
-    from portal.slurm import AssociationLimits
+    """Cap the bench user's association in the bench account at ``gpus`` GPUs running at once
+    (GrpTRES), or lift the cap (None), so that benchmark jobs never hold the whole shared cluster.
+    The user's association, not the account's: the portal's own workers mirror the team's quota onto
+    the account's association (accounting.services.slurm_limits, periodic), which would lift a cap
+    set there in the middle of a run (it did: 352 of 1000 jobs ran under a "0 GPUs" cap)."""
+    import subprocess
 
-    gateway().association_limits_set(
-        AssociationLimits(account=BENCH_TEAM, grp_tres={} if gpus is None else {"gres/gpu": gpus})
-    )
+    from django.conf import settings
+
+    from environment import BENCH_USER
+    from portal.slurm.cli import _clean_env
+
+    sacctmgr = os.path.join(settings.SLURM_BIN_DIR, "sacctmgr") if settings.SLURM_BIN_DIR else "sacctmgr"
+    value = "-1" if gpus is None else str(int(gpus))
+    argv = [sacctmgr, "-i", "modify", "user", "where", f"name={BENCH_USER}", f"account={BENCH_TEAM}",
+            f"cluster={settings.SLURM_CLUSTER}", "set", f"GrpTRES=gres/gpu={value}"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
+                          env=_clean_env(settings.SLURM_CONF, settings.SLURM_LIB_DIR))  # fmt: skip
+    if proc.returncode and "Nothing modified" not in proc.stdout + proc.stderr:
+        raise RuntimeError(f"sacctmgr could not set the bench cap: {proc.stderr.strip() or proc.stdout.strip()}")
 
 
 def clean_workdir() -> None:

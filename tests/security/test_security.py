@@ -387,7 +387,7 @@ def test_an_unresolvable_api_url_is_a_json_404_and_a_page_url_an_html_404(world)
 
 def test_the_default_submit_throttle_is_above_what_one_portal_sustains():
     """THROTTLE_SUBMIT protects the portal, not Slurm: its default must not be what stops one user's
-    script at the rates bench/bench_demo.py offers (100 single-job POSTs/s)."""
+    script at the rates bench/bench_demo.py measured (280 single-job POSTs/s accepted on 2 cores)."""
     import os
     import subprocess
     import sys
@@ -401,4 +401,4 @@ def test_the_default_submit_throttle_is_above_what_one_portal_sustains():
                             env=environ, capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
     rate = result.stdout.strip().splitlines()[-1]
     requests, seconds = SimpleRateThrottle.parse_rate(None, rate)
-    assert requests / seconds >= 100, rate
+    assert requests / seconds >= 280, rate
