@@ -242,3 +242,29 @@ def test_no_sbatch_starts_that_could_outlive_the_claims_lease(world, inventory, 
     assert fake.calls["submit"] == 0
     rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
     assert {(r.state, r.relay_token, r.last_relay_error) for r in rows} == {(JobState.ACCEPTED, None, "Relay time budget spent")}
+
+
+def test_a_lingering_drain_waits_for_a_fuller_round_after_a_small_one(world, inventory, drains, fake, monkeypatch):
+    """Under a stream of single submits (a worker's drain, linger > 0) a round of fewer than
+    RELAY_DRAIN_GATHER_BELOW jobs is followed by a RELAY_DRAIN_GATHER_SECONDS pause, so that the next
+    round carries the jobs that arrived meanwhile; a full round goes straight on."""
+    from jobs.services import relay
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(relay.time, "sleep", sleeps.append)
+    monkeypatch.setattr(relay, "RELAY_DRAIN_GATHER_SECONDS", 0.0123)  # told apart from the linger's polls
+    for i in range(3):
+        _submit(world, f"g-{i}")
+    result = job_relay_drain_run(linger=0.001, limit=2)  # rounds of 2 then 1: both small
+    assert result["submitted"] == 3 and fake.calls["submit"] == 3
+    assert sleeps.count(0.0123) == 2
+    sleeps.clear()
+    monkeypatch.setattr(relay, "RELAY_DRAIN_GATHER_BELOW", 2)
+    for i in range(3):
+        _submit(world, f"h-{i}")
+    job_relay_drain_run(linger=0.001, limit=2)  # a full round of 2, then a small one of 1
+    assert sleeps.count(0.0123) == 1
+    sleeps.clear()
+    _submit(world, "eager")
+    job_relay_drain_run()  # eager (tests, no linger): never waits
+    assert sleeps == []
