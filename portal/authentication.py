@@ -26,7 +26,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from portal.models import ApiToken
-from portal.snapshots import APITOKENS, snapshot, snapshot_changed
+from portal.snapshots import APITOKENS, memo_put, snapshot_changed, snapshot_memo
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,6 @@ def api_token_forget(key_hash: str) -> None:
     snapshot_changed(APITOKENS)  # every process drops its memo of lookups
 
 
-def _memo() -> dict:
-    return {}
-
-
 def _lookup(key_hash: str) -> ApiToken | None:
     token = ApiToken.objects.select_related("user").filter(key_hash=key_hash, revoked_at__isnull=True).first()
     if token is None or not token.user.is_active:
@@ -73,7 +69,7 @@ class ApiTokenAuthentication(authentication.TokenAuthentication):
     def authenticate_credentials(self, key: str):
         key_hash = ApiToken.hash_key(key)
         seconds = settings.API_TOKEN_CACHE_SECONDS
-        memo = snapshot(APITOKENS, _memo) if seconds > 0 else None
+        memo = snapshot_memo(APITOKENS) if seconds > 0 else None
         token = memo.get(key_hash) if memo is not None else None
         if token is not None and time.time() - getattr(token, "looked_up_at", 0) >= seconds:
             token = None  # looked up API_TOKEN_CACHE_SECONDS ago: look again
@@ -99,9 +95,7 @@ class ApiTokenAuthentication(authentication.TokenAuthentication):
             except Exception:  # noqa: BLE001
                 logger.warning("could not cache the API token lookup", exc_info=True)
         if memo is not None and seconds > 0 and not from_memo:
-            if len(memo) >= TOKEN_MEMO_MAX:
-                memo.clear()
-            memo[key_hash] = token
+            memo_put(memo, key_hash, token, max_entries=TOKEN_MEMO_MAX)
         # each request its own copies: the memo's are shared by the process's threads
         token = copy.copy(token)
         token.user = copy.copy(token.user)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.db.models import OuterRef, Subquery
 
 from portal.models import Membership, Role, Team
-from portal.snapshots import ROLES, snapshot
+from portal.snapshots import ROLES, memo_put, snapshot_memo
 
 FINANCE_GROUP = "finance"
 COST_REPORT_PERMISSION = "portal.view_cost_reports"
@@ -42,10 +42,6 @@ ROLE_MEMO_MAX = 20000
 _MISSING = object()
 
 
-def _role_memo() -> dict:
-    return {}
-
-
 def team_with_role(user, slug: str | None) -> Team | None:
     """The team of this slug, or None, with the user's role in it (the submit path; ``team_role`` /
     ``is_member`` then answer from it). From this process's memo of earlier answers (portal.snapshots
@@ -56,15 +52,13 @@ def team_with_role(user, slug: str | None) -> Team | None:
     teams = Team.objects.filter(slug=slug)
     if not user.is_authenticated:
         return teams.first()
-    memo = snapshot(ROLES, _role_memo)
+    memo = snapshot_memo(ROLES)
     found = memo.get((user.pk, slug), _MISSING)
     if found is _MISSING:
         role = Membership.objects.filter(team=OuterRef("pk"), user=user).values("role")[:1]
         team = teams.annotate(viewer_role=Subquery(role)).first()
         found = None if team is None else (tuple(getattr(team, f.attname) for f in _TEAM_FIELDS), team.viewer_role)
-        if len(memo) >= ROLE_MEMO_MAX:
-            memo.clear()
-        memo[(user.pk, slug)] = found
+        memo_put(memo, (user.pk, slug), found, max_entries=ROLE_MEMO_MAX)
     if found is None:
         return None
     values, role = found

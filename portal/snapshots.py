@@ -105,6 +105,20 @@ def snapshot(name: str, load: Callable[[], Any]) -> Any:
     return value
 
 
+def snapshot_memo(name: str) -> dict:
+    """A dict of answers kept in this process under ``name``'s version: emptied whenever it moves (a
+    transaction that changed the rows gets a fresh one it keeps to itself). Fill it with memo_put."""
+    return snapshot(name, dict)
+
+
+def memo_put(memo: dict, key, value, *, max_entries: int) -> None:
+    """``memo[key] = value``, emptying the memo first when it holds ``max_entries`` (a bound on a
+    process's memory, not a cache policy: it fills again from the next requests)."""
+    if len(memo) >= max_entries:
+        memo.clear()
+    memo[key] = value
+
+
 def _move(name: str) -> None:
     scope = getattr(_local, "scope", None)
     if scope:
