@@ -9,7 +9,7 @@ export SLURM_CONF ?= $(or $(GPUPORTAL_CLUSTER_DIR),/var/lib/gpuportal-cluster)/e
 DEMO_PASSWORD ?= gpuportal-demo
 export DEMO_PASSWORD
 
-.PHONY: demo stop test test-fast lint-imports install pyslurm services cluster cluster25 browser migrate bench clean-run help cli-zipapp
+.PHONY: demo stop test test-fast lint-imports install pyslurm services cluster cluster25 native browser migrate bench clean-run help cli-zipapp
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
@@ -55,6 +55,11 @@ services:
 cluster:
 	@scripts/cluster up
 
+# The native submitter (portal/slurm/native.py): libslurm's submit call, compiled (~2 s) against the
+# headers of the local cluster's Slurm (Debian's libslurm-dev, which scripts/cluster installs).
+native: install cluster
+	@$(PY) -m portal.slurm.libslurm_build >/dev/null
+
 browser:
 	@scripts/browser >/dev/null
 
@@ -63,14 +68,14 @@ migrate: install
 
 # scripts/demo start: PostgreSQL + Redis, migrate, static files, demo data, then gunicorn, the Celery
 # worker and beat under scripts/supervise; it prints the URL and the logins.
-demo: install cluster
+demo: install cluster native
 	@scripts/demo start
 
 stop:
 	@scripts/demo stop
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
-test: install lint-imports pyslurm cluster cluster25 browser
+test: install lint-imports pyslurm cluster native cluster25 browser
 	@eval "$$(scripts/services up)" && eval "$$(scripts/services ldap)" && $(PY) -m pytest $(PYTEST_ARGS)
 
 # The dependency contracts of pyproject.toml ([tool.importlinter]); run before the tests
@@ -85,5 +90,5 @@ FAST_WORKERS ?= auto
 test-fast: install lint-imports services
 	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
-bench: install pyslurm cluster cluster25
+bench: install pyslurm cluster native cluster25
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py

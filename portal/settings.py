@@ -190,6 +190,9 @@ CELERY_TIMEZONE = "UTC"
 SLURM_BACKEND = env.choice("SLURM_BACKEND", "auto", ("auto", "cli", "pyslurm"))
 SLURM_CLUSTER = env.str("SLURM_CLUSTER", "gpuportal")
 SLURM_TIMEOUT = env.int("SLURM_TIMEOUT", 15, minimum=1, maximum=600)
+# auto: a cluster of backend auto that ends on the cli backend submits through libslurm in a helper
+# process when the native module is built for its release (portal/slurm/native.py); off: sbatch.
+SLURM_NATIVE_SUBMIT = env.choice("SLURM_NATIVE_SUBMIT", "auto", ("auto", "off"))
 _local_cluster_conf = Path(env.str("GPUPORTAL_CLUSTER_DIR", "/var/lib/gpuportal-cluster")) / "etc" / "slurm.conf"
 SLURM_CONF = env.str("SLURM_CONF", str(_local_cluster_conf) if _local_cluster_conf.exists() else "")
 SLURM_BIN_DIR = env.str("SLURM_BIN_DIR", "")

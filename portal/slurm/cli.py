@@ -49,7 +49,9 @@ from .cli_output import (
     parse_reservations,
     parse_sacct,
 )
+from .native import NativeSubmitter
 from .parsing import FIELD_SEP
+from .pyslurm_request import NotExpressible
 from .request import spec_script
 
 # Re-exported: the argv builders (portal.slurm.cli_argv) and output parsers (portal.slurm.cli_output)
@@ -111,12 +113,15 @@ def _clean_env(slurm_conf: str, lib_dir: str = "") -> dict[str, str]:
 class CliGateway(SlurmGateway):
     name = "cli"
 
-    def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = "", lib_dir: str = ""):
+    def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = "", lib_dir: str = "",
+                 native: bool = False):  # fmt: skip
         self.cluster = cluster
         self.timeout = timeout
         self.slurm_conf = slurm_conf
         self.bin_dir = bin_dir
         self._env = _clean_env(slurm_conf, lib_dir)
+        # submit() through libslurm in a helper process, as sbatch would (portal.slurm.native)
+        self.native = NativeSubmitter(env=self._env, timeout=timeout) if native else None
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -178,8 +183,18 @@ class CliGateway(SlurmGateway):
     # -- jobs ------------------------------------------------------------------------------------
 
     def submit(self, spec: t.JobSpec) -> int:
+        """``sbatch`` with the portal's options and the script on stdin; with a native submitter, the
+        request sbatch would send, sent without sbatch, unless it holds an option only sbatch passes
+        (native_request.NotExpressible: the one decision)."""
         argv = sbatch_argv(spec, self._exe("sbatch"))
         script = render_script(spec_script(spec), spec.environment)
+        if self.native is not None:
+            try:
+                job = self.native.descriptor(spec, script=script, submit_line=" ".join(argv))
+            except NotExpressible:
+                pass
+            else:
+                return self.native.submit(job)
         return parse_job_id(self._run(argv, stdin=script))
 
     def cancel(self, job_id: int) -> None:

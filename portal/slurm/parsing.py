@@ -366,3 +366,22 @@ def parse_account_minutes(output: str) -> dict[str, int]:
         except ValueError:
             continue
     return minutes
+
+
+# Slurm errno values that mean "controller / slurmdbd unreachable" (slurm_errno.h), besides the
+# message words in parsing.UNAVAILABLE_PATTERNS which are checked as well
+# (the pyslurm backend and the native submitter).
+UNAVAILABLE_ERRNOS = frozenset(
+    {
+        104,  # ECONNRESET
+        110,  # ETIMEDOUT
+        111,  # ECONNREFUSED
+        113,  # EHOSTUNREACH
+        1001, 1002, 1003, 1004,  # SLURM_COMMUNICATIONS_{CONNECTION,SEND,RECEIVE,SHUTDOWN}_ERROR
+        1800, 1801, 1802, 1803, 1804,  # SLURMCTLD_COMMUNICATIONS_*_ERROR, _BACKOFF
+        5004,  # SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT
+        5005,  # SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT
+        7000,  # ESLURM_DB_CONNECTION
+    }
+)  # fmt: skip
+GONE_ERRNOS = frozenset({2017, 2021})  # ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE

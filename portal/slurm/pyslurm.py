@@ -104,22 +104,6 @@ def _libslurm_for(slurm_conf: str) -> Any:
             _libslurm_conf = wanted
         return pyslurm
 
-# Slurm errno values that mean "controller / slurmdbd unreachable" (slurm_errno.h), besides the
-# message words in parsing.UNAVAILABLE_PATTERNS which are checked as well.
-UNAVAILABLE_ERRNOS = frozenset(
-    {
-        104,  # ECONNRESET
-        110,  # ETIMEDOUT
-        111,  # ECONNREFUSED
-        113,  # EHOSTUNREACH
-        1001, 1002, 1003, 1004,  # SLURM_COMMUNICATIONS_{CONNECTION,SEND,RECEIVE,SHUTDOWN}_ERROR
-        1800, 1801, 1802, 1803, 1804,  # SLURMCTLD_COMMUNICATIONS_*_ERROR, _BACKOFF
-        5004,  # SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT
-        5005,  # SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT
-        7000,  # ESLURM_DB_CONNECTION
-    }
-)  # fmt: skip
-GONE_ERRNOS = frozenset({2017, 2021})  # ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE
 
 # scontrol's reservation flag names -> pyslurm.ReservationFlags member names.
 RESERVATION_FLAGS = {
@@ -255,7 +239,7 @@ class PyslurmGateway(SlurmGateway):
         if isinstance(exc, self._pyslurm.RPCError):
             errno = getattr(exc, "errno", None)
             message = str(getattr(exc, "msg", None) or exc)
-            if errno in UNAVAILABLE_ERRNOS or parsing.is_unavailable_message(message):
+            if errno in parsing.UNAVAILABLE_ERRNOS or parsing.is_unavailable_message(message):
                 return t.SlurmUnavailable(message, command=what)
             return t.SlurmRejected(message, command=what)
         if isinstance(exc, ValueError):
@@ -314,7 +298,7 @@ class PyslurmGateway(SlurmGateway):
                 self._pyslurm.Job(int(job_id)).cancel()
             except self._pyslurm.RPCError as exc:
                 message = str(getattr(exc, "msg", None) or exc)
-                if getattr(exc, "errno", None) in GONE_ERRNOS or parsing.matches_any(
+                if getattr(exc, "errno", None) in parsing.GONE_ERRNOS or parsing.matches_any(
                     message, parsing.ALREADY_GONE_PATTERNS
                 ):
                     return

@@ -48,7 +48,10 @@ def gateway(settings, slurm_target):
     if not settings.SLURM_CONF and not os.environ.get("SLURM_CONF"):
         skip_unless_ci("no Slurm cluster configured (run scripts/cluster up, or set SLURM_CONF)")
     gateway = slurm.get_gateway()
-    assert gateway.name == slurm_target.backend
+    if slurm_target.backend == "native":  # the cli gateway, submitting through libslurm
+        assert gateway.name == "cli" and gateway.native is not None
+    else:
+        assert gateway.name == slurm_target.backend and getattr(gateway, "native", None) is None
     try:
         gateway.ping()
     except SlurmUnavailable as exc:
