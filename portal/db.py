@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -227,3 +228,23 @@ def psycopg_statement_cache_widen() -> bool:
     _queries.MAX_CACHED_STATEMENT_PARAMS = max(_queries.MAX_CACHED_STATEMENT_PARAMS, STATEMENT_CACHE_MAX_PARAMS)
     _queries.MAX_CACHED_STATEMENT_LENGTH = max(_queries.MAX_CACHED_STATEMENT_LENGTH, STATEMENT_CACHE_MAX_BYTES)
     return True
+
+
+@contextlib.contextmanager
+def pipelined(using: str = "default") -> Iterator[None]:
+    """Statements of the block go to PostgreSQL without waiting for each answer (psycopg's pipeline
+    mode): they travel together with the transaction's BEGIN until the block fetches a result (or
+    ends), so BEGIN and N statements cost one round trip instead of N + 1. An error surfaces at that
+    fetch, as the same Django exception. Elsewhere than PostgreSQL with psycopg 3, or when the
+    connection is already pipelined, a plain block.
+
+    Measured on the single-job POST (bench/results.md): BEGIN, the job's INSERT and the budget hold
+    in one round trip, then COMMIT — two round trips instead of four."""
+    connection = connections[using]
+    connection.ensure_connection()
+    raw = connection.connection
+    if connection.vendor != "postgresql" or not hasattr(raw, "pipeline") or getattr(raw, "_pipeline", None) is not None:
+        yield
+        return
+    with raw.pipeline():
+        yield

@@ -27,7 +27,7 @@ from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
 from portal.outbox import after_commit
 from portal.roles import is_member
-from portal.db import insert_together
+from portal.db import insert_together, pipelined
 from portal.services import audit_event, audit_record
 
 
@@ -231,6 +231,10 @@ def job_submit(
 
     @transaction.atomic
     def insert() -> Job:
+        with pipelined():  # BEGIN and both statements: one round trip (portal.db.pipelined)
+            return _insert_and_hold()
+
+    def _insert_and_hold() -> Job:
         # the job, its first event and its audit event: one statement, before the budget lock
         # (the new row is this transaction's own; nobody waits for it)
         insert_together(

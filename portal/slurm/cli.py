@@ -197,6 +197,35 @@ class CliGateway(SlurmGateway):
                 return self.native.submit(job)
         return parse_job_id(self._run(argv, stdin=script))
 
+    def submit_many(self, specs: list[t.JobSpec]) -> list[int | t.SlurmError] | None:
+        """With a native submitter: every spec's Slurm id or error, in order, the native ones in one
+        exchange with its helper (a spec it cannot express goes through ``sbatch`` as in submit); an
+        error building one request is that spec's outcome. Without one: None (submit each)."""
+        if self.native is None:
+            return None
+        outcomes: list[int | t.SlurmError | None] = [None] * len(specs)
+        natives: list[tuple[int, dict]] = []
+        for index, spec in enumerate(specs):
+            try:
+                argv = sbatch_argv(spec, self._exe("sbatch"))
+                script = render_script(spec_script(spec), spec.environment)
+                natives.append((index, self.native.descriptor(spec, script=script, submit_line=" ".join(argv))))
+            except NotExpressible:
+                try:
+                    outcomes[index] = parse_job_id(self._run(argv, stdin=script))
+                except t.SlurmError as exc:
+                    outcomes[index] = exc
+            except t.SlurmError as exc:
+                outcomes[index] = exc
+        if natives:
+            try:
+                answers = self.native.submit_many([job for _, job in natives])
+            except t.SlurmUnavailable as exc:
+                answers = [exc] * len(natives)
+            for (index, _), answer in zip(natives, answers, strict=True):
+                outcomes[index] = answer
+        return outcomes  # type: ignore[return-value]
+
     def cancel(self, job_id: int) -> None:
         self._run([self._exe("scancel"), str(int(job_id))], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
 

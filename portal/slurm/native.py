@@ -16,7 +16,8 @@ When it is used (``native_reason`` says why not, once per gateway, in the worker
 - the job's options are all ones native_request maps; any other job goes through ``sbatch``.
 
 One helper per gateway per process, started on first use and again after it dies; calls are
-serialised on its pipe (each is one RPC to slurmctld, which takes jobs one at a time anyway). A
+serialised on its pipe (each is one RPC to slurmctld, which takes jobs one at a time anyway), and
+the relay sends a round's jobs in one exchange (``CliGateway.submit_many``). A
 helper that does not answer within the gateway's timeout is killed: SlurmUnavailable, as a hung
 ``sbatch`` is, and the relay's claim and find-by-tag adoption make the retry exactly-once.
 """
@@ -136,10 +137,10 @@ class NativeSubmitter:
                     self._kill()
             self._proc = None
 
-    def _exchange(self, jobs: list[dict[str, Any]]) -> list[tuple]:
+    def _exchange(self, jobs: list[dict[str, Any]], *, seconds: float) -> list[tuple]:
         proc = self._start()
         payload = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + seconds
         try:
             proc.stdin.write(_HEADER.pack(len(payload)) + payload)
             proc.stdin.flush()
@@ -152,7 +153,7 @@ class NativeSubmitter:
             raise t.SlurmUnavailable(f"the native submit helper ended (exit {code})", command="sbatch") from exc
         except TimeoutError as exc:
             self._kill()
-            raise t.SlurmUnavailable(f"sbatch did not answer within {self.timeout} s", command="sbatch") from exc
+            raise t.SlurmUnavailable(f"sbatch did not answer within {seconds:.0f} s", command="sbatch") from exc
 
     @staticmethod
     def _read(proc: subprocess.Popen, size: int, deadline: float) -> bytes:
@@ -169,11 +170,29 @@ class NativeSubmitter:
 
     def submit(self, job: dict[str, Any]) -> int:
         """One descriptor → Slurm's job id; SlurmRejected / SlurmUnavailable as sbatch's would be."""
+        (outcome,) = self.submit_many([job])
+        if isinstance(outcome, t.SlurmError):
+            raise outcome
+        return outcome
+
+    def submit_many(self, jobs: list[dict[str, Any]]) -> list[int | t.SlurmError]:
+        """Descriptors → Slurm's job id or the error for each, in order: ONE exchange with the helper,
+        which submits them one after the other (each its own RPC, as sbatch would). Raises
+        SlurmUnavailable when the helper ends or does not answer in time (``timeout`` and 50 ms a
+        job): which of the jobs reached Slurm is then unknown, as with an sbatch that hung — the
+        relay releases them all and adopts any that did by its tag."""
+        if not jobs:
+            return []
         with self._lock:
-            ((kind, first, second),) = self._exchange([job])
+            answers = self._exchange(jobs, seconds=self.timeout + 0.05 * len(jobs))
+        return [self._outcome(answer) for answer in answers]
+
+    @staticmethod
+    def _outcome(answer: tuple) -> int | t.SlurmError:
+        kind, first, second = answer
         if kind == "ok":
             return int(first)
         message = f"sbatch: error: Batch job submission failed: {second}"
         if first in parsing.UNAVAILABLE_ERRNOS or first in RETRY_ERRNOS or parsing.is_unavailable_message(second):
-            raise t.SlurmUnavailable(message, command="sbatch")
-        raise t.SlurmRejected(message, command="sbatch")
+            return t.SlurmUnavailable(message, command="sbatch")
+        return t.SlurmRejected(message, command="sbatch")

@@ -372,10 +372,17 @@ def test_budget_api_figures(world, inventory, relays, api_client_for):
 def test_budget_runs_out_date_follows_the_burn_rate(world):
     start = selectors.billing_date(timezone.now()) - dt.timedelta(days=4)
     quota(world.vision, 100, period=(start, start + dt.timedelta(days=30)))
-    used(hours=10, gpus=4)  # 40 GPU-h in ~4 days: 10/day, 60 left: ~6 days more
+    used(hours=10, gpus=4)  # 40 GPU-h in the 4 days and some hours since the period began
+    now = timezone.now()
     row = selectors.team_budget(team=world.vision)[0]
-    expected = selectors.billing_date(timezone.now()) + dt.timedelta(days=6)
+    # the burn rate so far (40 GPU-h over the time since the period's first midnight) spends the
+    # 60 GPU-h left in 1.5 × that time: 6 days from now at midnight, 7.5 days at the end of the day
+    from accounting.calendar import billing_midnight
+
+    elapsed = now - billing_midnight(start)
+    expected = selectors.billing_date(now + elapsed * 1.5)
     assert abs((row["runs_out_on"] - expected).days) <= 1
+    assert row["runs_out_on"] > selectors.billing_date(now) + dt.timedelta(days=5)
 
 
 def test_a_huge_budget_at_a_slow_burn_has_no_run_out_date_and_still_takes_jobs(world, inventory, relays, api_client_for):

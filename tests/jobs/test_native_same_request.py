@@ -227,3 +227,29 @@ def test_a_dead_helper_is_unavailable_then_replaced(cluster, relays, gateways, s
         submitted.append(native.submit(spec))
     assert native.native._proc.pid != helper.pid
     time.sleep(0)
+
+
+def test_the_relay_sends_a_rounds_jobs_in_one_exchange_exactly_once(cluster, relays, gateways, submitted):
+    """The batched relay gives a native gateway its round at once (submit_many: one exchange with
+    the helper, RELAY_SUBMIT_MANY jobs at most); a job only sbatch can pass goes through sbatch in
+    the same round; each job reaches Slurm once, under its own tag."""
+    from jobs.models import Job
+    from jobs.services import job_relay_batch_run
+    from jobs.services.relay import RELAY_SUBMIT_MANY
+    from portal.slurm import use_gateway
+    from tests.support import CountingGateway
+
+    _, native, env = gateways
+    scripts = ["#!/bin/bash\n#SBATCH --gres=gpu:1 -t 5\ntrue\n"] * (RELAY_SUBMIT_MANY + 3)
+    scripts.append("#!/bin/bash\n#SBATCH --gres=gpu:1 -t 5 --signal=B:USR1@30\ntrue\n")  # sbatch only
+    ids = [job_submit(user=cluster.alice, team=cluster.vision, script=script)[0].pk for script in scripts]
+    counting = CountingGateway(native)
+    with use_gateway(counting):
+        result = job_relay_batch_run(ids)
+    jobs = list(Job.objects.filter(pk__in=ids))
+    submitted.extend(job.slurm_job_id for job in jobs if job.slurm_job_id)
+    assert result["submitted"] == len(ids) and result["submit_failed"] == 0
+    assert counting.calls["submit_many"] == 2 and counting.calls["submit"] == 0
+    assert len({job.slurm_job_id for job in jobs}) == len(ids)
+    tags = [_show(env, job.slurm_job_id)["Comment"] for job in jobs]
+    assert sorted(tags) == sorted(job.slurm_tag for job in jobs)
