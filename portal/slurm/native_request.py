@@ -178,6 +178,25 @@ def _apply(opt: _Options, option: str, value: str | None, cwd: str) -> None:
         raise NotExpressible(option, "not passed natively (sbatch submits it)")
 
 
+def check_script(script: str) -> None:
+    """sbatch's own checks of the script it reads (sbatch.c ``_get_script_buffer``), in its words:
+    SlurmRejected as the cli backend gets them from sbatch's stderr."""
+    lines = None
+    if not script:
+        lines = ["Batch script is empty!"]
+    elif not script.strip():  # xstring_is_whitespace
+        lines = ["Batch script contains only whitespace!"]
+    elif not script.startswith("#!"):  # has_shebang
+        lines = ["This does not look like a batch script.  The first",
+                 "line must start with #! followed by the path to an interpreter.", "For instance: #!/bin/sh"]  # fmt: skip
+    elif "\0" in script:
+        lines = ["The Slurm controller does not allow scripts that", "contain a NULL character '\\0'."]
+    elif "\r\n" in script:
+        lines = ["Batch script contains DOS line breaks (\\r\\n)", "instead of expected UNIX line breaks (\\n)."]
+    if lines:
+        raise SlurmRejected("\n".join(f"sbatch: error: {line}" for line in lines))
+
+
 def sbatch_process_environment(environ: Mapping[str, str], *, cwd: str, host: str) -> dict[str, str]:
     """The SLURM_* variables sbatch has before it reads the job's options: the submitting process's
     (its environment: the gateway's clean one), then SLURM_PRIO_PROCESS, SLURM_SUBMIT_DIR,
@@ -203,6 +222,7 @@ def job_descriptor(spec: JobSpec, *, script: str, process_env: Mapping[str, str]
     """The helper's job: ``{"fields": {...}, "environment": [...], "argv": []}`` for this spec, as
     sbatch 22.05 builds it. ``process_env``: sbatch_process_environment's answer. Raises
     NotExpressible (the caller submits with sbatch) or SlurmRejected (a value sbatch refuses)."""
+    check_script(script)
     opt = _Options(cwd, os.getuid(), os.getgid())
     for option, value in spec_request(spec):  # in order: a later occurrence wins, as in sbatch
         if option not in _CLIENT_ONLY:

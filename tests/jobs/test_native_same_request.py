@@ -165,7 +165,7 @@ def test_a_job_runs_with_the_same_environment_both_ways(cluster, relays, gateway
     sbatch, native, env = gateways
     job, _ = job_submit(user=cluster.alice, team=cluster.vision, script=ENV_SCRIPT)
     spec = services._spec_for(job)
-    native.native.descriptor(spec, script="", submit_line="sbatch")  # natively expressible
+    native.native.descriptor(spec, script="#!/bin/bash\n", submit_line="sbatch")  # natively expressible
     outputs = {}
     for name, gateway in (("sbatch", sbatch), ("native", native)):
         job_id = gateway.submit(spec)
@@ -198,7 +198,7 @@ REFUSED = {
 def test_slurm_refuses_the_same_requests_both_ways(cluster, relays, gateways, submitted, what):
     sbatch, native, _ = gateways
     spec = REFUSED[what](_held_spec(cluster.alice, cluster.vision, "#!/bin/bash\n#SBATCH --gres=gpu:1 -t 5\ntrue\n"))
-    native.native.descriptor(spec, script="", submit_line="sbatch")  # natively expressible
+    native.native.descriptor(spec, script="#!/bin/bash\n", submit_line="sbatch")  # natively expressible
     refusals = []
     for gateway in (sbatch, native):
         with pytest.raises(SlurmRejected) as refused:
@@ -253,3 +253,18 @@ def test_the_relay_sends_a_rounds_jobs_in_one_exchange_exactly_once(cluster, rel
     assert len({job.slurm_job_id for job in jobs}) == len(ids)
     tags = [_show(env, job.slurm_job_id)["Comment"] for job in jobs]
     assert sorted(tags) == sorted(job.slurm_tag for job in jobs)
+
+
+@pytest.mark.parametrize("script", ["/tmp/not-a-script.sh", "\n \n", "#!/bin/bash\r\ntrue\r\n"],
+                         ids=["no-shebang", "whitespace", "dos-line-breaks"])  # fmt: skip
+def test_sbatchs_own_checks_of_the_script_refuse_the_same_way(cluster, relays, gateways, submitted, script):
+    """What sbatch refuses before it asks Slurm (sbatch.c _get_script_buffer): the same words."""
+    sbatch, native, _ = gateways
+    spec = replace(_held_spec(cluster.alice, cluster.vision, "#!/bin/bash\n#SBATCH --gres=gpu:1 -t 5\ntrue\n"),
+                   script=script)  # fmt: skip
+    refusals = []
+    for gateway in (sbatch, native):
+        with pytest.raises(SlurmRejected) as refused:
+            submitted.append(gateway.submit(spec))
+        refusals.append(refused.value.message)
+    assert refusals[0] == refusals[1]

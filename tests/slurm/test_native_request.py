@@ -124,3 +124,13 @@ def test_client_side_plugins_keep_sbatch(tmp_path):
         conf.write_text(f"ClusterName=x\n{line}\n")
         assert line.split("=")[0].lower() in client_side_plugins(str(conf)).lower()
     assert "unreadable" in client_side_plugins(str(tmp_path / "none.conf"))
+
+
+@pytest.mark.parametrize(("script", "words"), [("", "is empty"), (" \n\t\n", "only whitespace"),
+                                               ("echo hi\n", "does not look like a batch script"),
+                                               ("#!/bin/sh\r\ntrue\r\n", "DOS line breaks")])  # fmt: skip
+def test_sbatchs_checks_of_the_script(script, words):
+    with pytest.raises(SlurmRejected) as refused:
+        nr.check_script(script)
+    assert words in refused.value.message and refused.value.message.startswith("sbatch: error: ")
+    nr.check_script("#!/bin/bash\ntrue\n")
