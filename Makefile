@@ -16,6 +16,7 @@ help:
 	@echo "make stop   — stop the demo processes (the cluster keeps running: scripts/cluster down)"
 	@echo "scripts/demo status — the demo's processes, their restarts"
 	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
+	@echo "make native — the native submitter's libslurm module for the local cluster's Slurm (part of demo and test)"
 	@echo "make test-fast — the pure and database tests only (no cluster, Celery worker or Chromium)"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 	@echo "make cli-zipapp — dist/gpuportal.pyz: the CLI as one file for any python3 >= 3.9"
