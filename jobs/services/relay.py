@@ -251,7 +251,8 @@ def _relay_result(claimed: int, *, not_claimed: int = 0) -> dict:
 def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: float) -> None:
     """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``token`` just now (the batched
     relay and the drain share them): read; ONE look-up by tag for the jobs claimed before
-    (find_by_comments: two Slurm calls at most, not two per job); sbatch ``threads`` at a time; one
+    (find_by_comments: two Slurm calls at most, not two per job); sbatch ``threads`` at a time, or
+    the gateway's submit_many for RELAY_SUBMIT_MANY jobs at a time (the native submitter); one
     bulk write; counts added to ``result``. No sbatch starts after ``deadline`` (time.monotonic())
     nor so late that it could outlive the claim's lease (RELAY_LEASE_SECONDS, less one SLURM_TIMEOUT
     and a margin): the jobs not started are released (``result["out_of_time"]``). Raises

@@ -24,6 +24,7 @@ helper that does not answer within the gateway's timeout is killed: SlurmUnavail
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -54,9 +55,11 @@ _CLIENT_SIDE_KEYS = re.compile(
 )
 
 
+@functools.cache
 def built_release() -> str | None:
     """The Slurm release ("22.05") the native module was built for, None when it is not built.
-    Read from the built file without loading libslurm into this process."""
+    Read from the built file without loading libslurm into this process (a child Python, once per
+    process: the module does not change under a running process)."""
     import importlib.util
 
     spec = importlib.util.find_spec(MODULE)
@@ -150,9 +153,12 @@ class NativeSubmitter:
         except (BrokenPipeError, EOFError) as exc:
             code = proc.poll()
             self._kill()
+            logger.warning("the native submit helper ended (exit %s) with %d jobs in hand; the next submit starts another",
+                           code, len(jobs))  # fmt: skip
             raise t.SlurmUnavailable(f"the native submit helper ended (exit {code})", command="sbatch") from exc
         except TimeoutError as exc:
             self._kill()
+            logger.warning("the native submit helper did not answer within %.0f s for %d jobs: killed", seconds, len(jobs))
             raise t.SlurmUnavailable(f"sbatch did not answer within {seconds:.0f} s", command="sbatch") from exc
 
     @staticmethod
