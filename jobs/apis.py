@@ -7,8 +7,10 @@ the user cannot see answers 404, as if it did not exist."""
 
 from __future__ import annotations
 
+import functools
+
 from django.http import Http404
-from django.urls import reverse
+from django.urls import get_script_prefix, reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers, status
@@ -106,11 +108,19 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     links = serializers.SerializerMethodField()
 
     def get_links(self, job) -> dict[str, str]:
-        return {
-            "self": reverse("api-job-detail", args=[job.pk]),
-            "cancel": reverse("api-job-cancel", args=[job.pk]),
-            "output": reverse("api-job-output", args=[job.pk]),
-        }
+        pk = str(job.pk)
+        return {name: url.replace(_ANY_JOB, pk) for name, url in _job_link_templates(get_script_prefix()).items()}
+
+
+# A job's links are reversed once (per URL prefix) for a stand-in id, then filled in: three
+# reverse() calls were 0.5 ms of a single-job POST, and of every job of a list page.
+_ANY_JOB = "00000000-0000-4000-8000-00000000000a"
+
+
+@functools.cache
+def _job_link_templates(prefix: str) -> dict[str, str]:
+    urls = {"self": "api-job-detail", "cancel": "api-job-cancel", "output": "api-job-output"}
+    return {name: reverse(view, args=[_ANY_JOB]) for name, view in urls.items()}
 
 
 class JobEventOutputSerializer(serializers.Serializer):

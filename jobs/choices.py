@@ -78,9 +78,12 @@ def state_from_slurm(slurm_state: str) -> str | None:
     base = (slurm_state or "").strip().split(" ")[0].rstrip("+").upper()
     if base in _SLURM_ALIASES:
         return _SLURM_ALIASES[base]
-    if base in JobState.values and base not in (JobState.ACCEPTED, JobState.SUBMIT_FAILED):
-        return base
-    return None
+    return _SLURM_NAMED.get(base)
+
+
+# The states Slurm itself names (JobState.values builds its list anew at each use: once per job of
+# every sync cycle, 6 % of the worker's time with 1500 jobs in the queue)
+_SLURM_NAMED = {v.value: v.value for v in JobState if v not in (JobState.ACCEPTED, JobState.SUBMIT_FAILED)}
 
 
 def is_terminal(state: str) -> bool:

@@ -49,14 +49,13 @@ def team_with_role(user, slug: str | None) -> Team | None:
     gets a Team of its own."""
     if not slug:
         return None
-    teams = Team.objects.filter(slug=slug)
     if not user.is_authenticated:
-        return teams.first()
+        return Team.objects.filter(slug=slug).first()
     memo = snapshot_memo(ROLES)
     found = memo.get((user.pk, slug), _MISSING)
-    if found is _MISSING:
+    if found is _MISSING:  # (a queryset is built only here: building one costs more than the memo)
         role = Membership.objects.filter(team=OuterRef("pk"), user=user).values("role")[:1]
-        team = teams.annotate(viewer_role=Subquery(role)).first()
+        team = Team.objects.filter(slug=slug).annotate(viewer_role=Subquery(role)).first()
         found = None if team is None else (tuple(getattr(team, f.attname) for f in _TEAM_FIELDS), team.viewer_role)
         memo_put(memo, (user.pk, slug), found, max_entries=ROLE_MEMO_MAX)
     if found is None:

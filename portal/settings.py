@@ -96,6 +96,9 @@ TEMPLATES = [
 # PostgreSQL only (portal.env.Env.database refuses other engines); the default is the database
 # scripts/services creates, which `make demo` and `make test` use.
 DATABASES = {"default": env.database("DATABASE_URL", "postgres://gpuportal@127.0.0.1:5432/gpuportal")}
+# The submission's statements as prepared statements (portal.db.prepared_cursor); 0 behind a pooler
+# that cannot keep them (PgBouncer in transaction mode before 1.21, or without max_prepared_statements)
+DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

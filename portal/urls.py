@@ -5,14 +5,17 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from portal import apis, health, metrics, views
 
 api_v1 = [
+    path("", include("jobs.api_urls")),  # first: job submissions and lists are most of the API's requests
     path("cluster/", apis.ClusterApi.as_view(), name="api-cluster"),
     path("teams/", apis.TeamListApi.as_view(), name="api-team-list"),
     path("teams/<slug:slug>/", apis.TeamDetailApi.as_view(), name="api-team-detail"),
-    path("", include("jobs.api_urls")),
     path("", include("accounting.api_urls")),
 ]
 
 urlpatterns = [
+    # first: the API is most of the requests, and a request's path is tried against the patterns in
+    # order (no other pattern starts with api/)
+    path("api/v1/", include(api_v1)),
     path("", views.dashboard, name="dashboard"),
     path("partials/cluster/", views.cluster_partial, name="cluster-partial"),
     path("healthz", health.healthz, name="healthz"),
@@ -28,7 +31,6 @@ urlpatterns = [
     path("account/tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("jobs/", include("jobs.urls")),
     path("accounting/", include("accounting.urls")),
-    path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),

@@ -33,6 +33,7 @@ from accounting.calendar import billing_midnight, current_month
 from accounting.charging import bookings_charge_reserved
 from accounting.models import BudgetHold, BudgetTotal
 from accounting.selectors.budgets import budget_rows, budget_total_figures, quotas_effective
+from portal.db import prepared_cursor
 from portal.exceptions import Conflict
 from portal.models import AuditEvent, Team
 from portal.services import audit_event
@@ -197,7 +198,7 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
     effective = quotas_effective(team=team, at=at) if increments else {}
     with transaction.atomic(savepoint=False):
         sql, params = _place_sql(rows, increments, team_id=team.pk, at=at)
-        with connection.cursor() as cursor:
+        with prepared_cursor() as cursor:
             cursor.execute(sql, params)
             returned = cursor.fetchall() if increments else []
         if not increments:

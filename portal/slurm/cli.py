@@ -184,37 +184,35 @@ class CliGateway(SlurmGateway):
 
     def submit(self, spec: t.JobSpec) -> int:
         """``sbatch`` with the portal's options and the script on stdin; with a native submitter, the
-        request sbatch would send, sent without sbatch, unless it holds an option only sbatch passes
-        (native_request.NotExpressible: the one decision)."""
-        argv = sbatch_argv(spec, self._exe("sbatch"))
-        script = render_script(spec_script(spec), spec.environment)
+        request sbatch would send, sent without sbatch (submit_many of one: the one path)."""
         if self.native is not None:
-            try:
-                job = self.native.descriptor(spec, script=script, submit_line=" ".join(argv))
-            except NotExpressible:
-                pass
-            else:
-                return self.native.submit(job)
+            (outcome,) = self.submit_many([spec])
+            if isinstance(outcome, t.SlurmError):
+                raise outcome
+            return outcome
+        argv, script = self._sbatch_input(spec)
         return parse_job_id(self._run(argv, stdin=script))
+
+    def _sbatch_input(self, spec: t.JobSpec) -> tuple[list[str], str]:
+        """What sbatch is run with for ``spec``: its argv and the script on its stdin."""
+        return sbatch_argv(spec, self._exe("sbatch")), render_script(spec_script(spec), spec.environment)
 
     def submit_many(self, specs: list[t.JobSpec]) -> list[int | t.SlurmError] | None:
         """With a native submitter: every spec's Slurm id or error, in order, the native ones in one
-        exchange with its helper (a spec it cannot express goes through ``sbatch`` as in submit); an
-        error building one request is that spec's outcome. Without one: None (submit each)."""
+        exchange with its helper; a spec with an option only sbatch passes goes through ``sbatch``
+        (native_request.NotExpressible: the one decision); an error building one request is that
+        spec's outcome. Without one: None (submit each)."""
         if self.native is None:
             return None
         outcomes: list[int | t.SlurmError | None] = [None] * len(specs)
         natives: list[tuple[int, dict]] = []
         for index, spec in enumerate(specs):
             try:
-                argv = sbatch_argv(spec, self._exe("sbatch"))
-                script = render_script(spec_script(spec), spec.environment)
-                natives.append((index, self.native.descriptor(spec, script=script, submit_line=" ".join(argv))))
-            except NotExpressible:
+                argv, script = self._sbatch_input(spec)
                 try:
+                    natives.append((index, self.native.descriptor(spec, script=script, submit_line=" ".join(argv))))
+                except NotExpressible:
                     outcomes[index] = parse_job_id(self._run(argv, stdin=script))
-                except t.SlurmError as exc:
-                    outcomes[index] = exc
             except t.SlurmError as exc:
                 outcomes[index] = exc
         if natives:

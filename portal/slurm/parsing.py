@@ -7,6 +7,7 @@ and returns plain Python values; the CLI backend composes them into the typed re
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 
 from .types import SlurmError, SlurmRejected, SlurmUnavailable
@@ -22,6 +23,7 @@ _NONE_WORDS = {"", "n/a", "none", "unknown", "(null)", "not_set", "invalid"}
 # --- times -------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=8192)  # a sync cycle reads every queued job's times again: mostly the same strings
 def parse_time(value: str) -> dt.datetime | None:
     """Slurm timestamp ("2024-05-01T12:34:56", no zone) -> aware UTC.
 

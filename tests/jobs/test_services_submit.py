@@ -96,6 +96,23 @@ def test_valid_submission_is_stored_accepted_with_an_event_and_relay_enqueued(
     }
 
 
+def test_a_jobs_links_follow_the_prefix_the_portal_is_mounted_on(api_client_for, world, inventory, relays):
+    """The links are reversed once per URL prefix (jobs.apis._job_link_templates), not once for all:
+    a portal behind /gpu/ (SCRIPT_NAME) links under /gpu/, and the same process without a prefix not."""
+    from django.urls import set_script_prefix
+
+    client = api_client_for("member")
+    set_script_prefix("/gpu/")  # what Django's WSGI handler does for SCRIPT_NAME=/gpu (the test client does not)
+    try:
+        mounted = client.post(URL, job_payload(), format="json").json()
+    finally:
+        set_script_prefix("/")
+    plain = client.post(URL, job_payload(), format="json").json()
+    assert mounted["links"]["cancel"] == f"/gpu/api/v1/jobs/{mounted['id']}/cancel/"
+    assert plain["links"]["output"] == f"/api/v1/jobs/{plain['id']}/output/"
+    assert mounted["id"] != plain["id"]
+
+
 def test_script_without_shebang_gets_bash_and_defaults_come_from_the_partition(world, inventory, relays, settings):
     settings.JOB_DEFAULT_WORKDIR = "/scratch"
     job, created = job_submit(

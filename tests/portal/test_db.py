@@ -186,6 +186,26 @@ def test_insert_together_is_all_or_nothing_on_a_unique_violation(world):
     assert not Job.objects.filter(pk=job.pk).exists() and not JobEvent.objects.filter(job_id=job.pk).exists()
 
 
+def test_insert_together_second_time_takes_the_kept_text_with_the_new_values(world):
+    """The INSERT's text is compiled once per model and fields; the values are each call's own, and
+    a value that is an expression (here Now()) is compiled, not bound as a parameter."""
+    from django.db.models.functions import Now
+
+    from portal import db
+
+    first, second = _new_job(world, idempotency_key="first"), _new_job(world, idempotency_key="second")
+    second.gpus = 3
+    db.insert_together(first)
+    key = next(k for k in db._INSERT_TEXT if k[0] is Job)
+    db.insert_together(second)
+    assert list(Job.objects.filter(pk__in=[first.pk, second.pk]).order_by("idempotency_key")
+                .values_list("idempotency_key", "gpus")) == [("first", 1), ("second", 3)]  # fmt: skip
+    third = _new_job(world, started_at=Now())
+    db.insert_together(third)
+    assert Job.objects.get(pk=third.pk).started_at is not None
+    assert db._INSERT_TEXT[key].count("%s") == len(key[1])  # the kept text has a placeholder per field
+
+
 @pytest.mark.django_db
 def test_a_statement_with_many_parameters_is_converted_once_not_per_execution():
     """psycopg_statement_cache_widen (PortalConfig.ready): a long INSERT of a submission (here 120
@@ -200,3 +220,55 @@ def test_a_statement_with_many_parameters_is_converted_once_not_per_execution():
         cursor.execute(sql, list(range(1, 121)))
         assert cursor.fetchone()[-1] == 120
     assert _queries._query2pg_client.cache_info().hits == hits + 1
+
+
+# ---------------------------------------------------------------- prepared_cursor
+
+
+def _prepared(sql_start: str) -> list[tuple[int, int]]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+                       [sql_start + "%"])  # fmt: skip
+        return cursor.fetchall()
+
+
+@pytest.mark.django_db
+def test_a_prepared_cursor_statement_is_prepared_once_and_then_executed_by_name(django_assert_num_queries):
+    from portal.db import prepared_cursor
+
+    sql = "SELECT %s::int + 40 AS prepared_cursor_probe"
+    with django_assert_num_queries(3):  # counted as Django's own cursors' statements are
+        for value in (1, 2, 3):
+            with prepared_cursor() as cursor:
+                cursor.execute(sql, [value])
+                assert cursor.fetchone() == (40 + value,)  # each execution's own parameter
+    [(generic, custom)] = _prepared("SELECT $1::int + 40")
+    assert generic + custom == 3  # one statement, three executions of it
+
+
+@pytest.mark.django_db
+def test_without_prepared_statements_the_cursor_is_djangos_own(settings):
+    from portal.db import prepared_cursor
+
+    settings.DATABASE_PREPARED_STATEMENTS = False
+    with prepared_cursor() as cursor:
+        cursor.execute("SELECT %s::int + 50 AS prepared_cursor_probe_off", [1])
+        assert cursor.fetchone() == (51,)
+    assert _prepared("SELECT $1::int + 50") == [] and _prepared("SELECT 1::int + 50") == []
+
+
+@pytest.mark.django_db
+def test_a_prepared_statement_error_is_djangos_exception_and_the_transaction_stays_usable():
+    from django.db import IntegrityError, transaction
+
+    from portal.db import prepared_cursor
+
+    for _ in range(2):  # the second time by the prepared statement's name
+        with pytest.raises(IntegrityError, match="null value"), transaction.atomic():
+            with prepared_cursor() as cursor:
+                cursor.execute("INSERT INTO portal_team (id) VALUES (%s)", [None])
+    with prepared_cursor() as cursor:  # the connection and the statement cache survive the rollbacks
+        cursor.execute("SELECT %s::text || 'k'", ["o"])
+        assert cursor.fetchone() == ("ok",)
