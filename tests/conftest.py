@@ -42,7 +42,7 @@ from tests.workers import (  # noqa: F401  (ROOT and _use_broker: other test mod
 
 def pytest_configure(config):
     # Settings are loaded before any conftest runs, so a default cannot be set here: refuse SQLite.
-    if django_settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    if django_settings.DATABASES["default"]["ENGINE"] != "portal.dbbackend":
         pytest.exit(
             "The tests run on PostgreSQL: use `make test`, or set "
             "DATABASE_URL=postgres://gpuportal@127.0.0.1:5432/gpuportal (scripts/services up prints it).",

@@ -272,3 +272,49 @@ def test_a_prepared_statement_error_is_djangos_exception_and_the_transaction_sta
     with prepared_cursor() as cursor:  # the connection and the statement cache survive the rollbacks
         cursor.execute("SELECT %s::text || 'k'", ["o"])
         assert cursor.fetchone() == ("ok",)
+
+
+# ---------------------------------------------------------------- the health check (portal.dbbackend)
+
+
+def _new_request(wrapper) -> None:
+    """What Django does when a request starts: a persistent connection is checked again."""
+    wrapper.close_if_unusable_or_obsolete()
+    assert wrapper.health_check_done is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_quiet_connection_is_reused_without_a_select_1_and_an_ended_one_is_replaced(monkeypatch):
+    import select
+
+    import psycopg
+    from django.db import connection
+
+    from portal.dbbackend.base import DatabaseWrapper
+
+    checks = []
+    real = DatabaseWrapper.is_usable
+    monkeypatch.setattr(DatabaseWrapper, "is_usable", lambda self: checks.append(1) or real(self))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (first_pid,) = cursor.fetchone()
+    assert connection.health_check_enabled  # CONN_HEALTH_CHECKS, as portal.env sets it
+
+    _new_request(connection)
+    with connection.cursor() as cursor:  # quiet: no SELECT 1, the same server process
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone() == (first_pid,) and checks == []
+
+    # the server ends it while it is idle (a restart does the same to every connection)
+    db = connection.settings_dict
+    with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [first_pid])
+    poller = select.poll()
+    poller.register(connection.connection.fileno(), select.POLLIN)
+    assert poller.poll(5000), "the server's goodbye did not arrive within 5 s"
+
+    _new_request(connection)
+    with connection.cursor() as cursor:  # not an error: Django's SELECT 1 failed, a new connection
+        cursor.execute("SELECT pg_backend_pid()")
+        (second_pid,) = cursor.fetchone()
+    assert checks == [1] and second_pid != first_pid
