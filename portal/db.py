@@ -207,30 +207,39 @@ def insert_together(*objs: Model | Callable[[], Model], using: str = "default") 
 
 # The text of the INSERT Django's compiler builds for a model and its fields, which does not depend
 # on the values unless one is an expression or a field has its own placeholder (then never kept):
-# compiling it was 0.5 ms of a single-job POST's Python (63 fields over three rows).
-_INSERT_TEXT: dict[tuple, str] = {}
+# compiling it was 0.5 ms of a single-job POST's Python (63 fields over three rows). Kept with it,
+# per field: whether its pre_save is Field's own (the attribute as it is) and whether its
+# get_db_prep_save leaves None as None — then the compiler's two calls per such field are skipped.
+_INSERT_TEXT: dict[tuple, tuple[str, tuple[tuple[Any, bool, bool], ...]]] = {}
 
 
 def _insert_statement(obj: Model, fields: list, using: str) -> tuple[str, Sequence]:
     """The ``INSERT … VALUES (%s, …)`` and its parameters that ``obj.save(force_insert=True)`` would
     run: the values as the compiler prepares them (``pre_save``, ``get_db_prep_save``), the text
     from the first compile of the same model and fields."""
+    from django.db.models import Field
     from django.db.models.sql import InsertQuery
 
     query = InsertQuery(type(obj))
     query.insert_values(fields, [obj], raw=False)
     compiler = query.get_compiler(using=using)
     key = (type(obj), tuple(fields), using)
-    text = _INSERT_TEXT.get(key)
-    if text is not None:
-        values = [compiler.prepare_value(f, compiler.pre_save_val(f, obj)) for f in fields]
+    kept = _INSERT_TEXT.get(key)
+    if kept is not None:
+        text, plan = kept
+        values = []
+        for field, plain, none_stays in plan:
+            value = getattr(obj, field.attname) if plain else compiler.pre_save_val(field, obj)
+            values.append(None if value is None and none_stays else compiler.prepare_value(field, value))
         if not any(hasattr(value, "as_sql") for value in values):
             return text, values
     [(text, params)] = compiler.as_sql()
     if len(params) == len(fields) and not any(
         hasattr(value, "as_sql") or hasattr(field, "get_placeholder") for field, value in zip(fields, params, strict=True)
     ):
-        _INSERT_TEXT[key] = text
+        connection = connections[using]
+        plan = tuple((f, type(f).pre_save is Field.pre_save, f.get_db_prep_save(None, connection) is None) for f in fields)
+        _INSERT_TEXT[key] = (text, plan)
     return text, params
 
 

@@ -203,7 +203,11 @@ def test_insert_together_second_time_takes_the_kept_text_with_the_new_values(wor
     third = _new_job(world, started_at=Now())
     db.insert_together(third)
     assert Job.objects.get(pk=third.pk).started_at is not None
-    assert db._INSERT_TEXT[key].count("%s") == len(key[1])  # the kept text has a placeholder per field
+    text, plan = db._INSERT_TEXT[key]
+    assert text.count("%s") == len(key[1]) == len(plan)  # the kept text has a placeholder per field
+    created = next(p for p in plan if p[0].name == "created_at")
+    assert created[1] is False  # auto_now_add: its own pre_save, which the kept path still calls
+    assert second.created_at is not None and Job.objects.get(pk=second.pk).created_at == second.created_at  # set by it
 
 
 @pytest.mark.django_db
