@@ -2,7 +2,7 @@
 /proc/<pid>/stat (utime + stime, and cutime + cstime for the children a process reaped — the sbatch
 calls of the relay land on the Celery worker, the raw loop's on the bench process).
 
-    snap = cpu.snapshot(); ...work...; spent = cpu.since(snap)   # {"gunicorn": 3.2, "postgres": 2.1, …}
+    snap = cpu.snapshot(); ...work...; spent = cpu.since(snap)   # {"web": 3.2, "postgres": 2.1, …}
 
 A process that started and ended inside the window and whose parent is outside every group is
 missed; the groups below cover what the portal, its services and the cluster run."""
@@ -15,7 +15,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 # first match wins: (group, words any of which in the command line puts a process in it)
 GROUPS = (
-    ("gunicorn", ("gunicorn",)),
+    ("web", ("gunicorn", "portal.serve")),  # gunicorn, or granian's processes (python -m portal.serve)
     ("celery worker", ("celery -A portal worker", "celery worker", " worker ")),
     ("celery beat", ("beat",)),
     ("postgres", ("postgres",)),
@@ -84,7 +84,7 @@ def since(before: dict[int, tuple[str, int, int]]) -> dict[str, float]:
 
 
 def describe(spent: dict[str, float], jobs: int, wall: float) -> str:
-    """'gunicorn 3.20 s (6.4 ms/job), postgres …; total 9.1 s of 2 cores × 5.0 s' for a note."""
+    """'web 3.20 s (6.4 ms/job), postgres …; total 9.1 s of 2 cores × 5.0 s' for a note."""
     total = sum(spent.values())
     parts = ", ".join(f"{name} {seconds:.2f} s ({seconds / jobs * 1000:.1f} ms/job)" for name, seconds in spent.items() if seconds >= 0.01)
     cores = os.cpu_count() or 1

@@ -1,31 +1,24 @@
-"""gunicorn settings for gpuportal: the demo (scripts/demo) and production (docs/deploy.md) use this file.
+"""gunicorn settings for gpuportal, for a site that keeps gunicorn: the demo and the documented
+production setup run granian (``python -m portal.serve``, portal/serve.py), which costs ~1.5 ms less
+CPU per request on 2 cores. Both read the same variables through the same reader (WEB_BIND,
+WEB_WORKERS, WEB_THREADS; WEB_TIMEOUT here only; GUNICORN_BIND, … where WEB_… is not set):
 
     gunicorn -c deploy/gunicorn.conf.py portal.wsgi
 
-Threaded workers (gthread), one process per core with 4 threads each: a single-job POST is ~2.8 ms
-of Python and ~1 ms of waiting on PostgreSQL and Redis, so more processes than cores only switch
-between each other. Measured on 2 cores (bench/bench_demo.py, 500 POSTs from 8 clients, 2026-12-01):
-5 processes × 2 threads (the old 2 × cores + 1) accepted 139 POSTs/s at 5.3 ms of gunicorn CPU per
-POST; 3 × 2: 238/s; 2 × 4: 280/s at 2.8 ms. Read from the environment through the portal's strict
-readers (a bad value stops start-up naming the variable):
-
-GUNICORN_BIND     127.0.0.1:8000
-GUNICORN_WORKERS  one per core, at least 2 (a worker restarting leaves one serving), at most 8
-GUNICORN_THREADS  4 per worker
-GUNICORN_TIMEOUT  60 s (a worker silent this long is killed and replaced)
+Threaded workers (gthread), one process per core with 4 threads each: a single-job POST is mostly
+Python with ~1 ms of waiting on PostgreSQL and Redis, so more processes than cores only switch
+between each other (on 2 cores, 5 × 2 accepted half the POSTs/s of 2 × 4, bench/results.md).
 """
 
-import os
+from portal.serve import web_settings
 
-from portal.env import Env
+_web = web_settings()
 
-env = Env()
-
-bind = env.str("GUNICORN_BIND", "127.0.0.1:8000")
-workers = env.int("GUNICORN_WORKERS", min(max(os.cpu_count() or 1, 2), 8), minimum=1)
-threads = env.int("GUNICORN_THREADS", 4, minimum=1)
+bind = _web.bind
+workers = _web.workers
+threads = _web.threads
 worker_class = "gthread"
-timeout = env.int("GUNICORN_TIMEOUT", 60, minimum=5)
+timeout = _web.timeout  # a worker silent this long is killed and replaced
 graceful_timeout = 30
 keepalive = 5
 # Replace workers now and then so that a slow leak cannot grow for ever; jitter keeps them apart.
@@ -35,6 +28,6 @@ keepalive = 5
 max_requests = 20000
 max_requests_jitter = 2000
 # Access log to stdout, errors to stderr: scripts/demo sends both to .run/log/web.log, systemd to the journal.
-accesslog = "-"
+accesslog = "-" if _web.access_log else None
 errorlog = "-"
 access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms'

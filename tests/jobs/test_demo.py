@@ -1,5 +1,6 @@
 """The demo: jobs.demo.seed (site templates, idempotent) and what `make demo` runs like production —
-scripts/supervise (restarts, process groups), deploy/gunicorn.conf.py, static files without DEBUG."""
+scripts/supervise (restarts, process groups), the web server (portal/serve.py: granian;
+deploy/gunicorn.conf.py), static files without DEBUG."""
 
 import io
 import json
@@ -122,14 +123,138 @@ def test_supervise_stops_the_process_a_killed_supervisor_left_behind(supervised)
     wait_for(lambda: not _alive(orphan), timeout=20, interval=0.05)
 
 
+def _web_environ(**extra) -> dict:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("WEB_", "GUNICORN_"))}
+    return environ | extra
+
+
 def test_gunicorn_config_is_valid_and_its_environment_is_read_strictly():
     gunicorn = [sys.executable, "-m", "gunicorn", "--check-config", "-c", str(ROOT / "deploy" / "gunicorn.conf.py"), "portal.wsgi"]
-    ok = subprocess.run(gunicorn, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(gunicorn, cwd=ROOT, capture_output=True, text=True, timeout=120, env=_web_environ(), check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    bad = subprocess.run(gunicorn, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env=os.environ | {"GUNICORN_WORKERS": "many"})  # fmt: skip
-    assert bad.returncode != 0
-    assert "GUNICORN_WORKERS='many'" in bad.stdout + bad.stderr
+    for name in ("WEB_WORKERS", "GUNICORN_WORKERS"):  # the same reader as granian's, the old names too
+        bad = subprocess.run(gunicorn, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+                             env=_web_environ(**{name: "many"}))  # fmt: skip
+        assert bad.returncode != 0
+        assert f"{name}='many'" in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, "granian on 127.0.0.1:8000, "),
+        ({"WEB_BIND": "[::1]:8001", "WEB_WORKERS": "3", "WEB_THREADS": "2"}, "granian on [::1]:8001, 3 workers × 2 threads"),
+        ({"GUNICORN_BIND": "0.0.0.0:9000"}, "granian on 0.0.0.0:9000, "),  # a site's old variable
+        ({"WEB_BIND": "127.0.0.1:9001", "GUNICORN_BIND": "0.0.0.0:9000"}, "granian on 127.0.0.1:9001, "),
+        ({"WEB_LIFETIME": "0", "WEB_ACCESS_LOG": "0"}, "lifetime unbounded s, access log off"),
+    ],
+)
+def test_web_server_check_prints_the_configuration(environ, expected):
+    done = subprocess.run([sys.executable, "-m", "portal.serve", "--check"], cwd=ROOT, capture_output=True, text=True, check=False,
+                          timeout=60, env=_web_environ(**environ))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("WEB_BIND", "8000", "host:port"),
+        ("WEB_BIND", "127.0.0.1:http", "host:port"),
+        ("WEB_BIND", "127.0.0.1:70000", "host:port"),
+        ("WEB_WORKERS", "0", ">= 1"),
+        ("WEB_THREADS", "four", "a whole number"),
+        ("WEB_LIFETIME", "30", "at least 60 seconds"),
+        ("WEB_ACCESS_LOG", "maybe", "one of 1/0"),
+        ("GUNICORN_THREADS", "-1", ">= 1"),
+    ],
+)
+def test_web_server_refuses_a_bad_variable_naming_it(name, value, reason):
+    done = subprocess.run([sys.executable, "-m", "portal.serve", "--check"], cwd=ROOT, capture_output=True, text=True, check=False,
+                          timeout=60, env=_web_environ(**{name: value}))  # fmt: skip
+    assert done.returncode == 1
+    assert f"{name}={value!r}" in done.stderr and reason in done.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _get(port: int, path: str) -> tuple[int, dict]:
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        connection.close()
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def test_granian_serves_the_api_logs_each_request_and_replaces_a_killed_worker(tmp_path):
+    """The demo's web server for real: two worker processes answer the API's JSON errors, every
+    request is in the access log, and a worker killed with SIGKILL is replaced while the other
+    serves (a worker dying loses no more than its own requests)."""
+    port = _free_port()
+    log = tmp_path / "web.log"
+    environ = _web_environ(WEB_BIND=f"127.0.0.1:{port}", WEB_WORKERS="2", WEB_THREADS="2", DEBUG="1",
+                           DJANGO_SETTINGS_MODULE="portal.settings")  # fmt: skip
+    with open(log, "w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "portal.serve"], cwd=ROOT, env=environ, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+
+        def answers():
+            try:
+                return _get(port, "/api/v1/jobs/")
+            except OSError:
+                assert server.poll() is None, log.read_text()
+                return None
+
+        status, body = wait_for(answers, timeout=60, interval=0.2, what="granian to answer")
+        assert status == 401 and body["detail"] == "Authentication credentials were not provided."
+        workers = wait_for(lambda: len(c := _children(server.pid)) == 2 and c, timeout=30, what="two workers")
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        # Each worker listens on its own SO_REUSEPORT socket: a connection that races the killed one's
+        # end can be reset (not with net.ipv4.tcp_migrate_req=1, docs/deploy.md); after it, none is.
+        wait_for(lambda: not _alive(victim), timeout=10, interval=0.01, what="the killed worker to be gone")
+
+        def serves():
+            try:
+                return _get(port, "/api/v1/no-such-endpoint/")[0] == 404
+            except ConnectionResetError:
+                return False
+
+        wait_for(serves, timeout=10, interval=0.05, what="the other worker to serve")
+        assert [_get(port, "/api/v1/no-such-endpoint/")[0] for _ in range(5)] == [404] * 5  # the other one serves
+        replaced = wait_for(lambda: len(c := _children(server.pid)) == 2 and victim not in c and c, timeout=30,
+                            what="a new worker")  # fmt: skip
+        assert len(replaced - workers) == 1
+        status, body = _get(port, "/api/v1/no-such-endpoint/")
+        assert status == 404 and body["detail"]
+        text = log.read_text()
+        assert text.count('"GET /api/v1/no-such-endpoint/ HTTP/1.1" 404') >= 7
+    finally:
+        # a worker still starting ignores SIGTERM and granian waits 30 s (workers_kill_timeout) for it
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
 
 
 @pytest.mark.django_db
