@@ -80,6 +80,31 @@ def web_settings(environ=None) -> WebSettings:
     )
 
 
+def without_process_environment(app):
+    """``app`` behind a filter of what granian adds to every WSGI environ: a copy of the process's
+    environment (os.environ — SECRET_KEY, DATABASE_URL with its password, …), which would otherwise
+    sit in every request's META, in debug pages and error reports. A key whose value is the
+    process's own is removed; HTTP_PROXY always (a "Proxy:" request header, httpoxy)."""
+    process = tuple(os.environ.items())
+
+    def application(environ, start_response):
+        for key, value in process:
+            if environ.get(key) == value:
+                del environ[key]
+        environ.pop("HTTP_PROXY", None)
+        return app(environ, start_response)
+
+    return application
+
+
+def wsgi_application():
+    """granian's factory target: the portal's WSGI application, filtered (above)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    from portal.wsgi import application
+
+    return without_process_environment(application)
+
+
 # granian's access line (logging's %-style over granian's fields): client, request, status, milliseconds
 ACCESS_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).1fms'
 
@@ -90,7 +115,8 @@ def server(settings: WebSettings):
     from granian.log import LogLevels
 
     return Granian(
-        "portal.wsgi:application",
+        "portal.serve:wsgi_application",
+        factory=True,
         address=settings.host,
         port=settings.port,
         interface=Interfaces.WSGI,

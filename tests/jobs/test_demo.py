@@ -203,6 +203,39 @@ def _children(pid: int) -> set[int]:
         return set()
 
 
+def test_granian_requests_do_not_carry_the_process_environment():
+    """granian copies os.environ into every WSGI environ; portal.serve's filter takes it out again
+    (SECRET_KEY, DATABASE_URL would be in every request's META), and a client's "Proxy:" header too."""
+    import http.client
+
+    port = _free_port()
+    environ = _web_environ(GPUPORTAL_CANARY="canary-7f3a", HTTP_PROXY="http://proxy.example:3128")
+    server = subprocess.Popen([sys.executable, "-m", "granian", "--interface", "wsgi", "--factory", "--port", str(port),
+                               "--no-access-log", "tests.web_echo:factory"], cwd=ROOT, env=environ,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+
+        def seen():
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                connection.request("POST", "/a%20b?x=%C3%A9", body=b"{}",
+                                   headers={"X-Probe": "canary-7f3a", "Proxy": "http://evil.example"})  # fmt: skip
+                return json.loads(connection.getresponse().read())
+            except OSError:
+                assert server.poll() is None, "granian exited"
+                return None
+
+        meta = wait_for(seen, timeout=60, what="granian to answer")
+        assert "GPUPORTAL_CANARY" not in meta and "HOME" not in meta and "PATH" not in meta
+        assert "HTTP_PROXY" not in meta  # neither the process's nor the client's
+        assert meta["HTTP_X_PROBE"] == "canary-7f3a"  # a header equal to an environment value stays
+        assert (meta["REQUEST_METHOD"], meta["PATH_INFO"], meta["QUERY_STRING"]) == ("POST", "/a b", "x=%C3%A9")
+        assert meta["REMOTE_ADDR"] == "127.0.0.1" and meta["CONTENT_LENGTH"] == "2"
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+
+
 def test_granian_serves_the_api_logs_each_request_and_replaces_a_killed_worker(tmp_path):
     """The demo's web server for real: two worker processes answer the API's JSON errors, every
     request is in the access log, and a worker killed with SIGKILL is replaced while the other
