@@ -71,7 +71,7 @@ class DemoProcesses:
         env.pop("THROTTLE_SUBMIT", None)  # the demo's default submit throttle, not the benchmarks' raised one
         # as scripts/demo: web, worker, beat
         if WEB == "gunicorn":
-            argv = [py, "-m", "gunicorn", "-c", str(common.ROOT / "deploy" / "gunicorn.conf.py"), "portal.wsgi"]
+            argv = [py, "-m", "gunicorn", "-c", str(common.ROOT / "deploy" / "gunicorn.conf.py")]
         else:
             argv = [py, "-m", "portal.serve"]
         web = common.Service("demo-web", argv, env)  # access log on, as the demo's: into .run/bench/demo-web.log

@@ -97,12 +97,51 @@ def without_process_environment(app):
     return application
 
 
+# A worker's heap once Django, DRF and the portal are loaded and have served their first requests:
+# ~100 000-125 000 objects that live as long as the process. Python's cyclic collector walks all of
+# them in every full (generation 2) collection, with the GIL held: 76-193 ms in which none of the
+# worker's threads ran, on 2 busy cores (the open loop's 100-300 ms stalls, bench/results.md, the
+# ninth session). gc.freeze() moves what exists out of the collector's reach: once when the worker
+# has loaded the application (after a collection, so no garbage is kept), and once more after its
+# first GC_FREEZE_AFTER_REQUESTS requests (what the first requests of each kind built: URL
+# resolvers, serializers' fields, the ORM's and the snapshots' caches), without one.
+GC_FREEZE_AFTER_REQUESTS = 200
+
+
+def gc_settled(app, after: int = GC_FREEZE_AFTER_REQUESTS):
+    """``app`` that freezes the collector's heap after its first ``after`` requests (above)."""
+    import gc
+    import threading
+
+    left = [after]
+    lock = threading.Lock()
+
+    def application(environ, start_response):
+        if left[0]:
+            with lock:
+                if left[0]:
+                    left[0] -= 1
+                    if not left[0]:
+                        gc.freeze()
+        return app(environ, start_response)
+
+    return application
+
+
 def wsgi_application():
-    """granian's factory target: the portal's WSGI application, filtered (above)."""
+    """granian's factory target: the portal's WSGI application, its URL patterns loaded and the heap
+    frozen (above), filtered (without_process_environment)."""
+    import gc
+
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    from django.urls import get_resolver
+
     from portal.wsgi import application
 
-    return without_process_environment(application)
+    get_resolver().url_patterns  # noqa: B018 — imports every view module now, not in a first request
+    gc.collect()
+    gc.freeze()
+    return without_process_environment(gc_settled(application))
 
 
 # granian's access line (logging's %-style over granian's fields): client, request, status, milliseconds

@@ -129,7 +129,7 @@ def _web_environ(**extra) -> dict:
 
 
 def test_gunicorn_config_is_valid_and_its_environment_is_read_strictly():
-    gunicorn = [sys.executable, "-m", "gunicorn", "--check-config", "-c", str(ROOT / "deploy" / "gunicorn.conf.py"), "portal.wsgi"]
+    gunicorn = [sys.executable, "-m", "gunicorn", "--check-config", "-c", str(ROOT / "deploy" / "gunicorn.conf.py")]
     ok = subprocess.run(gunicorn, cwd=ROOT, capture_output=True, text=True, timeout=120, env=_web_environ(), check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     for name in ("WEB_WORKERS", "GUNICORN_WORKERS"):  # the same reader as granian's, the old names too
@@ -201,6 +201,31 @@ def _children(pid: int) -> set[int]:
         return {int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
     except OSError:
         return set()
+
+
+def test_the_web_workers_heap_is_frozen_after_its_first_requests():
+    """portal.serve.gc_settled: gc.freeze() once, at the n-th request (the collector then leaves the
+    objects of the process's life alone), never before, and each request still reaches the app."""
+    import gc
+
+    from portal.serve import gc_settled
+
+    served = []
+    app = gc_settled(lambda environ, start_response: served.append(environ["n"]) or [b""], after=3)
+    frozen = gc.get_freeze_count()
+    try:
+        for n in range(2):
+            app({"n": n}, None)
+        assert gc.get_freeze_count() == frozen
+        keep = [[n] for n in range(1000)]  # tracked objects that exist at the third request
+        app({"n": 2}, None)
+        assert gc.get_freeze_count() >= frozen + len(keep)
+        after = gc.get_freeze_count()
+        app({"n": 3}, None)
+        assert gc.get_freeze_count() == after  # once only
+        assert served == [0, 1, 2, 3]
+    finally:
+        gc.unfreeze()
 
 
 def test_granian_requests_do_not_carry_the_process_environment():
@@ -278,8 +303,9 @@ def test_granian_serves_the_api_logs_each_request_and_replaces_a_killed_worker(t
         assert len(replaced - workers) == 1
         status, body = _get(port, "/api/v1/no-such-endpoint/")
         assert status == 404 and body["detail"]
-        text = log.read_text()
-        assert text.count('"GET /api/v1/no-such-endpoint/ HTTP/1.1" 404') >= 7
+        # granian writes the access line after the answer is sent: wait for the last one
+        wait_for(lambda: log.read_text().count('"GET /api/v1/no-such-endpoint/ HTTP/1.1" 404') >= 7, timeout=10,
+                 interval=0.05, what="every request in the access log")  # fmt: skip
     finally:
         # a worker still starting ignores SIGTERM and granian waits 30 s (workers_kill_timeout) for it
         os.killpg(server.pid, signal.SIGTERM)
