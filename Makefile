@@ -67,7 +67,7 @@ browser:
 migrate: install
 	@eval "$$(scripts/services up)" && $(PY) manage.py migrate --noinput
 
-# scripts/demo start: PostgreSQL + Redis, migrate, static files, demo data, then the web server (granian), the Celery
+# scripts/demo start: PostgreSQL + Redis, migrate, static files, demo data, then the web server (gunicorn), the Celery
 # worker and beat under scripts/supervise; it prints the URL and the logins.
 demo: install cluster native
 	@scripts/demo start

@@ -3,9 +3,9 @@
     eval "$(scripts/services up)" && .venv/bin/python bench/bench_demo.py [--quick] [--rates 50,100] [--seconds 20] [--jobs 500]
     .venv/bin/python bench/bench_demo.py --url http://127.0.0.1:8000 --token KEY --team vision   # a running demo
 
-The processes are the ones ``scripts/demo start`` runs, with its settings (DEBUG=0, the demo's web
-server ``python -m portal.serve``: granian, one worker process per core (at least 2), 4 threads each;
-one Celery worker ``--concurrency=2``; Celery beat), started by this benchmark on its own port
+The processes are the ones ``scripts/demo start`` runs, with its settings (DEBUG=0, the demo's
+gunicorn configuration ``deploy/gunicorn.conf.py``: gthread workers, one per core (at least 2), 4
+threads each; one Celery worker ``--concurrency=2``; Celery beat), started by this benchmark on its own port
 (BENCH_PORT), database (BENCH_DB) and Redis databases (BENCH_REDIS_DB), never on the demo's. With
 ``--url`` it targets an already running portal instead (then ``--token`` and ``--team`` of a member
 there; the raw sbatch loop still runs as the bench user, and the Slurm ids are read through the API).
@@ -18,9 +18,7 @@ there; the raw sbatch loop still runs as the bench user, and the Slurm ids are r
   throughput  N single-job POSTs from 8 concurrent keep-alive clients, back to back; the round ends
               when every job has its Slurm id; against a plain sequential sbatch loop of the same jobs
               in the same run (the bench user, the gateway's argv): ratio portal/raw.
-The load average is printed before and after every figure: the machine is shared.
-BENCH_DEMO_WEB=gunicorn runs gunicorn with ``deploy/gunicorn.conf.py`` (the same variables) instead of
-granian, for the comparison."""
+The load average is printed before and after every figure: the machine is shared."""
 
 from __future__ import annotations
 
@@ -41,9 +39,6 @@ OPEN_LOOP_CLIENTS = 64
 # 2 cores cost up to 5.8 ms of CPU per job and took the open loop's p99 from ~30 to ~300 ms.
 GPU_CAP = int(os.environ.get("BENCH_DEMO_GPU_CAP", "0"))
 THROUGHPUT_CLIENTS = 8
-WEB = os.environ.get("BENCH_DEMO_WEB", "granian")
-if WEB not in ("granian", "gunicorn"):
-    raise SystemExit(f"BENCH_DEMO_WEB={WEB!r}: granian (the demo's, default) or gunicorn")
 
 
 def load() -> str:
@@ -54,9 +49,8 @@ def load() -> str:
 
 
 class DemoProcesses:
-    """The web server (granian: python -m portal.serve; or gunicorn with deploy/gunicorn.conf.py), a
-    Celery worker and Celery beat as scripts/demo starts them, on the benchmark's port, database and
-    Redis databases."""
+    """gunicorn (deploy/gunicorn.conf.py), a Celery worker and Celery beat as scripts/demo starts
+    them, on the benchmark's port, database and Redis databases."""
 
     def __init__(self):
         self.services: list[common.Service] = []
@@ -70,10 +64,7 @@ class DemoProcesses:
         env = common.service_env(WEB_BIND=f"127.0.0.1:{common.BENCH_PORT}", LOG_LEVEL="WARNING")
         env.pop("THROTTLE_SUBMIT", None)  # the demo's default submit throttle, not the benchmarks' raised one
         # as scripts/demo: web, worker, beat
-        if WEB == "gunicorn":
-            argv = [py, "-m", "gunicorn", "-c", str(common.ROOT / "deploy" / "gunicorn.conf.py")]
-        else:
-            argv = [py, "-m", "portal.serve"]
+        argv = [py, "-m", "gunicorn", "-c", str(common.ROOT / "deploy" / "gunicorn.conf.py")]
         web = common.Service("demo-web", argv, env)  # access log on, as the demo's: into .run/bench/demo-web.log
         self.services.append(web)
         node = f"bench-demo-{os.getpid()}@{platform.node()}"
@@ -226,9 +217,7 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
         "Single-job POSTs on the demo's processes: open-loop latency, 500 POSTs to Slurm ids"
         + ("" if settings.SLURM_CLUSTER == "gpuportal" else f" — {where}"),
         method=(
-            f"Target: {target}, {where} ("
-            + ("gunicorn -c deploy/gunicorn.conf.py" if WEB == "gunicorn" else "granian: python -m portal.serve")
-            + " with DEBUG=0, one Celery worker --concurrency=2, "
+            f"Target: {target}, {where} (gunicorn -c deploy/gunicorn.conf.py with DEBUG=0, one Celery worker --concurrency=2, "
             f"Celery beat — as scripts/demo starts them). Open loop: R POSTs/s for {seconds:.0f} s with the send times fixed "
             f"in advance, {OPEN_LOOP_CLIENTS} keep-alive client threads, latency from the planned send time. Throughput: "
             f"{n} single-job POSTs from {THROUGHPUT_CLIENTS} keep-alive clients until every job has its Slurm id, against a "

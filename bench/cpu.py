@@ -15,7 +15,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 # first match wins: (group, words any of which in the command line puts a process in it)
 GROUPS = (
-    ("web", ("gunicorn", "portal.serve")),  # gunicorn, or granian's processes (python -m portal.serve)
+    ("web", ("gunicorn",)),
     ("celery worker", ("celery -A portal worker", "celery worker", " worker ")),
     ("celery beat", ("beat",)),
     ("postgres", ("postgres",)),

@@ -1,13 +1,12 @@
-"""gunicorn settings for gpuportal, for a site that keeps gunicorn: the demo and the documented
-production setup run granian (``python -m portal.serve``, portal/serve.py), which costs ~1.5 ms less
-CPU per request on 2 cores. Both read the same variables through the same reader (WEB_BIND,
-WEB_WORKERS, WEB_THREADS; WEB_TIMEOUT here only; GUNICORN_BIND, … where WEB_… is not set):
+"""gunicorn settings for gpuportal: the demo (scripts/demo) and production (docs/deploy.md) use this file.
 
     gunicorn -c deploy/gunicorn.conf.py
+    gunicorn --check-config -c deploy/gunicorn.conf.py
 
-The application is granian's too: ``portal.serve:wsgi_application()`` (URL patterns loaded and the
-heap frozen for the cyclic collector once a worker has started; the environment filter it adds is a
-few microseconds of nothing here, gunicorn does not copy os.environ into requests).
+The settings come from portal/serve.py (WEB_BIND, WEB_WORKERS, WEB_THREADS, WEB_TIMEOUT,
+WEB_ACCESS_LOG; GUNICORN_… where a site still sets those), read strictly: a bad value stops
+start-up naming the variable. The application is ``portal.serve:wsgi_application()``: the portal's,
+its URL patterns loaded and its heap frozen for Python's cyclic collector once a worker has started.
 
 Threaded workers (gthread), one process per core with 4 threads each: a single-job POST is mostly
 Python with ~1 ms of waiting on PostgreSQL and Redis, so more processes than cores only switch
@@ -19,7 +18,6 @@ from portal.serve import web_settings
 _web = web_settings()
 
 wsgi_app = "portal.serve:wsgi_application()"
-
 bind = _web.bind
 workers = _web.workers
 threads = _web.threads
