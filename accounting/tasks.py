@@ -39,6 +39,16 @@ def usage_ingest_task(cluster: str | None = None) -> dict | None:
     return {"read": result.read, "written": result.written, "slices": result.slices, "seconds": result.seconds}
 
 
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=80)
+def rollup_check_task(cluster: str | None = None) -> str | None:
+    """Periodic (portal/celery.py, accounting-rollup, per cluster): how far the cluster's slurmdbd has
+    rolled usage up, recorded for /healthz and the cluster pages (accounting.selectors.rollup_status)."""
+    from accounting.services import rollup_record
+
+    result = _until_next_beat(f"accounting roll-up {cluster or '(default)'}", lambda: rollup_record(cluster=cluster))
+    return result.isoformat() if result else None
+
+
 def _budget_alerts_after_ingest() -> None:
     """Budget thresholds are crossed by new usage: check them after each ingest (never fails the ingest)."""
     from accounting.services import budget_alerts_check

@@ -26,8 +26,20 @@ class TeamClusterAccountInline(admin.TabularInline):
 class ClusterAdmin(admin.ModelAdmin):
     """As configured (SLURM_CLUSTERS) and recorded by record_clusters / migrate: read-only here."""
 
-    list_display = ["name", "is_default", "active", "backend", "slurm_conf", "recorded_at"]
-    readonly_fields = ["name", "backend", "slurm_conf", "bin_dir", "lib_dir", "is_default", "active", "recorded_at"]
+    list_display = ["name", "is_default", "active", "backend", "accounting_rollup", "slurm_conf", "recorded_at"]
+    readonly_fields = [
+        "name", "backend", "slurm_conf", "bin_dir", "lib_dir", "is_default", "active", "recorded_at", "accounting_rollup",
+    ]  # fmt: skip
+
+    @admin.display(description="accounting roll-up")
+    def accounting_rollup(self, obj):
+        """How far the cluster's slurmdbd has rolled usage up (sreport's reach): STALE when late."""
+        from accounting.selectors import rollup_status
+
+        if not obj.active:
+            return "—"
+        status = rollup_status(obj.name)
+        return f"STALE: {status.message}" if status.stale else status.message
 
     def has_add_permission(self, request):
         return False

@@ -48,6 +48,10 @@ def _beat_schedule() -> dict:
         schedule[f"cluster-sync{suffix}"] = {"task": "portal.tasks.cluster_sync_task", "schedule": 30.0, **per_cluster}
         schedule[f"jobs-sync{suffix}"] = {"task": "jobs.tasks.jobs_sync_task", "schedule": sync, **per_cluster}
         schedule[f"usage-ingest{suffix}"] = {"task": "accounting.tasks.usage_ingest_task", "schedule": 60.0, **per_cluster}
+        schedule[f"accounting-rollup{suffix}"] = {
+            "task": "accounting.tasks.rollup_check_task", "schedule": float(settings.ACCOUNTING_ROLLUP_CHECK_SECONDS),
+            **per_cluster,
+        }  # fmt: skip
     return schedule
 
 

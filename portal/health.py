@@ -4,7 +4,11 @@ The web process never talks to Slurm: Slurm's health is what the workers last sa
 inventory sync runs every 30 s per cluster), and a cluster counts as down when its read failed or is
 too old. With several clusters, ``checks.slurm.clusters`` has each one's state and ``checks.slurm.down``
 names the clusters down; some down and some up is ``"status": "degraded"`` with 200 (the portal
-still serves the others: a load balancer must not take it out), all down is 503."""
+still serves the others: a load balancer must not take it out), all down is 503.
+
+Each cluster's ``accounting_rollup`` says how far its slurmdbd has rolled usage up (what sreport and
+the reconciliation can know; accounting.selectors.rollup_status); a stale roll-up is a warning in
+``warnings`` (the cluster still runs jobs), never a failure."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from kombu import Connection
 
+from accounting.selectors import rollup_status
 from portal.models import SyncStatus
 from portal.slurm import configured_clusters
 
@@ -52,6 +57,18 @@ def _check_slurm() -> dict:
 
 
 def _check_cluster(name: str) -> dict:
+    result = _check_cluster_sync(name)
+    try:
+        rollup = rollup_status(name)
+    except Exception as exc:  # noqa: BLE001 — database down: said by the database check
+        return {**result, "accounting_rollup": {"error": str(exc)[:150]}}
+    result["accounting_rollup"] = rollup.as_dict()
+    if rollup.stale:
+        result["warnings"] = [rollup.message]
+    return result
+
+
+def _check_cluster_sync(name: str) -> dict:
     try:
         status = SyncStatus.objects.filter(kind=SyncStatus.kind_for("cluster", name)).first()
     except Exception as exc:  # noqa: BLE001 — database down: we cannot know

@@ -302,6 +302,12 @@ LOGGING = {
 ACCOUNTING_INGEST_OVERLAP_SECONDS = env.int("ACCOUNTING_INGEST_OVERLAP_SECONDS", 600, minimum=0)
 ACCOUNTING_INGEST_BACKFILL_DAYS = env.int("ACCOUNTING_INGEST_BACKFILL_DAYS", 35, minimum=1)
 ACCOUNTING_INGEST_WINDOW_DAYS = env.int("ACCOUNTING_INGEST_WINDOW_DAYS", 7, minimum=1)
+# How far each cluster's slurmdbd has rolled usage up (accounting.services.rollup_record, every
+# ACCOUNTING_ROLLUP_CHECK_SECONDS per cluster): stale after this many minutes (it rolls up every full
+# hour), looked for this many hours back.
+ACCOUNTING_ROLLUP_STALE_MINUTES = env.int("ACCOUNTING_ROLLUP_STALE_MINUTES", 70, minimum=61)
+ACCOUNTING_ROLLUP_SEARCH_HOURS = env.int("ACCOUNTING_ROLLUP_SEARCH_HOURS", 48, minimum=1)
+ACCOUNTING_ROLLUP_CHECK_SECONDS = env.int("ACCOUNTING_ROLLUP_CHECK_SECONDS", 300, minimum=10)
 ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS = env.int("ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS", 3, minimum=1)
 # "type=price per GPU-hour,…" in DEFAULT_CURRENCY; parsed strictly by accounting.reports.cloud_gpu_hour_prices
 CLOUD_GPU_HOUR_PRICES = env.str("CLOUD_GPU_HOUR_PRICES", "a100=8,h100=20")

@@ -67,6 +67,7 @@ class FakeGateway(SlurmGateway):
         self.limits: dict[str, AssociationLimits] = {}
         self.resets: list[str] = []
         self.gpu_minutes: dict[str, int] = {}
+        self.rolled_up_to: dt.datetime | None = None  # slurmdbd's hourly roll-up: hours before it are rolled up
 
     @classmethod
     def like_local_cluster(cls) -> FakeGateway:
@@ -207,3 +208,7 @@ class FakeGateway(SlurmGateway):
     def account_gpu_minutes(self, start, end):
         self._call("account_gpu_minutes")
         return dict(self.gpu_minutes)
+
+    def usage_rolled_up(self, start, end):
+        self._call("usage_rolled_up")
+        return self.rolled_up_to is not None and start < self.rolled_up_to and start < end

@@ -3,6 +3,7 @@
 
 - ``usage``     the cost report, usage chart, reconciliation figures, invoice lines, who reads usage
 - ``budgets``   quotas visible and in force, budget rows, burn-down, /metrics ratios
+- ``rollup``    how current each cluster's accounting roll-up is (sreport's reach)
 - ``bookings``  bookings' held capacity, visibility, availability, the job-in-booking check, charges
 
 The billing calendar is accounting.calendar and the rate book accounting.rates; their names are
@@ -38,6 +39,7 @@ from accounting.selectors.budgets import (
     team_budget,
     team_budget_ratios,
 )
+from accounting.selectors.rollup import ROLLUP_KIND, RollupStatus, rollup_message, rollup_status
 from accounting.selectors.usage import (
     GROUP_BY_CHOICES,
     account_gpu_seconds,
@@ -51,11 +53,11 @@ from accounting.selectors.usage import (
 )
 
 __all__ = [
-    "GROUP_BY_CHOICES", "account_gpu_seconds", "billing_date", "billing_midnight", "billing_zone", "booked_gpu_hours",
+    "GROUP_BY_CHOICES", "ROLLUP_KIND", "RollupStatus", "account_gpu_seconds", "billing_date", "billing_midnight", "billing_zone", "booked_gpu_hours",
     "booking_availability", "booking_charges", "booking_check_for_job", "booking_load_steps",
     "bookings_holding_capacity", "bookings_usable_by", "bookings_visible_to", "budget_burndown", "budget_rows",
     "can_read_invoice", "can_see_user_breakdown", "cost_report", "current_month", "gpu_hour_price", "invoice_lines",
     "month_start", "next_month", "quota_period_bounds", "quotas_effective", "quotas_visible_to",
-    "range_bounds", "rates_current", "team_budget", "team_budget_ratios", "usage_by_team_and_month",
+    "range_bounds", "rates_current", "rollup_message", "rollup_status", "team_budget", "team_budget_ratios", "usage_by_team_and_month",
     "usage_records_of_team", "usage_teams_visible_to",
 ]  # fmt: skip

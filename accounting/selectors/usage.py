@@ -201,9 +201,13 @@ def usage_by_team_and_month(*, start: dt.date, end: dt.date) -> list[dict]:
     ]  # fmt: skip
 
 
-def account_gpu_seconds(*, start_at: dt.datetime, end_at: dt.datetime) -> dict[str, Decimal]:
-    """GPU-seconds per Slurm account in [start_at, end_at) (reconciliation with sreport)."""
-    rows = aggregate_slices(slices_in(start_at, end_at), start_at, end_at, ["account"])
+def account_gpu_seconds(*, start_at: dt.datetime, end_at: dt.datetime, cluster: str | None = None) -> dict[str, Decimal]:
+    """GPU-seconds per Slurm account in [start_at, end_at), of one cluster or all (reconciliation with
+    that cluster's sreport)."""
+    slices = slices_in(start_at, end_at)
+    if cluster is not None:
+        slices = slices.filter(cluster=cluster)
+    rows = aggregate_slices(slices, start_at, end_at, ["account"])
     return {v["account"]: Decimal(v["sum_gpu_seconds"] or 0) for v in rows}
 
 

@@ -11,6 +11,8 @@
 - ``budget``        budget enforcement in the portal: the jobs' budget holds and running totals
                     (budget_holds_place / _release / _convert) and the refusal wording
 - ``slurm_limits``  budget enforcement in Slurm (association limits, drift, roll-over)
+- ``reconciliation`` each cluster's usage against its own sreport, over the hours its slurmdbd has
+                    rolled up (rolled_up_to, rollup_record, usage_reconcile)
 - ``alerts``        budget alerts (80 % / 100 %), e-mail and webhook delivery
 """
 
@@ -58,6 +60,7 @@ from accounting.services.reservations import (
     booking_reserve_run,
     booking_unreserve_run,
 )
+from accounting.services.reconciliation import ClusterReconciliation, rolled_up_to, rollup_record, usage_reconcile
 from accounting.services.slurm_limits import (
     ROLLOVER_KIND,
     quota_expected_limits,
@@ -77,4 +80,5 @@ __all__ = [
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
     "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",
     "usage_reprice_sweep", "usage_window_start",
+    "ClusterReconciliation", "rolled_up_to", "rollup_record", "usage_reconcile",
 ]  # fmt: skip

@@ -152,3 +152,10 @@ class SlurmGateway(abc.ABC):
         slurmdbd rolls up whole hours, so only finished hours count): what ``sreport cluster
         AccountUtilizationByUser -T gres/gpu`` answers. The reconciliation compares it with the
         portal's usage."""
+
+    @abc.abstractmethod
+    def usage_rolled_up(self, start: dt.datetime, end: dt.datetime) -> bool:
+        """Whether slurmdbd has rolled up any hour in [start, end) (aware datetimes): ``sreport
+        cluster Utilization`` has a row for it. A rolled-up hour has a row even when nothing ran (the
+        cluster's capacity is reported); an hour slurmdbd has not rolled up has none. How far
+        sreport's figures go (accounting.services.rollup) is read from the cluster this way."""

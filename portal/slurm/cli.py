@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from . import parsing
 from . import types as t
 from .base import SlurmGateway
-from .cli_argv import check_text, render_script, sbatch_argv, sreport_argv
+from .cli_argv import check_text, render_script, sbatch_argv, sreport_argv, sreport_utilization_argv
 from .cli_output import (
     QUEUE_FIELDS,
     QUEUE_FORMAT,
@@ -389,6 +389,10 @@ class CliGateway(SlurmGateway):
     def account_gpu_minutes(self, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
         argv = sreport_argv(start, end, cluster=self.cluster, sreport=self._exe("sreport"))
         return parsing.parse_account_minutes(self._run(argv))
+
+    def usage_rolled_up(self, start: dt.datetime, end: dt.datetime) -> bool:
+        argv = sreport_utilization_argv(start, end, cluster=self.cluster, sreport=self._exe("sreport"))
+        return parsing.parse_utilization_reported(self._run(argv)) > 0
 
 
 def is_idempotent_success(stdout: str, stderr: str, ok_patterns: tuple[str, ...]) -> bool:

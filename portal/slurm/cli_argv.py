@@ -80,3 +80,16 @@ def sreport_argv(start: dt.datetime, end: dt.datetime, *, cluster: str = "", sre
     if cluster:
         argv.append(f"Clusters={cluster}")
     return argv
+
+
+def sreport_utilization_argv(start: dt.datetime, end: dt.datetime, *, cluster: str = "", sreport: str = "sreport") -> list[str]:
+    """sreport's cluster Utilization in [start, end), times in UTC: one row per cluster once slurmdbd has
+    rolled up any hour of the range, none before (the gateway's ``usage_rolled_up``)."""
+    argv = [
+        sreport, "-n", "-P", "cluster", "Utilization",
+        f"Start={parsing.format_time(start)}", f"End={parsing.format_time(end)}", "-t", "Seconds",
+        "format=Cluster,Reported",
+    ]  # fmt: skip
+    if cluster:
+        argv.append(f"Clusters={cluster}")
+    return argv

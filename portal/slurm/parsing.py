@@ -370,6 +370,17 @@ def parse_account_minutes(output: str) -> dict[str, int]:
     return minutes
 
 
+def parse_utilization_reported(output: str) -> int:
+    """``sreport -n -P cluster Utilization -t Seconds format=Cluster,Reported``: the reported
+    seconds summed over the rows (0 when slurmdbd has rolled up no hour of the range: no row)."""
+    total = 0
+    for line in output.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 2 and parts[-1].strip().isascii() and parts[-1].strip().isdigit():
+            total += int(parts[-1].strip())
+    return total
+
+
 # Slurm errno values that mean "controller / slurmdbd unreachable" (slurm_errno.h), besides the
 # message words in parsing.UNAVAILABLE_PATTERNS which are checked as well
 # (the pyslurm backend and the native submitter).

@@ -474,3 +474,6 @@ class PyslurmGateway(SlurmGateway):
 
     def account_gpu_minutes(self, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
         return self._cli.account_gpu_minutes(start, end)  # pyslurm 25.11 has no sreport API
+
+    def usage_rolled_up(self, start: dt.datetime, end: dt.datetime) -> bool:
+        return self._cli.usage_rolled_up(start, end)

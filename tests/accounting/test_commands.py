@@ -59,11 +59,18 @@ def january(world, settings):
     usage_records_upsert(records=[acct(start=at(2026, 1, 5), hours=2, gpus=2), acct(account="nlp", user="carol", hours=1)])
 
 
-def _stub_sreport(use_gateway, answer):
-    """The command's gateway answers account_gpu_minutes with ``answer`` (the comparison logic alone)."""
+def _this_hour() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _stub_sreport(use_gateway, answer, *, rolled_up_to=None):
+    """The command's gateway answers account_gpu_minutes with ``answer`` and has rolled up to
+    ``rolled_up_to`` (the comparison logic alone; the real sreport is in test_reconcile_slurm)."""
     gateway = FakeGateway()
     gateway.account_gpu_minutes = answer
+    gateway.rolled_up_to = rolled_up_to
     use_gateway(gateway)
+    return gateway
 
 
 def test_reconcile_no_differences(january, use_gateway):
@@ -73,29 +80,73 @@ def test_reconcile_no_differences(january, use_gateway):
         seen["range"] = (start, end)
         return {"vision": 240, "nlp": 60}
 
-    _stub_sreport(use_gateway, fake)
+    _stub_sreport(use_gateway, fake, rolled_up_to=_this_hour())
     out = StringIO()
     call_command("reconcile_usage", "--month", "2026-01", stdout=out)
-    assert "no differences" in out.getvalue()
+    assert "no differences" in out.getvalue() and "STALE" not in out.getvalue()
     assert seen["range"] == (at(2026, 1, 1), at(2026, 2, 1))
 
 
 def test_reconcile_differences_exit_1(january, use_gateway):
-    _stub_sreport(use_gateway, lambda start, end: {"vision": 200, "ghost": 5})
+    _stub_sreport(use_gateway, lambda start, end: {"vision": 200, "ghost": 5}, rolled_up_to=_this_hour())
     out = StringIO()
     with pytest.raises(SystemExit) as exc:
         call_command("reconcile_usage", "--month", "2026-01", stdout=out)
     assert exc.value.code == 1
     text = out.getvalue()
-    assert "DIFFERENCE vision" in text and "DIFFERENCE nlp" in text and "DIFFERENCE ghost" in text
+    assert "DIFFERENCE gpuportal vision" in text and "DIFFERENCE gpuportal nlp" in text
+    assert "DIFFERENCE gpuportal ghost" in text
 
 
-def test_reconcile_compares_finished_hours_only(january):
-    from accounting.management.commands.reconcile_usage import comparable_range
+def test_reconcile_cuts_at_the_clusters_own_rollup(january, use_gateway):
+    """The comparison ends where the cluster's slurmdbd has rolled up to (read from it, one sreport
+    probe per hour back), not at the clock's last full hour; usage after it is not compared."""
+    from accounting.services import usage_reconcile
 
-    now = at(2026, 1, 20, 14, 37)
-    assert comparable_range(dt.date(2026, 1, 1), now) == (at(2026, 1, 1), at(2026, 1, 20, 14))
-    assert comparable_range(dt.date(2025, 12, 1), now) == (at(2025, 12, 1), at(2026, 1, 1))
+    gateway = _stub_sreport(use_gateway, lambda start, end: {"vision": 240}, rolled_up_to=at(2026, 1, 5, 1))
+    [result] = usage_reconcile(month=dt.date(2026, 1, 1), now=at(2026, 1, 5, 3, 20))
+    assert (result.start, result.end, result.rolled_up_to) == (at(2026, 1, 1), at(2026, 1, 5, 1), at(2026, 1, 5, 1))
+    assert gateway.calls["usage_rolled_up"] == 3  # 02:00-03:00, 01:00-02:00: no; 00:00-01:00: yes
+    assert result.stale.startswith("sreport has not rolled up since 2026-01-05 01:00 UTC")
+    # the january fixture's usage (2 h from 2026-01-05 00:00) is cut at 01:00: 2 GPUs x 1 h
+    assert result.portal == {"vision": Decimal(7200)} and result.differences == [("vision", Decimal(120), Decimal(240))]
+
+
+def test_reconcile_names_a_stale_rollup_and_does_not_fail_on_it(world, use_gateway):
+    """This month, with slurmdbd's roll-up 3 h behind: said as stale, the hours after it not compared,
+    and not a difference (exit 0)."""
+    behind = _this_hour() - dt.timedelta(hours=3)
+    usage_records_upsert(records=[acct(start=behind + dt.timedelta(minutes=30), hours=2)])  # after the roll-up
+    _stub_sreport(use_gateway, lambda start, end: {}, rolled_up_to=behind)
+    out = StringIO()
+    call_command("reconcile_usage", "--month", f"{behind:%Y-%m}", stdout=out)  # no SystemExit
+    text = out.getvalue()
+    assert f"STALE ROLL-UP: sreport has not rolled up since {behind:%Y-%m-%d %H:%M} UTC on cluster gpuportal" in text
+    assert "DIFFERENCE" not in text and "no differences" in text
+
+
+def test_reconcile_of_a_month_rolled_up_whole_is_not_stale(january, use_gateway):
+    """January is over and rolled up: a roll-up that is late today does not concern it."""
+    from accounting.services import usage_reconcile
+
+    _stub_sreport(use_gateway, lambda start, end: {"vision": 240, "nlp": 60}, rolled_up_to=_this_hour() - dt.timedelta(hours=5))
+    [result] = usage_reconcile(month=dt.date(2026, 1, 1))
+    assert result.end == at(2026, 2, 1) and result.stale == "" and result.differences == []
+
+
+def test_reconcile_nothing_rolled_up(january, use_gateway, settings):
+    settings.ACCOUNTING_ROLLUP_SEARCH_HOURS = 5
+    gateway = _stub_sreport(use_gateway, lambda start, end: pytest.fail("sreport asked with nothing rolled up"))
+    out = StringIO()
+    call_command("reconcile_usage", "--month", "2026-01", stdout=out)
+    assert "no rolled-up hour to compare yet" in out.getvalue()
+    assert "STALE ROLL-UP: sreport has not rolled up any hour of the last 5 h" in out.getvalue()
+    assert gateway.calls["usage_rolled_up"] == 5
+
+
+def test_reconcile_unknown_cluster():
+    with pytest.raises(CommandError, match="--cluster 'nosuch': not a configured cluster"):
+        call_command("reconcile_usage", "--month", "2026-01", "--cluster", "nosuch")
 
 
 def test_reconcile_bad_month():

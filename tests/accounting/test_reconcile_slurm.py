@@ -4,9 +4,12 @@ with Slurm's own figures.
 What this can prove depends on the clock: slurmdbd rolls usage up hourly, so sreport knows finished
 hours only. The test therefore checks
   1. the jobs it just ran, against an independent sacct read (ElapsedRaw × AllocTRES gres/gpu per job),
-  2. ``reconcile_usage`` (portal vs sreport) over every finished hour of the month so far — jobs that
-     ran before the current hour (earlier test runs, the demo) are really compared there; the jobs of
-     this run are compared by sreport only in a run started after the next roll-up."""
+  2. ``reconcile_usage`` (portal vs this cluster's sreport) over every hour of the month that this
+     cluster's slurmdbd has rolled up, read from the cluster (sreport's own rows) and checked against
+     slurmdbd's tables (``scripts/cluster rollup``) — jobs that ran before the last roll-up (earlier
+     test runs, the demo) are really compared there; the jobs of this run are compared by sreport only
+     in a run started after the next roll-up;
+  3. a roll-up later than it should be is named as such, not taken for a difference."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import os
 import subprocess
 import uuid
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -23,9 +27,11 @@ from django.utils import timezone
 
 from accounting.models import UsageRecord
 from accounting.selectors import billing_date, month_start
-from accounting.services import usage_ingest
+from accounting.services import rolled_up_to, usage_ingest, usage_reconcile
 from portal.slurm import JobSpec, get_gateway
 from tests.support import wait_for
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db(transaction=True)]
 
@@ -111,9 +117,52 @@ def test_ingest_matches_sacct_and_sreport(cluster, world):
     assert all(v > 0 for v in expected.values())
     assert sum(s.gpu_seconds for r in rows.values() for s in r.slices.all()) == sum(expected.values())
 
-    # 2. the portal against sreport over every hour slurmdbd has rolled up this month
+    # 2. the portal against this cluster's sreport over every hour its slurmdbd has rolled up this month
     try:
-        call_command("reconcile_usage", "--month", f"{began:%Y-%m}")
+        call_command("reconcile_usage", "--month", f"{began:%Y-%m}", "--cluster", settings.SLURM_CLUSTER)
     except SystemExit as exc:  # differences → exit status 1
         pytest.fail(f"reconcile_usage found differences (exit {exc.code})")
     assert Decimal(0) <= Decimal(rows[jobs["completed"]].gpu_hours)
+
+
+def _slurmdbd_rollup(slurm_target) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """The oracle: slurmdbd's own tables (scripts/cluster rollup): the end of its hourly roll-up and
+    the cluster's first registration."""
+    out = subprocess.run([str(SCRIPTS / "cluster"), "rollup", *slurm_target.cluster_args],
+                         capture_output=True, text=True, check=True, timeout=60).stdout.split()  # fmt: skip
+    hourly, registered = (out + ["", ""])[:2]
+    as_time = lambda v: dt.datetime.fromtimestamp(int(v), dt.UTC) if v else None  # noqa: E731
+    return as_time(hourly), as_time(registered)
+
+
+def test_rollup_is_read_from_the_cluster_as_slurmdbd_holds_it(cluster, slurm_target):
+    """How far sreport goes, read through sreport's own rows (one probe per hour back), is where
+    slurmdbd's hourly roll-up stands: the hour that ends at it is rolled up, the next one is not."""
+    hourly, registered = _slurmdbd_rollup(slurm_target)
+    found = rolled_up_to(cluster=settings.SLURM_CLUSTER)
+    gateway = get_gateway()
+    hour = timezone.now().astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+    assert gateway.usage_rolled_up(hour + dt.timedelta(hours=1), hour + dt.timedelta(hours=2)) is False
+    if hourly is None or registered is None or hourly.replace(minute=0, second=0) - dt.timedelta(hours=1) < registered:
+        # no whole hour of this cluster's life is rolled up yet (a cluster started this hour)
+        assert found is None or found == hourly.replace(minute=0, second=0)
+        return
+    assert found == hourly.replace(minute=0, second=0)
+    assert gateway.usage_rolled_up(found - dt.timedelta(hours=1), found) is True
+    assert gateway.usage_rolled_up(found, found + dt.timedelta(hours=1)) is False
+
+
+def test_a_late_rollup_is_named_not_taken_for_a_difference(cluster, world):
+    """Seen from three hours on, the real slurmdbd's roll-up is late: the reconciliation says so
+    ("sreport has not rolled up since …") and compares only what it has rolled up."""
+    from accounting.services import usage_records_upsert
+    from tests.accounting.helpers import acct
+
+    later = timezone.now() + dt.timedelta(hours=3)
+    # usage the portal holds from after the real roll-up (so there was something to roll up by then)
+    usage_records_upsert(records=[acct(account=ACCOUNT, start=timezone.now() + dt.timedelta(hours=1), hours=0.5,
+                                       cluster=settings.SLURM_CLUSTER)], cluster=settings.SLURM_CLUSTER)  # fmt: skip
+    [result] = usage_reconcile(month=dt.date(later.year, later.month, 1), now=later, clusters=[settings.SLURM_CLUSTER])
+    assert result.stale.startswith("sreport has not rolled up ")
+    assert result.rolled_up_to is None or result.end <= result.rolled_up_to < later - dt.timedelta(hours=2)
+    assert result.differences == []

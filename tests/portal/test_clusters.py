@@ -102,7 +102,8 @@ def test_the_beat_runs_the_slurm_reads_once_per_cluster(settings):
     settings.SLURM_CLUSTERS = (ClusterConfig("alpha"), ClusterConfig("beta"))
     schedule = _beat_schedule()
     for task, name in (("portal.tasks.cluster_sync_task", "cluster-sync"), ("jobs.tasks.jobs_sync_task", "jobs-sync"),
-                       ("accounting.tasks.usage_ingest_task", "usage-ingest")):  # fmt: skip
+                       ("accounting.tasks.usage_ingest_task", "usage-ingest"),
+                       ("accounting.tasks.rollup_check_task", "accounting-rollup")):  # fmt: skip
         entries = {key: entry["kwargs"] for key, entry in schedule.items() if entry["task"] == task}
         assert entries == {name: {"cluster": "alpha"}, f"{name}@beta": {"cluster": "beta"}}
 

@@ -46,3 +46,37 @@ def test_healthz_is_503_naming_the_broker_when_it_does_not_answer(client, settin
     response = client.get("/healthz")
     assert response.status_code == 503
     assert response.json()["failing"] == ["broker"]
+
+
+def test_healthz_says_when_the_accounting_rollup_is_stale_without_failing(client, use_gateway, world):
+    """The periodic roll-up check (accounting.tasks.rollup_check_task) recorded slurmdbd 3 h behind:
+    /healthz still answers 200 (the cluster runs jobs) and names the stale roll-up in the detail."""
+    from accounting.services import rollup_record
+    from accounting.tasks import rollup_check_task
+    from tests.fakes import FakeGateway
+
+    hour = timezone.now().astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+    gateway = use_gateway(FakeGateway())
+    gateway.rolled_up_to = hour
+    sync_record_success("cluster")
+    assert rollup_check_task.delay().get() == hour.isoformat()
+    cluster = client.get("/healthz").json()["checks"]["slurm"]["clusters"]["gpuportal"]
+    assert cluster["accounting_rollup"]["rolled_up_to"] == hour.isoformat()
+    assert cluster["accounting_rollup"]["stale"] is False and "warnings" not in cluster
+
+    gateway.rolled_up_to = hour - dt.timedelta(hours=3)
+    rollup_record()
+    response = client.get("/healthz")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+    cluster = response.json()["checks"]["slurm"]["clusters"]["gpuportal"]
+    expected = f"sreport has not rolled up since {hour - dt.timedelta(hours=3):%Y-%m-%d %H:%M} UTC on cluster gpuportal"
+    assert cluster["accounting_rollup"]["stale"] is True and cluster["warnings"] == [expected]
+
+
+def test_healthz_before_any_rollup_check(client):
+    sync_record_success("cluster")
+    cluster = client.get("/healthz").json()["checks"]["slurm"]["clusters"]["gpuportal"]
+    assert cluster["accounting_rollup"] == {
+        "rolled_up_to": None, "checked_at": None, "stale": False,
+        "message": "the accounting roll-up has not been checked yet",
+    }  # fmt: skip

@@ -29,6 +29,7 @@ test_version_and_ping = contract.test_version_and_ping
 test_partitions = contract.test_partitions
 test_nodes = contract.test_nodes
 test_account_gpu_minutes_is_sreports_answer = contract.test_account_gpu_minutes_is_sreports_answer
+test_usage_rolled_up_is_false_for_hours_to_come = contract.test_usage_rolled_up_is_false_for_hours_to_come
 test_account_and_user_add_twice_is_fine = contract.test_account_and_user_add_twice_is_fine
 test_user_remove_missing_is_fine = contract.test_user_remove_missing_is_fine
 test_limits_round_trip = contract.test_limits_round_trip

@@ -178,6 +178,14 @@ def test_account_gpu_minutes_is_sreports_answer(gateway):
     assert gateway.account_gpu_minutes(now + dt.timedelta(days=1), now + dt.timedelta(days=2)) == {}
 
 
+def test_usage_rolled_up_is_false_for_hours_to_come(gateway):
+    """sreport accepts the roll-up probe's argv; an hour that has not come is never rolled up (how
+    far slurmdbd has rolled up, against its own tables: tests/accounting/test_reconcile_slurm.py)."""
+    hour = dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0)
+    assert gateway.usage_rolled_up(hour + dt.timedelta(hours=1), hour + dt.timedelta(hours=2)) is False
+    assert isinstance(gateway.usage_rolled_up(hour - dt.timedelta(hours=1), hour), bool)
+
+
 # --- associations ------------------------------------------------------------------------------
 
 
