@@ -129,8 +129,8 @@ def _slurmdbd_rollup(slurm_target) -> tuple[dt.datetime | None, dt.datetime | No
     """The oracle: slurmdbd's own tables (scripts/cluster rollup): the end of its hourly roll-up and
     the cluster's first registration."""
     out = subprocess.run([str(SCRIPTS / "cluster"), "rollup", *slurm_target.cluster_args],
-                         capture_output=True, text=True, check=True, timeout=60).stdout.split()  # fmt: skip
-    hourly, registered = (out + ["", ""])[:2]
+                         capture_output=True, text=True, check=True, timeout=60).stdout  # fmt: skip
+    hourly, registered = out.strip("\n").split(" ")
     as_time = lambda v: dt.datetime.fromtimestamp(int(v), dt.UTC) if v else None  # noqa: E731
     return as_time(hourly), as_time(registered)
 
@@ -166,3 +166,16 @@ def test_a_late_rollup_is_named_not_taken_for_a_difference(cluster, world):
     assert result.stale.startswith("sreport has not rolled up ")
     assert result.rolled_up_to is None or result.end <= result.rolled_up_to < later - dt.timedelta(hours=2)
     assert result.differences == []
+
+
+def test_cluster_status_shows_slurmdbds_last_rollup(cluster, slurm_target):
+    """`scripts/cluster status` names the roll-up slurmdbd holds (the same table the oracle reads)."""
+    hourly, _ = _slurmdbd_rollup(slurm_target)
+    out = subprocess.run([str(SCRIPTS / "cluster"), "status", *slurm_target.cluster_args],
+                         capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    [line] = [line for line in out.splitlines() if line.strip().startswith("roll-up")]
+    if hourly is None:
+        assert "none yet" in line
+    else:
+        assert f"hourly to {hourly:%Y-%m-%d %H:%M} UTC" in line
+        assert ("STALE" in line) == (timezone.now() - hourly > dt.timedelta(minutes=70))
