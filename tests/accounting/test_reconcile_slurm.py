@@ -159,7 +159,10 @@ def test_a_late_rollup_is_named_not_taken_for_a_difference(cluster, world):
     from tests.accounting.helpers import acct
 
     later = timezone.now() + dt.timedelta(hours=3)
-    # usage the portal holds from after the real roll-up (so there was something to roll up by then)
+    # the portal holds what the cluster ran this month (so what sreport has rolled up compares equal) …
+    usage_ingest(cluster=settings.SLURM_CLUSTER,
+                 since=dt.datetime.combine(month_start(billing_date(later)), dt.time(), tzinfo=dt.timezone.utc))  # fmt: skip
+    # … and usage from after the real roll-up (so there was something to roll up by then)
     usage_records_upsert(records=[acct(account=ACCOUNT, start=timezone.now() + dt.timedelta(hours=1), hours=0.5,
                                        cluster=settings.SLURM_CLUSTER)], cluster=settings.SLURM_CLUSTER)  # fmt: skip
     [result] = usage_reconcile(month=dt.date(later.year, later.month, 1), now=later, clusters=[settings.SLURM_CLUSTER])
