@@ -8,29 +8,34 @@ STAMP := $(VENV)/.installed
 export SLURM_CONF ?= $(or $(GPUPORTAL_CLUSTER_DIR),/var/lib/gpuportal-cluster)/etc/slurm.conf
 DEMO_PASSWORD ?= gpuportal-demo
 export DEMO_PASSWORD
+# The local Prometheus (scripts/prometheus: Debian's package, scraping the emulated GPU exporter of
+# every node of both local clusters); the demo and the tests read it here.
+GPUPORTAL_PROMETHEUS_PORT ?= 9090
+export GPUPORTAL_PROMETHEUS_PORT
+export PROMETHEUS_URL ?= http://127.0.0.1:$(GPUPORTAL_PROMETHEUS_PORT)
 
-.PHONY: demo stop test test-fast lint-imports install pyslurm services cluster cluster25 native browser migrate bench clean-run help cli-zipapp
+.PHONY: demo stop test test-fast lint-imports install pyslurm services cluster cluster25 browser migrate bench clean-run help cli-zipapp prometheus
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
 	@echo "make stop   — stop the demo processes (the cluster keeps running: scripts/cluster down)"
 	@echo "scripts/demo status — the demo's processes, their restarts"
 	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
-	@echo "make native — the native submitter's libslurm module for the local cluster's Slurm (part of demo and test)"
+	@echo "make prometheus — Prometheus + the emulated GPU exporter for the local clusters (part of demo and test)"
 	@echo "make test-fast — the pure and database tests only (no cluster, Celery worker or Chromium)"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 	@echo "make cli-zipapp — dist/gpuportal.pyz: the CLI as one file for any python3 >= 3.9"
 
-$(STAMP): pyproject.toml cli/pyproject.toml
+$(STAMP): pyproject.toml setup.py cli/pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || (apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3 python3-venv python3-dev)
 	@# python-ldap (gpuportal[ldap], in dev) compiles against these
 	@bash -c 'source scripts/lib/common.sh && apt_ensure libldap2-dev libsasl2-dev gcc'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ./cli
+	@# gpuportal-cli comes from ./cli by its path (setup.py), never from an index; then editable, so
+	@# that an edit of cli/ needs no reinstall
 	$(PY) -m pip install -q -e '.[dev]'
-	@# a venv from before cli/ was its own distribution: removing the old server took the gpuportal script with it
-	@test -x $(VENV)/bin/gpuportal || $(PY) -m pip install -q --no-deps --force-reinstall -e ./cli
+	$(PY) -m pip install -q --no-deps -e ./cli
 	@touch $(STAMP)
 
 # scripts/pdf: WeasyPrint's system libraries, CJK fonts and pdftotext (installed when missing)
@@ -56,10 +61,10 @@ services:
 cluster:
 	@scripts/cluster up
 
-# The native submitter (portal/slurm/native.py): libslurm's submit call, compiled (~2 s) against the
-# headers of the local cluster's Slurm (Debian's libslurm-dev, which scripts/cluster installs).
-native: install cluster
-	@$(PY) -m portal.slurm.libslurm_build >/dev/null
+# Prometheus and the GPU exporter (after the clusters: the exporter serves the nodes of their gres.conf,
+# and picks up a cluster that comes up later by itself)
+prometheus:
+	@scripts/prometheus up >/dev/null
 
 browser:
 	@scripts/browser >/dev/null
@@ -69,14 +74,14 @@ migrate: install
 
 # scripts/demo start: PostgreSQL + Redis, migrate, static files, demo data, then the web server (gunicorn), the Celery
 # worker and beat under scripts/supervise; it prints the URL and the logins.
-demo: install cluster native
+demo: install cluster prometheus
 	@scripts/demo start
 
 stop:
 	@scripts/demo stop
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
-test: install lint-imports pyslurm cluster native cluster25 browser
+test: install lint-imports pyslurm cluster cluster25 prometheus browser
 	@eval "$$(scripts/services up)" && eval "$$(scripts/services ldap)" && $(PY) -m pytest $(PYTEST_ARGS)
 
 # The dependency contracts of pyproject.toml ([tool.importlinter]); run before the tests
@@ -91,5 +96,5 @@ FAST_WORKERS ?= auto
 test-fast: install lint-imports services
 	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
-bench: install pyslurm cluster native cluster25
+bench: install pyslurm cluster cluster25
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py

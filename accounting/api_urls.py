@@ -14,5 +14,6 @@ urlpatterns = [
     path("quotas/", apis.QuotaCollectionApi.as_view(), name="api-quota-list"),
     path("quotas/<int:quota_id>/approve/", apis.QuotaApproveApi.as_view(), name="api-quota-approve"),
     path("quotas/<int:quota_id>/reject/", apis.QuotaRejectApi.as_view(), name="api-quota-reject"),
+    path("quotas/<int:quota_id>/withdraw/", apis.QuotaWithdrawApi.as_view(), name="api-quota-withdraw"),
     path("teams/<slug:slug>/budget/", apis.TeamBudgetApi.as_view(), name="api-team-budget"),
 ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.generics import ListAPIView
@@ -12,14 +14,14 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounting.forms import default_range, validate_range
+from accounting.calendar import billing_midnight
+from accounting.forms import MAX_RANGE_DAYS, default_range, validate_range
 from accounting.models import QUOTA_MAX_GPUS
 from accounting.reports import rows_to_csv
 from accounting.selectors import GROUP_BY_CHOICES, can_see_user_breakdown, cost_report, usage_teams_visible_to
 from portal.fields import StrictCharField
 from portal.roles import can_read_cost_reports
 from portal.schema import ErrorSerializer
-from portal.serializer_cache import validated
 
 
 class CsvRenderer(BaseRenderer):
@@ -51,10 +53,50 @@ class UsageRangeQuerySerializer(serializers.Serializer):
         return attrs
 
 
-class CostReportQuerySerializer(UsageRangeQuerySerializer):
+@extend_schema_field(OpenApiTypes.STR)
+class DayOrDateTimeField(serializers.Field):
+    """A day (``2026-12-03``) or an ISO 8601 datetime (``2026-12-03T12:00:00Z``; without an offset:
+    the site's time zone)."""
+
+    default_error_messages = {"invalid": "Give a day (YYYY-MM-DD) or an ISO 8601 date and time."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or not data.strip():
+            self.fail("invalid")
+        text = data.strip()
+        try:
+            if "T" in text or " " in text or ":" in text:
+                return serializers.DateTimeField().to_internal_value(text)
+            return serializers.DateField().to_internal_value(text)
+        except serializers.ValidationError:
+            self.fail("invalid")
+
+    def to_representation(self, value):
+        return value.isoformat()
+
+
+class CostReportQuerySerializer(serializers.Serializer):
+    """The cost report's range: whole days (``end`` inclusive, billing time zone), or any range of
+    ISO datetimes [start, end) — one hour, say; a day and a datetime mix."""
+
+    start = DayOrDateTimeField(required=False, help_text="First day, or a date and time (ISO 8601). Default: 1st of this month.")
+    end = DayOrDateTimeField(required=False, help_text="Last day (inclusive), or a date and time (exclusive). Default: today.")
     group_by = serializers.ChoiceField(choices=GROUP_BY_CHOICES, required=False, default="team")
     cluster = serializers.CharField(required=False, default="", allow_blank=True, max_length=64,
                                     help_text="Only this cluster's usage and bookings (a cluster name); empty: every cluster.")  # fmt: skip
+
+    def validate(self, attrs):
+        default = default_range()
+        attrs["start"] = attrs.get("start") or default[0]
+        attrs["end"] = attrs.get("end") or default[1]
+        start, end = attrs["start"], attrs["end"]
+        attrs["start_at"] = start if isinstance(start, dt.datetime) else billing_midnight(start)
+        attrs["end_at"] = end if isinstance(end, dt.datetime) else billing_midnight(end + dt.timedelta(days=1))
+        if attrs["end_at"] <= attrs["start_at"]:
+            raise serializers.ValidationError({"end": ["The end must be after the start."]})
+        if attrs["end_at"] - attrs["start_at"] > dt.timedelta(days=MAX_RANGE_DAYS + 1):
+            raise serializers.ValidationError({"end": [f"Choose a range of at most {MAX_RANGE_DAYS} days."]})
+        return attrs
 
 
 class CostReportRowSerializer(serializers.Serializer):
@@ -70,17 +112,26 @@ class CostReportRowSerializer(serializers.Serializer):
     unpriced_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2, help_text="Hours with no rate.")
     provisional = serializers.BooleanField(help_text="Includes jobs still running.")
     currency = serializers.CharField()
+    monitored_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True,
+                                                   help_text="GPU-hours paid whose GPUs the GPU monitoring saw.")  # fmt: skip
+    busy_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True,
+                                              help_text="What those GPUs computed (utilisation-weighted GPU-hours).")  # fmt: skip
+    gpu_efficiency = serializers.FloatField(allow_null=True, help_text="Busy / monitored GPU-hours.")
+    idle_cost = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True,
+                                         help_text="The cost of the idle share of the monitored GPU-hours.")  # fmt: skip
 
 
 class CostReportSerializer(serializers.Serializer):
-    start = serializers.DateField()
-    end = serializers.DateField()
+    start = DayOrDateTimeField(help_text="As asked: a day, or a date and time.")
+    end = DayOrDateTimeField(help_text="As asked: a day (inclusive), or a date and time (exclusive).")
+    start_at = serializers.DateTimeField(help_text="The range's start.")
+    end_at = serializers.DateTimeField(help_text="The range's end (exclusive).")
     group_by = serializers.CharField()
     results = CostReportRowSerializer(many=True)
 
 
 class CostReportApi(APIView):
-    """GPU-hours, efficiency and cost between two dates grouped by team, user, GPU type, month or
+    """GPU-hours, efficiency and cost between two days or any two ISO datetimes grouped by team, user, GPU type, month or
     cluster, optionally of one cluster. Admins and finance only. ``?format=csv`` answers the same rows as CSV."""
 
     renderer_classes = [JSONRenderer, CsvRenderer]
@@ -100,13 +151,15 @@ class CostReportApi(APIView):
         params = CostReportQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         query = params.validated_data
-        rows = cost_report(start=query["start"], end=query["end"], group_by=query["group_by"], cluster=query["cluster"])
+        rows = cost_report(start_at=query["start_at"], end_at=query["end_at"], group_by=query["group_by"], cluster=query["cluster"])
         if request.accepted_renderer.format == "csv":
-            filename = f"cost-{query['group_by']}-{query['start']}-{query['end']}.csv"
+            span = "-".join(value.isoformat().replace(":", "").replace("+", "p") for value in (query["start"], query["end"]))
+            filename = f"cost-{query['group_by']}-{span}.csv"
             return Response(
                 rows_to_csv(rows), content_type="text/csv", headers={"Content-Disposition": f'attachment; filename="{filename}"'}
             )
-        data = {"start": query["start"], "end": query["end"], "group_by": query["group_by"], "results": rows}
+        data = {"start": query["start"], "end": query["end"], "start_at": query["start_at"], "end_at": query["end_at"],
+                "group_by": query["group_by"], "results": rows}  # fmt: skip
         return Response(CostReportSerializer(data).data)
 
 
@@ -162,12 +215,19 @@ class BookingOutputSerializer(serializers.Serializer):
     reservation_error = serializers.CharField()
 
 
+def validated(serializer_class, request) -> dict:
+    """The request body's data as ``serializer_class`` validates it (a 400 naming the fields otherwise)."""
+    serializer = serializer_class(data=request.data, context={"request": request})
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
 def _team_input(request, serializer_class) -> tuple[dict, object]:
     """The request body's validated data and the team it names (portal.selectors.team_visible_or_error:
     400 naming ``team`` for a team that does not exist or that the user cannot see)."""
     from portal.selectors import team_visible_or_error
 
-    data = validated(serializer_class, request.data)
+    data = validated(serializer_class, request)
     return data, team_visible_or_error(request.user, data["team"])
 
 
@@ -267,7 +327,7 @@ class BookingCancelApi(APIView):
 
 def _booking_decision(request, booking_id, decide) -> Response:
     """An admin's decision on a booking: ``decide`` (booking_approve or booking_reject) with the note."""
-    note = validated(BookingDecisionInputSerializer, request.data)["note"]
+    note = validated(BookingDecisionInputSerializer, request)["note"]
     booking = decide(booking=_booking_for(request, booking_id), actor=request.user, note=note, request=request)
     return Response(BookingOutputSerializer(booking).data)
 
@@ -449,7 +509,7 @@ class QuotaApproveApi(APIView):
     def post(self, request, quota_id):
         from accounting.services import quota_approve
 
-        comment = validated(QuotaDecisionInputSerializer, request.data)["comment"]
+        comment = validated(QuotaDecisionInputSerializer, request)["comment"]
         quota = quota_approve(quota=_quota_for(request, quota_id), user=request.user, comment=comment, request=request)
         return Response(QuotaOutputSerializer(quota).data)
 
@@ -464,8 +524,20 @@ class QuotaRejectApi(APIView):
     def post(self, request, quota_id):
         from accounting.services import quota_reject
 
-        comment = validated(self.QuotaRejectInputSerializer, request.data)["comment"]
+        comment = validated(self.QuotaRejectInputSerializer, request)["comment"]
         quota = quota_reject(quota=_quota_for(request, quota_id), user=request.user, comment=comment, request=request)
+        return Response(QuotaOutputSerializer(quota).data)
+
+
+class QuotaWithdrawApi(APIView):
+    """Withdraw a quota request awaiting approval (the team's managers, admins): it becomes
+    cancelled. 409 when it is not awaiting approval any more."""
+
+    @extend_schema(summary="Withdraw a quota request (managers, admins)", request=None, responses=QuotaOutputSerializer)
+    def post(self, request, quota_id):
+        from accounting.services import quota_cancel
+
+        quota = quota_cancel(quota=_quota_for(request, quota_id), user=request.user, request=request, withdraw=True)
         return Response(QuotaOutputSerializer(quota).data)
 
 

@@ -79,14 +79,20 @@ class BookingForm(forms.Form):
     note = forms.CharField(max_length=200, required=False)
 
     def __init__(self, *args, teams, gpu_types: list[str], gpus_per_node: int | None = None,
-                 clusters: tuple[str, ...] = (), whole_nodes_on: tuple[str, ...] = (), **kwargs):  # fmt: skip
+                 clusters: tuple[str, ...] = (), whole_nodes_on: tuple[str, ...] = (),
+                 types_on: dict[str, list[str]] | None = None, **kwargs):  # fmt: skip
         """``gpus_per_node``: the unit of whole-node bookings; ``whole_nodes_on``: the clusters where
-        it applies when only some of several clusters reserve whole nodes (empty: every cluster)."""
+        it applies when only some of several clusters reserve whole nodes (empty: every cluster);
+        ``types_on``: each cluster's GPU types, named beside it in the picker."""
         super().__init__(*args, **kwargs)
         self.fields["team"].queryset = teams
         self.fields["gpu_type"].choices = [(t, t) for t in gpu_types]
         if len(clusters) > 1:
-            self.fields["cluster"].choices = [("", "the GPU type's")] + [(name, name) for name in clusters]
+            types_on = types_on or {}
+            self.fields["cluster"].choices = [("", "the GPU type's (when only one cluster has it)")] + [
+                (name, f"{name} ({', '.join(types_on[name])})" if types_on.get(name) else name) for name in clusters
+            ]  # fmt: skip
+            self.fields["cluster"].help_text = "Where the GPUs are booked; each cluster lists its GPU types."
         else:  # one cluster: nothing to choose (hidden, always empty)
             self.fields["cluster"].choices = [("", "")]
             self.fields["cluster"].widget = forms.HiddenInput()

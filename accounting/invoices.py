@@ -23,13 +23,31 @@ HOUR = Decimal(3600)
 
 
 def invoice(*, team: Team, month: dt.date) -> dict:
-    """One line per usage slice of the team in the month (a job crossing a month boundary or a rate
-    change has one line per part), a summary per GPU type and rate, and totals. Two queries."""
+    """One line per usage slice of the team in the month with usage (a job crossing a month boundary
+    or a rate change has one line per part; slices under 0.01 GPU-hours and 0.01 in cost share one
+    line), a summary per GPU type and rate, and totals. Two queries."""
     slices = list(invoice_lines(team=team, month=month))
     lines, summary = [], defaultdict(lambda: {"gpu_seconds": 0, "cost": Decimal(0)})
+    small = {"count": 0, "gpu_seconds": 0, "cost": Decimal(0)}
+    monitored = {"gpu_seconds": 0, "busy_gpu_seconds": Decimal(0), "idle_cost": Decimal(0)}
     for s in slices:
-        record = s.record
+        key = (s.gpu_type or "untyped", s.price_per_gpu_hour)
+        summary[key]["gpu_seconds"] += s.gpu_seconds
+        summary[key]["cost"] += s.cost
         hours = Decimal(s.gpu_seconds) / HOUR
+        record = s.record
+        busy = record.gpu_busy_fraction
+        if busy is not None:
+            monitored["gpu_seconds"] += s.gpu_seconds
+            monitored["busy_gpu_seconds"] += s.gpu_seconds * busy
+            monitored["idle_cost"] += s.cost * (1 - busy)
+        if hours.quantize(CENT, ROUND_HALF_UP) == 0 and s.cost.quantize(CENT, ROUND_HALF_UP) == 0:
+            # under 0.01 GPU-hours and 0.01 in cost (a job that failed at once, cancelled before it
+            # ran): counted in one line of its own, not a row of 0.00 each
+            small["count"] += 1
+            small["gpu_seconds"] += s.gpu_seconds
+            small["cost"] += s.cost
+            continue
         lines.append({
             "job_id": record.job_id,
             "name": record.name,
@@ -45,10 +63,10 @@ def invoice(*, team: Team, month: dt.date) -> dict:
             "cost": s.cost.quantize(CENT, ROUND_HALF_UP),
             "provisional": s.provisional,
             "portal_job_uuid": record.portal_job_uuid,  # the jobs app's page: /jobs/<uuid>/
+            # what the GPUs did (UsageRecord.gpu_busy_fraction; None: not monitored)
+            "busy_gpu_hours": None if busy is None else (hours * busy).quantize(CENT, ROUND_HALF_UP),
+            "idle_cost": None if busy is None else (s.cost * (1 - busy)).quantize(CENT, ROUND_HALF_UP),
         })  # fmt: skip
-        key = (s.gpu_type or "untyped", s.price_per_gpu_hour)
-        summary[key]["gpu_seconds"] += s.gpu_seconds
-        summary[key]["cost"] += s.cost
     total_cost = sum((s.cost for s in slices), Decimal(0)).quantize(CENT, ROUND_HALF_UP)
     bookings = booking_charges(start_at=billing_midnight(month), end_at=billing_midnight(next_month(month)), team=team)
     bookings_cost = sum((b["cost"] for b in bookings), Decimal(0)).quantize(CENT, ROUND_HALF_UP)
@@ -57,10 +75,13 @@ def invoice(*, team: Team, month: dt.date) -> dict:
         "month": month,
         "period_end": next_month(month) - dt.timedelta(days=1),
         "lines": lines,
+        # the slices too small for a row of their own: how many, their GPU-hours and cost (in the totals)
+        "small_lines": {"count": small["count"], "gpu_hours": (Decimal(small["gpu_seconds"]) / HOUR).quantize(Decimal("0.0001")),
+                        "cost": small["cost"].quantize(CENT, ROUND_HALF_UP)},  # fmt: skip
         "summary": [
             {"gpu_type": t, "price": p, "gpu_hours": (Decimal(v["gpu_seconds"]) / HOUR).quantize(CENT, ROUND_HALF_UP),
              "cost": v["cost"].quantize(CENT, ROUND_HALF_UP)}
-            for (t, p), v in sorted(summary.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0))
+            for (t, p), v in sorted(summary.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)) if v["gpu_seconds"] or v["cost"]
         ],  # fmt: skip
         "gpu_hours": (Decimal(sum(s.gpu_seconds for s in slices)) / HOUR).quantize(CENT, ROUND_HALF_UP),
         "usage_cost": total_cost,
@@ -72,6 +93,10 @@ def invoice(*, team: Team, month: dt.date) -> dict:
         "total": total_cost + bookings_cost,
         "provisional": any(s.provisional for s in slices),
         "currency": settings.DEFAULT_CURRENCY,
+        # GPU monitoring: of the usage whose GPUs were monitored, the busy GPU-hours and the idle ones' cost
+        "monitored_gpu_hours": (Decimal(monitored["gpu_seconds"]) / HOUR).quantize(CENT, ROUND_HALF_UP),
+        "busy_gpu_hours": (monitored["busy_gpu_seconds"] / HOUR).quantize(CENT, ROUND_HALF_UP),
+        "idle_cost": monitored["idle_cost"].quantize(CENT, ROUND_HALF_UP),
     }
 
 

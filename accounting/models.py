@@ -11,6 +11,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 
 from portal import models as portal_models
+from portal.snapshots import BOOKINGS, QUOTAS, RATES, SnapshotManager
 
 
 class Rate(models.Model):
@@ -18,6 +19,8 @@ class Rate(models.Model):
     UTC of that day) until the next row of the same (gpu_type, partition). Rows are never edited:
     a price change is a new row, so history is kept. ``partition=""`` is the generic rate; a
     partition-specific rate wins over it."""
+
+    objects = SnapshotManager(RATES)
 
     gpu_type = models.CharField(max_length=32, help_text="Slurm GRES type, e.g. a100.")
     partition = models.CharField(max_length=64, blank=True, help_text="Empty: every partition.")
@@ -78,6 +81,10 @@ class UsageRecord(models.Model):
     gpu_hours = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
     requested_gpu_hours = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
     provisional = models.BooleanField(default=False)  # still running: figures grow until it ends
+    # What share of its GPU-time the GPUs computed (mean utilisation / 100, from the site's GPU
+    # monitoring: accounting.services.usage_busy_record); null: not monitored. Busy GPU-hours =
+    # gpu_hours x this; the cost of idle GPU-hours = cost x (1 - this) (accounting.selectors.usage).
+    gpu_busy_fraction = models.DecimalField(max_digits=7, decimal_places=6, null=True, blank=True)
     # until when the figures are known: end_time once finished, the reading time while running
     # (usage_ingest re-reads from the oldest recent provisional record)
     known_until = models.DateTimeField()
@@ -216,6 +223,8 @@ class Booking(AdminDecision):
     GPUs. The capacity rule (peak of approved bookings ≤ GPUs of the type) lives in
     ``accounting.services.booking_create`` / ``booking_approve``."""
 
+    objects = SnapshotManager(BOOKINGS)
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="bookings")
     # the cluster whose GPUs it books (its reservation lives there); capacity is counted per cluster
@@ -312,6 +321,8 @@ class Quota(AdminDecision):
     on GPUs in use at once. Managers request, admins approve or reject (``accounting.services``);
     approved quotas are mirrored to the team's Slurm account (GrpTRESMins / GrpTRES)."""
 
+    objects = SnapshotManager(QUOTAS)
+
     team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="quotas")
     gpu_type = models.CharField(max_length=32, blank=True, help_text="Empty: every GPU type.")
     period_start = models.DateField()
@@ -403,15 +414,25 @@ class BudgetHold(models.Model):
 
     job_uuid = models.UUIDField(primary_key=True)
     team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="+")
-    # the GPU type the job asked for ("" = any type: held against the any-type quota only)
-    gpu_type = models.CharField(max_length=32, blank=True)
+    # the GPU types whose quotas the hold counts against besides the any-type quota, comma-separated
+    # (gpu_types): the type the job asked for; for a job without a type every type it could land on
+    # (narrowed to the types Slurm allocated once every task has run); "" = the any-type quota only
+    gpu_type = models.CharField(max_length=255, blank=True)
     booking = models.ForeignKey(Booking, null=True, blank=True, on_delete=models.PROTECT, related_name="holds")
     estimated_gpu_hours = models.DecimalField(max_digits=16, decimal_places=6)
     estimated_cost = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
-    # what the hold counts in the running totals now: the estimate minus the GPU-hours ingested for the
-    # job so far (never below 0); 0 for a job covered by its booking (BOOKING_CHARGE_MODE=reserved)
-    # and once released
+    # an array holds per task: ``tasks`` still expected to run (its array tasks, less those the jobs app
+    # saw cancelled before they ran), each holding ``task_gpu_hours`` until its final record arrives
+    tasks = models.PositiveIntegerField(default=1)
+    task_gpu_hours = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
+    # what the hold counts in the running totals now: per task not final, its estimate minus the
+    # GPU-hours ingested for it so far (never below 0); 0 for a job covered by its booking
+    # (BOOKING_CHARGE_MODE=reserved) and once released
     held_gpu_hours = models.DecimalField(max_digits=16, decimal_places=6)
+    # the job in Slurm (set when the jobs app sees it start): running usage, whose Comment sacct
+    # leaves empty until the job ends, is matched to the hold by cluster and job id
+    slurm_cluster = models.CharField(max_length=64, blank=True)
+    slurm_job_id = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
 
@@ -423,10 +444,22 @@ class BudgetHold(models.Model):
         indexes = [
             # seeding a running total: the team's unreleased holds (team=…, released_at IS NULL)
             models.Index(fields=["team", "created_at"], name="budgethold_open", condition=models.Q(released_at__isnull=True)),
+            # usage ingestion: the open hold of a running record without its tag (slurm_cluster=…, slurm_job_id IN …)
+            models.Index(fields=["slurm_cluster", "slurm_job_id"], name="budgethold_slurm_job",
+                         condition=models.Q(released_at__isnull=True, slurm_job_id__isnull=False)),  # fmt: skip
         ]
 
     def __str__(self) -> str:
         return f"{self.job_uuid} {self.held_gpu_hours}/{self.estimated_gpu_hours} GPU-h"
+
+    @staticmethod
+    def types_of(gpu_type: str) -> tuple[str, ...]:
+        """The GPU types a hold's ``gpu_type`` names ("a100,h100" -> ("a100", "h100"); "" -> ())."""
+        return tuple(t for t in (gpu_type or "").split(",") if t)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return self.types_of(self.gpu_type)
 
 
 class BudgetTotal(models.Model):

@@ -17,7 +17,9 @@ from portal.models import NodeInfo
 
 HOURS_PER_MONTH = Decimal(365 * 24) / Decimal(12)  # 730
 CENT = Decimal("0.01")
-CSV_COLUMNS = ("group_by", "key", "label", "gpu_hours", "requested_gpu_hours", "efficiency", "cost", "unpriced_gpu_hours", "currency")
+# gpu_hours: paid (allocated); busy_gpu_hours: what the GPUs computed of the monitored ones (GPU monitoring)
+CSV_COLUMNS = ("group_by", "key", "label", "gpu_hours", "requested_gpu_hours", "efficiency", "cost", "unpriced_gpu_hours", "currency",
+               "monitored_gpu_hours", "busy_gpu_hours", "gpu_efficiency", "idle_cost")  # fmt: skip
 
 
 def parse_gpu_prices(name: str, value: str) -> dict[str, Decimal]:
@@ -121,6 +123,9 @@ def report_page_data(*, start: dt.date, end: dt.date) -> dict:
     accounts = sorted({row["account"] for row in stacked})
     labels = {row["key"]: row["label"] for row in by_team}
     cell = {(row["account"], row["month"]): float(row["gpu_hours"]) for row in stacked}
+    for row in by_team:  # the invoice links: only to months in which the team used something
+        row["invoice_months"] = [m for m in months if any(r["account"] == row["key"] and r["month"] == m and (r["gpu_hours"] or r["cost"])
+                                                         for r in stacked)]  # fmt: skip
     chart = {
         "months": months,
         "teams": [{"label": labels.get(a, a), "data": [cell.get((a, m), 0.0) for m in months]} for a in accounts],
@@ -155,12 +160,28 @@ def report_page_data(*, start: dt.date, end: dt.date) -> dict:
 CSV_BOM = "\ufeff"
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(…), +cmd|…, @SUM):
+# OWASP's CSV injection rule prefixes such a text cell with a single quote (numbers stay numbers).
+CSV_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """One cell of a CSV the portal writes: None as empty, text that a spreadsheet would read as a
+    formula prefixed with ``'`` (OWASP), anything else (Decimal, int) as it is."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(CSV_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def rows_to_csv(rows: list[dict]) -> str:
-    """The cost report as CSV for spreadsheets (the page's and the API's ``format=csv``): UTF-8 with a BOM."""
+    """The cost report as CSV for spreadsheets (the page's and the API's ``format=csv``): UTF-8 with a
+    BOM, formula-looking text escaped (``csv_cell``)."""
     out = io.StringIO()
     out.write(CSV_BOM)
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
     for row in rows:
-        writer.writerow(["" if row.get(c) is None else row.get(c) for c in CSV_COLUMNS])
+        writer.writerow([csv_cell(row.get(c)) for c in CSV_COLUMNS])
     return out.getvalue()

@@ -14,6 +14,7 @@ urlpatterns = [
     path("quotas/", views.quota_list, name="quotas"),
     path("quotas/<int:quota_id>/approve/", views.quota_approve_view, name="quota-approve"),
     path("quotas/<int:quota_id>/reject/", views.quota_reject_view, name="quota-reject"),
+    path("quotas/<int:quota_id>/withdraw/", views.quota_withdraw_view, name="quota-withdraw"),
     path("budget/", views.budget, name="budget"),
     re_path(r"^invoices/(?P<slug>[-a-zA-Z0-9_]+)/(?P<month>\d{4}-\d{2})/$", views.invoice_html, name="invoice"),
     re_path(r"^invoices/(?P<slug>[-a-zA-Z0-9_]+)/(?P<month>\d{4}-\d{2})\.pdf$", views.invoice_pdf_view, name="invoice-pdf"),

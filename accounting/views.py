@@ -11,6 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.views.decorators.http import require_POST
 
 from accounting.charging import booking_charge_mode
 from accounting.forms import CostReportForm, DateRangeForm, RateForm
@@ -72,11 +73,10 @@ def report(request):
         response["Content-Disposition"] = f'attachment; filename="cost-{cleaned["group_by"]}-{start}-{end}.csv"'
         return response
     data = report_page_data(start=start, end=end)
-    invoice_month = month_start(start)
     return render(
         request,
         "accounting/reports.html",
-        {"form": form, "start": start, "end": end, "data": data, "invoice_month": invoice_month,
+        {"form": form, "start": start, "end": end, "data": data,
          "billing_tz": settings.TIME_ZONE},
     )
 
@@ -112,7 +112,7 @@ def team_usage(request):
         request,
         "accounting/usage.html",
         {"form": form, "teams": teams, "team": team, "months": months, "users": users, "start": start, "end": end,
-         "can_read_invoice": can_read_invoice(request.user, team)},
+         "can_read_invoice": can_read_invoice(request.user, team), "currency": settings.DEFAULT_CURRENCY},
     )  # fmt: skip
 
 
@@ -207,12 +207,16 @@ def booking_list(request):
     else:
         whole = tuple(name for name in clusters if bookings_whole_nodes(cluster_row(name)))
     per_node = min((row["gpus_per_node"] for name in whole for row in capacity[name]), default=None)
+    types_on = {name: sorted({row["gpu_type"] for row in capacity[name]}) for name in clusters}
     form_args = {"teams": teams, "gpu_types": gpu_types, "gpus_per_node": per_node, "clusters": clusters,
-                 "whole_nodes_on": whole if len(whole) < len(clusters) else ()}  # fmt: skip
+                 "whole_nodes_on": whole if len(whole) < len(clusters) else (), "types_on": types_on}  # fmt: skip
     form = None
     if teams.exists():
         start = (timezone.localtime(now) + dt.timedelta(minutes=5)).replace(second=0, microsecond=0)
-        form = BookingForm(**form_args, initial={"start": start, "end": start + dt.timedelta(hours=2)})
+        initial = {"start": start, "end": start + dt.timedelta(hours=2)}
+        if len(clusters) > 1 and gpu_types:  # a cluster that has the first GPU type: never "on several clusters; name one"
+            initial["cluster"] = next((name for name in clusters if gpu_types[0] in types_on[name]), "")
+        form = BookingForm(**form_args, initial=initial)
     if request.method == "POST":
         if form is None:
             raise PermissionDenied("Only team managers and admins book GPUs.")
@@ -318,14 +322,15 @@ def quota_list(request):
             except ApplicationError as exc:
                 form_add_application_error(form, exc)
             else:
-                messages.success(request, f"Quota requested: {quota.gpu_hours} GPU-h for {quota.team.slug} in {quota.period_label}.")
+                messages.success(request, f"Quota requested: {quota.gpu_hours} GPU-h for {quota.team.name} in {quota.period_label}.")
                 return redirect("accounting:quotas")
     queryset = quotas_visible_to(request.user).order_by("-period_start", "-requested_at", "-pk")
     if request.GET.get("state"):
         queryset = queryset.filter(state=request.GET["state"])
     page = Paginator(queryset, 50).get_page(request.GET.get("page"))
     return render(request, "accounting/quota_list.html",
-                  {"page": page, "form": form, "is_admin": is_admin(request.user), "billing_tz": settings.TIME_ZONE},
+                  {"page": page, "form": form, "is_admin": is_admin(request.user), "billing_tz": settings.TIME_ZONE,
+                   "managed": set(teams_managed_by(request.user).values_list("pk", flat=True))},
                   status=400 if request.method == "POST" else 200)  # fmt: skip
 
 
@@ -347,7 +352,7 @@ def _quota_decision(request, quota_id: int, decide):
     except ApplicationError as exc:
         messages.error(request, exc.message)
     else:
-        messages.success(request, f"Quota {quota.pk} ({quota.team.slug}, {quota.period_label}) {quota.get_state_display().lower()}.")
+        messages.success(request, f"Quota {quota.pk} ({quota.team.name}, {quota.period_label}) {quota.get_state_display().lower()}.")
     return redirect("accounting:quotas")
 
 
@@ -366,6 +371,25 @@ def quota_reject_view(request, quota_id: int):
 
 
 @login_required
+@require_POST
+def quota_withdraw_view(request, quota_id: int):
+    """"Withdraw" on the quota list: a request awaiting approval, by its team's managers and admins."""
+    from accounting.selectors import quotas_visible_to
+    from accounting.services import quota_cancel
+
+    quota = get_object_or_404(quotas_visible_to(request.user), pk=quota_id)
+    try:
+        quota = quota_cancel(quota=quota, user=request.user, request=request, withdraw=True)
+    except ApplicationError as exc:
+        if exc.status_code == 403:
+            raise PermissionDenied(exc.message) from exc
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Quota request withdrawn ({quota.team.name}, {quota.period_label}).")
+    return redirect("accounting:quotas")
+
+
+@login_required
 def budget(request):
     """A team's GPU budget this period: budget, used, held, booked, remaining per GPU type, and a
     burn-down chart (GPU-hours left per day against the ideal straight line)."""
@@ -378,6 +402,11 @@ def budget(request):
     data = team_budget_data(team)
     head = next((r for r in data["rows"] if not r["gpu_type"]), data["rows"][0] if data["rows"] else None)
     chart = budget_burndown(quota=head["quota"]) if head else None
+    # GPU-hours paid beside busy (GPU monitoring) and the cost of the idle ones, this period so far
+    paid_busy = None
+    if head:
+        last_day = min(billing_date(timezone.now()), head["period_end"] - dt.timedelta(days=1))
+        paid_busy = cost_report(start=head["period_start"], end=last_day, group_by="gpu_type", team=team)
     return render(request, "accounting/budget.html",
                   {"teams": teams, "team": team, "data": data, "head": head, "chart": chart,
-                   "billing_tz": settings.TIME_ZONE})  # fmt: skip
+                   "paid_busy": paid_busy, "paid_currency": settings.DEFAULT_CURRENCY, "billing_tz": settings.TIME_ZONE})  # fmt: skip

@@ -211,8 +211,7 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
     from django.conf import settings
 
     gateway = common.gateway()
-    relay = "sbatch's request through libslurm (native)" if getattr(gateway, "native", None) else gateway.name
-    where = f"cluster {settings.SLURM_CLUSTER} (Slurm {gateway.version()}, relay through {relay})"
+    where = f"cluster {settings.SLURM_CLUSTER} (Slurm {gateway.version()}, relay through {gateway.name})"
     section = common.Section(
         "Single-job POSTs on the demo's processes: open-loop latency, 500 POSTs to Slurm ids"
         + ("" if settings.SLURM_CLUSTER == "gpuportal" else f" — {where}"),

@@ -67,14 +67,17 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
 
     from django.conf import settings
 
-    from portal.slurm.cli import _clean_env, render_script, sbatch_argv
+    from portal.slurm.cli import _clean_env, sbatch_argv
 
     # the configured cluster's own sbatch and libslurm (a Slurm 25.11 build outside the PATH)
     env = _clean_env(settings.SLURM_CONF, settings.SLURM_LIB_DIR)
     exe = os.path.join(settings.SLURM_BIN_DIR, "sbatch") if settings.SLURM_BIN_DIR else "sbatch"
     base = raw_spec(world)
-    script = render_script(base.script, base.environment)
-    argvs = [sbatch_argv(replace(base, comment=f"gpuportal:{uuid.uuid4()}"), exe) for _ in range(n)]
+    script = base.script
+    # a plain sbatch loop: --export=NONE, no export file (the portal's own job variables)
+    argvs = [["--export=NONE" if a == "--export=SLURM_EXPORT_ENV" else a
+              for a in sbatch_argv(replace(base, comment=f"gpuportal:{uuid.uuid4()}"), exe) if not a.startswith("--export-file")]
+             for _ in range(n)]  # fmt: skip
 
     def one(argv):
         proc = subprocess.run(

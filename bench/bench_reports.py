@@ -34,7 +34,7 @@ def ensure_database(url: str) -> None:
 
     parts = urlsplit(url)
     name = parts.path.lstrip("/")
-    admin = psycopg.connect(host=parts.hostname, port=parts.port or 5432, user=parts.username, dbname="postgres", autocommit=True)
+    admin = psycopg.connect(host=parts.hostname, port=parts.port or 5432, user=parts.username, password=parts.password, dbname="postgres", autocommit=True)
     if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
         admin.execute(f'CREATE DATABASE "{name}"')
     admin.close()

@@ -8,6 +8,7 @@ the user cannot see answers 404, as if it did not exist."""
 from __future__ import annotations
 
 import functools
+from decimal import ROUND_HALF_UP, Decimal
 
 from django.http import Http404
 from django.urls import get_script_prefix, reverse
@@ -21,6 +22,7 @@ from rest_framework.views import APIView
 from jobs.arrays import array_task_counts, job_array_task_cancel
 from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
+from jobs.gpu_report import job_gpu_report
 from jobs.models import Job, JobTemplate
 from jobs.selectors import (
     OUTPUT_DEFAULT_LENGTH,
@@ -29,6 +31,7 @@ from jobs.selectors import (
     job_output,
     job_templates_visible_to,
     jobs_visible_to,
+    jobs_with_usage,
 )
 from jobs.services import (
     IDEMPOTENCY_KEY_RE,
@@ -42,9 +45,9 @@ from jobs.services import (
     request_fingerprint,
 )
 from portal.exceptions import ApplicationError
+from portal.fields import whole_number
 from portal.models import Team
 from portal.roles import team_with_role
-from portal.serializer_cache import represented, validated
 from portal.throttles import SubmitRateThrottle
 
 
@@ -84,7 +87,8 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     name = serializers.CharField()
     cluster = serializers.CharField(source="cluster.name", help_text="The cluster it runs on.")
     time_limit_minutes = serializers.IntegerField()
-    workdir = serializers.CharField()
+    workdir = serializers.CharField(help_text="The directory the job runs in (--chdir).")
+    submit_dir = serializers.SerializerMethodField(help_text="Where it was submitted from (SLURM_SUBMIT_DIR).")
     ntasks = serializers.IntegerField()
     cpus_per_task = serializers.IntegerField(allow_null=True)
     exclusive = serializers.BooleanField()
@@ -102,14 +106,45 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     submitted_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
-    estimated_gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2)
-    estimated_cost = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    estimated_gpu_seconds = serializers.IntegerField(help_text="The most Slurm can charge: GPUs × (time limit + the "
+                                                     "cluster's overrun past it) × array tasks; held from the budget.")  # fmt: skip
+    estimated_gpu_hours = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP)
+    estimated_cost = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True, rounding=ROUND_HALF_UP)
+    gpu_seconds = serializers.SerializerMethodField(help_text="Used so far, from accounting (null: none recorded yet).")
+    gpu_hours = serializers.SerializerMethodField(help_text="gpu_seconds in GPU-hours, two places (null: none recorded yet).")
+    cost = serializers.SerializerMethodField(help_text="What it cost so far at the rates in force (null: none recorded yet).")
+    usage_final = serializers.SerializerMethodField(help_text="True once every record of it is final (the job ended and "
+                                                    "Slurm has charged it); null: none recorded yet.")  # fmt: skip
     currency = serializers.CharField()
     links = serializers.SerializerMethodField()
+
+    def get_submit_dir(self, job) -> str:
+        return job.submit_dir or job.workdir
+
+    def get_gpu_seconds(self, job) -> int | None:
+        usage = getattr(job, "usage", None)
+        return usage.gpu_seconds if usage is not None else None
+
+    def get_gpu_hours(self, job) -> Decimal | None:
+        usage = getattr(job, "usage", None)
+        return _two(usage.gpu_hours) if usage is not None else None
+
+    def get_cost(self, job) -> Decimal | None:
+        usage = getattr(job, "usage", None)
+        return _two(usage.cost) if usage is not None else None
+
+    def get_usage_final(self, job) -> bool | None:
+        usage = getattr(job, "usage", None)
+        return usage.final if usage is not None else None
 
     def get_links(self, job) -> dict[str, str]:
         pk = str(job.pk)
         return {name: url.replace(_ANY_JOB, pk) for name, url in _job_link_templates(get_script_prefix()).items()}
+
+
+def _two(value) -> str:
+    """A figure as the API shows it: two places, half up (money and GPU-hours are kept exact)."""
+    return str(Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP))
 
 
 # A job's links are reversed once (per URL prefix) for a stand-in id, then filled in: three
@@ -142,6 +177,24 @@ class JobArrayTaskOutputSerializer(serializers.Serializer):
     slurm_job_id = serializers.IntegerField(allow_null=True, help_text="The task's own Slurm id.")
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
+    gpu_seconds = serializers.SerializerMethodField(help_text="This task's usage so far (null: none recorded yet).")
+    gpu_hours = serializers.SerializerMethodField()
+    cost = serializers.SerializerMethodField()
+
+    def _usage(self, task):
+        return self.context.get("task_usage", {}).get(task.slurm_job_id) if task.slurm_job_id else None
+
+    def get_gpu_seconds(self, task) -> int | None:
+        usage = self._usage(task)
+        return usage.gpu_seconds if usage is not None else None
+
+    def get_gpu_hours(self, task) -> Decimal | None:
+        usage = self._usage(task)
+        return _two(usage.gpu_hours) if usage is not None else None
+
+    def get_cost(self, task) -> Decimal | None:
+        usage = self._usage(task)
+        return _two(usage.cost) if usage is not None else None
 
 
 class JobDetailOutputSerializer(JobSummaryOutputSerializer):
@@ -150,8 +203,17 @@ class JobDetailOutputSerializer(JobSummaryOutputSerializer):
     task_counts = serializers.SerializerMethodField(help_text="Array jobs: tasks per state (not seen yet: PENDING).")
     tasks = JobArrayTaskOutputSerializer(source="array_task_rows.all", many=True, help_text="Array jobs: each task seen so far.")
 
+    gpu_usage = serializers.SerializerMethodField(
+        help_text="What the job's GPUs did (from Prometheus, stored by the portal): per GPU (array: per task) mean and "
+        "peak utilisation (%) and memory (MiB), idle share, busy GPU-hours; the verdict; the chart (at most 240 points "
+        "per GPU); status.as_of: figures up to then, status.failing_since: Prometheus not answering."
+    )
+
     def get_task_counts(self, job) -> dict[str, int]:
         return array_task_counts(job) if job.array else {}
+
+    def get_gpu_usage(self, job) -> dict:
+        return job_gpu_report(job)
     environment = serializers.DictField(child=serializers.CharField())
     relay_attempts = serializers.IntegerField()
     last_relay_error = serializers.CharField()
@@ -205,13 +267,23 @@ class JobCollectionApi(ListAPIView):
         qos = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
         constraint = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
         booking = serializers.UUIDField(required=False, allow_null=True, default=None)
-        workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+        workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None,
+                                        help_text="Overrides the script's --chdir.")  # fmt: skip
+        submit_dir = serializers.CharField(
+            required=False, allow_null=True, allow_blank=True, default=None,
+            help_text="Where the job is submitted from, as sbatch's own directory (SLURM_SUBMIT_DIR; the job starts "
+                      "there without --chdir; relative paths are resolved against it); empty: your default directory.",
+        )  # fmt: skip
         environment = serializers.DictField(
             child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
         )
 
     def get_queryset(self):
         return jobs_visible_to(self.request.user).order_by("-created_at")
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        return jobs_with_usage(page) if page is not None else None  # each job's cost so far: one query a page
 
     def get_throttles(self):
         return [SubmitRateThrottle()] if self.request.method == "POST" else []
@@ -244,7 +316,9 @@ class JobCollectionApi(ListAPIView):
     def post(self, request, *args, **kwargs):
         if isinstance(request.data, list):
             return self._post_batch(request)
-        data = validated(self.JobSubmitInputSerializer, request.data)  # one serializer per thread: the hot path
+        serializer = self.JobSubmitInputSerializer(data=request.data, context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
         if not data.get("cluster"):
             data.pop("cluster", None)  # not given: the fingerprint of a one-cluster body stays what it was
         fingerprint = request_fingerprint(data)  # the body as understood, key order irrelevant
@@ -257,7 +331,8 @@ class JobCollectionApi(ListAPIView):
             **data,
         )
         return Response(
-            represented(JobSummaryOutputSerializer, job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            JobSummaryOutputSerializer(job, context={"request": request}).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
     def _post_batch(self, request):
@@ -312,7 +387,9 @@ class JobDetailApi(APIView):
             job = job_detail(user=request.user, job_id=job_id)
         except Job.DoesNotExist:
             raise Http404 from None
-        return Response(JobDetailOutputSerializer(job).data)
+        jobs_with_usage([job])
+        task_usage = job.usage.tasks if job.usage is not None else {}
+        return Response(JobDetailOutputSerializer(job, context={"task_usage": task_usage}).data)
 
 
 class JobCancelApi(APIView):
@@ -329,9 +406,10 @@ class JobCancelApi(APIView):
         job = _visible_job(request, job_id)
         task = request.query_params.get("task")
         if task is not None:  # one task of an array job
-            if not task.isdigit():
+            index = whole_number(task)
+            if index is None:
                 raise ApplicationError("Invalid task.", errors={"task": ["An array index (a whole number)."]})
-            job = job_array_task_cancel(user=request.user, job=job, index=int(task), request=request)
+            job = job_array_task_cancel(user=request.user, job=job, index=index, request=request)
             return Response(JobSummaryOutputSerializer(job).data, status=status.HTTP_202_ACCEPTED)
         job = job_cancel(user=request.user, job=job, request=request)
         code = status.HTTP_200_OK if job.state == JobState.CANCELLED else status.HTTP_202_ACCEPTED
@@ -386,11 +464,14 @@ class JobQuoteApi(APIView):
         array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
 
     class JobQuoteOutputSerializer(serializers.Serializer):
-        gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2)
+        gpu_seconds = serializers.IntegerField(help_text="Exact: GPUs × (time limit + overrun) × array tasks.")
+        overrun_seconds = serializers.IntegerField(help_text="Per task: how far past its time limit Slurm may run and charge it.")
+        gpu_hours = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP)
         gpu_type = serializers.CharField()
         gpu_type_assumed = serializers.BooleanField()
+        gpu_types = serializers.ListField(child=serializers.CharField(), help_text="The types it can land on (all held).")
         price_per_gpu_hour = serializers.DecimalField(max_digits=12, decimal_places=4, allow_null=True)
-        cost = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+        cost = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True, rounding=ROUND_HALF_UP)
         currency = serializers.CharField()
         note = serializers.CharField()
 

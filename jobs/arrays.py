@@ -141,6 +141,64 @@ def array_task_counts(job: Job) -> dict[str, int]:
     return counts
 
 
+ARRAY_TABLE_MAX_TASKS = 1000  # the job page lists at most this many tasks (the API has them all)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayTaskRow:
+    """One task of an array job as the job's page shows it (a task no sync has seen yet: PENDING)."""
+
+    index: int
+    state: str
+    slurm_id: str  # Slurm's own name for it: "<array id>_<index>" ("" before the array has an id)
+    exit_code: int | None  # None while it runs, and for a cancelled task (Slurm's 0 there means nothing)
+    started_at: Any
+    ended_at: Any
+    usage: Any = None  # accounting.selectors.TaskUsage by the task's own Slurm id (None: none recorded)
+
+    @property
+    def elapsed_seconds(self) -> int | None:
+        from django.utils import timezone
+
+        if self.started_at is None:
+            return None
+        return max(int(((self.ended_at or timezone.now()) - self.started_at).total_seconds()), 0)
+
+    @property
+    def has_output(self) -> bool:
+        return self.started_at is not None or self.state not in (JobState.PENDING, JobState.CANCELLED)
+
+
+def array_has_task(job: Job, index: int) -> bool:
+    """``index`` is one of the array's tasks (no query)."""
+    return index in _indexes(job.array)
+
+
+def array_task_table(
+    job: Job, *, limit: int = ARRAY_TABLE_MAX_TASKS, usage=None
+) -> tuple[list[ArrayTaskRow], dict[str, int]]:
+    """(every task of the array in index order, at most ``limit``; tasks per state) from one query:
+    the job page's task table and its counts, from the same rows so they never disagree. ``usage``:
+    the job's accounting.selectors.JobUsage (jobs.selectors.jobs_with_usage), each task's own share."""
+    per_task = usage.tasks if usage is not None else {}
+    indexes = _indexes(job.array) if job.array else []
+    seen = {t.index: t for t in job.array_task_rows.all()}
+    counts: dict[str, int] = {}
+    rows = []
+    for index in indexes or sorted(seen):
+        task = seen.get(index)
+        state = task.state if task is not None else JobState.PENDING
+        counts[state] = counts.get(state, 0) + 1
+        if len(rows) < limit:
+            exit_code = task.exit_code if task is not None and state != JobState.CANCELLED else None
+            rows.append(ArrayTaskRow(
+                index=index, state=state, slurm_id=f"{job.slurm_job_id}_{index}" if job.slurm_job_id else "",
+                exit_code=exit_code, started_at=task.started_at if task else None, ended_at=task.ended_at if task else None,
+                usage=per_task.get(task.slurm_job_id) if task is not None and task.slurm_job_id else None,
+            ))  # fmt: skip
+    return rows, counts
+
+
 def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
     """Cancel one task of a live array job (``scancel <array>_<index>``), for whoever may cancel the
     job. Not an array / not in Slurm yet / unknown index: 400; ended: 409. The sync then sees the

@@ -4,16 +4,33 @@ clusters. One copy per process (portal.snapshots), moved by ``cluster_sync``."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+
+from django.conf import settings
 
 from portal.models import Cluster, ClusterPolicyInfo, NodeInfo, PartitionInfo
 from portal.slurm import cluster_config
+from portal.slurm.types import OVER_TIME_UNLIMITED, TIME_LIMIT_CHECK_SECONDS
 from portal.snapshots import INVENTORY, snapshot
+
+
+def overrun_seconds(*, over_time_limit_minutes: int, kill_wait_seconds: int) -> int | None:
+    """The most a job can run (and be charged) past its time limit: slurmctld ends it at the first
+    time-limit check (every TIME_LIMIT_CHECK_SECONDS) after limit + OverTimeLimit; KillWait on top as
+    the margin of a check that runs late (a busy controller). None: OverTimeLimit=UNLIMITED (no bound)."""
+    if over_time_limit_minutes == OVER_TIME_UNLIMITED:
+        return None
+    return over_time_limit_minutes * 60 + TIME_LIMIT_CHECK_SECONDS + kill_wait_seconds
 
 
 @dataclass(frozen=True)
 class PartitionCapacity:
-    """What one partition of one cluster can ever give a job (from the synced inventory)."""
+    """What one partition of one cluster can ever give a job (from the synced inventory), and the
+    partition's flags that change what a job is allocated (ClusterPolicyInfo.partition_limits):
+    ``exclusive`` (OverSubscribe=EXCLUSIVE: whole nodes), ``exclusive_user`` (measured: AllocTRES
+    stays what the job asks), DefMemPerGPU / MaxMemPerNode (MiB), and ``overrun_seconds``, how far
+    past its time limit Slurm can charge a job here (None: without bound)."""
 
     name: str
     default_time_minutes: int | None
@@ -21,11 +38,21 @@ class PartitionCapacity:
     nodes: tuple[NodeInfo, ...]
     cluster_id: int | None = None
     cluster: str = ""
-    cluster_row: Cluster | None = field(default=None, compare=False, repr=False)  # the job row points at it
+    # the cluster's row, shared by the threads of the process: a job gets its own copy (cluster_for_job)
+    cluster_row: Cluster | None = field(default=None, compare=False, repr=False)
+    exclusive: bool = False
+    exclusive_user: bool = False
+    def_mem_per_gpu_mb: int | None = None
+    max_mem_per_node_mb: int | None = None
+    overrun_seconds: int | None = 0
 
     @property
     def gpu_types(self) -> list[str]:
         return sorted({n.gpu_type for n in self.nodes if n.gpu_type and n.gpus_total})
+
+    def cluster_for_job(self) -> Cluster | None:
+        """A copy of the cluster's row for a new job to point at (no query; never the shared row)."""
+        return copy.copy(self.cluster_row)
 
     def eligible_nodes(self, gpu_type: str) -> list[NodeInfo]:
         """Nodes with GPUs of that type ("" = any type)."""
@@ -103,11 +130,13 @@ def _inventory_load() -> Inventory:
     """Four queries: active clusters' partitions (with their cluster), nodes, policies, clusters."""
     parts = list(PartitionInfo.objects.filter(cluster__active=True).select_related("cluster"))
     nodes = {(n.cluster_id, n.name): n for n in NodeInfo.objects.order_by("name")}
+    policies = {policy.cluster_id: policy for policy in ClusterPolicyInfo.objects.all()}
     capacities = {
         (p.cluster.name, p.name): PartitionCapacity(
             p.name, p.default_time_minutes, p.max_time_minutes,
             tuple(nodes[(p.cluster_id, name)] for name in sorted(p.node_names) if (p.cluster_id, name) in nodes),
             cluster_id=p.cluster_id, cluster=p.cluster.name, cluster_row=p.cluster,
+            **_partition_flags(policies.get(p.cluster_id), p.name),
         )
         for p in parts
     }  # fmt: skip
@@ -115,8 +144,24 @@ def _inventory_load() -> Inventory:
     clusters = list(Cluster.objects.filter(active=True).order_by("name"))
     # the configured first cluster by name, not the recorded flag (which may lag a settings change)
     default_cluster = cluster_config().name
-    policies = {policy.cluster_id: policy for policy in ClusterPolicyInfo.objects.all()}
     return Inventory(capacities, defaults, default_cluster, frozenset(c.name for c in clusters), policies)
+
+
+def _partition_flags(policy: ClusterPolicyInfo | None, partition: str) -> dict:
+    """PartitionCapacity's flags of one partition from its cluster's policy (None: not read yet: no
+    flags, and the overrun of SLURM_OVERRUN_SECONDS_UNREAD)."""
+    if policy is None:
+        return {"overrun_seconds": settings.SLURM_OVERRUN_SECONDS_UNREAD}
+    limits = (policy.partition_limits or {}).get(partition) or {}
+    over_time = limits.get("over_time_limit_minutes")
+    return {
+        "exclusive": bool(limits.get("exclusive")), "exclusive_user": bool(limits.get("exclusive_user")),
+        "def_mem_per_gpu_mb": limits.get("def_mem_per_gpu_mb"), "max_mem_per_node_mb": limits.get("max_mem_per_node_mb"),
+        "overrun_seconds": overrun_seconds(
+            over_time_limit_minutes=policy.over_time_limit_minutes if over_time is None else over_time,
+            kill_wait_seconds=policy.kill_wait_seconds,
+        ),
+    }  # fmt: skip
 
 
 def inventory() -> Inventory:

@@ -9,12 +9,9 @@ from django.db import models
 from django.db.models import Q
 
 from portal import models as portal_models
+from portal.slurm import tags
 
 from jobs.choices import LIVE_STATES, JobState, TemplateScope, TERMINAL_STATES
-
-# The tag the portal puts in Slurm's job comment; Slurm keeps it in the queue and in accounting, so
-# a job can be found again after a crash between sbatch and the database write.
-SLURM_TAG_PREFIX = "gpuportal:"
 
 
 class Job(models.Model):
@@ -40,6 +37,9 @@ class Job(models.Model):
     memory_gb = models.PositiveIntegerField(null=True, blank=True, help_text="Per node; empty: partition default.")
     time_limit_minutes = models.PositiveIntegerField()
     workdir = models.CharField(max_length=1024)
+    # where it was submitted from (SLURM_SUBMIT_DIR, the base of relative paths; jobs/workdirs.py);
+    # empty on rows from before it was recorded: the working directory
+    submit_dir = models.CharField(max_length=1024, blank=True)
     environment = models.JSONField(default=dict, blank=True)
     # What the script's #SBATCH lines and the fields asked for (jobs.spec): ``gpus`` is what Slurm
     # allocates to one job (one array task); the estimate is gpus × time limit × array_tasks.
@@ -79,9 +79,11 @@ class Job(models.Model):
     # reached Slurm: its notice is owed (the sweeper's, jobs.services.job_end_notify_sweep).
     end_notified_at = models.DateTimeField(null=True, blank=True)
 
-    # Estimate at submission
-    estimated_gpu_hours = models.DecimalField(max_digits=12, decimal_places=2)
-    estimated_cost = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    # Estimate at submission: the most Slurm can charge (jobs.estimate), exact in GPU-seconds; hours
+    # and cost to six places rounded up (pages and the API round them for display)
+    estimated_gpu_seconds = models.PositiveBigIntegerField(default=0)
+    estimated_gpu_hours = models.DecimalField(max_digits=16, decimal_places=6)
+    estimated_cost = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
     currency = models.CharField(max_length=3, blank=True)
 
     # Exactly once: the client's key (+ a hash of what it sent), and the relay's claim
@@ -139,7 +141,7 @@ class Job(models.Model):
     @property
     def slurm_tag(self) -> str:
         """The comment carried by this job in Slurm."""
-        return f"{SLURM_TAG_PREFIX}{self.id}"
+        return tags.slurm_tag(self.id)
 
     @property
     def is_terminal(self) -> bool:
@@ -233,6 +235,96 @@ class JobArrayTask(models.Model):
         ordering = ["job", "index"]
         # one row per task; the job's page and API read a job's tasks in index order
         constraints = [models.UniqueConstraint(fields=["job", "index"], name="jobarraytask_unique_index")]
+        # the GPU-usage sync: a task by its own Slurm id (the exporter's job label)
+        indexes = [models.Index(fields=["slurm_job_id"], name="jobarraytask_slurm_job_id")]
 
     def __str__(self) -> str:
         return f"{self.job_id}[{self.index}] {self.state}"
+
+
+# ---------------------------------------------------------------- what the GPUs did (issue 32)
+
+
+class JobGpuUsage(models.Model):
+    """One GPU one job (one array task) held, as the site's Prometheus saw it (jobs.services.gpu_usage):
+    running figures the GPU-usage sync adds to each cycle, frozen (``final``) once the job has ended and
+    its last points are in, so the summary outlives Prometheus's retention. Means are sums over
+    samples (one a GPU_USAGE_STEP_SECONDS step, each the mean over its step)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="gpu_usage")
+    task_index = models.PositiveIntegerField(null=True, blank=True)  # array task; null: not an array
+    slurm_job_id = models.PositiveBigIntegerField()  # the exporter's job label (an array task's own id)
+    host = models.CharField(max_length=128)
+    gpu = models.CharField(max_length=32)  # the GPU's index on its host, as the exporter labels it
+    model_name = models.CharField(max_length=128, blank=True)
+    step_seconds = models.PositiveIntegerField()
+    samples = models.PositiveIntegerField(default=0)
+    util_sum = models.FloatField(default=0)  # % x samples
+    util_peak = models.FloatField(default=0)
+    idle_samples = models.PositiveIntegerField(default=0)  # under GPU_IDLE_THRESHOLD_PERCENT
+    mem_sum = models.FloatField(default=0)  # MiB x samples with a memory figure
+    mem_samples = models.PositiveIntegerField(default=0)
+    mem_peak = models.FloatField(default=0)
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+    idle_since = models.DateTimeField(null=True, blank=True)  # start of the idle run the last sample is in
+    final = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["job", "task_index", "host", "gpu"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "slurm_job_id", "host", "gpu"], name="jobgpuusage_unique_gpu"),
+        ]
+        indexes = [
+            # the sync's finalisation and the idle alerts: the rows still growing (partial: few)
+            models.Index(fields=["job"], name="jobgpuusage_open", condition=Q(final=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.host}/{self.gpu}"
+
+    @property
+    def util_mean(self) -> float:
+        return self.util_sum / self.samples if self.samples else 0.0
+
+    @property
+    def mem_mean(self) -> float:
+        return self.mem_sum / self.mem_samples if self.mem_samples else 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        return self.idle_samples / self.samples if self.samples else 0.0
+
+
+class JobGpuSample(models.Model):
+    """One point of a GPU's series (the mean over one step), for the job page's chart; the page
+    reads them averaged into at most GPU_CHART_POINTS buckets (jobs.selectors.job_gpu_report)."""
+
+    usage = models.ForeignKey(JobGpuUsage, on_delete=models.CASCADE, related_name="points")
+    at = models.DateTimeField()
+    util = models.FloatField()
+    mem_mib = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["usage", "at"]
+        # a job's chart: the points of its GPUs in time order; one point per GPU and step
+        constraints = [models.UniqueConstraint(fields=["usage", "at"], name="jobgpusample_unique_at")]
+
+
+class JobGpuIdleAlert(models.Model):
+    """A running job whose GPUs all stayed idle GPU_IDLE_ALERT_MINUTES: recorded once per job (the
+    primary key decides between concurrent checks), mailed to its submitter and POSTed to the team's
+    webhook, each claimed before it is sent (jobs.services.gpu_alerts)."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="gpu_idle_alert")
+    created_at = models.DateTimeField()
+    idle_since = models.DateTimeField()
+    gpus = models.PositiveIntegerField()
+    cost_so_far = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
+    emailed_at = models.DateTimeField(null=True, blank=True)
+    webhook_delivered_at = models.DateTimeField(null=True, blank=True)
+    webhook_error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"idle GPUs: {self.job_id}"

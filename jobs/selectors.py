@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Prefetch, Q, QuerySet
 
+from accounting.selectors import jobs_usage
 from jobs.choices import STREAM_SUFFIX, TERMINAL_STATES, JobState, OutputStream
 from jobs.models import Job, JobEvent, JobTemplate
 from jobs.output_paths import expand_output_pattern
+from jobs.workdirs import cluster_username
 from portal.roles import is_admin, member_team_ids
 
 OUTPUT_MAX_LENGTH = 1024 * 1024  # one read of job output returns at most 1 MiB
@@ -39,6 +41,21 @@ def job_detail(*, user, job_id) -> Job:
     return jobs_visible_to(user).prefetch_related(
         Prefetch("events", queryset=JobEvent.objects.order_by("at", "pk"))
     ).get(pk=job_id)
+
+
+def jobs_with_usage(jobs, tasks=()) -> list:
+    """The jobs (and array task rows) with what they really used so far: ``job.usage`` is an
+    accounting.selectors.JobUsage (GPU-seconds, cost, final) or None (no usage recorded yet), and
+    each task row's ``usage`` its (GPU-seconds, cost) by its own Slurm id. One query for any number."""
+    jobs = list(jobs)
+    usage = jobs_usage([job.pk for job in jobs])  # every job of the page: one query, whatever they are
+    for job in jobs:
+        job.usage = usage.get(job.pk)
+    by_job = {job.pk: job for job in jobs}
+    for task in tasks:
+        job_usage = getattr(by_job.get(task.job_id), "usage", None)
+        task.usage = job_usage.tasks.get(task.slurm_job_id) if job_usage is not None and task.slurm_job_id else None
+    return jobs
 
 
 def job_templates_visible_to(user) -> QuerySet[JobTemplate]:
@@ -69,8 +86,7 @@ def job_output_path(job: Job, stream: str, *, array_index: int | None = None, ta
         pattern = settings.JOB_OUTPUT_PATTERN.format(workdir=job.workdir, slurm_job_id=slurm_id, stream=STREAM_SUFFIX[stream])
     if job.array and array_index is None:
         array_index = first_array_index(job.array)
-    profile = getattr(job.submitter, "profile", None)
-    user = profile.cluster_username if profile else job.submitter.username
+    user = cluster_username(job.submitter)
     return expand_output_pattern(
         pattern, job_id=task_job_id or job.slurm_job_id, name=job.name, user=user,
         array_job_id=job.slurm_job_id if job.array else None, array_index=array_index if job.array else None,
@@ -111,6 +127,23 @@ def _utf8_cut(raw: bytes) -> bytes:
         needed = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
         return raw if back >= needed else raw[:-back]
     return raw
+
+
+def job_output_owner_uid(job: Job) -> int | None:
+    """The uid a job's output files must belong to, for every job: the Unix user it ran as (recorded
+    by the relay, or by the sync from Slurm's UserId when it adopts a job by its tag), else the
+    submitter's Unix account on this host, as the relay resolves it (a job recorded before either
+    existed); with SLURM_SUBMIT_AS_USER off, the portal's own uid (sbatch runs the job as its caller).
+    None: no such account, and no output is shown."""
+    if job.unix_uid is not None:
+        return job.unix_uid
+    if not settings.SLURM_SUBMIT_AS_USER:
+        return os.geteuid()
+    from portal.unix import unix_ids
+
+    profile = getattr(job.submitter, "profile", None)
+    ids = unix_ids(profile.cluster_username if profile else job.submitter.username)
+    return ids[0] if ids else None
 
 
 def job_output(
@@ -156,7 +189,8 @@ def job_output(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return empty("The output path is not a regular file; not shown.")
-        if job.unix_uid is not None and info.st_uid != job.unix_uid:
+        owner = job_output_owner_uid(job)
+        if owner is None or info.st_uid != owner:
             return empty("The output file does not belong to the job's user; not shown.")
         size = info.st_size
         if offset >= size:

@@ -18,12 +18,14 @@ the form or the CLI, checked against the synced inventory, as the effective requ
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
 from gpuportal_cli.sbatch_directives import (
     CLUSTER_OPTIONS,
@@ -31,6 +33,8 @@ from gpuportal_cli.sbatch_directives import (
     DirectiveError,
     ScriptRequest,
     apply_overrides,
+    begin_latest,
+    check_mail_type,
     parse_directives,
     script_request,
 )
@@ -97,6 +101,22 @@ REFUSED_OPTIONS = {
 }
 
 
+def _check_begin(directive: Directive, errors: _Errors) -> None:
+    """--begin at most JOB_BEGIN_MAX_DAYS ahead (its budget hold waits with the job)."""
+    now = timezone.now()
+    try:
+        latest = begin_latest(directive.value or "", now=now, line=directive.line)
+    except DirectiveError as exc:
+        errors.directive(directive, exc.message)
+        return
+    if latest > now + dt.timedelta(days=settings.JOB_BEGIN_MAX_DAYS):
+        errors.directive(
+            directive,
+            f"--begin may defer a job by at most {settings.JOB_BEGIN_MAX_DAYS} days (JOB_BEGIN_MAX_DAYS): "
+            "its budget stays reserved while it waits.",
+        )
+
+
 @dataclass
 class ValidSpec:
     """The normalised, checked job spec: what Slurm will allocate, and the command-line overrides."""
@@ -113,6 +133,7 @@ class ValidSpec:
     workdir: str
     environment: dict[str, str]
     capacity: PartitionCapacity = field(repr=False)
+    submit_dir: str = ""  # where it is submitted from (SLURM_SUBMIT_DIR): the field, else the user's default
     ntasks: int = 1
     cpus_per_task: int | None = None
     exclusive: bool = False
@@ -145,6 +166,8 @@ def validate_job_spec(
     time_limit_minutes: Any,
     workdir: str | None,
     environment: dict | None,
+    submit_dir: str | None = None,
+    default_submit_dir: str = "/",
     account: str = "",
     accounts: Mapping[str, str] | None = None,
     cluster: str | None = None,
@@ -165,6 +188,9 @@ def validate_job_spec(
     cluster the partition picks (or ``cluster`` names, else the script's ``-M``/``--clusters``; "" /
     None: from the partition) applies, and a cluster not in it is refused (``cluster``, or ``script``
     naming the line).
+    ``submit_dir``: where the job is submitted from (the CLI's own directory; None/"": the user's
+    ``default_submit_dir``, jobs.workdirs): the job starts there unless ``workdir`` (the field, an
+    override of --chdir) or the script's --chdir say otherwise; relative paths are resolved against it.
     ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition."""
     cache = {} if cache is None else cache
     errors = _Errors()
@@ -180,6 +206,13 @@ def validate_job_spec(
             errors.directive(directive, f"the portal does not accept --{directive.option}: {REFUSED_OPTIONS[directive.option]}.")
         elif directive.option == "nice" and (directive.value or "").strip().startswith("-"):
             errors.directive(directive, "a negative --nice needs Slurm administrator rights.")
+        elif directive.option == "begin":
+            _check_begin(directive, errors)
+        elif directive.option == "mail-type":
+            try:
+                check_mail_type(directive.value or "", line=directive.line)
+            except DirectiveError as exc:
+                errors.directive(directive, exc.message)
         elif directive.option == "account" and account and accounts is None and directive.value != account:
             errors.directive(directive, f"jobs of this team run in Slurm account {account!r}, not {directive.value!r}.")
     script_options = {d.option: d for d in directives}
@@ -264,7 +297,19 @@ def validate_job_spec(
             override("gres", f"{prefix}1")
         request = read(apply_overrides(directives, overrides))
 
-    # workdir: the field, else the script's --chdir (relative: against the default), else the default
+    # where it is submitted from: the field (absolute), else the user's default
+    if submit_dir not in (None, ""):
+        if not isinstance(submit_dir, str) or not os.path.isabs(submit_dir):
+            errors.add("submit_dir", "Give an absolute path (starting with /).")
+            submit_dir = default_submit_dir
+        elif not _path_ok(submit_dir) or "%" in submit_dir:
+            errors.add("submit_dir", "At most 1024 characters, without control characters or '%'.")
+            submit_dir = default_submit_dir
+        else:
+            submit_dir = os.path.normpath(submit_dir)
+    else:
+        submit_dir = default_submit_dir
+    # workdir: the field, else the script's --chdir (relative: against the submit directory), else that
     if workdir not in (None, ""):
         if not isinstance(workdir, str) or not os.path.isabs(workdir):
             errors.add("workdir", "Give an absolute path (starting with /).")
@@ -277,11 +322,11 @@ def validate_job_spec(
         chdir = script_options["chdir"]
         if not _path_ok(chdir.value or "") or "%" in (chdir.value or ""):
             errors.directive(chdir, "a directory of at most 1024 characters, without control characters or '%'.")
-        workdir = _absolute(chdir.value or ".", settings.JOB_DEFAULT_WORKDIR)
+        workdir = _absolute(chdir.value or ".", submit_dir)
         if not (chdir.value or "").startswith("/"):
-            override("chdir", workdir)  # sbatch would resolve it against its own directory
+            override("chdir", workdir)  # sbatch resolves it against its own directory: the submit directory
     else:
-        workdir = settings.JOB_DEFAULT_WORKDIR
+        workdir = submit_dir
         override("chdir", workdir)
     environment_clean = _clean_environment(environment, errors)
 
@@ -346,7 +391,7 @@ def validate_job_spec(
     # what Slurm gets: the cluster is the job's (its gateway's), never a directive sbatch would route by
     effective = [d for d in apply_overrides(directives, overrides) if d.option not in CLUSTER_OPTIONS]
     spec.update(
-        name=name, script=script, workdir=workdir, environment=environment_clean,
+        name=name, script=script, workdir=workdir, environment=environment_clean, submit_dir=submit_dir,
         output=_absolute(request.output, workdir) if request.output else "",
         error=_absolute(request.error, workdir) if request.error else "",
         overrides=[[d.option, d.value] for d in overrides],

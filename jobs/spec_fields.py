@@ -9,8 +9,8 @@ from typing import Any
 
 from gpuportal_cli.sbatch_directives import Directive
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # no spaces: names end up in file names and CLI tables
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}\Z")  # no spaces: names end up in file names and CLI tables
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would also take a trailing newline
 CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ENV_ENTRIES = 64

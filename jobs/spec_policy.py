@@ -4,6 +4,8 @@ the directive): the cluster's policy (QOS, node features, MaxArraySize) and the 
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.conf import settings
 
 from gpuportal_cli.sbatch_directives import ScriptRequest
@@ -48,6 +50,9 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
     """The partition's limits in Slurm's terms (each refusal names the directive); the numbers
     Slurm will allocate."""
     opt = request.options.get
+    if capacity.exclusive and not request.exclusive:
+        # OverSubscribe=EXCLUSIVE: Slurm gives every job of the partition whole nodes (AllocTRES: every GPU)
+        request = dataclasses.replace(request, exclusive=True)
     gpu_type = request.gpu_type
     eligible = capacity.eligible_nodes(gpu_type)
     if gpu_type and not eligible:
@@ -61,6 +66,8 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
     per_node_gpus = max(n.gpus_total for n in eligible)
     cpus_per_node = max((n.cpus_total for n in eligible), default=0)
     mem_per_node_mb = max((n.memory_mb for n in eligible), default=0)
+    if capacity.max_mem_per_node_mb:  # the partition's MaxMemPerNode caps what a job may have of a node
+        mem_per_node_mb = min(mem_per_node_mb or capacity.max_mem_per_node_mb, capacity.max_mem_per_node_mb)
     nodes = request.nodes_for(cpus_per_node)
     if nodes > len(eligible):
         errors.directive(opt("nodes") or opt("ntasks"), f"partition {capacity.name} has {len(eligible)} node(s) with {gpu_type or 'GPUs'}.", fallback="nodes")
@@ -92,12 +99,24 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
         errors.directive(opt("mem-per-cpu"), f"{request.mem_per_cpu_mb} MB per CPU × {cpus_needed} CPUs exceeds a node's {mem_per_node_mb} MB.")
     if request.mem_per_gpu_mb and mem_per_node_mb and request.mem_per_gpu_mb * -(-gpus // nodes) > mem_per_node_mb:
         errors.directive(opt("mem-per-gpu"), f"{request.mem_per_gpu_mb} MB per GPU exceeds a node's {mem_per_node_mb} MB.")
+    asked_memory = request.mem_mb or request.mem_per_cpu_mb or request.mem_per_gpu_mb
+    if not asked_memory and capacity.def_mem_per_gpu_mb and mem_per_node_mb:
+        default_mb = capacity.def_mem_per_gpu_mb * -(-gpus // nodes)  # the partition's DefMemPerGPU applies
+        if default_mb > mem_per_node_mb:
+            errors.add("memory_gb", f"Memory specification can not be satisfied: partition {capacity.name} gives "
+                       f"{capacity.def_mem_per_gpu_mb} MB per GPU by default ({default_mb} MB per node); a node has "
+                       f"{mem_per_node_mb} MB. Ask for less memory (--mem).")  # fmt: skip
     time_n = request.time_limit_minutes
     if request.time_unlimited:
         if capacity.max_time_minutes is None:
             errors.directive(opt("time"), "give a finite time limit (the portal estimates the cost from it).", fallback="time_limit_minutes")
         else:
             errors.directive(opt("time"), f"requested time limit is invalid: at most {capacity.max_time_minutes} minutes in partition {capacity.name}.", fallback="time_limit_minutes")
+        return None
+    if capacity.overrun_seconds is None:
+        errors.directive(opt("time"), f"cluster {capacity.cluster or 'here'} lets jobs of partition {capacity.name} run past "
+                         "their time limit without bound (OverTimeLimit=UNLIMITED): the portal cannot hold a budget for "
+                         "them.", fallback="time_limit_minutes")  # fmt: skip
         return None
     if time_n is None:
         time_n = capacity.default_time_minutes or capacity.max_time_minutes or 60

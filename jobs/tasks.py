@@ -115,3 +115,26 @@ def job_end_notify_sweep_task() -> int:
 def budget_holds_sweep_task() -> dict:
     """Periodic (portal/celery.py, budget-hold-sweep): release budget holds whose final usage never came."""
     return services.budget_holds_sweep()
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
+def gpu_usage_sync_task() -> dict:
+    """Periodic (portal/celery.py, gpu-usage-sync): one Prometheus range query for every job's GPUs
+    (services.gpu_usage_sync). Overlapping beats: the second is a no-op."""
+    from django.core.cache import cache
+
+    if not cache.add("gpu-usage-sync-lock", "1", timeout=60):
+        return {"skipped": "another sync is running"}
+    try:
+        return services.gpu_usage_sync()
+    finally:
+        cache.delete("gpu-usage-sync-lock")
+
+
+@shared_task(bind=True, ignore_result=True, max_retries=6, retry_backoff=30, soft_time_limit=50, time_limit=60)
+def job_gpu_idle_alert_deliver(self, job_id: str) -> dict:
+    """E-mail and webhook of one idle-GPU alert, each sent once (services.gpu_idle_alert_deliver)."""
+    try:
+        return services.gpu_idle_alert_deliver(job_id=job_id)
+    except OSError as exc:  # SMTP or the webhook unreachable
+        raise self.retry(exc=exc) from exc

@@ -13,7 +13,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -21,15 +21,17 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from jobs.choices import LIVE_STATES, JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.forms import JobForm, QuoteForm, TemplateSaveForm, format_minutes, initial_from_spec
+from jobs.gpu_report import job_gpu_report
 from jobs.models import Job
-from jobs.selectors import job_output, job_templates_visible_to, jobs_visible_to
+from jobs.selectors import first_array_index, job_output, job_templates_visible_to, jobs_visible_to, jobs_with_usage
 from jobs.services import job_cancel, job_quote, job_submit, job_template_create, job_template_delete
-from jobs.arrays import array_task_counts
+from jobs.arrays import array_task_table
 from jobs.script_fields import SCRIPT_FIELDS, fields_from_script, uploaded_script_text
 from jobs.spec import directives_table
 from portal.exceptions import ApplicationError, form_add_application_error
+from portal.fields import whole_number
 from portal.roles import is_admin
-from portal.selectors import cluster_summary, teams_visible_to
+from portal.selectors import cluster_summary, several_clusters, teams_visible_to
 
 JOBS_PER_PAGE = 25
 LIST_POLL_SECONDS = 5
@@ -65,7 +67,7 @@ def job_list(request):
         "filterset": filterset,
         "filter_errors": filterset.errors if not filterset.is_valid() else None,
         "page": page,
-        "jobs": page.object_list,
+        "jobs": jobs_with_usage(page.object_list),
         "query": query.urlencode(),
         "live_ids": [str(job.pk) for job in page.object_list if job.state in LIVE_STATES][:MAX_LIVE_IDS],
         "teams": teams_visible_to(request.user).order_by("name"),
@@ -73,6 +75,7 @@ def job_list(request):
         "selected_states": request.GET.getlist("state"),
         "poll_seconds": LIST_POLL_SECONDS,
         "filtered": any(request.GET.get(k) for k in ("team", "state", "since", "mine")),
+        "several_clusters": several_clusters(),
     }
     template = "partials/job_table.html" if _is_htmx(request) else "jobs/job_list.html"
     return render(request, template, context)
@@ -102,24 +105,31 @@ def job_live_states(request):
 
 
 def _detail_context(request, job: Job) -> dict:
+    jobs_with_usage([job])  # what it really cost, beside the estimate (per task for arrays)
+    array_rows, task_counts = array_task_table(job, usage=job.usage) if job.array else ([], {})
     return {
         "job": job,
         "events": list(job.events.order_by("at", "pk")),
         "is_live": job.state in LIVE_STATES,
         "poll_seconds": DETAIL_POLL_SECONDS,
-        "task_counts": array_task_counts(job) if job.array else {},
-        "array_rows": list(job.array_task_rows.all()[:1001]) if job.array else [],
+        "task_counts": task_counts,
+        "array_rows": array_rows,
+        "streams": OutputStream.choices,
+        "several_clusters": several_clusters(),
     }
 
 
-def _output_context(job: Job, stream: str) -> dict:
-    """The last OUTPUT_TAIL_BYTES of a stream."""
-    probe = job_output(job=job, stream=stream, offset=0, length=1)
+def _output_context(job: Job, stream: str, task: int | None = None) -> dict:
+    """The last OUTPUT_TAIL_BYTES of a stream (of array task ``task``; None: the first task)."""
+    probe = job_output(job=job, stream=stream, offset=0, length=1, task=task)
     start = max(probe.size - OUTPUT_TAIL_BYTES, 0)
-    chunk = job_output(job=job, stream=stream, offset=start, length=OUTPUT_TAIL_BYTES) if probe.size else probe
+    chunk = job_output(job=job, stream=stream, offset=start, length=OUTPUT_TAIL_BYTES, task=task) if probe.size else probe
     return {
         "job": job,
         "stream": stream,
+        "task": task,
+        "task_query": f"&task={task}" if task is not None else "",
+        "task_shown": (task if task is not None else first_array_index(job.array)) if job.array else None,
         "chunk": chunk,
         "truncated": start > 0,
         "is_live": job.state in LIVE_STATES,
@@ -133,14 +143,25 @@ def _stream(request) -> str:
     return stream if stream in OutputStream.values else OutputStream.STDOUT
 
 
+def _task(request, job: Job) -> int | None:
+    """``?task=N``: an array task whose output to show (None: not an array, not given, or not a task of it)."""
+    value = request.GET.get("task", "")
+    if not job.array or not value.isdigit():
+        return None
+    from jobs.arrays import array_has_task
+
+    return int(value) if array_has_task(job, int(value)) else None
+
+
 @login_required
 @require_GET
 def job_detail(request, job_id):
     job = _visible_job(request, job_id)
     if _is_htmx(request):
-        return render(request, "partials/job_status.html", _detail_context(request, job))
-    context = _detail_context(request, job) | _output_context(job, _stream(request))
+        return render(request, "partials/job_status_poll.html", _detail_context(request, job))
+    context = _detail_context(request, job) | _output_context(job, _stream(request), _task(request, job))
     context["template_form"] = TemplateSaveForm(user=request.user, initial={"template_name": job.name})
+    context["gpu"] = job_gpu_report(job)
     return render(request, "jobs/job_detail.html", context)
 
 
@@ -148,10 +169,10 @@ def job_detail(request, job_id):
 @require_GET
 def job_output_partial(request, job_id):
     job = _visible_job(request, job_id)
-    context = _output_context(job, _stream(request))
+    context = _output_context(job, _stream(request), _task(request, job))
     if _is_htmx(request):
         return render(request, "partials/job_output.html", context)
-    return redirect(reverse("jobs:detail", args=[job.pk]) + f"?stream={context['stream']}#output")
+    return redirect(reverse("jobs:detail", args=[job.pk]) + f"?stream={context['stream']}{context['task_query']}#output")
 
 
 @login_required
@@ -173,9 +194,21 @@ def job_cancel_view(request, job_id):
 # ---------------------------------------------------------------- submission form and live estimate
 
 
-def _limits_for(summary: dict, partition: str) -> dict | None:
-    parts = summary["partitions"]
-    return next((p for p in parts if p["name"] == partition), None) or next((p for p in parts if p["is_default"]), None)
+def _limits_for(summary: dict, partition: str, cluster: str = "") -> dict | None:
+    """The summary's row of the partition the job will go to: the one the inventory picks for the
+    partition name and the form's cluster (jobs.inventory: the same choice as submission), so the
+    panel never shows a same-named partition of another cluster; none when it cannot say."""
+    from jobs.inventory import ClusterChoiceError, partition_capacity
+
+    try:
+        capacity = partition_capacity(partition or "", cluster or "")
+    except ClusterChoiceError:
+        return None
+    if capacity is None:
+        return None
+    return next(
+        (p for p in summary["partitions"] if p["name"] == capacity.name and p["cluster"] in ("", capacity.cluster)), None
+    )
 
 
 def _initial_for(request) -> tuple[dict, str]:
@@ -183,9 +216,9 @@ def _initial_for(request) -> tuple[dict, str]:
     template_id = request.GET.get("template")
     job_ref = request.GET.get("from")
     if template_id:
-        if not template_id.isdigit():
-            raise Http404
-        template = get_object_or_404(job_templates_visible_to(request.user), pk=template_id)
+        if whole_number(template_id) is None:
+            raise ApplicationError("Invalid template.", errors={"template": ["A template id (a whole number)."]})
+        template = get_object_or_404(job_templates_visible_to(request.user), pk=whole_number(template_id))
         slug = template.team.slug if template.team_id else None
         return initial_from_spec(template, team_slug=slug), f"Pre-filled from template “{template.name}”."
     if job_ref:
@@ -234,14 +267,17 @@ def job_new(request):
                     messages.info(request, f"This form was already submitted: here is job {job.name}.")
                 return redirect("jobs:detail", job_id=job.pk)
     else:
-        initial, note = _initial_for(request)
+        try:
+            initial, note = _initial_for(request)
+        except ApplicationError as exc:  # ?template=² : a 400 naming the parameter
+            return HttpResponseBadRequest(f"{exc.message} template: {' '.join(exc.errors['template'])}", content_type="text/plain")
         form = JobForm(initial=initial, user=request.user, summary=summary)
     partition = form["partition"].value() or form.fields["partition"].initial
     context = {
         "form": form,
         "summary": summary,
         "note": note,
-        "limits": _limits_for(summary, partition),
+        "limits": _limits_for(summary, partition, form["cluster"].value() or ""),
         "template_form": TemplateSaveForm(user=request.user),
         "has_teams": form.fields["team"].queryset.exists(),
         # unbound: the values the form shows, field defaults included (GPUs 1), as htmx would post them
@@ -320,7 +356,7 @@ def job_quote_partial(request):
     """The live estimate and the chosen partition's limits (htmx on the form's change/keyup)."""
     summary = cluster_summary()
     data = request.POST if request.method == "POST" else request.GET
-    context = {"quote": _quote_from(data), "limits": _limits_for(summary, data.get("partition", "")), "summary": summary}
+    context = {"quote": _quote_from(data), "limits": _limits_for(summary, data.get("partition", ""), data.get("cluster", "")), "summary": summary}
     return render(request, "partials/job_quote.html", context)
 
 
@@ -390,7 +426,7 @@ def template_create_from_form(request):
     context = {
         "form": form,
         "summary": summary,
-        "limits": _limits_for(summary, partition),
+        "limits": _limits_for(summary, partition, form["cluster"].value() or ""),
         "template_form": template_form,
         "template_open": True,
         "has_teams": form.fields["team"].queryset.exists(),
@@ -428,6 +464,7 @@ def template_create_from_job(request, job_id):
     context = _detail_context(request, job) | _output_context(job, OutputStream.STDOUT)
     context["template_form"] = form
     context["template_open"] = True
+    context["gpu"] = job_gpu_report(job)
     return render(request, "jobs/job_detail.html", context, status=400)
 
 

@@ -26,7 +26,10 @@ class TeamClusterAccountInline(admin.TabularInline):
 class ClusterAdmin(admin.ModelAdmin):
     """As configured (SLURM_CLUSTERS) and recorded by record_clusters / migrate: read-only here."""
 
-    list_display = ["name", "is_default", "active", "backend", "accounting_rollup", "slurm_conf", "recorded_at"]
+    list_display = [
+        "name", "is_default", "active", "slurm_version", "relay_backend", "backend", "last_sync", "accounting_rollup",
+        "slurm_conf", "recorded_at",
+    ]  # fmt: skip
     readonly_fields = [
         "name", "backend", "slurm_conf", "bin_dir", "lib_dir", "is_default", "active", "recorded_at", "accounting_rollup",
     ]  # fmt: skip
@@ -40,6 +43,27 @@ class ClusterAdmin(admin.ModelAdmin):
             return "—"
         status = rollup_status(obj.name)
         return f"STALE: {status.message}" if status.stale else status.message
+
+    def _sync(self, obj):
+        """The cluster's inventory sync status (its Slurm version and relay backend), one query per row: a few clusters."""
+        from portal.models import SyncStatus
+
+        return SyncStatus.objects.filter(kind=SyncStatus.kind_for("cluster", obj.name)).first()
+
+    @admin.display(description="Slurm version")
+    def slurm_version(self, obj) -> str:
+        status = self._sync(obj)
+        return status.data.get("slurm_version", "") if status else ""
+
+    @admin.display(description="relay backend")
+    def relay_backend(self, obj) -> str:
+        status = self._sync(obj)
+        return status.data.get("relay_backend", "") if status else ""
+
+    @admin.display(description="last sync")
+    def last_sync(self, obj):
+        status = self._sync(obj)
+        return status.last_success_at if status else None
 
     def has_add_permission(self, request):
         return False

@@ -10,7 +10,7 @@ from rest_framework.generics import ListAPIView
 from rest_framework.views import APIView
 
 from portal.roles import is_admin
-from portal.selectors import cluster_summary, teams_visible_to
+from portal.selectors import cluster_summary, clusters_status, teams_visible_to
 
 
 class ClusterApi(APIView):
@@ -61,6 +61,50 @@ class ClusterApi(APIView):
             "failing_since": summary["failing_since"],
         }
         return Response(self.ClusterOutputSerializer(data).data)
+
+
+class ClusterHealthConditionSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="never_read, sync_failing, policy_unread, nodes_unavailable, …")
+    message = serializers.CharField()
+
+
+class ClusterHealthSerializer(serializers.Serializer):
+    ok = serializers.BooleanField(help_text="No condition holds.")
+    conditions = ClusterHealthConditionSerializer(many=True, help_text="What is wrong; more codes may come.")
+
+
+class ClusterStatusSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    is_default = serializers.BooleanField()
+    slurm_version = serializers.CharField(help_text="As the last inventory sync read it (sinfo --version); empty: not yet.")
+    relay_backend = serializers.CharField(help_text="How jobs are submitted: pyslurm, native or sbatch (empty: not known yet).")
+    configured_backend = serializers.CharField(help_text="SLURM_CLUSTERS' backend: auto, cli or pyslurm.")
+    health = ClusterHealthSerializer()
+    last_success_at = serializers.DateTimeField(allow_null=True)
+    last_attempt_at = serializers.DateTimeField(allow_null=True)
+    failing_since = serializers.DateTimeField(allow_null=True)
+    nodes_total = serializers.IntegerField()
+    nodes_available = serializers.IntegerField()
+    nodes_unavailable = serializers.ListField(child=serializers.DictField())
+    gpu_types = ClusterApi.ClusterGpuTypeSerializer(many=True, help_text="GPUs per type on this cluster.")
+    partitions = ClusterApi.ClusterPartitionSerializer(many=True, help_text="Each partition and its limits.")
+    max_array_size = serializers.IntegerField(allow_null=True)
+
+
+class ClusterListApi(ListAPIView):
+    """Every cluster the portal serves, as the cluster status page shows it (portal.selectors.clusters_status)."""
+
+    serializer_class = ClusterStatusSerializer
+    filter_backends = []  # a handful of clusters, no filters
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # the schema generator: no rows to read
+            return []
+        return clusters_status()
+
+    @extend_schema(summary="Every cluster: Slurm version, relay backend, health, last sync, GPUs free, partitions")
+    def get(self, request, *args, **kwargs):
+        return self.list(request, *args, **kwargs)
 
 
 class TeamOutputSerializer(serializers.Serializer):

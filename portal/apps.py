@@ -27,14 +27,3 @@ class PortalConfig(AppConfig):
         from portal.celery import app  # noqa: F401
 
         post_migrate.connect(_record_clusters, sender=self, dispatch_uid="portal-record-clusters")
-
-        from portal.db import psycopg_statement_cache_widen
-
-        psycopg_statement_cache_widen()  # a submission's long INSERT converted once, not per request
-
-        # the submitter's team and role (portal.roles.team_with_role): re-read after any change
-        from portal.models import Membership, Team
-        from portal.snapshots import ROLES, changed_on_save
-
-        changed_on_save(Team, ROLES)
-        changed_on_save(Membership, ROLES)

@@ -37,6 +37,8 @@ def _beat_schedule() -> dict:
         "job-end-notify-sweep": {
             "task": "jobs.tasks.job_end_notify_sweep_task", "schedule": float(settings.JOB_END_NOTIFY_SWEEP_SECONDS),
         },
+        # what the GPUs did: one Prometheus range query for every job's GPUs (off without PROMETHEUS_URL)
+        "gpu-usage-sync": {"task": "jobs.tasks.gpu_usage_sync_task", "schedule": float(settings.GPU_USAGE_SYNC_SECONDS)},
         # not an outbox: holds whose job's final usage never came (BUDGET_HOLD_RELEASE_AFTER_HOURS)
         "budget-hold-sweep": {"task": "jobs.tasks.budget_holds_sweep_task", "schedule": float(settings.BUDGET_HOLD_SWEEP_SECONDS)},
     }  # fmt: skip

@@ -25,3 +25,8 @@ def navigation(request) -> dict:
             **{f"has_{name}": _resolves(path) for name, path in UPCOMING_PAGES.items()},
         }
     }
+
+
+def csp(request) -> dict:
+    """``csp_nonce``: the nonce of this response's Content-Security-Policy (inline scripts carry it)."""
+    return {"csp_nonce": getattr(request, "csp_nonce", "")}

@@ -162,7 +162,7 @@ class Env:
         # compiling, bench/results.md). ?options=… in DATABASE_URL replaces this.
         options.setdefault("options", "-c jit=off")
         return {
-            "ENGINE": "portal.dbbackend",  # Django's PostgreSQL backend, its health check without a round trip
+            "ENGINE": "django.db.backends.postgresql",
             "NAME": db_name,
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),

@@ -15,3 +15,9 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+def whole_number(text: str) -> int | None:
+    """A whole number written in ASCII digits (a query parameter, a form field), or None. Not
+    ``str.isdigit()``: it takes "²" and "①", which ``int()`` refuses (a 500 instead of a 400)."""
+    return int(text) if text and text.isascii() and text.isdigit() else None

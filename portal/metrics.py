@@ -12,8 +12,7 @@ One scrape costs a constant six queries, whatever the number of jobs:
 5. every SyncStatus row (one per kind) → ``gpuportal_sync_*``
 6. nodes GROUP BY gpu_type, available → ``gpuportal_gpus``
 
-plus whatever ``accounting.selectors.team_budget_ratios`` costs, once it exists
-(``gpuportal_team_budget_used_ratio``; nothing is emitted until then).
+plus whatever ``accounting.selectors.team_budget_ratios`` costs (``gpuportal_team_budget_used_ratio``).
 
 Semantics worth knowing when writing queries:
 
@@ -205,14 +204,11 @@ def gpu_metrics() -> GaugeMetricFamily:
 
 def budget_metrics() -> Iterator[Metric]:
     """``gpuportal_team_budget_used_ratio{team,gpu_type}`` from
-    ``accounting.selectors.team_budget_ratios()`` — budgets (quotas) are another issue; until that
-    selector exists nothing is emitted. Its contract: no arguments, a constant number of queries,
-    returns an iterable of ``(team_slug, gpu_type, used_ratio)`` for the current budget period,
-    ``gpu_type`` "" for a budget over every type, ratio used/granted (may exceed 1)."""
-    try:
-        from accounting.selectors import team_budget_ratios
-    except ImportError:
-        return
+    ``accounting.selectors.team_budget_ratios()``: no arguments, a constant number of queries, an
+    iterable of ``(team_slug, gpu_type, used_ratio)`` for the current budget period, ``gpu_type`` ""
+    for a budget over every type, ratio used/granted (may exceed 1)."""
+    from accounting.selectors import team_budget_ratios
+
     family = GaugeMetricFamily(
         "gpuportal_team_budget_used_ratio",
         "Share of the team's GPU budget used in the current period (1 = all of it).",

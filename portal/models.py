@@ -10,6 +10,8 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
+from portal.snapshots import INVENTORY, ROLES, SnapshotManager
+
 SLURM_NAME_VALIDATOR = RegexValidator(
     r"^[a-z][a-z0-9_-]{0,63}$",
     "Use 1–64 lower-case letters, digits, '-' or '_', starting with a letter.",
@@ -28,6 +30,8 @@ class Role(models.TextChoices):
 class Team(models.Model):
     """A team and its Slurm account: ``slurm_account`` on the default cluster; on every other cluster
     the team has access where a TeamClusterAccount row says so, under that row's account."""
+
+    objects = SnapshotManager(ROLES)
 
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=64, unique=True)
@@ -66,6 +70,8 @@ class TeamClusterAccount(models.Model):
 
 
 class Membership(models.Model):
+    objects = SnapshotManager(ROLES)
+
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
@@ -155,6 +161,8 @@ class Cluster(models.Model):
     ``record_clusters``). Settings are the source: the gateway reads them, the row is what the
     inventory, jobs and bookings point at. A cluster no longer configured stays, inactive, with its rows."""
 
+    objects = SnapshotManager(INVENTORY)
+
     name = models.CharField(max_length=64, unique=True, validators=[SLURM_NAME_VALIDATOR])  # slurmdbd's ClusterName
     backend = models.CharField(max_length=16, default="auto")
     slurm_conf = models.CharField(max_length=1024, blank=True)
@@ -198,6 +206,8 @@ def default_cluster_id() -> int:
 class PartitionInfo(models.Model):
     """A Slurm partition of one cluster as last seen by sync_cluster."""
 
+    objects = SnapshotManager(INVENTORY)
+
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="partitions", default=default_cluster_id)
     name = models.CharField(max_length=64)
     is_default = models.BooleanField(default=False)
@@ -218,6 +228,8 @@ class PartitionInfo(models.Model):
 
 class NodeInfo(models.Model):
     """A Slurm node of one cluster as last seen by sync_cluster."""
+
+    objects = SnapshotManager(INVENTORY)
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes", default=default_cluster_id)
     name = models.CharField(max_length=64)
@@ -246,10 +258,18 @@ class ClusterPolicyInfo(models.Model):
     """What a cluster allows beyond partitions and nodes, as last seen by sync_cluster (one row per
     cluster): its QOS, the QOS each account may use, MaxArraySize."""
 
+    objects = SnapshotManager(INVENTORY)
+
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="policy", default=default_cluster_id)
     qos = models.JSONField(default=list)
     account_qos = models.JSONField(default=dict)  # account -> [QOS, ...]; an account absent: not known
     max_array_size = models.PositiveIntegerField(null=True, blank=True)  # None: Slurm did not say
+    # how far past its time limit a job can run (scontrol show config): OverTimeLimit in minutes
+    # (-1: UNLIMITED, portal.slurm.types.OVER_TIME_UNLIMITED) and KillWait; Slurm's defaults until read
+    over_time_limit_minutes = models.IntegerField(default=0)
+    kill_wait_seconds = models.PositiveIntegerField(default=30)
+    # partition -> its flags that change an allocation (portal.slurm.types.PartitionLimits as a dict)
+    partition_limits = models.JSONField(default=dict, blank=True)
     seen_at = models.DateTimeField()
 
     def __str__(self) -> str:

@@ -5,7 +5,9 @@ can give, all with the one shared ``Error`` component (``{"detail": str, "errors
 
 The statuses are derived from what the view is, so they follow the code without a decorator per view:
 
-- 400 — the operation takes a body or query parameters (a page number aside), or changes state (a service's ApplicationError);
+- 400 — every operation: a query parameter (any name, documented or not) holding a NUL byte is refused
+  before the view (portal.middleware.NulQueryMiddleware); and what takes a body or query parameters or
+  changes state refuses invalid input (a service's ApplicationError);
 - 401 — the view authenticates (no credentials, a bad or expired token);
 - 403 — it changes state (role checks in the services; the CSRF check of session auth), or a
   permission class beyond IsAuthenticated; a read that refuses by role declares its 403 itself;
@@ -80,14 +82,11 @@ class PortalAutoSchema(AutoSchema):
 
     def error_statuses(self, operation: dict) -> list[str]:
         """The error statuses this operation can answer (see the module's docstring)."""
-        parameters = operation.get("parameters", [])
         has_body = "requestBody" in operation
         changes_state = self.method not in SAFE_METHODS
-        queries = any(p["in"] in ("query", "header") and p["name"] != "page" for p in parameters)
         view_permissions = self.view.get_permissions()
         statuses = set()
-        if has_body or queries or changes_state:
-            statuses.add("400")
+        statuses.add("400")  # every operation: a NUL byte in any query parameter (NulQueryMiddleware)
         if self.view.get_authenticators():
             statuses.add("401")
         if changes_state or any(not isinstance(p, _PLAIN_PERMISSIONS) for p in view_permissions):

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from django.db.models import QuerySet
 
-from portal.models import ApiToken, Cluster, Membership, NodeInfo, PartitionInfo, Role, SyncStatus, Team, TeamClusterAccount
+from portal.models import ApiToken, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Role, SyncStatus, Team, TeamClusterAccount
 from portal.slurm import cluster_config, configured_clusters
 from portal.roles import can_read_cost_reports, is_admin
 
@@ -81,16 +81,13 @@ def sync_status(kind: str) -> SyncStatus | None:
     return SyncStatus.objects.filter(kind=kind).first()
 
 
-def cluster_summary() -> dict:
-    """GPUs total/allocated/free per GPU type and per partition, nodes not available, and when the
-    inventory was last read (of every cluster: GPU types summed over them; partitions name their
-    cluster). Two queries whatever the clusters' size (three with several clusters)."""
-    nodes = list(NodeInfo.objects.all())
-    partitions = list(PartitionInfo.objects.all())
-    several = len(configured_clusters()) > 1
-    names = dict(Cluster.objects.values_list("pk", "name")) if several else {}
-    status = sync_status("cluster")
+def several_clusters() -> bool:
+    """The portal serves more than one cluster: pages then name each row's cluster (no query)."""
+    return len(configured_clusters()) > 1
 
+
+def _gpu_type_rows(nodes) -> list[dict]:
+    """GPUs total/allocated/free per GPU type of these nodes (free: on available nodes only)."""
     by_type: dict[str, dict] = defaultdict(lambda: {"total": 0, "allocated": 0, "free": 0, "nodes": 0, "unavailable": 0})
     for node in nodes:
         if not node.gpus_total:
@@ -103,13 +100,19 @@ def cluster_summary() -> dict:
             row["free"] += max(node.gpus_total - node.gpus_allocated, 0)
         else:
             row["unavailable"] += node.gpus_total - node.gpus_allocated
+    return [{"gpu_type": key, **value} for key, value in sorted(by_type.items())]
+
+
+def _partition_rows(partitions, nodes, names: dict) -> list[dict]:
+    """One row per partition: its limits and its nodes' GPUs (``names``: cluster id → name, empty
+    with one cluster)."""
     nodes_by_name = {(node.cluster_id, node.name): node for node in nodes}  # node names repeat across clusters
-    part_rows = []
+    rows = []
     for part in partitions:
         members = [nodes_by_name[(part.cluster_id, n)] for n in part.node_names if (part.cluster_id, n) in nodes_by_name]
         types = sorted({n.gpu_type for n in members if n.gpu_type})
         per_node = max((n.gpus_total for n in members), default=0)
-        part_rows.append(
+        rows.append(
             {
                 "name": part.name,
                 "cluster": names.get(part.cluster_id, ""),  # "" with one cluster
@@ -125,11 +128,24 @@ def cluster_summary() -> dict:
                 "gpus_free": sum(max(n.gpus_total - n.gpus_allocated, 0) for n in members if n.available),
             }
         )
+    return rows
+
+
+def cluster_summary() -> dict:
+    """GPUs total/allocated/free per GPU type and per partition, nodes not available, and when the
+    inventory was last read (of every cluster: GPU types summed over them; partitions name their
+    cluster). Two queries whatever the clusters' size (three with several clusters)."""
+    nodes = list(NodeInfo.objects.all())
+    partitions = list(PartitionInfo.objects.all())
+    several = several_clusters()
+    names = dict(Cluster.objects.values_list("pk", "name")) if several else {}
+    status = sync_status("cluster")
     return {
-        "gpu_types": [{"gpu_type": key, **value} for key, value in sorted(by_type.items())],
-        "partitions": part_rows,
+        "gpu_types": _gpu_type_rows(nodes),
+        "partitions": _partition_rows(partitions, nodes, names),
+        "several_clusters": several,
         "nodes_unavailable": [
-            {"name": n.name, "state": n.state, "reason": n.reason} for n in nodes if not n.available
+            {"name": n.name, "cluster": names.get(n.cluster_id, ""), "state": n.state, "reason": n.reason} for n in nodes if not n.available
         ],
         "nodes": nodes,
         "last_success_at": status.last_success_at if status else None,
@@ -137,3 +153,63 @@ def cluster_summary() -> dict:
         "failing_since": status.failing_since if status else None,
         "last_error": status.last_error if status else "",
     }
+
+
+RELAY_BACKENDS = {"pyslurm": "pyslurm", "native": "libslurm (native submit)", "sbatch": "sbatch"}
+
+
+def cluster_health(status: SyncStatus | None, nodes) -> dict:
+    """A cluster's health as the status page and the API show it: ``ok`` and the conditions that
+    are not (each {"code", "message"}); one place to add a condition. No query."""
+    conditions = []
+    if status is None or status.last_success_at is None:
+        since = f" (failing since {status.failing_since:%Y-%m-%d %H:%M %Z})" if status and status.failing_since else ""
+        conditions.append({"code": "never_read", "message": f"The inventory has not been read yet{since}."})
+    elif status.failing_since is not None:
+        conditions.append({"code": "sync_failing", "message": f"Slurm could not be read since {status.failing_since:%Y-%m-%d %H:%M %Z}: "
+                                                              f"{status.last_error[:200]}"})  # fmt: skip
+    if status is not None and status.data.get("policy_error"):
+        conditions.append({"code": "policy_unread", "message": f"QOS and limits not read: {status.data['policy_error'][:200]}"})
+    down = [n for n in nodes if not n.available]
+    if down:
+        conditions.append({"code": "nodes_unavailable", "message": f"{len(down)} of {len(nodes)} nodes down or drained: "
+                                                                   + ", ".join(f"{n.name} ({n.state})" for n in down[:10])})  # fmt: skip
+    return {"ok": not conditions, "conditions": conditions}
+
+
+def clusters_status() -> list[dict]:
+    """Every active cluster as its status page and ``GET /api/v1/clusters/`` show it: name, Slurm
+    version and relay backend (as the last inventory sync found them), health, last sync, nodes and
+    GPUs free per type, partitions with their limits, the policy's MaxArraySize. Five queries
+    whatever the number of clusters."""
+    clusters = list(Cluster.objects.filter(active=True))
+    nodes = list(NodeInfo.objects.filter(cluster__active=True).order_by("name"))
+    partitions = list(PartitionInfo.objects.filter(cluster__active=True))
+    statuses = {s.kind: s for s in SyncStatus.objects.filter(kind__in=[SyncStatus.kind_for("cluster", c.name) for c in clusters])}
+    policies = dict(ClusterPolicyInfo.objects.values_list("cluster_id", "max_array_size"))
+    names = {c.pk: c.name for c in clusters}
+    default = cluster_config().name
+    out = []
+    for cluster in sorted(clusters, key=lambda c: (c.name != default, c.name)):
+        status = statuses.get(SyncStatus.kind_for("cluster", cluster.name))
+        mine = [n for n in nodes if n.cluster_id == cluster.pk]
+        data = status.data if status else {}
+        out.append({
+            "name": cluster.name,
+            "is_default": cluster.name == default,
+            "slurm_version": data.get("slurm_version", ""),
+            "relay_backend": data.get("relay_backend", ""),
+            "relay_backend_label": RELAY_BACKENDS.get(data.get("relay_backend", ""), data.get("relay_backend", "")),
+            "configured_backend": cluster.backend,
+            "health": cluster_health(status, mine),
+            "last_success_at": status.last_success_at if status else None,
+            "last_attempt_at": status.last_attempt_at if status else None,
+            "failing_since": status.failing_since if status else None,
+            "nodes_total": len(mine),
+            "nodes_available": sum(1 for n in mine if n.available),
+            "nodes_unavailable": [{"name": n.name, "state": n.state, "reason": n.reason} for n in mine if not n.available],
+            "gpu_types": _gpu_type_rows(mine),
+            "partitions": _partition_rows([p for p in partitions if p.cluster_id == cluster.pk], mine, names),
+            "max_array_size": policies.get(cluster.pk),
+        })  # fmt: skip
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -20,8 +20,7 @@ from portal.models import (
 )  # fmt: skip
 from portal.outbox import after_commit
 from portal.proxies import client_address
-from portal.slurm import Association, SlurmError, cluster_config, configured_clusters, get_gateway
-from portal.snapshots import INVENTORY, ROLES, snapshot_changed
+from portal.slurm import Association, SlurmError, cluster_config, configured_clusters, get_gateway, relay_backend
 from portal.tasks import team_mirror_to_slurm
 
 logger = logging.getLogger(__name__)
@@ -46,7 +45,6 @@ def team_create(
 
 @transaction.atomic
 def team_set_active(*, team: Team, active: bool, actor=None, request=None) -> Team:
-    snapshot_changed(ROLES)  # a queryset update sends no signal: every process re-reads teams and roles
     Team.objects.filter(pk=team.pk).update(active=active)
     team.refresh_from_db()
     audit_record(actor=actor, action="team.set_active", target=team, team=team, request=request, data={"active": active})
@@ -356,7 +354,8 @@ NODE_COPIED = ("state", "available", "gpu_type", "gpus_total", "gpus_allocated",
 
 
 def cluster_sync(*, cluster: str | None = None) -> dict:
-    """Read one cluster's partitions, nodes and policy (QOS, node features, MaxArraySize: a fixed
+    """Read one cluster's partitions, nodes and policy (QOS, node features, MaxArraySize, OverTimeLimit,
+    KillWait, the partitions' allocation flags: a fixed
     number of Slurm calls, ``gateway.policy()``) and record them in bulk (``cluster`` None: the
     default cluster). On a Slurm error that cluster's previous inventory stays and its sync status
     says since when it is stale; the other clusters' rows are not touched."""
@@ -375,9 +374,12 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
     except SlurmError as exc:
         logger.warning("cluster sync: the policy (QOS, features, MaxArraySize) was not read: %s", exc)
         policy, policy_error = None, str(exc)[:500]
+    try:  # sinfo --version (no controller needed): shown on the cluster status page
+        version = gateway.version()
+    except SlurmError:
+        version = ""
     now = timezone.now()
     with transaction.atomic():
-        snapshot_changed(INVENTORY)  # every process re-reads the inventory (jobs.spec.inventory)
         PartitionInfo.objects.filter(cluster=row).exclude(name__in=[p.name for p in partitions]).delete()
         NodeInfo.objects.filter(cluster=row).exclude(name__in=[n.name for n in nodes]).delete()
         PartitionInfo.objects.bulk_create(
@@ -415,10 +417,15 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
                     "qos": list(policy.qos),
                     "account_qos": {account: list(names) for account, names in policy.account_qos.items()},
                     "max_array_size": policy.max_array_size,
+                    "over_time_limit_minutes": policy.over_time_limit_minutes,
+                    "kill_wait_seconds": policy.kill_wait_seconds,
+                    "partition_limits": {name: asdict(limits) for name, limits in policy.partition_limits.items()},
                     "seen_at": now,
                 },
             )
-        data = {"duration_ms": round((time.monotonic() - started) * 1000, 1)}
+        data = {"duration_ms": round((time.monotonic() - started) * 1000, 1), "relay_backend": relay_backend(gateway)}
+        if version:  # the cluster status page's (portal.selectors.clusters_status)
+            data["slurm_version"] = version
         if policy_error:
             data["policy_error"] = policy_error
         sync_record_success(kind, at=now, data=data)
@@ -436,8 +443,7 @@ def audit_record(
 
 
 def audit_event(*, actor, action: str, target, team: Team | None = None, request=None, data: dict | None = None):
-    """The audit event ``audit_record`` appends, not saved yet: for a service that inserts it in one
-    statement with the row it records (portal.db.insert_together; jobs' submit)."""
+    """The audit event ``audit_record`` appends, not saved yet (a service that bulk-creates it)."""
     from portal.models import AuditEvent
 
     return AuditEvent(

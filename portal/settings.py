@@ -62,6 +62,7 @@ MIDDLEWARE = [
     "portal.middleware.NulQueryMiddleware",  # ?x=%00: a 400 naming x, not a database error
     "portal.middleware.SnapshotScopeMiddleware",  # the snapshots' versions: one cache read per request
     "django.middleware.security.SecurityMiddleware",
+    "portal.middleware.ContentSecurityPolicyMiddleware",  # CONTENT_SECURITY_POLICY, a nonce per request
     # Static files from STATIC_ROOT (collectstatic) in every process, DEBUG or not (docs/deploy.md)
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -88,6 +89,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "portal.context_processors.navigation",
+                "portal.context_processors.csp",
             ],
         },
     },
@@ -96,9 +98,6 @@ TEMPLATES = [
 # PostgreSQL only (portal.env.Env.database refuses other engines); the default is the database
 # scripts/services creates, which `make demo` and `make test` use.
 DATABASES = {"default": env.database("DATABASE_URL", "postgres://gpuportal@127.0.0.1:5432/gpuportal")}
-# The submission's statements as prepared statements (portal.db.prepared_cursor); 0 behind a pooler
-# that cannot keep them (PgBouncer in transaction mode before 1.21, or without max_prepared_statements)
-DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -142,6 +141,15 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# Every page's Content-Security-Policy (portal.middleware.ContentSecurityPolicyMiddleware; "" sends
+# none). Scripts only from the portal's own static files, inline ones only with this response's
+# nonce ({nonce}: templates write nonce="{{ csp_nonce }}"); styles may be inline (style="…"
+# attributes, htmx's indicator style); no plugins, no framing, no <base> elsewhere.
+CONTENT_SECURITY_POLICY = env.str(
+    "CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self' 'nonce-{nonce}'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'self'; frame-ancestors 'none'",
+)
 X_FRAME_OPTIONS = "DENY"
 if env.bool("BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -193,9 +201,6 @@ CELERY_TIMEZONE = "UTC"
 SLURM_BACKEND = env.choice("SLURM_BACKEND", "auto", ("auto", "cli", "pyslurm"))
 SLURM_CLUSTER = env.str("SLURM_CLUSTER", "gpuportal")
 SLURM_TIMEOUT = env.int("SLURM_TIMEOUT", 15, minimum=1, maximum=600)
-# auto: a cluster of backend auto that ends on the cli backend submits through libslurm in a helper
-# process when the native module is built for its release (portal/slurm/native.py); off: sbatch.
-SLURM_NATIVE_SUBMIT = env.choice("SLURM_NATIVE_SUBMIT", "auto", ("auto", "off"))
 _local_cluster_conf = Path(env.str("GPUPORTAL_CLUSTER_DIR", "/var/lib/gpuportal-cluster")) / "etc" / "slurm.conf"
 SLURM_CONF = env.str("SLURM_CONF", str(_local_cluster_conf) if _local_cluster_conf.exists() else "")
 SLURM_BIN_DIR = env.str("SLURM_BIN_DIR", "")
@@ -211,12 +216,33 @@ SLURM_SUBMIT_AS_USER = env.bool("SLURM_SUBMIT_AS_USER", True)
 # MaxArraySize until the inventory sync has read the cluster's own (scontrol show config; Slurm's default 1001):
 # array indexes run 0 .. this - 1.
 SLURM_MAX_ARRAY_SIZE = env.int("SLURM_MAX_ARRAY_SIZE", 1001, minimum=1)
+# How far past its time limit Slurm may run (and charge) a job, until the inventory sync has read the
+# cluster's OverTimeLimit and KillWait (jobs.inventory.overrun_seconds): with Slurm's defaults (0 min,
+# 30 s) a job ends at most 30 s (slurmctld's time-limit check) + 30 s past its limit.
+SLURM_OVERRUN_SECONDS_UNREAD = env.int("SLURM_OVERRUN_SECONDS_UNREAD", 60, minimum=0)
 
 # Jobs
-JOB_DEFAULT_WORKDIR = env.str("JOB_DEFAULT_WORKDIR", "/tmp")
-JOB_OUTPUT_PATTERN = env.str("JOB_OUTPUT_PATTERN", "{workdir}/gpuportal-{slurm_job_id}.{stream}")
+# Where a job is submitted from when the request names no directory (jobs/workdirs.py): a template
+# with {user} (the cluster user name), {home} (that user's home), {team} (slug), {job} (the job's id);
+# created by the relay when missing, as the user. Never a shared directory such as /tmp.
+JOB_DEFAULT_WORKDIR = env.str("JOB_DEFAULT_WORKDIR", "{home}")
+try:
+    _workdir_sample = JOB_DEFAULT_WORKDIR.format(user="u", home="/home/u", team="t", job="j")
+except (KeyError, IndexError, ValueError) as _exc:
+    raise ImproperlyConfigured(f"Environment variable JOB_DEFAULT_WORKDIR={JOB_DEFAULT_WORKDIR!r} is invalid: "
+                               f"placeholders are {{user}}, {{home}}, {{team}}, {{job}} ({_exc}).") from None  # fmt: skip
+if not _workdir_sample.startswith("/"):
+    raise ImproperlyConfigured(f"Environment variable JOB_DEFAULT_WORKDIR={JOB_DEFAULT_WORKDIR!r} is invalid: "
+                               "expected an absolute path such as {home} or /scratch/{user}.")  # fmt: skip
+# The job's output where the script names none, in its working directory: sbatch's own default
+# (slurm-%j.out, stderr in the same file; with {stream}: .out and .err apart).
+JOB_OUTPUT_PATTERN = env.str("JOB_OUTPUT_PATTERN", "{workdir}/slurm-{slurm_job_id}.out")
 JOB_ACCEPTED_SWEEP_SECONDS = env.int("JOB_ACCEPTED_SWEEP_SECONDS", 30, minimum=1)
 JOB_SYNC_INTERVAL_SECONDS = env.float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=0.5)
+# A script's --begin may defer a job by at most this many days: the job's budget hold is taken at
+# submission and kept while it waits (the reason --hold is refused), so a far-future --begin would
+# park budget for as long. A week covers "start it after the weekend"; a site may allow more.
+JOB_BEGIN_MAX_DAYS = env.int("JOB_BEGIN_MAX_DAYS", 7, minimum=0, maximum=366)
 # The relay drain (group commit of single-job submissions, jobs.tasks.job_relay_drain): at most this
 # many ACCEPTED jobs per claim; sbatch calls for them run in parallel, their outcomes are one bulk write.
 JOB_RELAY_DRAIN_BATCH = env.int("JOB_RELAY_DRAIN_BATCH", 100, minimum=1, maximum=1000)
@@ -237,6 +263,36 @@ BUDGET_ALERT_WEBHOOK_SWEEP_SECONDS = env.int("BUDGET_ALERT_WEBHOOK_SWEEP_SECONDS
 # still counted. BUDGET_HOLD_SWEEP_SECONDS: how often the sweep runs.
 BUDGET_HOLD_RELEASE_AFTER_HOURS = env.int("BUDGET_HOLD_RELEASE_AFTER_HOURS", 24, minimum=1, maximum=24 * 31)
 BUDGET_HOLD_SWEEP_SECONDS = env.int("BUDGET_HOLD_SWEEP_SECONDS", 3600, minimum=60)
+
+# GPU monitoring (portal/prometheus.py, jobs.services.gpu_usage): what the GPUs did, from the site's
+# Prometheus (HTTP API only). Empty PROMETHEUS_URL: off (no figures, no alerts). The metric and label
+# names are the GPU exporter's: dcgm-exporter's by default (--hpc-job-mapping-dir gives hpc_job; its
+# releases after 4.8.2 call the host label "hostname"); nvidia_gpu_exporter: GPU_METRIC_UTIL=
+# nvidia_smi_utilization_gpu_ratio GPU_METRIC_UTIL_SCALE=100 GPU_METRIC_MEMORY=nvidia_smi_memory_used_bytes
+# GPU_METRIC_MEMORY_SCALE=0.00000095367431640625 and its job/host/GPU labels (from relabelling).
+PROMETHEUS_URL = env.url("PROMETHEUS_URL", "", schemes=("http", "https")) if env.str("PROMETHEUS_URL") else ""
+PROMETHEUS_TIMEOUT = env.int("PROMETHEUS_TIMEOUT", 10, minimum=1, maximum=120)
+GPU_METRIC_UTIL = env.str("GPU_METRIC_UTIL", "DCGM_FI_DEV_GPU_UTIL")
+GPU_METRIC_UTIL_SCALE = env.float("GPU_METRIC_UTIL_SCALE", 1.0, minimum=0)  # x this = %
+GPU_METRIC_MEMORY = env.str("GPU_METRIC_MEMORY", "DCGM_FI_DEV_FB_USED")
+GPU_METRIC_MEMORY_SCALE = env.float("GPU_METRIC_MEMORY_SCALE", 1.0, minimum=0)  # x this = MiB
+GPU_LABEL_JOB = env.str("GPU_LABEL_JOB", "hpc_job")  # the Slurm job id (an array task's own id)
+GPU_LABEL_HOST = env.str("GPU_LABEL_HOST", "Hostname")
+GPU_LABEL_GPU = env.str("GPU_LABEL_GPU", "gpu")
+GPU_LABEL_MODEL = env.str("GPU_LABEL_MODEL", "modelName")
+# The Slurm cluster's name (ClusterName) on every series, from the scrape configuration; empty: one
+# cluster, or job ids that never collide between clusters.
+GPU_LABEL_CLUSTER = env.str("GPU_LABEL_CLUSTER", "cluster")
+# The sync (one range query a cycle for every running job; schedule in portal/celery.py): every
+# GPU_USAGE_SYNC_SECONDS, one stored point per GPU and GPU_USAGE_STEP_SECONDS (the mean over it).
+GPU_USAGE_SYNC_SECONDS = env.int("GPU_USAGE_SYNC_SECONDS", 60, minimum=1)
+GPU_USAGE_STEP_SECONDS = env.int("GPU_USAGE_STEP_SECONDS", 60, minimum=1)
+# After an outage the sync catches up at most this far back (Prometheus keeps the data meanwhile)
+GPU_USAGE_MAX_CATCHUP_HOURS = env.int("GPU_USAGE_MAX_CATCHUP_HOURS", 6, minimum=1, maximum=24 * 14)
+# A GPU under this utilisation is idle; a running job whose GPUs all stayed idle this long alerts
+# its submitter once (e-mail, the team's webhook): the window must be full, so no job alerts in its first minutes.
+GPU_IDLE_THRESHOLD_PERCENT = env.float("GPU_IDLE_THRESHOLD_PERCENT", 5.0, minimum=0)
+GPU_IDLE_ALERT_MINUTES = env.int("GPU_IDLE_ALERT_MINUTES", 30, minimum=1)
 
 # Accounting
 DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")
@@ -325,8 +381,11 @@ BOOKING_MIN_MINUTES = env.int("BOOKING_MIN_MINUTES", 10, minimum=1)
 
 # Metrics: GET /metrics for Prometheus (portal.metrics). Every configured check must pass: the
 # bearer token when set, REMOTE_ADDR in the allow-list when it is not empty (proxied requests are
-# never admitted by address). Neither configured: the endpoint refuses everything.
+# never admitted by address). Neither configured: the endpoint refuses everything. No address is
+# allowed by default: loopback would admit every job on a host that is also a compute node (the
+# demo: every node is this host), and the figures are every team's; scrape with the token, or list
+# the Prometheus host's address where no job runs.
 METRICS_TOKEN = env.str("METRICS_TOKEN", "")
-METRICS_ALLOWED_IPS = env.networks("METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
+METRICS_ALLOWED_IPS = env.networks("METRICS_ALLOWED_IPS", [])
 # The relay-latency and queue-wait histograms cover the jobs of this many last hours
 METRICS_HISTOGRAM_WINDOW_HOURS = env.int("METRICS_HISTOGRAM_WINDOW_HOURS", 24, minimum=1, maximum=24 * 31)

@@ -11,8 +11,9 @@ with ONE cache MGET, the first time one is needed; elsewhere one GET per call.
 Whoever writes such rows moves the version with ``snapshot_changed(name)`` in its transaction: at
 once and again after commit, so every process re-reads at its next call (a reader that re-read
 between the two moves, before the commit, re-reads again after it). Saves and deletes of the models
-behind a snapshot do it by themselves (``changed_on_save``: model signals, so factories and the
-admin count too); a queryset ``update()`` must call it. A transaction that changed a snapshot's rows
+behind a snapshot do it by themselves, and so do their querysets' ``update()``, ``bulk_create()``,
+``bulk_update()`` and ``delete()`` (``SnapshotManager``, the models' one declaration: factories and
+the admin count too). A transaction that changed a snapshot's rows
 reads them from the database, never from (or into) the copy: what it sees is not committed and may
 roll back. A value must be treated as read-only: it is shared by the threads of the process. When
 the cache does not answer, ``load()`` runs every time (the database stays the truth).
@@ -31,16 +32,16 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 
 logger = logging.getLogger(__name__)
 
-# The snapshots there are, and who moves their version:
-INVENTORY = "inventory"  # PartitionInfo, NodeInfo, ClusterPolicyInfo — portal.services.cluster_sync
-RATES = "rates"  # accounting.Rate — accounting.services.rates.rate_create
-QUOTAS = "quotas"  # accounting.Quota — saves (signal), accounting.services.quotas
-BOOKINGS = "bookings"  # accounting.Booking — saves (signal)
-ROLES = "roles"  # portal.Team, portal.Membership — saves and deletes (signals), portal.services.team_set_active
+# The snapshots there are, and what moves their version (the models' SnapshotManager: every write):
+INVENTORY = "inventory"  # portal.Cluster, PartitionInfo, NodeInfo, ClusterPolicyInfo
+RATES = "rates"  # accounting.Rate
+QUOTAS = "quotas"  # accounting.Quota
+BOOKINGS = "bookings"  # accounting.Booking
+ROLES = "roles"  # portal.Team, portal.Membership
 APITOKENS = "apitokens"  # portal.ApiToken lookups — portal.authentication.api_token_forget
 NAMES = (INVENTORY, RATES, QUOTAS, BOOKINGS, ROLES, APITOKENS)
 
@@ -158,6 +159,49 @@ def changed_on_save(model, name: str) -> None:
 
     post_save.connect(moved, sender=model, weak=False, dispatch_uid=f"snapshot-{name}-{model._meta.label}-save")
     post_delete.connect(moved, sender=model, weak=False, dispatch_uid=f"snapshot-{name}-{model._meta.label}-delete")
+
+
+# ---------------------------------------------------------------- the models behind the snapshots
+
+_CACHED_MODELS: dict[type, str] = {}  # model -> the snapshot that keeps its rows (SnapshotManager)
+
+
+class SnapshotQuerySet(models.QuerySet):
+    """A queryset whose bulk writes move its model's snapshot: update(), bulk_create() and
+    bulk_update() send no signals, and delete() moves it once more after its per-row signals."""
+
+    def _moved(self, result):
+        snapshot_changed(_CACHED_MODELS[self.model])
+        return result
+
+    def update(self, **kwargs):
+        return self._moved(super().update(**kwargs))
+
+    def bulk_create(self, objs, *args, **kwargs):
+        return self._moved(super().bulk_create(objs, *args, **kwargs))
+
+    def bulk_update(self, objs, fields, *args, **kwargs):
+        return self._moved(super().bulk_update(objs, fields, *args, **kwargs))
+
+    def delete(self):
+        return self._moved(super().delete())
+
+
+class SnapshotManager(models.Manager.from_queryset(SnapshotQuerySet)):
+    """The manager of a model whose rows a snapshot keeps, and the one declaration of it
+    (``objects = SnapshotManager(INVENTORY)``): every write moves the snapshot, a save() or delete()
+    of an instance (signals: services, the admin, factories) as an update() or bulk_* of a queryset.
+    Raw SQL (portal.db's COPY and UPDATE … FROM VALUES) must still call snapshot_changed."""
+
+    def __init__(self, snapshot: str = ""):  # "": a related manager Django derives from this one
+        super().__init__()
+        self.snapshot = snapshot
+
+    def contribute_to_class(self, cls, name):
+        super().contribute_to_class(cls, name)
+        if self.snapshot and not cls._meta.abstract:
+            _CACHED_MODELS[cls] = self.snapshot
+            changed_on_save(cls, self.snapshot)
 
 
 def snapshots_forget() -> None:

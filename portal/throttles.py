@@ -9,10 +9,13 @@ way). Here a request costs one Redis round trip (a small Lua script), whatever t
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
-from django.core.cache import cache
+from django.conf import settings
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 from rest_framework.throttling import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 
 from portal.proxies import client_address
@@ -52,20 +55,31 @@ if new - now > period then return tostring(new - period - now) end
 redis.call('SET', KEYS[1], tostring(new), 'PX', math.ceil((new - now) * 1000))
 return false
 """
-_scripts: dict[int, object] = {}
 _local_lock = threading.Lock()
+
+
+@functools.cache
+def _redis_script(server: str):
+    """The script, registered on a redis-py client of ``server``: one per process and server (its
+    connection pool starts afresh in a forked child)."""
+    import redis
+
+    return redis.Redis.from_url(server).register_script(_CELL_RATE_LUA)
+
+
+def _cache_write_server() -> str:
+    """The first server of the default cache's LOCATION (a URL, a comma-separated list, or a list):
+    the one Django's Redis cache writes to."""
+    location = settings.CACHES["default"]["LOCATION"]
+    servers = location.split(",") if isinstance(location, str) else list(location)
+    return servers[0].strip()
 
 
 def _cell_rate(key: str, *, now: float, interval: float, period: float) -> float | None:
     """None when a request at ``now`` is allowed (and counted); else the seconds to wait."""
-    made = cache.make_and_validate_key(key)
-    backend = getattr(cache, "_cache", None)
-    if hasattr(backend, "get_client") and hasattr(backend, "_pools"):  # Django's Redis cache
-        client = backend.get_client(made, write=True)
-        script = _scripts.get(id(client))
-        if script is None:
-            script = _scripts[id(client)] = client.register_script(_CELL_RATE_LUA)
-        wait = script(keys=[made], args=[repr(now), repr(interval), repr(period)])
+    if isinstance(caches["default"], RedisCache):  # the key as Django's Redis cache writes it
+        script = _redis_script(_cache_write_server())
+        wait = script(keys=[cache.make_key(key)], args=[repr(now), repr(interval), repr(period)])
         return None if wait is None else float(wait)
     with _local_lock:
         tat = max(float(cache.get(key) or now), now)

@@ -1,12 +1,13 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from portal import apis, health, metrics, views
 
 api_v1 = [
     path("", include("jobs.api_urls")),  # first: job submissions and lists are most of the API's requests
     path("cluster/", apis.ClusterApi.as_view(), name="api-cluster"),
+    path("clusters/", apis.ClusterListApi.as_view(), name="api-cluster-list"),
     path("teams/", apis.TeamListApi.as_view(), name="api-team-list"),
     path("teams/<slug:slug>/", apis.TeamDetailApi.as_view(), name="api-team-detail"),
     path("", include("accounting.api_urls")),
@@ -18,6 +19,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("", views.dashboard, name="dashboard"),
     path("partials/cluster/", views.cluster_partial, name="cluster-partial"),
+    path("clusters/", views.cluster_status, name="cluster-status"),
     path("healthz", health.healthz, name="healthz"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("login/", views.LoginView.as_view(), name="login"),
@@ -32,9 +34,12 @@ urlpatterns = [
     path("jobs/", include("jobs.urls")),
     path("accounting/", include("accounting.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # the split view: Swagger UI's start-up script from its own URL, not inline (Content-Security-Policy)
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
+    path("admin/login/", views.admin_login),  # before the admin's own: throttled like /login/
     path("admin/", admin.site.urls),
 ]
 
 # Under /api/ every error answers JSON, DEBUG on or off (portal.middleware.ApiErrorMiddleware);
-# pages keep Django's default handlers (plain error pages when DEBUG is off).
+# pages keep Django's default handlers, which render templates/403.html, 404.html and 500.html (the
+# portal's layout with ways back, templates/portal/error.html) when DEBUG is off.

@@ -11,8 +11,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from portal.exceptions import ApplicationError
-from portal.roles import is_manager
-from portal.selectors import api_tokens_of, cluster_summary, teams_visible_to
+from jobs.gpu_report import team_idle_allocations
+from portal.fields import whole_number
+from portal.roles import is_admin, is_manager
+from portal.selectors import api_tokens_of, cluster_summary, clusters_status, teams_visible_to
 from portal.services import api_token_create, api_token_revoke
 
 
@@ -29,11 +31,25 @@ class LoginView(auth_views.LoginView):
         return context
 
     def post(self, request, *args, **kwargs):
-        from portal.throttles import login_attempt_allowed
+        return login_throttled(request) or super().post(request, *args, **kwargs)
 
-        if not login_attempt_allowed(request):
-            return HttpResponse("Too many login attempts; wait a minute and try again.", status=429)
-        return super().post(request, *args, **kwargs)
+
+def login_throttled(request) -> HttpResponse | None:
+    """The 429 for a password POST over the THROTTLE_LOGIN rate of the client's address, or None.
+    Every page that takes a password calls it (/login/ and /admin/login/: one counter per address)."""
+    from portal.throttles import login_attempt_allowed
+
+    if request.method == "POST" and not login_attempt_allowed(request):
+        return HttpResponse("Too many login attempts; wait a minute and try again.", status=429)
+    return None
+
+
+def admin_login(request):
+    """The admin site's own login page, throttled as /login/ is (it would otherwise let staff
+    passwords be tried at any rate)."""
+    from django.contrib import admin
+
+    return login_throttled(request) or admin.site.login(request)
 
 
 class LogoutView(auth_views.LogoutView):
@@ -72,6 +88,12 @@ def dashboard(request):
 
 
 @login_required
+def cluster_status(request):
+    """Every cluster: Slurm version, relay backend, health, last sync, GPUs free, partitions (portal.selectors.clusters_status)."""
+    return render(request, "portal/cluster_status.html", {"clusters": clusters_status()})
+
+
+@login_required
 def cluster_partial(request):
     return render(request, "partials/cluster_summary.html", {"summary": cluster_summary()})
 
@@ -86,10 +108,13 @@ def team_list(request):
 def team_detail(request, slug: str):
     team = get_object_or_404(teams_visible_to(request.user), slug=slug)
     memberships = team.memberships.select_related("user", "user__profile").order_by("user__username")
+    manager = is_manager(request.user, team)
+    # the team's running jobs whose GPUs idle now (GPU monitoring): its managers' and admins' to see
+    idle = team_idle_allocations(team) if manager or is_admin(request.user) else None
     return render(
         request,
         "portal/team_detail.html",
-        {"team": team, "memberships": memberships, "is_manager": is_manager(request.user, team)},
+        {"team": team, "memberships": memberships, "is_manager": manager, "idle_allocations": idle},
     )
 
 
@@ -99,10 +124,10 @@ def token_list(request):
     if request.method == "POST":
         try:
             days = request.POST.get("expires_in_days", "").strip()
-            if days and not days.isdigit():
-                raise ApplicationError("The token's lifetime is out of range.", errors={"expires_in_days": "A whole number of days."})
+            if days and whole_number(days) is None:
+                raise ApplicationError("The token's lifetime is out of range.", errors={"expires_in_days": ["A whole number of days."]})
             token, new_key = api_token_create(
-                user=request.user, name=request.POST.get("name", ""), expires_in_days=int(days) if days else None
+                user=request.user, name=request.POST.get("name", ""), expires_in_days=whole_number(days) if days else None
             )
         except ApplicationError as exc:
             messages.error(request, exc.message + " " + " ".join(sum(exc.errors.values(), [])))

@@ -42,7 +42,7 @@ from tests.workers import (  # noqa: F401  (ROOT and _use_broker: other test mod
 
 def pytest_configure(config):
     # Settings are loaded before any conftest runs, so a default cannot be set here: refuse SQLite.
-    if django_settings.DATABASES["default"]["ENGINE"] != "portal.dbbackend":
+    if django_settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         pytest.exit(
             "The tests run on PostgreSQL: use `make test`, or set "
             "DATABASE_URL=postgres://gpuportal@127.0.0.1:5432/gpuportal (scripts/services up prints it).",
@@ -109,6 +109,12 @@ def _test_settings(settings):
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # the test client scrapes /metrics from 127.0.0.1 (the default allows no address: the token)
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1", "::1"]
+    # inventories written by hand (no policy read from Slurm) estimate without the overrun past the
+    # time limit, so their figures stay round; the overrun's own tests (tests/jobs/test_estimate_overrun.py)
+    # and every real cluster's read policy include it
+    settings.SLURM_OVERRUN_SECONDS_UNREAD = 0
     from portal.celery import app
 
     app.conf.task_always_eager = True
@@ -131,6 +137,28 @@ def _fast_tier_runs_no_slurm_command(request, settings):
     slurm.reset_gateway()
     yield
     slurm.reset_gateway()
+
+
+@pytest.fixture(scope="session")
+def _test_homes():
+    """A directory of this run's own where any user may create theirs (mode 1777, as /tmp), removed
+    at the end."""
+    import shutil
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="gpuportal-test-homes-")
+    os.chmod(base, 0o1777)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_default_dirs_are_the_tests_own(request, settings):
+    """A fast test creates no directory in the host's homes: the users' default directory
+    (JOB_DEFAULT_WORKDIR, created by the relay when missing, as the user) is under _test_homes."""
+    if request.node.get_closest_marker("fast") is not None:
+        settings.JOB_DEFAULT_WORKDIR = os.path.join(request.getfixturevalue("_test_homes"), "{user}")
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -286,12 +314,14 @@ def inventory_small(db):
     from django.utils import timezone
 
     from portal.models import NodeInfo, PartitionInfo
+    from portal.snapshots import snapshots_forget
 
     now = timezone.now()
     PartitionInfo.objects.create(name="gpu", is_default=True, state="UP", default_time_minutes=60, max_time_minutes=600,
                                  node_names=["a100-01"], seen_at=now)  # fmt: skip
     NodeInfo.objects.create(name="a100-01", state="IDLE", partitions=["gpu"], gpu_type="a100", gpus_total=4,
                             cpus_total=32, memory_mb=256000, seen_at=now)  # fmt: skip
+    snapshots_forget()  # the rows are as a sync committed them before the test, not the test's own change
 
 
 # ---------------------------------------------------------------- the local Slurm cluster

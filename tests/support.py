@@ -139,7 +139,7 @@ def skip_unless_ci(reason: str) -> None:
 
 # The clusters and backends the gateway is proven on: (backend, Slurm release). 22.05 is Debian's
 # (scripts/cluster up), 25.11 is built from source (scripts/cluster up --slurm 25.11, scripts/pyslurm).
-SLURM_TARGETS = (("cli", "22.05"), ("native", "22.05"), ("cli", "25.11"), ("pyslurm", "25.11"))
+SLURM_TARGETS = (("cli", "22.05"), ("cli", "25.11"), ("pyslurm", "25.11"))
 SLURM_TARGET_IDS = [f"{backend}-{release}" for backend, release in SLURM_TARGETS]
 DEFAULT_RELEASE = "22.05"
 
@@ -176,12 +176,6 @@ def use_slurm_target(settings, backend: str, release: str) -> None:
 
         if pyslurm_version() is None:
             skip_unless_ci("pyslurm is not installed in this venv (scripts/pyslurm)")
-    if backend == "native":  # the cli backend submitting through libslurm (portal.slurm.native)
-        from portal.slurm.native import built_release
-
-        if built_release() is None:
-            skip_unless_ci("the native module is not built (make native)")
-        backend = "auto"
     settings.SLURM_BACKEND = backend
     if release != DEFAULT_RELEASE:
         env = cluster_env(release)

@@ -20,7 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER_QUEUE = f"tests-{os.getpid()}"
 
 
-WORKER_BROKER_URL = "redis://127.0.0.1:6379/14"
+def _broker_database(number: int) -> str:
+    """The Redis of CELERY_BROKER_URL (its password with it: scripts/services gives Redis one),
+    database ``number``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    broker = urlsplit(os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0"))
+    return urlunsplit((broker.scheme, broker.netloc, f"/{number}", "", ""))
+
+
+WORKER_BROKER_URL = _broker_database(14)
 # queue -> the node name of this run's worker on it (other runs' workers share the broker database)
 NODES: dict[str, str] = {}
 
@@ -48,7 +57,10 @@ def _start_worker(name: str, queue: str, slurm_env: dict[str, str]):
 
     redis.Redis.from_url(WORKER_BROKER_URL).delete(queue)
     db = settings.DATABASES["default"]
-    database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    from urllib.parse import quote
+
+    login = quote(db["USER"], safe="") + (f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else "")
+    database_url = f"postgres://{login}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     env = os.environ | slurm_env | {
         "DATABASE_URL": database_url,
         "CELERY_BROKER_URL": WORKER_BROKER_URL,

@@ -111,7 +111,7 @@ def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[T
 
 
 def _held_hours(team_ids: Iterable[int], ends_at: dt.datetime) -> dict[tuple[int, str], Decimal]:
-    """GPU-hours held per (team id, GPU type asked) by the teams' unreleased budget holds placed
+    """GPU-hours held per (team id, the holds' GPU types: BudgetHold.gpu_type) by the teams' unreleased budget holds placed
     before ``ends_at`` (a period's end): what the running total of that period counts
     (accounting.models.BudgetTotal). For quotas whose total is not built yet, and to build one. One
     query (index budgethold_open)."""
@@ -133,7 +133,7 @@ def budget_total_figures(*, team: Team, gpu_type: str, period_start: dt.date, pe
     used = _used_seconds([team.pk], start_at, end_at)
     held = _held_hours([team.pk], end_at) if held else {}
     used_h = sum((v for (_, t), v in used.items() if not gpu_type or t == gpu_type), Decimal(0)) / HOUR
-    held_h = sum((v for (_, t), v in held.items() if not gpu_type or t == gpu_type), Decimal(0))
+    held_h = sum((v for (_, t), v in held.items() if not gpu_type or gpu_type in BudgetHold.types_of(t)), Decimal(0))
     return used_h, held_h
 
 
@@ -186,7 +186,8 @@ def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool 
                 held_h = Decimal(total.held_gpu_hours) if with_held else Decimal(0)
             else:
                 used_s = sum((v for (team_id, t), v in used.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
-                held_h = sum((v for (team_id, t), v in held.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
+                held_h = sum((v for (team_id, t), v in held.items()
+                              if team_id == quota.team_id and (not kind or kind in BudgetHold.types_of(t))), Decimal(0))  # fmt: skip
                 used_h = used_s / HOUR
             budget = Decimal(quota.gpu_hours)
             remaining = budget - used_h - held_h - booked_h

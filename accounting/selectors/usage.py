@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
@@ -25,7 +26,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Greatest, Least
 
-from accounting.calendar import HOUR, billing_midnight, billing_zone, month_start, next_month, range_bounds
+from accounting.calendar import HOUR, billing_date, billing_midnight, billing_zone, month_start, next_month, range_bounds
 from accounting.models import UsageRecord, UsageSlice
 from accounting.selectors.bookings import booking_charges
 from portal.models import Team
@@ -37,18 +38,14 @@ _GROUP_COLUMNS = {"team": "account", "user": "unix_user", "gpu_type": "gpu_type"
 
 
 class _Seconds(Func):
-    """Seconds from the first datetime expression to the second (PostgreSQL; SQLite for the demo)."""
+    """Seconds from the first datetime expression to the second."""
 
     arity = 2
     output_field = DecimalField(max_digits=24, decimal_places=6)
 
-    def as_postgresql(self, compiler, connection, **extra):
+    def as_sql(self, compiler, connection, **extra):
         sql, params = self._args_sql(compiler, connection)
         return f"EXTRACT(EPOCH FROM ({sql[1]} - {sql[0]}))", params[1] + params[0]
-
-    def as_sqlite(self, compiler, connection, **extra):
-        sql, params = self._args_sql(compiler, connection)
-        return f"((julianday({sql[1]}) - julianday({sql[0]})) * 86400.0)", params[1] + params[0]
 
     def _args_sql(self, compiler, connection):
         compiled = [compiler.compile(expr) for expr in self.get_source_expressions()]
@@ -66,9 +63,13 @@ def slices_in(start_at: dt.datetime, end_at: dt.datetime) -> QuerySet[UsageSlice
     )
 
 
-def aggregate_slices(queryset: QuerySet[UsageSlice], start_at: dt.datetime, end_at: dt.datetime, columns: Sequence[str]):
+def aggregate_slices(
+    queryset: QuerySet[UsageSlice], start_at: dt.datetime, end_at: dt.datetime, columns: Sequence[str], *, gpu_busy: bool = False
+):
     """One GROUP BY over slices; a slice cut by the range counts in proportion (exact: GPU count and
-    price are constant within a slice)."""
+    price are constant within a slice). ``gpu_busy``: also what the GPUs did (one join to the records:
+    UsageRecord.gpu_busy_fraction) — the GPU-seconds monitored, the busy ones among them and the cost
+    of the idle ones."""
     decimal = DecimalField(max_digits=30, decimal_places=6)
     overlap = _Seconds(Greatest("slice_start", Value(start_at)), Least("slice_end", Value(end_at)))
     fraction = ExpressionWrapper(overlap / _Seconds(F("slice_start"), F("slice_end")), output_field=decimal)
@@ -78,8 +79,20 @@ def aggregate_slices(queryset: QuerySet[UsageSlice], start_at: dt.datetime, end_
         return Sum(Case(When(inside, then=F(column)), default=prorated, output_field=decimal))
 
     used = ExpressionWrapper(F("gpus") * overlap, output_field=decimal)
+    extra = {}
+    if gpu_busy:
+        busy = F("record__gpu_busy_fraction")
+        monitored = Q(record__gpu_busy_fraction__isnull=False)
+        seconds = Case(When(inside, then=F("gpu_seconds")), default=used, output_field=decimal)
+        cost = Case(When(inside, then=F("cost")), default=ExpressionWrapper(F("cost") * fraction, output_field=decimal), output_field=decimal)
+        extra = {
+            "sum_monitored_gpu_seconds": Sum(seconds, filter=monitored),
+            "sum_busy_gpu_seconds": Sum(ExpressionWrapper(seconds * busy, output_field=decimal), filter=monitored),
+            "sum_idle_cost": Sum(ExpressionWrapper(cost * (Value(1) - busy), output_field=decimal), filter=monitored),
+        }
     return (
         queryset.values(*columns)
+        .annotate(**extra)
         .annotate(
             sum_gpu_seconds=part("gpu_seconds", used),
             sum_requested_gpu_seconds=part("requested_gpu_seconds", ExpressionWrapper(F("requested_gpu_seconds") * fraction, output_field=decimal)),
@@ -114,27 +127,46 @@ def _row(group_by: str, key, values: dict) -> dict:
         "unpriced_gpu_hours": _hours(values["sum_unpriced_gpu_seconds"]),
         "provisional": bool(values["any_provisional"]),
         "currency": settings.DEFAULT_CURRENCY,
+    } | _gpu_busy_columns(values)
+
+
+def _gpu_busy_columns(values: dict) -> dict:
+    """What the GPUs did, beside what was paid (aggregate_slices(gpu_busy=True)): GPU-hours monitored,
+    busy GPU-hours (utilisation-weighted), GPU efficiency = busy / monitored, cost of the idle
+    GPU-hours. None where nothing was monitored."""
+    if "sum_monitored_gpu_seconds" not in values:  # a row of bookings only
+        return {"monitored_gpu_hours": None, "busy_gpu_hours": None, "gpu_efficiency": None, "idle_cost": None}
+    monitored = Decimal(values.get("sum_monitored_gpu_seconds") or 0)
+    busy = Decimal(values.get("sum_busy_gpu_seconds") or 0)
+    return {
+        "monitored_gpu_hours": _hours(monitored),
+        "busy_gpu_hours": _hours(busy) if monitored else None,
+        "gpu_efficiency": float((busy / monitored).quantize(Decimal("0.0001"))) if monitored else None,
+        "idle_cost": Decimal(values.get("sum_idle_cost") or 0).quantize(Decimal("0.01"), ROUND_HALF_UP) if monitored else None,
     }
 
 
 def cost_report(
-    *, start: dt.date, end: dt.date, group_by: str, team: Team | None = None, cluster: str = ""
+    *, start: dt.date | None = None, end: dt.date | None = None, group_by: str, team: Team | None = None,
+    cluster: str = "", start_at: dt.datetime | None = None, end_at: dt.datetime | None = None,
 ) -> list[dict]:
     """GPU-hours used and requested, efficiency and cost between ``start`` and ``end`` (inclusive days,
-    billing time zone), grouped by team (Slurm account), user (cluster user name), gpu_type, month or
-    cluster. One aggregate query on UsageSlice (index usageslice_report). ``team`` narrows to one
-    team (its usage page), ``cluster`` to one cluster's usage and bookings. Callers check
-    ``can_read_cost_reports`` (or team membership) first."""
+    billing time zone) — or any range [``start_at``, ``end_at``) of aware datetimes (one hour: usage
+    is prorated to the second within a slice) — grouped by team (Slurm account), user (cluster user
+    name), gpu_type, month or cluster. One aggregate query on UsageSlice (index usageslice_report).
+    ``team`` narrows to one team (its usage page), ``cluster`` to one cluster's usage and bookings.
+    Callers check ``can_read_cost_reports`` (or team membership) first."""
     if group_by not in GROUP_BY_CHOICES:
         raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES}")
-    start_at, end_at = range_bounds(start, end)
+    if start_at is None or end_at is None:
+        start_at, end_at = range_bounds(start, end)
     queryset = slices_in(start_at, end_at)
     if team is not None:
         queryset = queryset.filter(team=team)
     if cluster:
         queryset = queryset.filter(cluster=cluster)
     column = _GROUP_COLUMNS[group_by]
-    rows = aggregate_slices(queryset, start_at, end_at, [column])
+    rows = aggregate_slices(queryset, start_at, end_at, [column], gpu_busy=True)
     if group_by == "team":
         rows = rows.annotate(label=Max("team__name"), team_slug=Max("team__slug"))
     result = []
@@ -144,11 +176,11 @@ def cost_report(
             row["team_slug"] = values["team_slug"] or ""
             row["label"] = values["label"] or f"{values[column]} (no team)"
         result.append(row)
-    return _with_booking_charges(result, group_by=group_by, start=start, end=end, team=team, cluster=cluster)
+    return _with_booking_charges(result, group_by=group_by, start_at=start_at, end_at=end_at, team=team, cluster=cluster)
 
 
 def _with_booking_charges(
-    rows: list[dict], *, group_by: str, start: dt.date, end: dt.date, team: Team | None, cluster: str = ""
+    rows: list[dict], *, group_by: str, start_at: dt.datetime, end_at: dt.datetime, team: Team | None, cluster: str = ""
 ) -> list[dict]:
     """Add what bookings are charged (accounting.selectors.booking_charges) to cost report rows:
     ``usage_cost`` is the usage alone, ``bookings_cost`` the bookings', ``cost`` their sum (so totals =
@@ -157,10 +189,9 @@ def _with_booking_charges(
     for row in rows:
         row["usage_cost"] = row["cost"]
         row["bookings_cost"] = Decimal("0.00")
-    start_at, end_at = range_bounds(start, end)
     if group_by == "month":
-        pieces, month = [], month_start(start)
-        while month <= end:
+        pieces, month = [], month_start(billing_date(start_at))
+        while billing_midnight(month) < end_at:
             lo, hi = max(billing_midnight(month), start_at), min(billing_midnight(next_month(month)), end_at)
             pieces += [(month.strftime("%Y-%m"), line) for line in booking_charges(start_at=lo, end_at=hi, team=team)
                        if not cluster or line["cluster"] == cluster]  # fmt: skip
@@ -199,6 +230,63 @@ def usage_by_team_and_month(*, start: dt.date, end: dt.date) -> list[dict]:
          "cost": Decimal(v["sum_cost"] or 0).quantize(Decimal("0.01"))}
         for v in rows
     ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskUsage:
+    """One Slurm job's (an array task's) usage: exact GPU-seconds and cost."""
+
+    gpu_seconds: int
+    cost: Decimal
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        return Decimal(self.gpu_seconds) / HOUR
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """What a portal job has really used so far, from accounting (its usage records and their
+    priced slices): exact GPU-seconds, cost (six places; round for display), whether every record is
+    final, and per Slurm job id (an array: each task's own id) the same figures."""
+
+    gpu_seconds: int
+    cost: Decimal
+    currency: str
+    final: bool
+    tasks: dict[int, TaskUsage]  # Slurm job id (an array task's own) -> its usage
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        return Decimal(self.gpu_seconds) / HOUR
+
+
+def jobs_usage(job_uuids) -> dict:
+    """{portal job uuid: JobUsage} for the jobs that have usage records (the others: absent). One
+    aggregate query (index usagerecord_portal_job), whatever the number of jobs."""
+    wanted = list(job_uuids)
+    if not wanted:
+        return {}
+    rows = (
+        UsageRecord.objects.filter(portal_job_uuid__in=wanted)
+        .values("pk", "portal_job_uuid", "job_id", "gpu_seconds", "provisional")
+        .annotate(cost=Sum("slices__cost"))
+        .order_by()
+    )
+    parts: dict = {}
+    for row in rows:
+        parts.setdefault(row["portal_job_uuid"], []).append(row)
+    out = {}
+    for job_uuid, records in parts.items():
+        tasks: dict[int, TaskUsage] = {}
+        for row in records:  # a requeued job: several records of one id
+            old = tasks.get(row["job_id"], TaskUsage(0, Decimal(0)))
+            tasks[row["job_id"]] = TaskUsage(old.gpu_seconds + int(row["gpu_seconds"]), old.cost + Decimal(row["cost"] or 0))
+        out[job_uuid] = JobUsage(
+            gpu_seconds=sum(t.gpu_seconds for t in tasks.values()), cost=sum((t.cost for t in tasks.values()), Decimal(0)),
+            currency=settings.DEFAULT_CURRENCY, final=not any(row["provisional"] for row in records), tasks=tasks,
+        )  # fmt: skip
+    return out
 
 
 def account_gpu_seconds(*, start_at: dt.datetime, end_at: dt.datetime, cluster: str | None = None) -> dict[str, Decimal]:

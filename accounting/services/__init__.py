@@ -9,11 +9,12 @@
 - ``reservations``  the bookings' Slurm reservations (reserve, unreserve, cleanup)
 - ``quotas``        quota request / approve / reject / cancel
 - ``budget``        budget enforcement in the portal: the jobs' budget holds and running totals
-                    (budget_holds_place / _release / _convert) and the refusal wording
+                    (budget_holds_place / _release / _convert / _identify / _tasks_settle) and the refusal wording
 - ``slurm_limits``  budget enforcement in Slurm (association limits, drift, roll-over)
 - ``reconciliation`` each cluster's usage against its own sreport, over the hours its slurmdbd has
                     rolled up (rolled_up_to, rollup_record, usage_reconcile)
 - ``alerts``        budget alerts (80 % / 100 %), e-mail and webhook delivery
+- ``gpu_busy``      what share of a job's GPU-time its GPUs computed (from the GPU monitoring)
 """
 
 from accounting.services.alerts import (
@@ -24,6 +25,7 @@ from accounting.services.alerts import (
     budget_alert_webhook,
     budget_alert_webhook_sweep,
     budget_alerts_check,
+    webhook_post,
 )
 from accounting.services.bookings import (
     BOOKING_LOCK_NAMESPACE,
@@ -41,9 +43,12 @@ from accounting.services.budget import (
     QUOTA_PAGE,
     HoldRequest,
     budget_holds_convert,
+    budget_holds_identify,
     budget_holds_place,
     budget_holds_release,
+    budget_holds_tasks_settle,
 )
+from accounting.services.gpu_busy import usage_busy_record
 from accounting.services.ingestion import IngestResult, usage_ingest, usage_records_upsert, usage_window_start
 from accounting.services.quotas import quota_approve, quota_cancel, quota_reject, quota_request
 from accounting.services.rates import may_set_prices, rate_create
@@ -72,10 +77,11 @@ from accounting.services.slurm_limits import (
 __all__ = [
     "BOOKING_LOCK_NAMESPACE", "BOOKING_PAST_GRACE", "QUOTA_ALERT_THRESHOLDS", "QUOTA_PAGE", "RESERVE_LEASE",
     "ROLLOVER_KIND", "IngestResult", "TypeCapacity", "bookable_cluster", "booking_approve", "booking_cancel", "booking_cleanup",
-    "booking_create", "booking_reject", "booking_reserve_run", "booking_unreserve_run", "bookings_whole_nodes",
+    "booking_create", "booking_reject", "usage_busy_record", "webhook_post", "booking_reserve_run", "booking_unreserve_run", "bookings_whole_nodes",
     "budget_alert_email", "budget_alert_payload", "budget_alert_sweep", "budget_alert_webhook", "budget_alert_webhook_sweep",
     "budget_alerts_check",
-    "HoldRequest", "budget_holds_convert", "budget_holds_place", "budget_holds_release",
+    "HoldRequest", "budget_holds_convert", "budget_holds_identify", "budget_holds_place", "budget_holds_release",
+    "budget_holds_tasks_settle",
     "quota_approve", "quota_cancel", "quota_expected_limits", "quota_limit_drift", "quota_limits_apply",
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
     "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",

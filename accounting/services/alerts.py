@@ -140,6 +140,16 @@ def _webhook_owed(now: dt.datetime) -> Q:
     )
 
 
+def webhook_post(*, url: str, payload: dict) -> None:
+    """POST ``payload`` as JSON to a team's alert webhook (Team.alert_webhook_url, an http(s) URLField):
+    the one way the portal calls it (budget alerts, idle-GPU alerts). Raises on any failure."""
+    data = json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json",
+                                                                          "User-Agent": "gpuportal"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=10) as response:
+        response.read(1024)
+
+
 def budget_alert_webhook(*, alert_id: int) -> bool:
     """POST the alert as JSON to the team's alert_webhook_url (if any), once: claimed first by a
     conditional update (``webhook_claimed_at``, one of WEBHOOK_ATTEMPTS), so the sweep's repeat and
@@ -152,13 +162,9 @@ def budget_alert_webhook(*, alert_id: int) -> bool:
         webhook_claimed_at=now, webhook_attempts=F("webhook_attempts") + 1
     ):
         return False
-    data = json.dumps(budget_alert_payload(alert)).encode()
-    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json",
-                                                                          "User-Agent": "gpuportal"})  # fmt: skip
     mine = BudgetAlert.objects.filter(pk=alert_id, webhook_claimed_at=now)
     try:
-        with urllib.request.urlopen(req, timeout=10) as response:  # an http(s) URLField
-            response.read(1024)
+        webhook_post(url=url, payload=budget_alert_payload(alert))
     except Exception as exc:
         mine.update(webhook_claimed_at=None, webhook_error=str(exc)[:2000])  # let a retry send it
         raise

@@ -49,8 +49,6 @@ BOOKING_PAST_GRACE = dt.timedelta(minutes=5)  # a window may start this much bef
 
 def _booking_lock(gpu_type: str, cluster: Cluster) -> None:
     """Serialise capacity decisions for one GPU type of one cluster until the transaction ends."""
-    if connection.vendor != "postgresql":
-        return  # SQLite (the demo) serialises writing transactions anyway
     key = zlib.crc32(f"{cluster.name}/{gpu_type}".encode() if not cluster.is_default else gpu_type.encode()) - 2**31
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [BOOKING_LOCK_NAMESPACE, key])

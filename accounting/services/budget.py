@@ -23,17 +23,16 @@ import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from accounting.calendar import billing_midnight, current_month
+from accounting.calendar import HOUR, billing_midnight, current_month
 from accounting.charging import bookings_charge_reserved
-from accounting.models import BudgetHold, BudgetTotal
+from accounting.models import BudgetHold, BudgetTotal, UsageRecord
 from accounting.selectors.budgets import budget_rows, budget_total_figures, quotas_effective
-from portal.db import prepared_cursor
 from portal.exceptions import Conflict
 from portal.models import AuditEvent, Team
 from portal.services import audit_event
@@ -77,17 +76,32 @@ def over_budget(*, row: dict, needs: Decimal, subject: str, measure: str, span: 
 
 @dataclass(frozen=True)
 class HoldRequest:
-    """One job's hold: its id (the jobs app's Job pk), its estimate (``gpu_hours``, ``gpu_type``,
-    ``gpu_type_assumed``, ``cost``: a jobs.estimate.JobQuote) and the booking it runs in."""
+    """One job's hold: its id (the jobs app's Job pk), its estimate (``gpu_hours``, ``gpu_seconds``,
+    ``gpu_type``, ``gpu_type_assumed``, ``gpu_types``, ``cost``: a jobs.estimate.JobQuote), the
+    booking it runs in and its array tasks (each holds its share until its own final record)."""
 
     job_uuid: uuid.UUID
     estimate: object
     booking_id: uuid.UUID | None = None
+    tasks: int = 1
 
     @property
     def gpu_type(self) -> str:
-        """The type the job asked for ("" = any: its estimate's dearest type is an assumption)."""
+        """The types whose quotas the hold counts against (BudgetHold.gpu_type): the type the job
+        asked for, or every type a job without one can land on ("a100,h100"); "" = any-type only."""
+        types = getattr(self.estimate, "gpu_types", ()) or ()
+        if types:
+            return ",".join(sorted(types))
         return "" if getattr(self.estimate, "gpu_type_assumed", False) else (getattr(self.estimate, "gpu_type", "") or "")
+
+    @property
+    def task_gpu_hours(self) -> Decimal:
+        """One task's share of the estimate, to six places rounded up (exact from GPU-seconds)."""
+        tasks = max(self.tasks, 1)
+        seconds = getattr(self.estimate, "gpu_seconds", 0)
+        if seconds:
+            return _hours_up(Decimal(seconds) / tasks / HOUR)
+        return _hours_up(Decimal(self.estimate.gpu_hours) / tasks)
 
 
 _SIX = Decimal("0.000001")
@@ -97,6 +111,15 @@ def _hours(value) -> Decimal:
     return Decimal(value).quantize(_SIX, ROUND_HALF_UP)
 
 
+def _hours_up(value) -> Decimal:
+    return Decimal(value).quantize(_SIX, ROUND_CEILING)
+
+
+def _keys(gpu_type: str) -> frozenset[str]:
+    """The running totals' GPU-type keys a hold counts in: "" (every type) and each of its types."""
+    return frozenset(("", *BudgetHold.types_of(gpu_type)))
+
+
 def _place_sql(holds: list[tuple], increments: dict[str, Decimal], *, team_id: int, at: dt.datetime) -> tuple[str, list]:
     """One statement: lock the team row FOR KEY SHARE (placements of a team run side by side; a quota
     approval or booking, which lock it FOR UPDATE, waits for them), insert the holds, lock the
@@ -104,14 +127,16 @@ def _place_sql(holds: list[tuple], increments: dict[str, Decimal], *, team_id: i
     with their new figures."""
     params: list = []
     values = []
-    for job_uuid, gpu_type, booking_id, estimate, cost, held, placed_at in holds:
-        values.append("(%s::uuid, %s, %s::uuid, %s::numeric, %s::numeric, %s::numeric, %s::timestamptz)")
-        params += [job_uuid, gpu_type, booking_id, estimate, cost, held, placed_at]
+    for job_uuid, gpu_type, booking_id, estimate, cost, held, placed_at, tasks, task_hours in holds:
+        values.append("(%s::uuid, %s, %s::uuid, %s::numeric, %s::numeric, %s::numeric, %s::timestamptz, %s::integer, "
+                      "%s::numeric)")  # fmt: skip
+        params += [job_uuid, gpu_type, booking_id, estimate, cost, held, placed_at, tasks, task_hours]
     sql = (
         "WITH team AS (SELECT id FROM portal_team WHERE id = %s FOR KEY SHARE), "
         "holds AS (INSERT INTO accounting_budgethold (job_uuid, team_id, gpu_type, booking_id, estimated_gpu_hours, "
-        "estimated_cost, held_gpu_hours, created_at) SELECT v.job_uuid, team.id, v.gpu_type, v.booking_id, v.est, v.cost, "
-        f"v.held, v.at FROM team, (VALUES {', '.join(values)}) AS v(job_uuid, gpu_type, booking_id, est, cost, held, at) "
+        "estimated_cost, held_gpu_hours, created_at, tasks, task_gpu_hours, slurm_cluster) SELECT v.job_uuid, team.id, "
+        "v.gpu_type, v.booking_id, v.est, v.cost, v.held, v.at, v.tasks, v.task_hours, '' FROM team, "
+        f"(VALUES {', '.join(values)}) AS v(job_uuid, gpu_type, booking_id, est, cost, held, at, tasks, task_hours) "
         "RETURNING 1)"
     )
     head = [team_id]
@@ -131,14 +156,14 @@ def _place_sql(holds: list[tuple], increments: dict[str, Decimal], *, team_id: i
 
 
 def _increments(rows: Iterable[tuple[str, Decimal]]) -> dict[str, Decimal]:
-    """What holds add to a team's totals per GPU type: all of them to "" (every type), each to its type."""
+    """What holds add to a team's totals per GPU type: all of them to "" (every type), each to its
+    types (a job without a type: to every type it can land on)."""
     out: dict[str, Decimal] = {}
     for gpu_type, held in rows:
         if held <= 0:
             continue
-        out[""] = out.get("", Decimal(0)) + held
-        if gpu_type:
-            out[gpu_type] = out.get(gpu_type, Decimal(0)) + held
+        for key in _keys(gpu_type):
+            out[key] = out.get(key, Decimal(0)) + held
     return out
 
 
@@ -188,17 +213,18 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
     covered = bookings_charge_reserved()
     rows = []
     for hold in holds:
-        estimate = _hours(hold.estimate.gpu_hours)
+        estimate = _hours_up(hold.estimate.gpu_hours)
         cost = getattr(hold.estimate, "cost", None)
         held = Decimal(0) if (hold.booking_id is not None and covered) else estimate
-        rows.append((hold.job_uuid, hold.gpu_type, hold.booking_id, estimate, cost, held, at))
-    increments = _increments((gpu_type, held) for _, gpu_type, _, _, _, held, _ in rows)
+        rows.append((hold.job_uuid, hold.gpu_type, hold.booking_id, estimate, cost, held, at, max(hold.tasks, 1),
+                     hold.task_gpu_hours))  # fmt: skip
+    increments = _increments((row[1], row[5]) for row in rows)
     # the quotas in force, read before the totals' lock so that it is held for as little as can be:
     # a quota is changed under the team's row lock, which the locking statement waits for
     effective = quotas_effective(team=team, at=at) if increments else {}
     with transaction.atomic(savepoint=False):
         sql, params = _place_sql(rows, increments, team_id=team.pk, at=at)
-        with prepared_cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(sql, params)
             returned = cursor.fetchall() if increments else []
         if not increments:
@@ -209,13 +235,14 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
             for pk, team_id, gpu_type, start, end, held, used in returned
         }  # fmt: skip
         checked: dict[int, object] = {}
-        for job_type in sorted({gpu_type for _, gpu_type, _, _, _, held, _ in rows if held > 0}):
-            applicable = [q for key, q in effective.items() if key[1] == "" or (job_type and key[1] == job_type)]
+        for job_type in sorted({row[1] for row in rows if row[5] > 0}):
+            keys = _keys(job_type)  # a job without a type: the quota of every type it can land on
+            applicable = [q for key, q in effective.items() if key[1] in keys]
             if not applicable:
                 if no_quota_unlimited():
                     continue
                 start, _ = current_month(at)
-                what = "GPU quota" if not effective else f"GPU quota covering {job_type or 'any-type'} GPUs"
+                what = "GPU quota" if not effective else f"GPU quota covering {job_type.replace(',', ' or ') or 'any-type'} GPUs"
                 raise no_quota(team=team, what=what, when=f"for {start:%Y-%m}")
             checked.update((q.pk, q) for q in applicable)
         quotas = sorted(checked.values(), key=lambda q: q.gpu_type)
@@ -237,8 +264,9 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
 
 def _totals_apply(*, deltas: Sequence[tuple[int, str, dt.datetime, Decimal]], used: dict | None = None,
                   team_ids: Iterable[int] = (), since: dt.datetime | None = None, at: dt.datetime) -> int:  # fmt: skip
-    """Apply held deltas (team id, GPU type asked, hold placed at, delta) to the totals that count
-    those holds (the team's; "" and the type; periods ending after the hold was placed), and set
+    """Apply held deltas (team id, the hold's GPU types (BudgetHold.gpu_type; or a frozenset of
+    total keys), hold placed at, delta) to the totals that count those holds (the team's; "" and the
+    types; periods ending after the hold was placed), and set
     ``used`` (by total id) — under the totals' row locks, taken in id order. Two queries (lock, one
     bulk UPDATE) whatever the number of holds."""
     deltas = [d for d in deltas if d[3] != 0]
@@ -251,7 +279,8 @@ def _totals_apply(*, deltas: Sequence[tuple[int, str, dt.datetime, Decimal]], us
     for total in locked:
         held = Decimal(total.held_gpu_hours)
         for team_id, gpu_type, placed_at, delta in deltas:
-            if team_id == total.team_id and total.ends_at > placed_at and total.gpu_type in ("", gpu_type):
+            keys = gpu_type if isinstance(gpu_type, frozenset) else _keys(gpu_type)
+            if team_id == total.team_id and total.ends_at > placed_at and total.gpu_type in keys:
                 held += delta
         new_used = (used or {}).get(total.pk, total.used_gpu_hours)
         if held != total.held_gpu_hours or new_used != total.used_gpu_hours:
@@ -300,30 +329,80 @@ def _releases_audit(holds: Sequence[BudgetHold], *, reason: str) -> None:
                    ", ".join(str(h.job_uuid) for h in holds))  # fmt: skip
 
 
-def budget_holds_convert(*, ingested: dict, final: set, team_ids: Iterable[int], since: dt.datetime | None,
-                         at: dt.datetime) -> None:  # fmt: skip
-    """Usage ingestion: the GPU-hours ingested for portal jobs (``ingested``: job uuid → all their
-    records' GPU-hours so far) move from held to used — a hold keeps its estimate minus that (never
-    below 0) — and a job with a final record (``final``) releases its hold. The totals of
-    ``team_ids`` (teams with new or changed usage) of periods ending after ``since`` get their
-    ``used`` figures again from the slices. Call inside the ingestion's transaction."""
+def hold_figure(hold: BudgetHold, records: Sequence[tuple[bool, Decimal, str]], *, covered: bool) -> tuple[Decimal, bool, str]:
+    """(held GPU-hours, final, GPU types) of one hold from all its job's usage records so far
+    (``records``: (provisional, GPU-hours, GPU type allocated) each). Each of the ``tasks`` still to
+    run holds ``task_gpu_hours`` until a record of it arrives; a running task holds its share minus
+    what it used so far (so used + held counts each GPU-second once); a final record ends its task's
+    hold. Final when every task has a final record. The types narrow to those Slurm allocated once
+    every task has a record (a job without a type)."""
+    final = sum(1 for provisional, _, _ in records if not provisional)
+    running = [Decimal(hours) for provisional, hours, _ in records if provisional]
+    tasks = hold.tasks  # 0: an array none of whose tasks ran (budget_holds_tasks_settle)
+    if final >= tasks:
+        return Decimal(0), True, hold.gpu_type
+    types = hold.gpu_type
+    unseen = max(tasks - final - len(running), 0)
+    if unseen == 0 and len(hold.gpu_types) > 1:
+        seen = {gpu_type for _, _, gpu_type in records if gpu_type}
+        if seen and seen <= set(hold.gpu_types):
+            types = ",".join(sorted(seen))
+    if hold.booking_id is not None and covered:
+        return Decimal(0), False, types
+    per_task = Decimal(hold.task_gpu_hours) or Decimal(hold.estimated_gpu_hours) / tasks
+    held = unseen * per_task + sum((max(per_task - used, Decimal(0)) for used in running[: tasks - final]), Decimal(0))
+    return _hours_up(min(held, Decimal(hold.estimated_gpu_hours))), False, types
+
+
+def _holds_refigure(holds: Sequence[BudgetHold], usage: dict, *, at: dt.datetime, save: frozenset = frozenset()) -> list:
+    """Set each hold's figures from its job's usage (hold_figure) and save those that changed, and
+    those in ``save`` (one bulk UPDATE); returns the totals' deltas (a hold whose types narrowed
+    leaves the dropped types' totals)."""
     covered = bookings_charge_reserved()
-    holds = list(
-        BudgetHold.objects.select_for_update().filter(job_uuid__in=list(ingested), released_at__isnull=True).order_by("job_uuid")
-    ) if ingested else []  # fmt: skip
     deltas, changed = [], []
     for hold in holds:
-        done = hold.job_uuid in final
-        if done or (hold.booking_id is not None and covered):
-            held = Decimal(0)
+        held, done, types = hold_figure(hold, usage.get(hold.job_uuid, ()), covered=covered)
+        if held == hold.held_gpu_hours and not done and types == hold.gpu_type:
+            if hold.pk in save:
+                changed.append(hold)
+            continue
+        old_keys, new_keys = _keys(hold.gpu_type), _keys(types)
+        if old_keys - new_keys:
+            deltas.append((hold.team_id, frozenset(old_keys - new_keys), hold.created_at, -Decimal(hold.held_gpu_hours)))
+            deltas.append((hold.team_id, frozenset(new_keys), hold.created_at, held - hold.held_gpu_hours))
         else:
-            held = max(Decimal(hold.estimated_gpu_hours) - Decimal(ingested[hold.job_uuid]), Decimal(0))
-        if held != hold.held_gpu_hours or done:
-            deltas.append((hold.team_id, hold.gpu_type, hold.created_at, held - hold.held_gpu_hours))
-            hold.held_gpu_hours, hold.released_at = held, (at if done else None)
-            changed.append(hold)
+            deltas.append((hold.team_id, frozenset(new_keys), hold.created_at, held - hold.held_gpu_hours))
+        hold.held_gpu_hours, hold.gpu_type, hold.released_at = held, types, (at if done else None)
+        changed.append(hold)
     if changed:
-        BudgetHold.objects.bulk_update(changed, ["held_gpu_hours", "released_at"])
+        BudgetHold.objects.bulk_update(changed, ["held_gpu_hours", "gpu_type", "released_at", "tasks"])
+    return deltas
+
+
+def _usage_of(job_uuids: Iterable) -> dict:
+    """{job uuid: [(provisional, GPU-hours, GPU type), ...]} of every usage record of these jobs (one query)."""
+    usage: dict = {}
+    rows = UsageRecord.objects.filter(portal_job_uuid__in=list(job_uuids)).values_list(
+        "portal_job_uuid", "provisional", "gpu_hours", "gpu_type"
+    )
+    for job_uuid, provisional, hours, gpu_type in rows:
+        usage.setdefault(job_uuid, []).append((provisional, hours, gpu_type))
+    return usage
+
+
+def budget_holds_convert(*, job_uuids: Iterable, team_ids: Iterable[int], since: dt.datetime | None,
+                         at: dt.datetime) -> None:  # fmt: skip
+    """Usage ingestion: the usage of these portal jobs (every record of each so far) moves from held
+    to used, task by task (hold_figure): a running task holds its estimate minus what it used so
+    far, a task's final record ends its share, the last one releases the hold. The totals of
+    ``team_ids`` (teams with new or changed usage) of periods ending after ``since`` get their
+    ``used`` figures again from the slices. Call inside the ingestion's transaction."""
+    wanted = list(job_uuids)
+    holds = list(
+        BudgetHold.objects.select_for_update().filter(job_uuid__in=wanted, released_at__isnull=True).order_by("job_uuid")
+    ) if wanted else []  # fmt: skip
+    usage = _usage_of(h.job_uuid for h in holds) if holds else {}
+    deltas = _holds_refigure(holds, usage, at=at)
     team_ids = set(team_ids)
     used: dict[int, Decimal] = {}
     if team_ids and since is not None:
@@ -333,3 +412,47 @@ def budget_holds_convert(*, ingested: dict, final: set, team_ids: Iterable[int],
             used[total.pk] = _hours(figures[0])
     if deltas or used:
         _totals_apply(deltas=deltas, used=used, team_ids=team_ids if used else (), since=since, at=at)
+
+
+def budget_holds_identify(*, jobs: Iterable[tuple]) -> int:
+    """The jobs app saw these jobs in Slurm ((job uuid, cluster, Slurm job id; an array's id) each):
+    their open holds remember it, so that running usage records, whose Comment sacct leaves empty
+    until the job ends, are matched to them (accounting.services.ingestion). One UPDATE."""
+    rows = [(uuid.UUID(str(job_uuid)), cluster, int(job_id)) for job_uuid, cluster, job_id in jobs if job_id]
+    if not rows:
+        return 0
+    values = ", ".join("(%s::uuid, %s, %s::bigint)" for _ in rows)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE accounting_budgethold h SET slurm_cluster = v.cluster, slurm_job_id = v.job_id "
+            f"FROM (VALUES {values}) AS v(job_uuid, cluster, job_id) WHERE h.job_uuid = v.job_uuid "
+            "AND h.released_at IS NULL AND (h.slurm_job_id IS DISTINCT FROM v.job_id OR h.slurm_cluster <> v.cluster)",
+            [x for row in rows for x in row],
+        )
+        return cursor.rowcount
+
+
+def budget_holds_tasks_settle(*, ran: dict, at: dt.datetime | None = None) -> int:
+    """Array jobs ended, some of whose tasks never ran (cancelled while pending: no usage will come
+    for them): ``ran`` is {job uuid: how many of its tasks started}. Their holds expect only those
+    tasks (never fewer than the records already seen), and one whose tasks are all final is released
+    (none ran: at once). Idempotent. Four queries (holds, their usage, one UPDATE, the totals')."""
+    wanted = {uuid.UUID(str(k)): int(v) for k, v in ran.items()}
+    if not wanted:
+        return 0
+    at = at or timezone.now()
+    with transaction.atomic(savepoint=False):
+        holds = list(BudgetHold.objects.select_for_update().filter(job_uuid__in=list(wanted), released_at__isnull=True)
+                     .order_by("job_uuid"))  # fmt: skip
+        if not holds:
+            return 0
+        usage = _usage_of(h.job_uuid for h in holds)
+        lowered = set()
+        for hold in holds:
+            expected = max(wanted[hold.job_uuid], len(usage.get(hold.job_uuid, ())))
+            if expected < hold.tasks:
+                hold.tasks = expected
+                lowered.add(hold.pk)
+        deltas = _holds_refigure(holds, usage, at=at, save=frozenset(lowered))
+        _totals_apply(deltas=deltas, at=at)
+    return len(lowered)

@@ -15,9 +15,7 @@ Portal jobs' usage moves from their budget holds to the teams' used figures in t
 from __future__ import annotations
 
 import datetime as dt
-import re
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
@@ -25,7 +23,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Min, Q, Sum
+from django.db.models import Min, Q
 from django.utils import timezone
 
 from accounting.calendar import HOUR
@@ -38,9 +36,9 @@ from portal.models import SyncStatus
 from portal.selectors import team_ids_by_account
 from portal.services import sync_record_failure, sync_record_success
 from portal.slurm import AccountingRecord, SlurmError, cluster_config, get_gateway
+from portal.slurm.tags import tagged_job_id as _portal_job_uuid  # the tag's one owner
 
 USAGE_KIND = "usage"
-COMMENT_TAG = re.compile(r"gpuportal:([0-9a-fA-F-]{36})")
 RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED", "SIGNALING"}
 
 # Fields of UsageRecord written by an upsert (everything but the key and first_seen_at)
@@ -158,21 +156,13 @@ def usage_records_upsert(
 
 
 def _holds_convert(rows: list[UsageRecord], changed: list[UsageRecord], now: dt.datetime) -> None:
-    """Portal jobs' ingested GPU-hours (all their records so far) leave their budget holds and count as
-    used; a final (non-provisional) record releases the hold; the running totals of the teams whose
-    usage changed get their used figures again (accounting.services.budget.budget_holds_convert).
-    One aggregate query for the jobs' usage, plus budget_holds_convert's."""
+    """Portal jobs' ingested GPU-hours (all their records so far, task by task) leave their budget
+    holds and count as used; each task's final (non-provisional) record ends its share, the last one
+    releases the hold; the running totals of the teams whose usage changed get their used figures
+    again (accounting.services.budget.budget_holds_convert, which reads the jobs' records)."""
     job_uuids = {r.portal_job_uuid for r in rows if r.portal_job_uuid}
-    ingested: dict = {}
-    if job_uuids:
-        ingested = dict(
-            UsageRecord.objects.filter(portal_job_uuid__in=any_of(job_uuids, "uuid"))
-            .values("portal_job_uuid").annotate(total=Sum("gpu_hours")).values_list("portal_job_uuid", "total").order_by()
-        )  # fmt: skip
-    final = {r.portal_job_uuid for r in rows if r.portal_job_uuid and not r.provisional}
     since = min((r.start_time for r in changed), default=None)
-    budget_holds_convert(ingested=ingested, final=final, team_ids={r.team_id for r in changed if r.team_id},
-                         since=since, at=now)  # fmt: skip
+    budget_holds_convert(job_uuids=job_uuids, team_ids={r.team_id for r in changed if r.team_id}, since=since, at=now)
 
 
 def _started(record: AccountingRecord) -> bool:
@@ -183,16 +173,6 @@ def _started(record: AccountingRecord) -> bool:
     if record.end_time is not None and record.end_time <= record.start_time and not record.alloc_tres:
         return False
     return True
-
-
-def _portal_job_uuid(comment: str) -> uuid.UUID | None:
-    match = COMMENT_TAG.search(comment or "")
-    if not match:
-        return None
-    try:
-        return uuid.UUID(match.group(1))
-    except ValueError:
-        return None
 
 
 def _users_by_unix_name(names: set[str]) -> dict[str, int]:
@@ -226,14 +206,47 @@ def _bookings_by_portal_job(uuids: set) -> dict:
     return dict(BudgetHold.objects.filter(job_uuid__in=uuids, booking_id__isnull=False).values_list("job_uuid", "booking_id"))
 
 
+def _slurm_key(record: AccountingRecord, cluster_default: str) -> tuple[str, int]:
+    """(cluster, the job's Slurm id as the portal knows it: an array task's array id)."""
+    return record.cluster or cluster_default, record.array_job_id or record.job_id
+
+
+def _holds_by_slurm_job(records: Sequence[AccountingRecord], cluster_default: str) -> dict[tuple[str, int], uuid.UUID]:
+    """The portal job of each untagged record (a running job: sacct fills Comment only at its end)
+    by the open budget hold that knows its cluster and Slurm id, placed before Slurm had the job
+    (so a job id reused after a state wipe is not matched). One query (index budgethold_slurm_job)."""
+    wanted: dict[tuple[str, int], dt.datetime] = {}
+    for r in records:
+        if not _portal_job_uuid(r.comment) and r.submit_time is not None:
+            key = _slurm_key(r, cluster_default)
+            wanted[key] = min(wanted.get(key, r.submit_time), r.submit_time)
+    if not wanted:
+        return {}
+    found = {}
+    rows = BudgetHold.objects.filter(
+        released_at__isnull=True, slurm_cluster__in={c for c, _ in wanted}, slurm_job_id__in=sorted({j for _, j in wanted})
+    ).values_list("slurm_cluster", "slurm_job_id", "job_uuid", "created_at")
+    for cluster, job_id, job_uuid, created_at in rows:
+        submitted = wanted.get((cluster, job_id))
+        if submitted is not None and created_at <= submitted + dt.timedelta(seconds=5):
+            found[(cluster, job_id)] = job_uuid
+    return found
+
+
 def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:
     teams = team_ids_by_account(cluster=cluster_default, accounts={r.account for r in records})
     users = _users_by_unix_name({r.user for r in records if r.user})
     bookings = _bookings_by_reservation({r.reservation for r in records if r.reservation})
+    # sacct leaves a running job's Comment (the portal's tag) empty until it ends: the open hold the
+    # jobs app told its Slurm id (budget_holds_identify) names its portal job
+    untagged = _holds_by_slurm_job(records, cluster_default)
     # sacct 22.05 leaves Reservation empty (it keeps only ReservationId): portal jobs name their booking
-    job_bookings = _bookings_by_portal_job({u for r in records if not r.reservation and (u := _portal_job_uuid(r.comment))})
+    job_bookings = _bookings_by_portal_job(
+        {u for r in records if not r.reservation and (u := _portal_job_uuid(r.comment) or untagged.get(_slurm_key(r, cluster_default)))}
+    )
     rows: dict[tuple, UsageRecord] = {}
     for r in records:
+        portal_job = _portal_job_uuid(r.comment) or untagged.get(_slurm_key(r, cluster_default))
         running = r.end_time is None or r.state in RUNNING_STATES
         end = None if running else r.end_time
         if running:  # figures up to the reading: sacct's Elapsed of a running job is "so far"
@@ -262,9 +275,9 @@ def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluste
             partition=r.partition or "",
             num_nodes=r.num_nodes or 1,
             comment=(r.comment or "")[:500],
-            portal_job_uuid=_portal_job_uuid(r.comment),
+            portal_job_uuid=portal_job,
             reservation=(r.reservation or "")[:64],
-            booking_id=bookings.get(r.reservation or "") or job_bookings.get(_portal_job_uuid(r.comment)),
+            booking_id=bookings.get(r.reservation or "") or job_bookings.get(portal_job),
             gpus=gpus,
             gpu_type=r.gpu_type,
             elapsed_seconds=max(r.elapsed_seconds, 0),

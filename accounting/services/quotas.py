@@ -25,7 +25,6 @@ from portal.models import NodeInfo, Team
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
-from portal.snapshots import QUOTAS, snapshot_changed
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +116,6 @@ def quota_approve(*, quota, user, comment: str = "", request=None):
         type(quota).objects.filter(pk=old.pk).update(state=QuotaState.SUPERSEDED, superseded_by=quota)
         audit_record(actor=user, action="quota.supersede", target=old, team=quota.team, request=request,
                      data={"superseded_by": quota.pk})  # fmt: skip
-    snapshot_changed(QUOTAS)  # queryset updates send no signal: every process re-reads the quotas
     type(quota).objects.filter(pk=quota.pk).update(
         state=QuotaState.APPROVED, decided_by=user, decided_at=now, approved_at=now, decision_comment=(comment or "")[:1000]
     )
@@ -142,7 +140,6 @@ def quota_reject(*, quota, user, comment: str, request=None):
     if quota.state != QuotaState.REQUESTED:
         raise Conflict(f"This quota is {quota.get_state_display().lower()}, not awaiting approval.",
                        errors={"state": [quota.state]})  # fmt: skip
-    snapshot_changed(QUOTAS)  # queryset updates send no signal: every process re-reads the quotas
     type(quota).objects.filter(pk=quota.pk).update(
         state=QuotaState.REJECTED, decided_by=user, decided_at=timezone.now(), decision_comment=comment.strip()[:1000]
     )
@@ -153,10 +150,14 @@ def quota_reject(*, quota, user, comment: str, request=None):
 
 
 @transaction.atomic
-def quota_cancel(*, quota, user, request=None):
+def quota_cancel(*, quota, user, request=None, withdraw: bool = False):
     """Withdraw a request (its team's managers, admins) or revoke an approved quota (admins; Slurm's
-    limits are mirrored again after commit)."""
+    limits are mirrored again after commit). ``withdraw``: only a request awaiting approval (the
+    "Withdraw" of the quota page and API; 409 for any other state)."""
     quota = _quota_for_decision(getattr(quota, "pk", quota))
+    if withdraw and quota.state != QuotaState.REQUESTED:
+        raise Conflict(f"This quota is {quota.get_state_display().lower()}: only a request awaiting approval can be withdrawn.",
+                       errors={"state": [quota.state]})  # fmt: skip
     if quota.state == QuotaState.REQUESTED:
         allowed = is_admin(user) or is_manager(user, quota.team)
     elif quota.state == QuotaState.APPROVED:
@@ -166,7 +167,6 @@ def quota_cancel(*, quota, user, request=None):
     if not allowed:
         raise _forbidden("You may not cancel this quota.")
     was = quota.state
-    snapshot_changed(QUOTAS)  # queryset updates send no signal: every process re-reads the quotas
     type(quota).objects.filter(pk=quota.pk).update(state=QuotaState.CANCELLED, decided_by=user, decided_at=timezone.now())
     quota.refresh_from_db()
     audit_record(actor=user, action="quota.cancel", target=quota, team=quota.team, request=request, data={"was": was})

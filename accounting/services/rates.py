@@ -16,7 +16,6 @@ from accounting.tasks import usage_reprice_task
 from portal.exceptions import ApplicationError, Conflict
 from portal.outbox import after_commit
 from portal.roles import is_admin
-from portal.snapshots import RATES, snapshot_changed
 
 
 def may_set_prices(user) -> bool:
@@ -63,7 +62,6 @@ def rate_create(
     )
     rate.full_clean()
     rate.save()
-    snapshot_changed(RATES)  # every process re-reads the rate book (accounting.rates.RateBook.current)
     usage_reprice_owed(gpu_type=gpu_type, since=effective_from)
     after_commit(usage_reprice_task, gpu_type, effective_from.isoformat())
     return rate

@@ -16,9 +16,11 @@ from gpuportal_cli.output import (
     _err,
     _estimate_line,
     _json_or_empty,
+    _money,
     _out,
     _table,
     _team_label,
+    _used_line,
     _when,
     is_terminal,
 )
@@ -60,11 +62,19 @@ def cmd_status(args) -> int:
             ("Partition", job.get("partition")),
             ("GPUs", f"{job.get('gpus')} x {job.get('gpu_type') or 'any'} on {job.get('nodes', 1)} node(s)"),
             ("Time limit", f"{job.get('time_limit_minutes')} min"), ("Estimate", _estimate_line(job)),
-            ("Submitted", _when(job)),
+            ("Used", _used_line(job) or "nothing recorded yet"), ("Submitted", _when(job)),
         ]
         for label, value in fields:
             if value not in (None, ""):
                 _out(f"{label + ':':<12} {value}")
+        tasks = job.get("tasks") or []
+        if tasks:
+            rows = [[str(t.get("index")), t.get("state", ""), str(t.get("slurm_job_id") or "—"),
+                     str(t.get("gpu_hours") if t.get("gpu_hours") is not None else "—"),
+                     _money(t.get("cost"), job.get("currency", "")) if t.get("cost") is not None else "—"]
+                    for t in tasks]  # fmt: skip
+            _out("")
+            _out(_table(rows, ["TASK", "STATE", "SLURM", "GPU-HOURS", "COST"]))
         return EXIT_OK
     params = {"team": args.team, "state": args.state}
     jobs = list(client.paginate("jobs/", params, limit=args.limit))
@@ -74,11 +84,12 @@ def cmd_status(args) -> int:
         [
             str(j.get("id", ""))[:8], (j.get("name") or "")[:30], _team_label(j), j.get("state", ""),
             str(j.get("slurm_job_id") or "—"), f"{j.get('gpus', '')}{(' ' + j['gpu_type']) if j.get('gpu_type') else ''}",
-            _when(j),
+            _when(j), _money(j.get("estimated_cost"), j.get("currency", "")),
+            _money(j.get("cost"), j.get("currency", "")) + ("" if j.get("usage_final") or j.get("cost") is None else " so far"),
         ]
         for j in jobs
     ]
-    _out(_table(rows, ["ID", "NAME", "TEAM", "STATE", "SLURM", "GPUS", "SUBMITTED"]))
+    _out(_table(rows, ["ID", "NAME", "TEAM", "STATE", "SLURM", "GPUS", "SUBMITTED", "ESTIMATE", "COST"]))
     return EXIT_OK
 
 

@@ -83,6 +83,15 @@ def _estimate_line(job: dict) -> str:
     return ", ".join(parts)
 
 
+def _used_line(job: dict) -> str:
+    """What a job really used (from accounting), beside its estimate: "0.04 GPU-hours, 0.10 EUR"
+    (+ " so far" while it runs); "" when nothing is recorded yet."""
+    if job.get("gpu_seconds") is None:
+        return ""
+    line = f"{job.get('gpu_hours')} GPU-hours ({job['gpu_seconds']} GPU-s), {_money(job.get('cost'), job.get('currency', ''))}"
+    return line + ("" if job.get("usage_final") else " so far")
+
+
 def _state_line(job: dict) -> str:
     state = job.get("state", "?")
     extras = []

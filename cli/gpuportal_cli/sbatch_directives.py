@@ -23,6 +23,7 @@ Then ``script_request`` turns the directives into numbers the portal estimates a
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ __all__ = [
     "DirectiveError",
     "ScriptRequest",
     "apply_overrides",
+    "begin_latest",
+    "check_mail_type",
     "disable_directives",
     "parse_array",
     "parse_directives",
@@ -48,6 +51,15 @@ __all__ = [
 ]
 
 MAGIC_WORDS = ("#SBATCH", "#SLURM")
+
+# C's isspace() in the "C" locale, which sbatch's parser uses: str.isspace() would also take
+# U+00A0, U+2003, \x1c-\x1f, …, and read a block or split a word where sbatch does not.
+C_SPACE = " \t\n\v\f\r"
+
+
+def is_c_digits(text: str) -> bool:
+    """Only 0-9, as strtol reads them (str.isdigit() also takes "²" and "٣")."""
+    return bool(text) and text.isascii() and text.isdigit()
 
 
 class DirectiveError(ValueError):
@@ -87,7 +99,7 @@ def _words(body: str, line: int) -> List[str]:
     words: List[str] = []
     i, n = 0, len(body)
     while i < n:
-        while i < n and body[i].isspace():
+        while i < n and body[i] in C_SPACE:
             i += 1
         if i >= n:
             break
@@ -96,9 +108,9 @@ def _words(body: str, line: int) -> List[str]:
         word: List[str] = []
         started = False
         quote = ""
-        while i < n and (quote or not body[i].isspace()):
+        while i < n and (quote or body[i] not in C_SPACE):
             char = body[i]
-            if char == "\\" and not quote:
+            if char == "\\":  # an escape, inside quotes too (get_argument)
                 i += 1
                 if i < n:
                     word.append(body[i])
@@ -137,12 +149,12 @@ def directive_lines(script: str) -> List[Tuple[int, str]]:
         line = raw[:-1] if raw.endswith("\r") else raw
         magic = next((m for m in MAGIC_WORDS if line.startswith(m)), None)
         if magic is None:
-            stripped = line.lstrip()
+            stripped = line.lstrip(C_SPACE)
             if stripped and not stripped.startswith("#"):
                 break  # the first command ends the block
             continue
         body = line[len(magic):]
-        head = body.strip().split(None, 1)[0].lower() if body.strip() else ""
+        head = re.split("[" + C_SPACE + "]", body.strip(C_SPACE), maxsplit=1)[0].lower()
         if head in ("hetjob", "packjob"):
             raise DirectiveError(
                 f"'{magic} {head}': heterogeneous jobs are not supported by the portal; submit the components as separate jobs",
@@ -246,12 +258,12 @@ def parse_time_minutes(value: str, *, line: int = 0, option: str = "time") -> Op
         return None
     days = 0
     rest = text
-    match = re.fullmatch(r"(\d+)-(\d+(?::\d+){0,2})", text)
+    match = re.fullmatch(r"([0-9]+)-([0-9]+(?::[0-9]+){0,2})", text)
     if match:
         days, rest = int(match.group(1)), match.group(2)
         parts = [int(p) for p in rest.split(":")]
         hours, minutes, seconds = (parts + [0, 0])[:3]
-    elif re.fullmatch(r"\d+(?::\d+){0,2}", text):
+    elif re.fullmatch(r"[0-9]+(?::[0-9]+){0,2}", text):
         parts = [int(p) for p in text.split(":")]
         if len(parts) == 1:
             hours, minutes, seconds = 0, parts[0], 0
@@ -265,7 +277,7 @@ def parse_time_minutes(value: str, *, line: int = 0, option: str = "time") -> Op
     return None if total == 0 else total
 
 
-_MEM_RE = re.compile(r"(\d+)([KMGTkmgt]?)[Bb]?")
+_MEM_RE = re.compile(r"([0-9]+)([KMGTkmgt]?)[Bb]?")
 _MEM_FACTOR = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
@@ -281,7 +293,7 @@ def parse_memory_mb(value: str, *, line: int = 0, option: str = "mem") -> int:
 def parse_gpu_count(value: str, *, line: int = 0, option: str = "gpus") -> Tuple[str, int]:
     """``[type:]N`` (``--gpus``, ``--gpus-per-node``, ``--gpus-per-task``) → (type, N)."""
     text = (value or "").strip()
-    match = re.fullmatch(r"(?:(?:gpu:)?([A-Za-z0-9_.-]+?):)?(\d+)", text)
+    match = re.fullmatch(r"(?:(?:gpu:)?([A-Za-z0-9_.-]+?):)?([0-9]+)", text)
     if not match or ("," in text):
         raise DirectiveError(f"invalid --{option} specification: {value} (expected [type:]count)", line=line, option=option)
     return match.group(1) or "", int(match.group(2))
@@ -301,11 +313,74 @@ def parse_gres_gpu(value: str, *, line: int = 0, option: str = "gres") -> Option
             return "", 1
         parts = rest.split(":")
         if len(parts) == 1:
-            return (("", int(parts[0])) if parts[0].isdigit() else (parts[0], 1))
-        if len(parts) == 2 and parts[1].isdigit():
+            return (("", int(parts[0])) if is_c_digits(parts[0]) else (parts[0], 1))
+        if len(parts) == 2 and is_c_digits(parts[1]):
             return parts[0], int(parts[1])
         raise DirectiveError(f"invalid --{option} specification: {value}", line=line, option=option)
     return None
+
+
+_BEGIN_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+_BEGIN_NOW_RE = re.compile(r"now(?:[ \t]*([+-])[ \t]*([0-9]+)[ \t]*(seconds?|minutes?|hours?|days?|weeks?)?)?", re.I)
+_BEGIN_ISO_RE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})(?:T([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?)?")
+# the forms that mean "within the next day": a clock time (today or tomorrow), Slurm's named hours
+_BEGIN_SOON_RE = re.compile(
+    r"(?:(?:today|tomorrow)(?:[ T]?[0-9]{1,2}:[0-9]{2}(?::[0-9]{2})?)?|midnight|noon|elevenses|fika|teatime"
+    r"|[0-9]{1,2}:[0-9]{2}(?::[0-9]{2})?(?:[ \t]*[ap]m)?)",
+    re.I,
+)
+
+
+def begin_latest(value: str, *, now: dt.datetime, line: int = 0) -> dt.datetime:
+    """The latest moment ``--begin=value`` can mean (Slurm's parse_time), for the forms the portal
+    can tell: ``now[+N[seconds|minutes|hours|days|weeks]]``, ``YYYY-MM-DD[THH:MM[:SS]]`` (in UTC, as
+    the portal runs sbatch), ``uts<seconds>``, and a clock time or named hour (``16:00``, ``tomorrow``,
+    ``teatime``: within two days). Any other form (``MMDD[YY]``, ``MM/DD``, combinations) is a
+    DirectiveError: the portal would not know how long the job may wait. ``now``: aware, UTC."""
+    text = (value or "").strip(C_SPACE)
+    match = _BEGIN_NOW_RE.fullmatch(text)
+    if match:
+        sign, count, unit = match.groups()
+        seconds = int(count or 0) * _BEGIN_UNITS[(unit or "second").lower().rstrip("s")]
+        return now + dt.timedelta(seconds=seconds if sign != "-" else 0)
+    match = _BEGIN_ISO_RE.fullmatch(text)
+    if match:
+        parts = [int(p) if p else 0 for p in match.groups()]
+        try:
+            return dt.datetime(*parts, tzinfo=dt.timezone.utc)
+        except ValueError:
+            raise DirectiveError(f"invalid --begin time {value!r}", line=line, option="begin") from None
+    if text[:3].lower() == "uts" and is_c_digits(text[3:]) and int(text[3:]) >= 1_000_000:
+        try:
+            return dt.datetime.fromtimestamp(int(text[3:]), tz=dt.timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise DirectiveError(f"invalid --begin time {value!r}", line=line, option="begin") from None
+    if _BEGIN_SOON_RE.fullmatch(text):
+        return now + dt.timedelta(days=2)
+    raise DirectiveError(
+        f"--begin={value}: the portal reads --begin as now+N[minutes|hours|days], YYYY-MM-DD[THH:MM[:SS]] "
+        "(UTC) or a clock time (HH:MM); write it in one of those forms",
+        line=line, option="begin",
+    )
+
+
+# --mail-type values Slurm accepts (src/common/proc_args.c, parse_mail_type), comma-separated, any case
+MAIL_TYPES = frozenset({
+    "NONE", "ARRAY_TASKS", "BEGIN", "END", "FAIL", "INVALID_DEPEND", "REQUEUE", "ALL", "STAGE_OUT",
+    "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50",
+})  # fmt: skip
+
+
+def check_mail_type(value: str, *, line: int = 0) -> List[str]:
+    """``--mail-type``'s types, upper case, as sbatch reads them; a DirectiveError for one it refuses."""
+    types = [item.strip(C_SPACE).upper() for item in (value or "").split(",") if item.strip(C_SPACE)]
+    wrong = [item for item in types if item not in MAIL_TYPES]
+    if not types or wrong:
+        raise DirectiveError(
+            f"--mail-type={value}: invalid mail type (Slurm takes {', '.join(sorted(MAIL_TYPES))})",
+            line=line, option="mail-type",
+        )
+    return types
 
 
 MAX_ARRAY_INDEX = 4_000_000
@@ -318,12 +393,12 @@ def parse_array(value: str, *, line: int = 0) -> Tuple[List[int], Optional[int]]
     spec, _, throttle_text = text.partition("%")
     throttle = None
     if throttle_text:
-        if not throttle_text.isdigit():
+        if not is_c_digits(throttle_text):
             raise DirectiveError(f"invalid --array specification: {value}", line=line, option="array")
         throttle = int(throttle_text)
     indexes = set()
     for part in spec.split(","):
-        match = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part.strip())
+        match = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part.strip())
         if not match:
             raise DirectiveError(f"invalid --array specification: {value}", line=line, option="array")
         first = int(match.group(1))
@@ -337,7 +412,7 @@ def parse_array(value: str, *, line: int = 0) -> Tuple[List[int], Optional[int]]
 
 def _positive(directive: Directive) -> int:
     text = (directive.value or "").strip()
-    if not text.isdigit() or int(text) < 1:
+    if not is_c_digits(text) or int(text) < 1:
         raise DirectiveError(
             f"invalid --{directive.option} value {directive.value!r}: expected a positive whole number",
             line=directive.line, option=directive.option,
@@ -346,7 +421,7 @@ def _positive(directive: Directive) -> int:
 
 
 def _node_range(directive: Directive) -> Tuple[int, int]:
-    match = re.fullmatch(r"(\d+)(?:-(\d+))?", (directive.value or "").strip())
+    match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", (directive.value or "").strip())
     if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(2)) < int(match.group(1))):
         raise DirectiveError(f"invalid node count specification --nodes={directive.value}", line=directive.line, option="nodes")
     low = int(match.group(1))
@@ -485,6 +560,31 @@ class ScriptRequest:
         return self.gpu_count
 
 
+def _refused_before_submission(get, request: "ScriptRequest") -> None:
+    """What sbatch refuses before it sends anything (src/sbatch/opt.c ``_opt_verify`` and
+    src/common/slurm_opt.c ``validate_options_salloc_sbatch_srun``, 22.05 and 25.11), in its words.
+    A job that reaches Slurm only to end SUBMIT_FAILED is refused here instead, naming the line."""
+    per_task = get("gpus-per-task") or (get("tres-per-task") if request.gpu_form == "gpus-per-task" else None)
+    if per_task and not (get("gpus") or get("ntasks") or get("nodes") or get("ntasks-per-node") or get("tasks-per-node")):
+        # sbatch: "Failed to validate job spec" (-N gives one task per node; 22.05 also counts
+        # --ntasks-per-node, which 25.11 refuses too: give -n/--ntasks)
+        raise DirectiveError(
+            f"--{per_task.option} used without either --gpus or -n/--ntasks is not allowed", line=per_task.line,
+            option=per_task.option,
+        )  # fmt: skip
+    # (--ntasks-per-core above --threads-per-core: 25.11's sbatch refuses it, 22.05's submits it — measured
+    # 2026-12-03; not refused here, where one rule serves every release: issue 29's per-release table)
+    if get("nodes") and get("distribution") and (get("distribution").value or "").lower().startswith("arbitrary"):
+        raise DirectiveError("--nodes is incompatible with --distribution=arbitrary", line=get("distribution").line,
+                             option="distribution")  # fmt: skip
+    if get("tres-per-task"):
+        for item in (get("tres-per-task").value or "").lower().split(","):
+            name = item.split("=", 1)[0].split(":", 1)[0].strip()
+            if name in ("mem", "energy", "node"):
+                raise DirectiveError(f"Invalid TRES for --tres-per-task: {name}", line=get("tres-per-task").line,
+                                     option="tres-per-task")  # fmt: skip
+
+
 def script_request(directives: List[Directive]) -> ScriptRequest:
     """Read the effective directives (the last of each option wins) into a ScriptRequest.
     Values the portal needs are checked as sbatch checks them (DirectiveError naming the line)."""
@@ -539,6 +639,7 @@ def script_request(directives: List[Directive]) -> ScriptRequest:
     if gpu_forms:
         form, ((gpu_type, count), _directive) = next(iter(gpu_forms.items()))
         request.gpu_form, request.gpu_type, request.gpu_count = form, gpu_type, count
+    _refused_before_submission(get, request)
     if get("ntasks-per-gpu") and request.gpu_form == "gpus" and request.ntasks is None:
         request.ntasks = _positive(get("ntasks-per-gpu")) * request.gpu_count
     for option, attr in (("mem", "mem_mb"), ("mem-per-cpu", "mem_per_cpu_mb"), ("mem-per-gpu", "mem_per_gpu_mb")):

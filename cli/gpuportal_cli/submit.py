@@ -33,8 +33,9 @@ def _check_directives(script: str) -> dict:
 
 def build_submission(args, script: str, script_name: str) -> tuple[dict, list[str]]:
     """The POST body of a submission: the script (the server reads its #SBATCH lines) and the flags
-    given, which override the script's directives as sbatch's command line does. A relative
-    --chdir/-D (flag or directive) is resolved against the directory the CLI runs in.
+    given, which override the script's directives as sbatch's command line does. The job is
+    submitted from the directory the CLI runs in (``submit_dir``), as sbatch's own; a relative
+    --chdir/-D (flag or directive) is resolved against it.
     Returns the body and notes for the user."""
     directives = _check_directives(script)
     notes: list[str] = []
@@ -64,9 +65,11 @@ def build_submission(args, script: str, script_name: str) -> tuple[dict, list[st
         body["cpus_per_gpu"] = args.cpus_per_gpu
     if args.mem:
         body["memory_gb"] = parse_memory_gb(args.mem)
-    workdir = args.workdir or (directives["chdir"].value if "chdir" in directives else None)
-    if workdir:
-        body["workdir"] = os.path.abspath(workdir)  # relative: against where the CLI runs, as sbatch
+    # submitted from where the CLI runs, as sbatch: the job starts there (SLURM_SUBMIT_DIR) unless
+    # --chdir says otherwise; a relative --chdir/-D (flag or directive) is resolved against it
+    body["submit_dir"] = os.getcwd()
+    if args.workdir:
+        body["workdir"] = os.path.abspath(args.workdir)
     if args.env:
         environment = {}
         for item in args.env:

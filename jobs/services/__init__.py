@@ -10,6 +10,8 @@
 - ``notify``     job-end e-mails (each sent once) and their sweeper
 - ``sweep``      re-enqueue stuck relays and cancels; release budget holds whose usage never comes
 - ``templates``  job templates
+- ``gpu_usage``  what the GPUs did: one Prometheus range query a cycle into per-GPU usage rows
+- ``gpu_alerts`` idle-GPU alerts (once per job: e-mail to the submitter, the team's webhook)
 
 Rules every function here follows:
 - the row is persisted first (state ACCEPTED) and the relay is enqueued with ``on_commit``;
@@ -22,6 +24,8 @@ A test or bench that patches a module attribute (``RELAY_LEASE_SECONDS``, ``_hol
 """
 
 from jobs.services.cancel import _may_cancel, job_cancel, job_cancel_relay_run
+from jobs.services.gpu_alerts import gpu_idle_alert_deliver, gpu_idle_alerts_check
+from jobs.services.gpu_usage import gpu_usage_finalise, gpu_usage_record, gpu_usage_sync
 from jobs.services.notify import job_end_notify_send, job_end_notify_sweep
 from jobs.services.relay import (
     RELAY_BATCH_SUBMIT_SECONDS,
@@ -53,7 +57,13 @@ from jobs.services.submit import (
     request_fingerprint,
 )
 from jobs.services.sweep import budget_holds_sweep, jobs_sweep
-from jobs.services.sync import ACCOUNTING_BY_ID_MAX, ACCOUNTING_GRACE_SECONDS, _apply_plan, _plan_job, jobs_sync
+from jobs.services.sync import (
+    ACCOUNTING_BY_ID_MAX,
+    ACCOUNTING_GRACE_SECONDS,
+    _apply_plan,
+    _plan_job,
+    jobs_sync,
+)
 from jobs.services.templates import job_template_create, job_template_delete
 from jobs.spec import DEFAULT_SHEBANG
 
@@ -82,6 +92,11 @@ __all__ = [
     "_release",
     "_spec_for",
     "budget_holds_sweep",
+    "gpu_idle_alert_deliver",
+    "gpu_idle_alerts_check",
+    "gpu_usage_finalise",
+    "gpu_usage_record",
+    "gpu_usage_sync",
     "job_cancel",
     "job_cancel_relay_run",
     "job_end_notify_send",

@@ -21,6 +21,7 @@ from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from portal.db import bulk_update_values
 from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
+from jobs.workdirs import cluster_username, default_submit_dir, submit_dir_ensure
 from portal.slurm import JobSpec, SlurmError, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -66,28 +67,35 @@ def _booking_reservation(job: Job) -> str:
     return booking.reservation_name
 
 
-def _spec_for(job: Job) -> JobSpec:
-    """The JobSpec for a stored job. Raises SlurmRejected when the submitter has no Unix account."""
+def _spec_for(job: Job, *, ensure_dirs: bool = True) -> JobSpec:
+    """The JobSpec for a stored job. Raises SlurmRejected when the submitter has no Unix account, or
+    when the job's submit directory cannot be used (``ensure_dirs``: the user's default one is
+    created, as the user, when missing: jobs.workdirs)."""
     from portal.unix import unix_account_problem, unix_ids
 
     uid = gid = None
+    username = cluster_username(job.submitter)
     if settings.SLURM_SUBMIT_AS_USER:
-        profile = getattr(job.submitter, "profile", None)
-        username = profile.cluster_username if profile else job.submitter.username
         ids = unix_ids(username)
-        if problem := unix_account_problem(username, ids, profile):
+        if problem := unix_account_problem(username, ids, getattr(job.submitter, "profile", None)):
             raise SlurmRejected(problem)
         uid, gid = ids
+    submit_dir = job.submit_dir or job.workdir
+    if ensure_dirs:  # the user's default directory is created when missing (as the user)
+        default = submit_dir == default_submit_dir(user=job.submitter, team=job.team, job_id=job.pk)
+        submit_dir_ensure(submit_dir, username=username, ids=(uid, gid) if uid is not None else None, default=default)
     pattern = settings.JOB_OUTPUT_PATTERN
     slurm_id = "%A_%a" if job.array else "%j"
     stdout = job.output_pattern or pattern.format(workdir=job.workdir, slurm_job_id=slurm_id, stream="out")
-    stderr = job.error_pattern or (pattern.format(workdir=job.workdir, slurm_job_id=slurm_id, stream="err") if not job.output_pattern else "")
+    stderr = job.error_pattern or (pattern.format(workdir=job.workdir, slurm_job_id=slurm_id, stream="err")
+                                   if not job.output_pattern and "{stream}" in pattern else "")  # fmt: skip
     # the command line: the job's overrides (jobs.spec), and the portal's output files where the
-    # script names none (a script's --output alone sends stderr there too, as sbatch does)
+    # script names none (a script's --output alone sends stderr there too, as sbatch does; so does
+    # the portal's pattern without {stream}, as sbatch's default slurm-%j.out)
     options = [(option, value) for option, value in job.overrides if option != "account"]
     if not job.output_pattern:
         options.append(("output", stdout))
-    if not job.output_pattern and not job.error_pattern:
+    if not job.output_pattern and not job.error_pattern and stderr:
         options.append(("error", stderr))
     return JobSpec(
         script=job.script,
@@ -102,6 +110,7 @@ def _spec_for(job: Job) -> JobSpec:
         memory_mb=job.memory_gb * 1024 if job.memory_gb else None,
         time_limit_minutes=job.time_limit_minutes,
         workdir=job.workdir,
+        submit_dir=submit_dir,
         stdout=stdout,
         stderr=stderr or stdout,
         options=tuple(options),
@@ -205,9 +214,6 @@ def _submit_failed(job: Job, token: uuid.UUID, message: str) -> None:
 
 
 RELAY_BATCH_THREADS = 4
-# The most jobs one submit_many call carries: its helper answers within SLURM_TIMEOUT + 50 ms a job,
-# so a call started before the relay's deadline ends inside the claim's lease.
-RELAY_SUBMIT_MANY = 32
 # A batched relay stops starting sbatch calls after this long (the rest is released for the retry),
 # well inside RELAY_SOFT_TIME_LIMIT and the lease.
 RELAY_BATCH_SUBMIT_SECONDS = 40
@@ -251,11 +257,10 @@ def _relay_result(claimed: int, *, not_claimed: int = 0) -> dict:
 def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: float) -> None:
     """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``token`` just now (the batched
     relay and the drain share them): read; ONE look-up by tag for the jobs claimed before
-    (find_by_comments: two Slurm calls at most, not two per job); sbatch ``threads`` at a time, or
-    the gateway's submit_many for RELAY_SUBMIT_MANY jobs at a time (the native submitter); one
-    bulk write; counts added to ``result``. No sbatch starts after ``deadline`` (time.monotonic())
-    nor so late that it could outlive the claim's lease (RELAY_LEASE_SECONDS, less one SLURM_TIMEOUT
-    and a margin): the jobs not started are released (``result["out_of_time"]``). Raises
+    (find_by_comments: two Slurm calls at most, not two per job); the gateway's submit (sbatch, or
+    pyslurm on 25.11) ``threads`` at a time; one bulk write; counts added to ``result``. No sbatch
+    starts after ``deadline`` (time.monotonic()) nor so late that it could outlive the claim's lease
+    (RELAY_LEASE_SECONDS, less one SLURM_TIMEOUT and a margin): the jobs not started are released (``result["out_of_time"]``). Raises
     SlurmUnavailable after recording the others when Slurm did not answer for some (their claims
     released)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -322,30 +327,8 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
             submitted = exc
         return job.pk, outcome(job, submitted)
 
-    # A gateway that submits many jobs at once (the native submitter: one exchange with its helper)
-    # gets its cluster's jobs together, RELAY_SUBMIT_MANY at a time; the others go sbatch by sbatch,
-    # ``threads`` at a time.
-    pooled = []
-    for name in gateways:
-        ready = [item for item in todo if item[0].cluster.name == name]
-        if getattr(gateways[name], "submit_many", None) is None:  # a test double without it
-            pooled += ready
-            continue
-        for start in range(0, len(ready), RELAY_SUBMIT_MANY):
-            chunk = []
-            for job, spec in ready[start : start + RELAY_SUBMIT_MANY]:
-                decided = decide(job)
-                if decided is None:
-                    chunk.append((job, spec))
-                else:
-                    outcomes[job.pk] = decided
-            answers = gateways[name].submit_many([spec for _, spec in chunk]) if chunk else []
-            if answers is None:
-                pooled += ready[start:]
-                break
-            outcomes.update((job.pk, outcome(job, answer)) for (job, _), answer in zip(chunk, answers, strict=True))
-    with ThreadPoolExecutor(max(1, min(threads, len(pooled) or 1))) as pool:
-        outcomes.update(pool.map(relay_one, pooled))
+    with ThreadPoolExecutor(max(1, min(threads, len(todo) or 1))) as pool:
+        outcomes.update(pool.map(relay_one, todo))
 
     now = timezone.now()
     by_pk = {job.pk: job for job in jobs}

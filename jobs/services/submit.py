@@ -23,15 +23,15 @@ from jobs.estimate import JobQuote, quote_for
 from jobs.models import Job, JobEvent
 from jobs.services.relay import relay_drain_after_commit
 from jobs.spec import ValidSpec, spec_accounts, validate_job_spec
+from jobs.workdirs import default_submit_dir
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
 from portal.outbox import after_commit
 from portal.roles import is_member
-from portal.db import insert_together, pipelined
-from portal.services import audit_event, audit_record
+from portal.services import audit_record
 
 
-IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")  # printable ASCII, no spaces
 
 T = TypeVar("T")
 
@@ -64,6 +64,7 @@ class JobSpecFields(JobShape):
 
     name: str | None = None
     workdir: str | None = None
+    submit_dir: str | None = None  # where it is submitted from (the CLI's directory); None: the user's default
     environment: dict | None = None
     qos: str | None = None
     constraint: str | None = None
@@ -88,7 +89,7 @@ def _hold_budget(team: Team, jobs: list[Job], quotes: list[JobQuote]) -> None:
     """The jobs' budget holds (``accounting.services.budget_holds_place``, which raises Conflict, 409,
     when they do not fit the team's budget). Must run inside the transaction that inserts the jobs:
     a refusal or a failing insert leaves no hold."""
-    budget_holds_place(team=team, holds=[HoldRequest(job.pk, quote, job.booking_id) for job, quote in zip(jobs, quotes, strict=True)])
+    budget_holds_place(team=team, holds=[HoldRequest(job.pk, quote, job.booking_id, tasks=job.array_tasks) for job, quote in zip(jobs, quotes, strict=True)])
 
 
 def request_fingerprint(payload: dict) -> str:
@@ -133,18 +134,21 @@ def _booking_id(booking: Any) -> uuid.UUID | None:
         raise ApplicationError("Invalid booking.", errors={"booking": ["Not a booking id."]}) from None
 
 
-def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, idempotency_key, fingerprint) -> Job:
+def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, idempotency_key, fingerprint,
+             job_id: uuid.UUID) -> Job:  # fmt: skip
     """The Job row for a checked spec and its estimate (not saved)."""
     return Job(
-        team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
+        id=job_id, team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
         gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
         memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
+        submit_dir=spec.submit_dir,
         environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
         ntasks=spec.ntasks, cpus_per_task=spec.cpus_per_task, exclusive=spec.exclusive, array=spec.array,
         array_tasks=spec.array_tasks, array_throttle=spec.array_throttle, qos=spec.qos, constraint=spec.constraint,
         output_pattern=spec.output, error_pattern=spec.error, overrides=spec.overrides, directives=spec.directives,
-        estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost, currency=quote.currency,
-        idempotency_key=idempotency_key, request_fingerprint=fingerprint, cluster=spec.capacity.cluster_row,
+        estimated_gpu_seconds=quote.gpu_seconds, estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost,
+        currency=quote.currency,
+        idempotency_key=idempotency_key, request_fingerprint=fingerprint, cluster=spec.capacity.cluster_for_job(),
     )  # fmt: skip
 
 
@@ -212,7 +216,8 @@ def job_submit(
     fields = dict(vars(JobSpecFields(script=script, **spec_fields)))
     _check_idempotency_key(idempotency_key)
     if fingerprint is None:
-        given = {name: value for name, value in fields.items() if name != "cluster" or value}  # no cluster: as before
+        # no cluster, no submit_dir: as before they existed (keys stored by then still replay)
+        given = {name: value for name, value in fields.items() if name not in ("cluster", "submit_dir") or value}
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, **given, "booking": str(getattr(booking, "pk", booking) or "")}
         )
@@ -221,30 +226,25 @@ def job_submit(
         return replay, False
 
     team = _team_for_submit(user=user, team=team)
-    spec = validate_job_spec(**fields, **spec_accounts(team))
+    job_id = uuid.uuid4()
+    spec = validate_job_spec(**fields, **spec_accounts(team), default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))
     booking_id = _booking_id(booking)
     if booking_id is not None:
         _check_booking(booking_id, team=team, spec=spec)
     quote = quote_for(spec)
     job = _job_row(spec, quote, team=team, user=user, booking_id=booking_id, idempotency_key=idempotency_key,
-                   fingerprint=fingerprint)  # fmt: skip
+                   fingerprint=fingerprint, job_id=job_id)  # fmt: skip
 
     @transaction.atomic
     def insert() -> Job:
-        with pipelined():  # BEGIN and both statements: one round trip (portal.db.pipelined)
-            return _insert_and_hold()
-
-    def _insert_and_hold() -> Job:
-        # the job, its first event and its audit event: one statement, before the budget lock
-        # (the new row is this transaction's own; nobody waits for it)
-        insert_together(
-            job,
-            lambda: JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at),
-            lambda: audit_event(
-                actor=user, action="job.submit", target=job, team=team, request=request,
-                data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
-                      "time_limit_minutes": job.time_limit_minutes},
-            ),
+        # the job, its first event and its audit event, before the budget lock (the new row is this
+        # transaction's own; nobody waits for it)
+        job.save(force_insert=True)
+        JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
+        audit_record(
+            actor=user, action="job.submit", target=job, team=team, request=request,
+            data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
+                  "time_limit_minutes": job.time_limit_minutes},
         )  # fmt: skip
         # last, in the same transaction: the hold is added to the team's running totals under
         # their row lock, held from here to COMMIT, so the next submission for the team waits
@@ -321,15 +321,17 @@ def job_submit_batch(
     at = timezone.now()
     accounts = spec_accounts(team)
     for index, item in enumerate(jobs):
+        job_id = uuid.uuid4()
         try:
-            spec = validate_job_spec(**{name: item.get(name) for name in SPEC_FIELD_NAMES}, **accounts, cache=cache)
+            spec = validate_job_spec(**{name: item.get(name) for name in SPEC_FIELD_NAMES}, **accounts, cache=cache,
+                                     default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))  # fmt: skip
             booking_id = _booking_id(item.get("booking"))
             if booking_id is not None:
                 _check_booking(booking_id, team=team, spec=spec)
         except ApplicationError as exc:
             errors[str(index)] = exc.errors or {"non_field_errors": [exc.message]}
             continue
-        prepared.append((spec, booking_id, quote_for(spec, at=at, cache=cache)))
+        prepared.append((spec, booking_id, quote_for(spec, at=at, cache=cache), job_id))
     if errors:
         first_index = next(iter(errors))
         first = next(iter(errors[first_index].values()))[0]
@@ -338,10 +340,11 @@ def job_submit_batch(
         raise exc
 
     rows = []
-    for index, (spec, booking_id, quote) in enumerate(prepared):
+    for index, (spec, booking_id, quote, job_id) in enumerate(prepared):
         rows.append(_job_row(
             spec, quote, team=team, user=user, booking_id=booking_id,
             idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index), fingerprint=fingerprint,
+            job_id=job_id,
         ))  # fmt: skip
 
     @transaction.atomic
@@ -357,7 +360,7 @@ def job_submit_batch(
         )  # fmt: skip
         # last (the budget lock is held from here to COMMIT): one placement for the whole
         # batch, every quota checked for the sum of its jobs
-        _hold_budget(team, rows, [quote for _spec, _booking_id, quote in prepared])
+        _hold_budget(team, rows, [quote for _spec, _booking_id, quote, _job_id in prepared])
         from jobs.tasks import job_relay_batch  # jobs.tasks imports this module
 
         after_commit(job_relay_batch, [str(job.pk) for job in rows])

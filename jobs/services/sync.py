@@ -10,16 +10,19 @@ import uuid
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
-from accounting.services import budget_holds_release
+from accounting.services import budget_holds_identify, budget_holds_release, budget_holds_tasks_settle
 from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array, tasks_without_exit_code
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
-from jobs.models import SLURM_TAG_PREFIX, Job, JobEvent
+from jobs.models import Job, JobEvent
 from portal.db import bulk_update_values
 from portal.outbox import after_commit
 from portal.models import SyncStatus
 from portal.slurm import SlurmUnavailable, cluster_config, get_gateway
+from portal.slurm.tags import SLURM_TAG_PREFIX
+from portal.unix import unix_ids
 
 
 # Fields the sync reads and may write.
@@ -75,7 +78,7 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     entries: dict[uuid.UUID, Any] = {}
     need_accounting: list[Job] = []
     for job in followed:
-        tag = f"{SLURM_TAG_PREFIX}{job.id}"
+        tag = job.slurm_tag
         if job.slurm_job_id is None:
             entry = tagged.get(tag)  # ACCEPTED, relay crashed after sbatch: adopt the id
             if entry is not None and entry.array_job_id is not None:
@@ -128,7 +131,7 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     planned: dict[uuid.UUID, dict] = {}
     for job in followed:
         record = records.get(job.slurm_job_id) if job.slurm_job_id is not None else None
-        if record is not None and record.comment not in (f"{SLURM_TAG_PREFIX}{job.id}", ""):
+        if record is not None and record.comment not in (job.slurm_tag, ""):
             record = None
         values = _plan_job(job, entries.get(job.id), record, now, accounting_ok=accounting_ok)
         if values:
@@ -136,6 +139,9 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
 
     stats["changed"] = _apply_plan(planned, now, cluster=name) if planned else 0
     stats["array_tasks"] = array_tasks_record(array_tasks) if array_tasks else 0
+    ended_arrays = [job_id for job_id, values in planned.items() if job_id in array_tasks and values.get("state") in TERMINAL_STATES]
+    if ended_arrays:
+        _array_holds_settle(ended_arrays, now)
     stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
     if "accounting_error" in stats:
@@ -143,6 +149,18 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     else:
         sync_record_success(kind, data=data)
     return stats
+
+
+def _array_holds_settle(job_ids: list, now: dt.datetime) -> None:
+    """Array jobs that ended this cycle: their budget holds expect only the tasks that started
+    (those cancelled while pending never use anything), so the hold ends with the last task's final
+    usage record (accounting.services.budget_holds_tasks_settle). One query, plus the service's."""
+    ran = dict(
+        Job.objects.filter(pk__in=job_ids, state__in=TERMINAL_STATES)
+        .annotate(ran=Count("array_task_rows", filter=Q(array_task_rows__started_at__isnull=False)))
+        .values_list("pk", "ran")
+    )
+    budget_holds_tasks_settle(ran=ran, at=now)
 
 
 def _array_final(record, tasks: dict[int, dict]) -> bool:
@@ -180,6 +198,8 @@ def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool)
     if job.slurm_job_id is None and entry is not None:  # adopted by tag
         values["slurm_job_id"] = entry.job_id
         values["submitted_at"] = entry.submit_time or now
+        if ids := unix_ids(entry.user):  # the Unix user it runs as: the output owner check's uid
+            values["unix_uid"] = ids[0]
     if new_state is not None and transition_allowed(job.state, new_state):
         values["state"] = new_state
     state = values.get("state", job.state)
@@ -187,7 +207,14 @@ def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool)
         reason = _clean_reason(entry.reason) if source is entry and state in (JobState.PENDING, JobState.REQUEUED, JobState.SUSPENDED) else ""
         if reason != job.state_reason:
             values["state_reason"] = reason
-    if source.start_time and state not in (JobState.ACCEPTED, JobState.PENDING, JobState.REQUEUED) and job.started_at != source.start_time:
+    # a job cancelled while pending has a start time that is not one: squeue's expected start (after
+    # its end: a --begin in the future), or sacct's Start = End — it never ran, and holds nothing more.
+    # Start = End for a job that ended otherwise is one that ran for less than sacct's second.
+    ran = source.start_time is not None and (
+        source.end_time is None or source.start_time < source.end_time
+        or (source.start_time == source.end_time and state != JobState.CANCELLED)
+    )  # fmt: skip
+    if ran and state not in (JobState.ACCEPTED, JobState.PENDING, JobState.REQUEUED) and job.started_at != source.start_time:
         values["started_at"] = source.start_time
     if state in TERMINAL_STATES:
         if job.ended_at is None:
@@ -210,6 +237,7 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
         to_update: list[Job] = []
         events: list[JobEvent] = []
         ended: list[str] = []
+        seen_in_slurm: list[tuple] = []  # started (or adopted): their holds learn the Slurm id
         update_fields: set[str] = set()
         for job_id, values in planned.items():
             current = fresh.get(job_id)
@@ -227,6 +255,8 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
             for key, value in values.items():
                 setattr(current, key, value)
             update_fields.update(values)
+            if ("started_at" in values or "slurm_job_id" in values) and current.slurm_job_id is not None:
+                seen_in_slurm.append((job_id, current.slurm_cluster or cluster or cluster_config().name, current.slurm_job_id))
             to_update.append(current)
             if "state" in values:
                 events.append(JobEvent(job_id=job_id, state=values["state"], reason=values.get("state_reason", ""), at=now))
@@ -239,6 +269,8 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
             # a job that ran keeps it until the usage ingestion converts it
             never_ran = [job.id for job in to_update if job.state in TERMINAL_STATES and job.started_at is None]
             budget_holds_release(job_uuids=never_ran, at=now)
+            # running usage comes without the job's tag (sacct fills Comment at the end): match it by id
+            budget_holds_identify(jobs=seen_in_slurm)
         if ended:
             from jobs.tasks import job_end_notify  # jobs.tasks imports this module
 

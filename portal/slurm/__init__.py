@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 from .base import SlurmGateway
@@ -41,6 +40,7 @@ __all__ = [
     "cluster_config",
     "configured_clusters",
     "get_gateway",
+    "relay_backend",
     "use_gateway",
 ]
 
@@ -141,37 +141,18 @@ def _build_gateway(config: ClusterConfig) -> SlurmGateway:
         gateway = PyslurmGateway(**options)
         _pyslurm_cluster[:] = [config.name]
         return gateway
-    native = config.backend == "auto" and _native_reason(config, options) == ""
-    return CliGateway(**options, lib_dir=config.lib_dir, native=native)
+    return CliGateway(**options, lib_dir=config.lib_dir)
 
 
-def _native_reason(config: ClusterConfig, options: dict) -> str:
-    """Why the cli gateway of an ``auto`` cluster submits with sbatch rather than natively ("" when it
-    submits natively; portal.slurm.native's docstring): said once per process in the log."""
-    import logging
-
-    from django.conf import settings
-
-    from .cli import CliGateway
-    from .native import built_release, client_side_plugins
-
-    reason = ""
-    if settings.SLURM_NATIVE_SUBMIT != "auto":
-        reason = f"SLURM_NATIVE_SUBMIT={settings.SLURM_NATIVE_SUBMIT}"
-    elif not (release := built_release()):
-        reason = "the native module is not built (make native)"
-    else:
-        try:
-            cluster_version = CliGateway(**options, lib_dir=config.lib_dir).version()
-        except SlurmError as exc:
-            cluster_version, reason = "", f"its version is unknown ({exc})"
-        if not reason and not same_release(release + ".0", cluster_version):
-            reason = f"the native module is built for Slurm {release}, the cluster runs {cluster_version}"
-        reason = reason or client_side_plugins(config.slurm_conf or os.environ.get("SLURM_CONF", ""))
-    logging.getLogger(__name__).info(
-        "cluster %s: %s", config.name, f"submits with sbatch: {reason}" if reason else "submits natively (libslurm)"
-    )
-    return reason
+def relay_backend(gateway: SlurmGateway) -> str:
+    """How this gateway submits jobs: "pyslurm", "native" (libslurm in a helper process, the cli
+    gateway of an ``auto`` cluster) or "sbatch" (the cli gateway otherwise); another gateway (a
+    test's) answers its ``name``."""
+    if gateway.name == "pyslurm":
+        return "pyslurm"
+    if gateway.name == "cli":
+        return "native" if getattr(gateway, "native", None) is not None else "sbatch"
+    return gateway.name
 
 
 def same_release(a: str, b: str) -> bool:

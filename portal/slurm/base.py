@@ -32,12 +32,6 @@ class SlurmGateway(abc.ABC):
     def submit(self, spec: t.JobSpec) -> int:
         """Submit a batch job; returns Slurm's job id."""
 
-    def submit_many(self, specs: list[t.JobSpec]) -> list[int | t.SlurmError] | None:
-        """Submit several jobs at once when the backend can do that cheaper than one by one: each
-        spec's Slurm id or its error (SlurmRejected, SlurmUnavailable), in order. None: it cannot
-        (the caller submits each)."""
-        return None
-
     @abc.abstractmethod
     def cancel(self, job_id: int) -> None:
         """Cancel a job. Cancelling a job that already ended is not an error."""

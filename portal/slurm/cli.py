@@ -30,7 +30,16 @@ from dataclasses import dataclass
 from . import parsing
 from . import types as t
 from .base import SlurmGateway
-from .cli_argv import check_text, render_script, sbatch_argv, sreport_argv, sreport_utilization_argv
+from .cli_argv import (
+    STEP_EXPORT,
+    check_script,
+    check_text,
+    export_file_bytes,
+    job_process_environment,
+    sbatch_argv,
+    sreport_argv,
+    sreport_utilization_argv,
+)
 from .cli_output import (
     QUEUE_FIELDS,
     QUEUE_FORMAT,
@@ -44,14 +53,14 @@ from .cli_output import (
     parse_max_array_size,
     parse_node_features,
     parse_nodes,
+    parse_overrun_config,
+    parse_partition_limits,
     parse_partitions,
     parse_queue,
     parse_reservations,
     parse_sacct,
 )
-from .native import NativeSubmitter
 from .parsing import FIELD_SEP
-from .pyslurm_request import NotExpressible
 from .request import spec_script
 
 # Re-exported: the argv builders (portal.slurm.cli_argv) and output parsers (portal.slurm.cli_output)
@@ -60,7 +69,7 @@ __all__ = [
     "QUEUE_FIELDS", "QUEUE_FORMAT", "SACCT_FIELDS", "CliGateway", "check_text", "is_idempotent_success",
     "limits_update", "parse_account_qos", "parse_assoc_mgr_qos", "parse_associations", "parse_job_id",
     "parse_limits", "parse_max_array_size", "parse_node_features", "parse_nodes", "parse_partitions",
-    "parse_queue", "parse_reservations", "parse_sacct", "render_script", "sbatch_argv", "sreport_argv",
+    "parse_queue", "parse_reservations", "parse_sacct", "sbatch_argv", "sreport_argv", "submit_dir_of",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -113,15 +122,12 @@ def _clean_env(slurm_conf: str, lib_dir: str = "") -> dict[str, str]:
 class CliGateway(SlurmGateway):
     name = "cli"
 
-    def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = "", lib_dir: str = "",
-                 native: bool = False):  # fmt: skip
+    def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = "", lib_dir: str = ""):
         self.cluster = cluster
         self.timeout = timeout
         self.slurm_conf = slurm_conf
         self.bin_dir = bin_dir
         self._env = _clean_env(slurm_conf, lib_dir)
-        # submit() through libslurm in a helper process, as sbatch would (portal.slurm.native)
-        self.native = NativeSubmitter(env=self._env, timeout=timeout) if native else None
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -129,7 +135,8 @@ class CliGateway(SlurmGateway):
         return os.path.join(self.bin_dir, name) if self.bin_dir else name
 
     def _run(
-        self, argv: list[str], *, stdin: str | None = None, ok_patterns: tuple[str, ...] = (), env: dict[str, str] | None = None
+        self, argv: list[str], *, stdin: str | None = None, ok_patterns: tuple[str, ...] = (), env: dict[str, str] | None = None,
+        cwd: str | None = None, pass_fds: tuple[int, ...] = (),
     ) -> str:
         """Run one Slurm command; return its stdout or raise SlurmUnavailable / SlurmRejected.
 
@@ -145,6 +152,8 @@ class CliGateway(SlurmGateway):
                 text=True,
                 timeout=self.timeout,
                 env=self._env if env is None else env,
+                cwd=cwd,
+                pass_fds=pass_fds,
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
@@ -183,46 +192,30 @@ class CliGateway(SlurmGateway):
     # -- jobs ------------------------------------------------------------------------------------
 
     def submit(self, spec: t.JobSpec) -> int:
-        """``sbatch`` with the portal's options and the script on stdin; with a native submitter, the
-        request sbatch would send, sent without sbatch (submit_many of one: the one path)."""
-        if self.native is not None:
-            (outcome,) = self.submit_many([spec])
-            if isinstance(outcome, t.SlurmError):
-                raise outcome
-            return outcome
-        argv, script = self._sbatch_input(spec)
-        return parse_job_id(self._run(argv, stdin=script))
+        """``sbatch`` with the portal's options and the script on stdin. The relay runs several at once
+        (jobs.services.relay: RELAY_BATCH_THREADS)."""
+        return self._sbatch(spec)
 
-    def _sbatch_input(self, spec: t.JobSpec) -> tuple[list[str], str]:
-        """What sbatch is run with for ``spec``: its argv and the script on its stdin."""
-        return sbatch_argv(spec, self._exe("sbatch")), render_script(spec_script(spec), spec.environment)
+    def _sbatch_input(self, spec: t.JobSpec, export_fd: int = 3) -> tuple[list[str], str]:
+        """What sbatch is run with for ``spec``: its argv and the script on its stdin (unchanged)."""
+        return sbatch_argv(spec, self._exe("sbatch"), export_fd=export_fd), check_script(spec_script(spec))
 
-    def submit_many(self, specs: list[t.JobSpec]) -> list[int | t.SlurmError] | None:
-        """With a native submitter: every spec's Slurm id or error, in order, the native ones in one
-        exchange with its helper; a spec with an option only sbatch passes goes through ``sbatch``
-        (native_request.NotExpressible: the one decision); an error building one request is that
-        spec's outcome. Without one: None (submit each)."""
-        if self.native is None:
-            return None
-        outcomes: list[int | t.SlurmError | None] = [None] * len(specs)
-        natives: list[tuple[int, dict]] = []
-        for index, spec in enumerate(specs):
-            try:
-                argv, script = self._sbatch_input(spec)
-                try:
-                    natives.append((index, self.native.descriptor(spec, script=script, submit_line=" ".join(argv))))
-                except NotExpressible:
-                    outcomes[index] = parse_job_id(self._run(argv, stdin=script))
-            except t.SlurmError as exc:
-                outcomes[index] = exc
-        if natives:
-            try:
-                answers = self.native.submit_many([job for _, job in natives])
-            except t.SlurmUnavailable as exc:
-                answers = [exc] * len(natives)
-            for (index, _), answer in zip(natives, answers, strict=True):
-                outcomes[index] = answer
-        return outcomes  # type: ignore[return-value]
+    def _sbatch(self, spec: t.JobSpec) -> int:
+        """Run sbatch as a submitter's shell would: in the submit directory (sbatch sets
+        SLURM_SUBMIT_DIR from its own cwd), with SLURM_EXPORT_ENV=ALL (cli_argv.STEP_EXPORT) and the
+        job's variables in a memory file passed as ``--export-file=<fd>`` (cli_argv.export_argv)."""
+        submit_dir = submit_dir_of(spec)
+        # SLURM_TIME_FORMAT is for the gateway's parsers; sbatch would pass it on into the job
+        env = {k: v for k, v in self._env.items() if k != "SLURM_TIME_FORMAT"} | STEP_EXPORT
+        variables = export_file_bytes(job_process_environment(spec, submit_dir=submit_dir))
+        fd = os.memfd_create("gpuportal-job-env", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, variables)
+            os.lseek(fd, 0, os.SEEK_SET)
+            argv, script = self._sbatch_input(spec, export_fd=fd)
+            return parse_job_id(self._run(argv, stdin=script, env=env, cwd=submit_dir, pass_fds=(fd,)))
+        finally:
+            os.close(fd)
 
     def cancel(self, job_id: int) -> None:
         self._run([self._exe("scancel"), str(int(job_id))], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
@@ -259,17 +252,23 @@ class CliGateway(SlurmGateway):
         return parse_nodes(self._run([self._exe("scontrol"), "show", "node", "-o"]))
 
     def policy(self) -> t.ClusterPolicy:
-        """Four calls: the QOS slurmctld holds (``scontrol show assoc_mgr flags=qos``: 10 ms, where
-        ``sacctmgr show qos`` asks slurmdbd), sacctmgr show assoc, scontrol show config and node."""
+        """Five calls: the QOS slurmctld holds (``scontrol show assoc_mgr flags=qos``: 10 ms, where
+        ``sacctmgr show qos`` asks slurmdbd), sacctmgr show assoc, scontrol show config, node and
+        partition."""
         qos = self._run([self._exe("scontrol"), "show", "assoc_mgr", "flags=qos"])
         assoc = self._sacctmgr("show", "assoc", f"cluster={self.cluster}", "format=Account,QOS")
         config = self._run([self._exe("scontrol"), "show", "config"])
         nodes = self._run([self._exe("scontrol"), "show", "node", "-o"])
+        partitions = self._run([self._exe("scontrol"), "show", "partition", "-o"])
+        over_time, kill_wait = parse_overrun_config(config)
         return t.ClusterPolicy(
             qos=parse_assoc_mgr_qos(qos),
             account_qos=parse_account_qos(assoc),
             node_features=parse_node_features(nodes),
             max_array_size=parse_max_array_size(config),
+            over_time_limit_minutes=over_time,
+            kill_wait_seconds=kill_wait,
+            partition_limits=parse_partition_limits(partitions),
         )
 
     # -- reservations ----------------------------------------------------------------------------
@@ -406,3 +405,12 @@ def is_idempotent_success(stdout: str, stderr: str, ok_patterns: tuple[str, ...]
     if err:
         return parsing.matches_any(err, ok_patterns) and not parsing.is_unavailable_message(err)
     return parsing.matches_any(stdout, ok_patterns)
+
+
+def submit_dir_of(spec: t.JobSpec) -> str:
+    """Where the job is submitted from (SLURM_SUBMIT_DIR): the spec's submit directory, else its
+    working directory. SlurmRejected when the submit host has no such directory (nothing to retry)."""
+    directory = spec.submit_dir or spec.workdir
+    if not os.path.isabs(directory) or not os.path.isdir(directory):
+        raise t.SlurmRejected(f"The submit directory {directory} does not exist on the submit host.", command="sbatch")
+    return directory

@@ -1,15 +1,15 @@
 """What the CLI backend (portal.slurm.cli) sends to Slurm's commands: argv lists (never a shell; every
-value one element, checked for control characters) and the batch script with the job's environment.
+value one element, checked for control characters), the batch script as written and the job's
+environment the way sbatch takes it (``--export``/``--export-file``, never lines in the script).
 Pure: unit-tested."""
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-import shlex
 
 from . import parsing
-from .request import spec_options
+from .request import spec_job_name, spec_options
 from .types import JobSpec, SlurmRejected
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -23,45 +23,64 @@ def check_text(value: str, what: str) -> str:
     return value
 
 
-def render_script(script: str, environment: dict[str, str]) -> str:
-    """The batch script with ``export NAME='value'`` lines for the job's environment.
-
-    The job runs with ``--export=NONE`` (nothing of the portal's own environment leaks into it);
-    variables are written into the script, quoted with ``shlex.quote`` after checking each name,
-    right after the leading comment block (shebang and ``#SBATCH`` lines, which sbatch reads only
-    before the first command). Only bash on the compute node ever interprets them."""
+def check_script(script: str) -> str:
+    """The batch script as Slurm gets it: never edited (a ``#!/usr/bin/env python3`` script runs as
+    written); NUL characters are refused (Slurm cuts the script there)."""
     if "\x00" in script:
         raise SlurmRejected("The batch script must not contain NUL characters")
-    if not environment:
-        return script
-    lines = []
-    for name in sorted(environment):
+    return script
+
+
+def checked_variables(environment: dict[str, str]) -> dict[str, str]:
+    """The job's own variables, checked: each name a shell name, no NUL in a value."""
+    for name, value in environment.items():
         if not _ENV_NAME_RE.match(name):
             raise SlurmRejected(f"Invalid environment variable name: {name!r}")
-        value = environment[name]
         if "\x00" in value:
             raise SlurmRejected(f"Environment variable {name} must not contain NUL characters")
-        lines.append(f"export {name}={shlex.quote(value)}")
-    block = "# Environment set by gpuportal\n" + "\n".join(lines) + "\n"
-    script_lines = script.splitlines(keepends=True)
-    insert_at = 0
-    for index, line in enumerate(script_lines):
-        stripped = line.strip()
-        if stripped == "" or stripped.startswith("#"):
-            insert_at = index + 1
-            continue
-        break
-    head = "".join(script_lines[:insert_at])
-    if head and not head.endswith("\n"):
-        head += "\n"
-    return head + block + "".join(script_lines[insert_at:])
+    return dict(environment)
 
 
-def sbatch_argv(spec: JobSpec, sbatch: str = "sbatch") -> list[str]:
-    """sbatch's argv for a job spec (the script, from ``spec_script``, goes to stdin). Pure: unit-tested."""
+# Inside the job, every ``srun`` step reads SLURM_EXPORT_ENV as its --export: the value sbatch
+# leaves there from the portal's ``--export`` (NONE, or a list) would start each step with no PATH
+# and no HOME. sbatch sets it only when it is not set already (src/sbatch/opt.c: setenv(..., 0)), and
+# propagates every SLURM_* variable of its own environment: so sbatch runs with SLURM_EXPORT_ENV=ALL,
+# sbatch's documented remedy, and steps inherit the job's environment as under ``--export=ALL``.
+STEP_EXPORT = {"SLURM_EXPORT_ENV": "ALL"}
+
+
+def job_process_environment(spec: JobSpec, *, submit_dir: str) -> dict[str, str]:
+    """The variables the job gets from its submission, as from sbatch run in ``submit_dir`` by a
+    login shell: the job's own, PWD (the shell's directory: what a script that is not bash, which
+    resets it, reads) and SLURM_JOB_NAME (sbatch leaves it out when it reads an export file)."""
+    return checked_variables(spec.environment) | {"PWD": submit_dir, "SLURM_JOB_NAME": spec_job_name(spec)}
+
+
+def export_argv(export_fd: int) -> list[str]:
+    """sbatch's options for the job's environment: the variables of ``job_process_environment`` in
+    ``--export-file`` (the file descriptor ``export_fd``, NUL-separated NAME=value: any character,
+    never through root's sbatch's own environment, where LD_PRELOAD or SBATCH_* would act on sbatch,
+    nor its argv, nor the script), and ``--export=SLURM_EXPORT_ENV``: a list, so that sbatch merges
+    the file, the SLURM_* variables of its environment (STEP_EXPORT) and asks slurmd for the user's
+    login environment beneath them (``su - user -c env`` on the node, as with ``--export=NONE``,
+    which would discard the file)."""
+    return [f"--export-file={int(export_fd)}", "--export=SLURM_EXPORT_ENV"]
+
+
+def export_file_bytes(environment: dict[str, str]) -> bytes:
+    """``--export-file``'s content: each NAME=value followed by a NUL (sbatch's env_array_from_file)."""
+    return b"".join(f"{name}={value}".encode() + b"\0" for name, value in sorted(environment.items()))
+
+
+def sbatch_argv(spec: JobSpec, sbatch: str = "sbatch", *, export_fd: int = 3) -> list[str]:
+    """sbatch's argv for a job spec (the script, from ``spec_script``, goes to stdin; the job's
+    variables in the file ``export_fd`` names, see export_argv). Pure: unit-tested."""
     check_text(spec.name, "Job name")
     check_text(spec.comment, "Job comment")
-    argv = [sbatch, "--parsable", "--export=NONE"]
+    # --ignore-pbs: sbatch would otherwise translate #PBS and #BSUB lines of the script (walltime,
+    # priority, hold, …) that the portal never read (gpuportal_cli.sbatch_directives reads only
+    # #SBATCH/#SLURM, as slurmctld's own descriptor paths do): Slurm gets exactly what was validated.
+    argv = [sbatch, "--parsable", "--ignore-pbs", *export_argv(export_fd)]
     for option, value in spec_options(spec):
         if value is None:
             argv.append(f"--{option}")

@@ -208,6 +208,55 @@ def parse_max_array_size(stdout: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _config_value(stdout: str, name: str) -> str:
+    match = re.search(rf"^{name}\s*=\s*(.*?)\s*$", stdout, re.M)
+    return match.group(1) if match else ""
+
+
+def _over_time(value: str) -> int | None:
+    """OverTimeLimit ("0 min", "5", "UNLIMITED"; a partition's "NONE": the cluster's) -> minutes,
+    t.OVER_TIME_UNLIMITED, or None (not set)."""
+    value = value.strip().upper()
+    if value in ("", "NONE", "N/A", "(NULL)"):
+        return None
+    if value.startswith("UNLIMITED") or value == "INFINITE":
+        return t.OVER_TIME_UNLIMITED
+    return parsing.parse_int(value.split()[0], None)
+
+
+def parse_overrun_config(stdout: str) -> tuple[int, int]:
+    """``scontrol show config`` -> (OverTimeLimit in minutes or t.OVER_TIME_UNLIMITED, KillWait in
+    seconds); Slurm's defaults (0, 30) for what it does not print."""
+    over = _over_time(_config_value(stdout, "OverTimeLimit"))
+    kill_wait = parsing.parse_int((_config_value(stdout, "KillWait").split() or ["30"])[0], 30)
+    return (0 if over is None else over), (30 if kill_wait is None else kill_wait)
+
+
+def _memory_limit(value: str) -> int | None:
+    """DefMemPerGPU / MaxMemPerNode ("UNLIMITED", "(null)", "4096", "4G") -> MiB, None when not set."""
+    value = (value or "").strip()
+    if not value or value.upper() in ("UNLIMITED", "(NULL)", "NONE", "N/A", "0"):
+        return None
+    return parsing.parse_memory_mib(value) or None
+
+
+def parse_partition_limits(stdout: str) -> dict[str, t.PartitionLimits]:
+    """``scontrol show partition -o`` -> {partition: its PartitionLimits}. DefMemPerGPU is in
+    ``JobDefaults=DefMemPerGPU=N`` (MiB); OverSubscribe=EXCLUSIVE gives every job whole nodes."""
+    out = {}
+    for kv in _scontrol_records(stdout, "PartitionName"):
+        defaults = kv.get("JobDefaults", "")
+        match = re.search(r"DefMemPerGPU=(\d+)", defaults)
+        out[kv["PartitionName"]] = t.PartitionLimits(
+            exclusive=kv.get("OverSubscribe", "NO").upper().startswith("EXCLUSIVE"),
+            exclusive_user=kv.get("ExclusiveUser", "NO").upper() == "YES",
+            over_time_limit_minutes=_over_time(kv.get("OverTimeLimit", "NONE")),
+            def_mem_per_gpu_mb=int(match.group(1)) if match else None,
+            max_mem_per_node_mb=_memory_limit(kv.get("MaxMemPerNode", "")),
+        )
+    return out
+
+
 def parse_reservations(stdout: str) -> list[t.Reservation]:
     out = []
     for kv in _scontrol_records(stdout, "ReservationName"):

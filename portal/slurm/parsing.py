@@ -383,7 +383,7 @@ def parse_utilization_reported(output: str) -> int:
 
 # Slurm errno values that mean "controller / slurmdbd unreachable" (slurm_errno.h), besides the
 # message words in parsing.UNAVAILABLE_PATTERNS which are checked as well
-# (the pyslurm backend and the native submitter).
+# (the pyslurm backend).
 UNAVAILABLE_ERRNOS = frozenset(
     {
         104,  # ECONNRESET

@@ -42,8 +42,8 @@ from typing import Any, TypeVar
 from . import parsing
 from . import types as t
 from .base import SlurmGateway
-from .cli import CliGateway, check_text, render_script
-from .pyslurm_request import NotExpressible, description_kwargs
+from .cli import CliGateway, check_script, check_text, submit_dir_of
+from .pyslurm_request import NotExpressible, description_kwargs, description_environment
 from .request import spec_script
 
 T = TypeVar("T")
@@ -177,6 +177,35 @@ def controller_addresses(slurm_conf: str) -> list[tuple[str, int]]:
     return [(host, port) for host in hosts]
 
 
+_environ_lock = threading.Lock()
+
+
+def _without_process_slurm_env(submit: Callable[[], T]) -> T:
+    """Run ``submit`` with this process's own SLURM_* variables out of os.environ. pyslurm 25.11.2
+    copies every one of them into the job (submission.pyx ``_set_environment``, whatever the
+    description's environment): the portal's settings (SLURM_CLUSTERS, which srun and squeue
+    inside the job read as ``--clusters``, SLURM_BACKEND, SLURM_TIMEOUT, ...) would reach every job.
+    sbatch (the cli backend) runs with them scrubbed (cli._clean_env). The description carries the
+    SLURM_* variables the job needs (pyslurm_request.description_environment)."""
+    with _environ_lock:
+        saved = {name: os.environ.pop(name) for name in [n for n in os.environ if n.startswith("SLURM_")]}
+        try:
+            return submit()
+        finally:
+            os.environ.update(saved)
+
+
+def _process_umask() -> str:
+    """This process's umask as sbatch passes it (SLURM_UMASK, "0022"), read without changing it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return "0" + line.split()[1][-3:]
+    except OSError:
+        pass
+    return "0022"
+
+
 class PyslurmGateway(SlurmGateway):
     name = "pyslurm"
 
@@ -186,6 +215,7 @@ class PyslurmGateway(SlurmGateway):
         self.cluster = cluster
         self.timeout = timeout
         self._cli = CliGateway(cluster=cluster, timeout=timeout, slurm_conf=slurm_conf, bin_dir=bin_dir)
+        self._slurm_conf = slurm_conf or os.environ.get("SLURM_CONF", "")
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -271,6 +301,9 @@ class PyslurmGateway(SlurmGateway):
         check_text(spec.name, "Job name")
         check_text(spec.comment, "Job comment")
         kwargs = description_kwargs(spec)
+        kwargs |= description_environment(spec, submit_dir=submit_dir_of(spec), slurm_conf=self._slurm_conf,
+                                          host=socket.gethostname(), umask=_process_umask(),
+                                          nice=os.getpriority(os.PRIO_PROCESS, 0))  # fmt: skip
         return self._pyslurm.JobSubmitDescription(script=script_path, **kwargs)
 
     def submit(self, spec: t.JobSpec) -> int:
@@ -278,7 +311,7 @@ class PyslurmGateway(SlurmGateway):
         command line replaces commented out; the environment as export lines) and the effective
         request as attributes. A request pyslurm cannot express is submitted by the cli backend:
         the one place that decides it (pyslurm_request's docstring lists those options)."""
-        script = render_script(spec_script(spec), spec.environment)
+        script = check_script(spec_script(spec))
         # pyslurm's `script` is "a path or the script's content": it first tries Path(script).is_file()
         # and reads that file. Passing content would let a job "script" that happens to be a path
         # make the portal read (as root) and submit any file, and long content raises
@@ -290,7 +323,7 @@ class PyslurmGateway(SlurmGateway):
                 desc = self.job_description(spec, handle.name)
             except NotExpressible:
                 return self._cli.submit(spec)
-            return int(self._call("submit", desc.submit))
+            return int(self._call("submit", lambda: _without_process_slurm_env(desc.submit)))
 
     def cancel(self, job_id: int) -> None:
         def cancel() -> None:

@@ -21,13 +21,17 @@ script asks for, never a silently different request. They are:
   ``_set_memory``), ``--exclusive=user|mcs|topo``, ``--begin``/``--deadline`` in sbatch's relative
   forms (``now+1hour``: pyslurm takes only timestamps), ``--ntasks-per-gpu`` (pyslurm adds a
   ``--gpu-bind=single:N`` Slurm 25.11 refuses as an invalid TRES specification, and refuses it
-  with ``--nodes``, which sbatch does not), both ``--gres`` and ``--gpus-per-node``.
+  with ``--nodes``, which sbatch does not), both ``--gres`` and ``--gpus-per-node``,
+  ``--mail-type`` NONE or INVALID_DEPEND (pyslurm refuses both, with "Invalid Mail type: {typ}.").
 
 What sbatch works out itself before it sends the request, this module does too (pyslurm sends
 ``ntasks=1`` when none is given): the implicit task count (``_implicit_ntasks``).
 
-The job's environment is in the script (``cli.render_script``) and the job starts as with
-``sbatch --export=NONE`` (the portal refuses ``--export`` in scripts).
+The job's environment is the descriptor's (``description_environment``), as sbatch builds it: the user's
+login environment on the node (``get_user_environment``: what ``sbatch --export=NONE`` asks
+slurmd for), the job's own variables over it, and the SLURM_* variables sbatch sets from its own
+process (SLURM_SUBMIT_DIR, SLURM_SUBMIT_HOST, SLURM_UMASK) with SLURM_EXPORT_ENV=ALL, so ``srun``
+steps inherit the job's environment (cli_argv.STEP_EXPORT). The script is never edited.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ import signal as signals
 from collections.abc import Callable
 from typing import Any
 
-from gpuportal_cli.sbatch_directives import DirectiveError, parse_time_minutes
+from gpuportal_cli.sbatch_directives import DirectiveError, check_mail_type, is_c_digits, parse_time_minutes
 
-from .request import spec_request
+from .cli_argv import STEP_EXPORT, job_process_environment
+from .request import STDIN_JOB_NAME, spec_request
 from .types import JobSpec, SlurmRejected
 
 
@@ -88,7 +93,7 @@ def _memory(option: str) -> Callable[[str | None], str]:
 def _gpu_count(value: str | None) -> str:
     """--gpus / --gpus-per-task values ("2", "a100:2", "gpu:a100:2") for from_gres_dict(typ="gpu")."""
     text = (value or "").removeprefix("gpu:")
-    return text if ":" in text or text.isdigit() else f"{text}:1"  # "a100" alone: one of that type
+    return text if ":" in text or is_c_digits(text) else f"{text}:1"  # "a100" alone: one of that type
 
 
 def _gres(value: str | None) -> str:
@@ -96,14 +101,26 @@ def _gres(value: str | None) -> str:
     items = []
     for item in (value or "").removeprefix("gres:").split(","):
         parts = item.split(":")
-        items.append(item if len(parts) > 1 and parts[-1].isdigit() else f"{item}:1")
+        items.append(item if len(parts) > 1 and is_c_digits(parts[-1]) else f"{item}:1")
     return ",".join(items)
+
+
+def _mail_types(value: str | None) -> str:
+    """--mail-type as pyslurm reads it (its mail_type_list_to_int). NONE and INVALID_DEPEND, which
+    sbatch takes and pyslurm 25.11 refuses ("Invalid Mail type: {typ}."), go by sbatch."""
+    try:
+        types = check_mail_type(value or "")
+    except DirectiveError as exc:
+        raise SlurmRejected(f"sbatch: error: {exc.message}") from None
+    if {"NONE", "INVALID_DEPEND"} & set(types):
+        raise NotExpressible("mail-type", "pyslurm 25.11 refuses --mail-type NONE and INVALID_DEPEND")
+    return ",".join(types)
 
 
 def _signal(value: str | None) -> dict[str, Any]:
     """sbatch's ``[{R|B}:]<sig_num>[@sig_time]``, as the dict pyslurm takes (its own string parser
     wants Python's signal names, "SIGUSR1", where sbatch also takes "USR1")."""
-    match = re.fullmatch(r"(?:([RB]+):)?([A-Za-z0-9]+)(?:@(\d+))?", value or "")
+    match = re.fullmatch(r"(?:([RB]+):)?([A-Za-z0-9]+)(?:@([0-9]+))?", value or "")
     if not match:
         raise SlurmRejected(f"sbatch: error: Invalid --signal specification: {value}")
     flags, name, seconds = match.groups()
@@ -180,7 +197,7 @@ _MAPPED: dict[str, tuple[str, Callable[[str | None], Any]]] = {
     "signal": ("signal", _signal),
     "requeue": ("is_requeueable", _constant(True)),
     "no-requeue": ("is_requeueable", _constant(False)),
-    "mail-type": ("mail_types", _text),
+    "mail-type": ("mail_types", _mail_types),
     "mail-user": ("mail_user", _text),
     "licenses": ("licenses", _text),
     "wckey": ("wckey", _text),
@@ -220,9 +237,9 @@ def description_kwargs(spec: JobSpec) -> dict[str, Any]:
 
     Raises NotExpressible for an option pyslurm cannot pass as sbatch would (see the module
     docstring), SlurmRejected for a value sbatch refuses."""
-    # as sbatch --export=NONE (the environment is in the script); the name sbatch gives a script
-    # read from stdin, as the cli backend sends it, unless the request names the job
-    kwargs: dict[str, Any] = {"environment": "NONE", "name": "sbatch"}
+    # the environment: description_environment (the gateway's); the name sbatch gives a script read from
+    # stdin, as the cli backend sends it, unless the request names the job
+    kwargs: dict[str, Any] = {"name": STDIN_JOB_NAME}
     seen: set[str] = set()
     for option, value in spec_request(spec):  # in order: a later occurrence wins, as in sbatch
         if option in _CLIENT_ONLY:
@@ -238,3 +255,40 @@ def description_kwargs(spec: JobSpec) -> dict[str, Any]:
     if isinstance(kwargs.get("signal"), dict) and "time" not in kwargs["signal"]:
         kwargs["signal"]["time"] = 60  # sbatch's default warning time
     return kwargs
+
+
+# What sbatch 25.11 exports into every job from its own options (src/sbatch/opt.c set_envs,
+# src/common/env.c set_env_from_opts): option -> variable, the value as given
+_OPTION_VARIABLES = {
+    "cpus-per-task": "SLURM_CPUS_PER_TASK", "distribution": "SLURM_DISTRIBUTION",
+    "threads-per-core": "SLURM_THREADS_PER_CORE", "ntasks-per-node": "SLURM_NTASKS_PER_NODE", "ntasks-per-core": "SLURM_NTASKS_PER_CORE",
+    "ntasks-per-socket": "SLURM_NTASKS_PER_SOCKET", "ntasks-per-gpu": "SLURM_NTASKS_PER_GPU",
+    "cpus-per-gpu": "SLURM_CPUS_PER_GPU", "gpus": "SLURM_GPUS", "gpus-per-node": "SLURM_GPUS_PER_NODE",
+    "gpus-per-socket": "SLURM_GPUS_PER_SOCKET",
+}  # fmt: skip
+# ... and for MPI launchers, so that mpirun/mpiexec inside a job start their ranks with srun
+# (env.c _set_ext_launcher_hydra and the OMPI/PRTE ones); a job's own value wins
+_MPI_LAUNCHER = {
+    "HYDRA_BOOTSTRAP": "slurm", "HYDRA_LAUNCHER_EXTRA_ARGS": "--external-launcher", "I_MPI_HYDRA_BOOTSTRAP": "slurm",
+    "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": "--external-launcher", "OMPI_MCA_plm_slurm_args": "--external-launcher",
+    "PRTE_MCA_plm_slurm_args": "--external-launcher",
+}  # fmt: skip
+
+
+def description_environment(spec: JobSpec, *, submit_dir: str, slurm_conf: str, host: str, umask: str,
+                            nice: int = 0) -> dict[str, Any]:  # fmt: skip
+    """The descriptor's environment attributes for a spec: what sbatch 25.11 run in ``submit_dir``
+    with SLURM_EXPORT_ENV=ALL would send (the module docstring). ``slurm_conf``: the cluster's, so
+    that Slurm's commands inside the job talk to it; ``nice``: the submitting process's
+    (SLURM_PRIO_PROCESS). ``profile_types``: none, where pyslurm 25.11.2 would send NO_VAL, which
+    slurmd reads as every profile (SLURM_PROFILE=Energy,Lustre,Network,Task); sbatch sends none."""
+    options = {option: value for option, value in spec_request(spec)}
+    environment = {
+        **_MPI_LAUNCHER,
+        **{variable: options[option] or "" for option, variable in _OPTION_VARIABLES.items() if option in options},
+        **job_process_environment(spec, submit_dir=submit_dir), **STEP_EXPORT, "SLURM_SUBMIT_DIR": submit_dir,
+        "SLURM_SUBMIT_HOST": host, "SLURM_UMASK": umask, "SLURM_PRIO_PROCESS": str(nice),
+    }  # fmt: skip
+    if slurm_conf:
+        environment["SLURM_CONF"] = slurm_conf
+    return {"environment": environment, "get_user_environment": True, "profile_types": "none"}

@@ -134,3 +134,12 @@ def spec_request(spec: JobSpec) -> list[tuple[str, str | None]]:
 
 def _effective(directives: list[Directive], spec: JobSpec) -> list[Directive]:
     return [d for d in apply_overrides(directives, _overrides(spec)) if d.option not in CLUSTER_OPTIONS]
+
+
+# The name Slurm gives a job whose request names none: sbatch's, for a script read from stdin
+STDIN_JOB_NAME = "sbatch"
+
+
+def spec_job_name(spec: JobSpec) -> str:
+    """The job's name as Slurm will hold it (the last --job-name of the effective request)."""
+    return next((value or "" for option, value in reversed(spec_request(spec)) if option == "job-name"), STDIN_JOB_NAME)

@@ -41,7 +41,8 @@ class JobSpec:
     cpus_per_gpu: int = 1
     memory_mb: int | None = None  # per node; None = partition default
     time_limit_minutes: int | None = None
-    workdir: str = "/tmp"
+    workdir: str = "/tmp"  # the job's working directory (--chdir)
+    submit_dir: str = ""  # where it is submitted from (SLURM_SUBMIT_DIR; sbatch's cwd); "" = workdir
     stdout: str = ""  # path pattern as sbatch understands it ("%j" = job id); "" = Slurm default
     stderr: str = ""
     environment: dict[str, str] = field(default_factory=dict)
@@ -152,15 +153,41 @@ class Node:
         return not any(flag in self.state for flag in bad)
 
 
+# slurmctld checks running jobs against their time limits every PERIODIC_TIMEOUT seconds
+# (src/slurmctld/slurmctld.h, compiled in: 30 in 22.05 and 25.11) and ends a job at the first check
+# after its limit plus OverTimeLimit: the end accounting records (measured 2026-12-03, KillWait=5:
+# three --time=1 jobs ended together at one check, 14, 21 and 28 s past their limits).
+TIME_LIMIT_CHECK_SECONDS = 30
+OVER_TIME_UNLIMITED = -1  # OverTimeLimit=UNLIMITED: a job may run past its limit without end
+
+
+@dataclass(frozen=True)
+class PartitionLimits:
+    """A partition's flags that change what a job is allocated or how long it may run past its
+    limit (``scontrol show partition``): OverSubscribe=EXCLUSIVE (every job gets whole nodes),
+    ExclusiveUser, OverTimeLimit (None: the cluster's; OVER_TIME_UNLIMITED), DefMemPerGPU and
+    MaxMemPerNode (MiB; None: not set)."""
+
+    exclusive: bool = False
+    exclusive_user: bool = False
+    over_time_limit_minutes: int | None = None
+    def_mem_per_gpu_mb: int | None = None
+    max_mem_per_node_mb: int | None = None
+
+
 @dataclass(frozen=True)
 class ClusterPolicy:
     """What the cluster allows a job beyond partitions and nodes (read once per inventory sync):
-    QOS names, the QOS each account's associations may use, node features, MaxArraySize."""
+    QOS names, the QOS each account's associations may use, node features, MaxArraySize, how far
+    past its time limit a job can run (OverTimeLimit, KillWait) and each partition's limits."""
 
     qos: tuple[str, ...]
     account_qos: dict[str, tuple[str, ...]]  # account -> QOS its associations allow (union)
     node_features: dict[str, tuple[str, ...]]  # node -> AvailableFeatures
     max_array_size: int | None  # None: Slurm did not say
+    over_time_limit_minutes: int = 0  # OverTimeLimit (OVER_TIME_UNLIMITED: UNLIMITED); Slurm's default 0
+    kill_wait_seconds: int = 30  # KillWait; Slurm's default 30
+    partition_limits: dict[str, PartitionLimits] = field(default_factory=dict)  # partition -> its limits
 
 
 @dataclass(frozen=True)

@@ -6,19 +6,24 @@
 #                 its sha256 is checked against SLURM_SOURCE.sha256 when that file exists
 #
 # The prefix is /opt/gpuportal-slurm-<version>-<12 hex of sha256(tarball's sha256, configure
-# flags)>: a new tarball (or new flags) builds into a new prefix, the same is built once (the stamp file
+# flags, the patches' sha256)>: a new tarball (or new flags, or a new patch) builds into a new prefix, the same is built once (the stamp file
 # .gpuportal-built in the prefix is written last, after `make install` into a staging dir
 # was moved into place, so an interrupted build never looks finished).
 #
-# Sets: SLURM_SOURCE SLURM_SRC_SHA SLURM_SRC_VERSION SLURM_PREFIX
+# Sets: SLURM_SOURCE SLURM_SRC_SHA SLURM_SRC_VERSION SLURM_PREFIX SLURM_PATCHES
 
-SLURM_BUILD_DEPS=(build-essential pkg-config libmunge-dev libmariadb-dev libjson-c-dev libyaml-dev
+SLURM_BUILD_DEPS=(build-essential patch pkg-config libmunge-dev libmariadb-dev libjson-c-dev libyaml-dev
     libhttp-parser-dev libjwt-dev libcurl4-openssl-dev libdbus-1-dev liblz4-dev libpam0g-dev munge)
 # --enable-multiple-slurmd: several slurmd on one host (the emulated nodes), as Debian builds it.
 # Without it 25.11 logs "Duplicated NodeHostName" and, once slurmctld restarts, cannot address any
 # node but the first ("_fwd_tree_get_addr: can't find address for host a100-02"): they stay idle*.
 SLURM_CONFIGURE_FLAGS=(--with-munge --enable-multiple-slurmd --disable-debug --without-hdf5 --without-rrdtool
     --without-pmix --without-ucx)
+# Patches for the release, applied in name order (-p1): slurm-patches/<major.minor>-*.patch. Each
+# file says what it fixes and how it was measured; today only 25.11-rollup-wakeup.patch (slurmdbd
+# skipped its hourly roll-up when it woke within a tick of the hour).
+SLURM_PATCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/slurm-patches
+slurm_patches() { compgen -G "$SLURM_PATCH_DIR/$1-*.patch" | sort; }
 
 # slurm_source_locate WANT_MM: find and check the tarball for Slurm WANT_MM (e.g. 25.11).
 # Exit status 4 (and a message naming SLURM_SOURCE) when it is missing.
@@ -52,8 +57,10 @@ slurm_source_locate() {
     SLURM_SRC_VERSION=$major.$minor.$micro
     [[ $major.$minor == "$want" ]] \
         || die "SLURM_SOURCE=$SLURM_SOURCE is Slurm $SLURM_SRC_VERSION, not $want"
-    local key
-    key=$(printf '%s %s' "$SLURM_SRC_SHA" "${SLURM_CONFIGURE_FLAGS[*]}" | sha256sum | cut -c1-12)
+    local key patches=""
+    SLURM_PATCHES=$(slurm_patches "$major.$minor")
+    [[ -z $SLURM_PATCHES ]] || patches=$(sha256sum $SLURM_PATCHES | cut -d' ' -f1 | tr '\n' ' ')
+    key=$(printf '%s %s%s' "$SLURM_SRC_SHA" "${SLURM_CONFIGURE_FLAGS[*]}" "${patches:+ $patches}" | sha256sum | cut -c1-12)
     SLURM_PREFIX=/opt/gpuportal-slurm-$SLURM_SRC_VERSION-$key
 }
 
@@ -94,6 +101,7 @@ slurm_build() {
         cd "$work"
         tar -xzf "$SLURM_SOURCE"
         cd "$(find . -mindepth 1 -maxdepth 1 -type d | head -n1)"
+        for p in $SLURM_PATCHES; do echo "applying $p"; patch -p1 --forward <"$p"; done
         ./configure --prefix="$SLURM_PREFIX" --sysconfdir="$SLURM_PREFIX/etc" "${SLURM_CONFIGURE_FLAGS[@]}"
         make -j"$(nproc)"
         make install DESTDIR="$work/stage"

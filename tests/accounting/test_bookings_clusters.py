@@ -194,8 +194,9 @@ def test_the_page_offers_the_clusters_and_books_on_the_one_chosen(two_clusters, 
     client = page_as(world.bob)
     page = client.get(URL).content.decode()
     picker = field_group(page, "cluster")
-    assert '<select name="cluster"' in picker and '<option value="east">east</option>' in picker
-    assert f'<option value="{main.name}">{main.name}</option>' in picker
+    assert '<select name="cluster"' in picker and '<option value="east">east (a100, l40s)</option>' in picker
+    # the default: a cluster that has the first GPU type (a100), never "on several clusters; name one"
+    assert f'<option value="{main.name}" selected>{main.name} (a100, h100)</option>' in picker
     assert '<th scope="col">Cluster</th>' in page and f'<td data-cluster="{main.name}">' in page
     assert "l40s on east" in page and f"a100 on {main.name}" in page  # the calendar: each cluster's types
     response = client.post(URL, {**form_data(day_at(11), day_at(12), gpu_type="a100"), "cluster": "east"})

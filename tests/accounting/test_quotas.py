@@ -155,7 +155,10 @@ def test_type_budget_applies_to_jobs_of_that_type_and_the_any_type_budget_to_all
     refused = submit(client, gpu_type="a100", gpus=4, time_limit_minutes=60)
     assert refused.status_code == 409 and "of 2.0 a100 GPU-h left" in refused.json()["detail"]
     assert submit(client, gpu_type="h100", gpus=4, time_limit_minutes=60).status_code == 201
-    assert submit(client, gpu_type="", gpus=4, time_limit_minutes=60).status_code == 201  # any type: any-type budget
+    # no type: it could land on a100, so the a100 budget must have room for it too (issue 33)
+    untyped = submit(client, gpu_type="", gpus=4, time_limit_minutes=60)
+    assert untyped.status_code == 409 and "of 2.0 a100 GPU-h left" in untyped.json()["detail"]
+    assert submit(client, gpu_type="", gpus=1, time_limit_minutes=60).status_code == 201  # fits both
 
 
 def test_without_quota_blocked_policy_tells_the_manager_to_request_one(world, inventory, relays, api_client_for, settings):

@@ -1,5 +1,6 @@
 """The budget check under concurrency: 50 parallel submissions (threads, each its own database
-connection, transactional database) against a budget that fits exactly 10 — exactly 10 accepted."""
+connection, transactional database) against a budget that fits exactly 10 — exactly 10 accepted, for
+every shape of job (throttled arrays and jobs that will run into their time limit among them)."""
 
 from __future__ import annotations
 
@@ -23,20 +24,25 @@ N = 50
 FITS = 10
 
 
-# Each shape is 1 GPU-h as Slurm allocates it, whatever form the request takes (fields, an array of
-# the script, --exclusive taking the whole 4-GPU node, GPUs per task).
+# Each shape is 1 GPU-h as Slurm can charge it at most, whatever form the request takes (fields, an
+# array of the script, a %N-throttled array, --exclusive taking the whole 4-GPU node, GPUs per task),
+# its time limit plus the 60 s a job may run past it (the cluster's overrun: OverTimeLimit 0, the
+# 30 s time-limit check, KillWait 30) — the figure a job that hits its limit is charged at most.
 SHAPES = {
-    "fields": ({"gpu_type": "a100", "gpus": 2, "time_limit_minutes": 30}, "true"),
-    "array": ({}, "#!/bin/bash\n#SBATCH --array=0-3%1 --gres=gpu:a100:1 --time=15\ntrue\n"),
-    "exclusive": ({}, "#!/bin/bash\n#SBATCH --exclusive\n#SBATCH --gres=gpu:a100:1 -t 15\ntrue\n"),
-    "gpus-per-task": ({}, "#!/bin/bash\n#SBATCH -n 2 --gpus-per-task=a100:1 --time=30\ntrue\n"),
+    "fields": ({"gpu_type": "a100", "gpus": 2, "time_limit_minutes": 29}, "true"),
+    "array": ({}, "#!/bin/bash\n#SBATCH --array=0-3%1 --gres=gpu:a100:1 --time=14\ntrue\n"),
+    "throttled-array": ({}, "#!/bin/bash\n#SBATCH --array=0-5%2 --gres=gpu:a100:1 --time=9\nsleep 3000\n"),
+    "exclusive": ({}, "#!/bin/bash\n#SBATCH --exclusive\n#SBATCH --gres=gpu:a100:1 -t 14\ntrue\n"),
+    "gpus-per-task": ({}, "#!/bin/bash\n#SBATCH -n 2 --gpus-per-task=a100:1 --time=29\ntrue\n"),
+    "time-limit": ({}, "#!/bin/bash\n#SBATCH --gres=gpu:a100:4 --time=14\nsleep 100000  # runs into its limit\n"),
 }
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.django_db(transaction=True)
-def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(world, monkeypatch, capsys, shape):
+def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(world, monkeypatch, capsys, settings, shape):
     fields, script = SHAPES[shape]
+    settings.SLURM_OVERRUN_SECONDS_UNREAD = 60  # Slurm's defaults: what a job may run past its limit
     from jobs import tasks
 
     monkeypatch.setattr(tasks.job_relay_drain, "delay", lambda: None)
@@ -46,7 +52,7 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
     NodeInfo.objects.create(name="a100-01", state="IDLE", partitions=["gpu"], gpu_type="a100", gpus_total=4,
                             cpus_total=32, memory_mb=256000, seen_at=now)  # fmt: skip
     today = billing_date(now)
-    # each job: 2 GPUs × 30 min = 1 GPU-h; the budget: 10 GPU-h
+    # each job: at most 1 GPU-h (GPUs × (time limit + 60 s) × tasks); the budget: 10 GPU-h
     QuotaFactory(team=world.vision, gpu_hours=FITS, period_start=today - dt.timedelta(days=1),
                  period_end=today + dt.timedelta(days=2))  # fmt: skip
     barrier = threading.Barrier(N)

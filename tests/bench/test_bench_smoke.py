@@ -27,6 +27,7 @@ SECTIONS = {  # heading start → a figure its table must hold
     "## Ingestion:": "ingest, sacct read + upsert",
     "## Pages:": "POST /api/v1/jobs/ (one job) with these jobs in the team's history",
     "## Accounting:": "sreport GPU-minutes per account",
+    "## GPU usage:": "next cycles:",
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,22 @@ echo "hello from the browser test"
 echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
 """
 
+
+
+def _estimate(gpus: int, minutes: int):
+    """The form's estimate as the page shows it: GPU-seconds with the partition's overrun past the time
+    limit (read from the cluster: KillWait, OverTimeLimit), at 8 CNY/GPU-h, rounded up to six places,
+    shown to two (jobs.estimate)."""
+    from types import SimpleNamespace
+    from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+
+    from jobs.inventory import partition_capacity
+
+    overrun = partition_capacity("gpu").overrun_seconds or 0
+    hours = (Decimal(gpus * (minutes * 60 + overrun)) / 3600).quantize(Decimal("0.000001"), ROUND_CEILING)
+    cost = (hours * 8).quantize(Decimal("0.000001"), ROUND_CEILING)
+    two = Decimal("0.01")
+    return SimpleNamespace(cost=f"{cost.quantize(two, ROUND_HALF_UP)}", gpu_hours=f"{hours.quantize(two, ROUND_HALF_UP)}")
 
 def _badge(page, job_id):
     return page.locator(f"#state-{job_id}")
@@ -60,15 +77,16 @@ def test_member_logs_in_submits_a_job_watches_it_complete_and_reads_its_output(p
     gpus.fill("1")
     gpus.press("Tab")
     quote = page.locator("#job-quote")
-    expect(quote.locator(".stat")).to_contain_text("2.00")  # 1 GPU × 15 min = 0.25 GPU-h × 8
-    expect(quote).to_contain_text("at most 0.25 GPU-hours")
+    one, two = _estimate(1, 15), _estimate(2, 15)  # 1 GPU × (15 min + the cluster's overrun) × 8 CNY/GPU-h
+    expect(quote.locator(".stat")).to_contain_text(one.cost)
+    expect(quote).to_contain_text(f"at most {one.gpu_hours} GPU-hours")
     gpus.select_text()
     gpus.press_sequentially("2")  # typing: the keyup trigger (debounced), no blur needed
-    expect(quote.locator(".stat")).to_contain_text("4.00")
-    expect(quote).to_contain_text("at most 0.50 GPU-hours")
+    expect(quote.locator(".stat")).to_contain_text(two.cost)
+    expect(quote).to_contain_text(f"at most {two.gpu_hours} GPU-hours")
     gpus.select_text()
     gpus.press_sequentially("1")
-    expect(quote.locator(".stat")).to_contain_text("2.00")
+    expect(quote.locator(".stat")).to_contain_text(one.cost)
     screenshot(page, "job-form")
 
     # Leave the field first, as a person moving to the button does: the blur's "change" refreshes the
@@ -76,7 +94,7 @@ def test_member_logs_in_submits_a_job_watches_it_complete_and_reads_its_output(p
     # button, mouseup on another element: no click, no submit).
     gpus.press("Tab")
     expect(page.locator("form.htmx-request")).to_have_count(0)
-    expect(quote.locator(".stat")).to_contain_text("2.00")
+    expect(quote.locator(".stat")).to_contain_text(one.cost)
     page.get_by_role("button", name="Submit job").click()
     expect(page.get_by_role("status")).to_contain_text("Job browser-hello accepted")
     job = Job.objects.get(name="browser-hello")
@@ -101,7 +119,7 @@ def test_member_logs_in_submits_a_job_watches_it_complete_and_reads_its_output(p
     page.get_by_role("link", name="← Jobs").click()
     row = page.get_by_role("row").filter(has=page.get_by_role("link", name="browser-hello"))
     expect(row).to_contain_text("Completed")
-    expect(row).to_contain_text("2.00 CNY")
+    expect(row).to_contain_text(f"{one.cost} CNY")
     screenshot(page, "job-list")
     browsing.assert_clean()
 
@@ -152,16 +170,24 @@ def test_member_cancels_a_sleeping_job_from_its_page(portal, browsing, scancel_l
     page.get_by_text("State history").click()
     expect(page.locator("#job-status details")).to_have_attribute("open", "")
     _status_swap_watch(page)
-    page.wait_for_function("window.__statusSwaps > 0")  # the next poll's card is in place (htmx:load)
+    # the next poll's card is in place (htmx:load); polled from here: the page's CSP (no 'unsafe-eval')
+    # refuses wait_for_function's in-page string predicate
+    deadline = time.monotonic() + 30
+    while not page.evaluate("window.__statusSwaps > 0"):
+        assert time.monotonic() < deadline, "no poll of the status card within 30 s"
+        page.wait_for_timeout(200)
     expect(page.locator("#job-status details")).to_have_attribute("open", "")
     expect(page.locator("#job-status details").get_by_role("row").filter(has_text="Running")).to_be_visible()
 
+    dialogs = []  # the page asks first (site.js, data-confirm); the reader says yes
+    page.once("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.accept()))
     page.get_by_role("button", name="Cancel job").click()
     expect(page.get_by_role("status")).to_contain_text(re.compile("Cancellation requested|Job cancelled"))
     expect(_badge(page, job.pk)).to_have_text("Cancelled", timeout=CANCELLED_TIMEOUT_MS)
     expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
     job.refresh_from_db()
     assert job.state == JobState.CANCELLED and job.cancel_requested
+    assert dialogs and dialogs[0].startswith(f"Cancel job {job.name}")
     browsing.assert_clean()
 
 
@@ -204,7 +230,8 @@ def test_finance_and_admin_read_the_cost_report_and_download_its_csv(usage, brow
     assert download.suggested_filename == "cost-team-2026-01-01-2026-01-31.csv"
     rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text(encoding="utf-8-sig"))))
     assert list(rows[0]) == ["group_by", "key", "label", "gpu_hours", "requested_gpu_hours", "efficiency", "cost",
-                             "unpriced_gpu_hours", "currency"]  # fmt: skip
+                             "unpriced_gpu_hours", "currency",
+                             "monitored_gpu_hours", "busy_gpu_hours", "gpu_efficiency", "idle_cost"]  # fmt: skip
     by_label = {row["label"]: row for row in rows}
     assert set(by_label) == {"Vision", "NLP"}
     assert {k: by_label["Vision"][k] for k in ("group_by", "gpu_hours", "cost", "currency")} == {
@@ -377,6 +404,7 @@ def test_manager_books_gpus_on_the_calendar_and_cancels(portal, browsing, bookin
     assert "vision" in reservation.accounts
     screenshot(page, "bookings")
 
+    page.once("dialog", lambda dialog: dialog.accept())  # "Cancel booking …?" (site.js, data-confirm)
     row.get_by_role("button", name="Cancel").click()
     expect(page.get_by_role("status")).to_contain_text(f"Booking {booking.reservation_name}: cancel done.")
     expect(row).to_contain_text("Cancelled")

@@ -47,9 +47,12 @@ def test_member_uploads_a_script_sees_the_fields_filled_changes_the_time_and_sub
     expect(page.get_by_role("status")).to_contain_text("accepted")
     job_id = re.search(r"/jobs/([0-9a-f-]{36})/$", page.url).group(1)
     job = Job.objects.get(pk=uuid.UUID(job_id))
+    import pwd
+
+    assert job.workdir == pwd.getpwnam("alice").pw_dir  # the submitter's own default directory (JOB_DEFAULT_WORKDIR)
     alone = validate_job_spec(
         script=SCRIPT.read_text(), name=None, partition="", gpu_type="", gpus=None, nodes=None, cpus_per_gpu=None,
-        memory_gb=None, time_limit_minutes=None, workdir=None, environment={}, account=world.vision.slurm_account,
+        memory_gb=None, time_limit_minutes=None, workdir=job.workdir, environment={}, account=world.vision.slurm_account,
     )  # fmt: skip
     # the only override the user made is the time; the rest is what the portal adds to any script
     assert sorted(job.overrides) == sorted(alone.overrides + [["time", "10"]])

@@ -98,7 +98,8 @@ echo CUDA=$CUDA_VISIBLE_DEVICES
 """
 
 
-def test_submit_sends_the_script_and_only_the_flags_given_and_an_idempotency_key(fake_api, tmp_path, capsys):
+def test_submit_sends_the_script_and_only_the_flags_given_and_an_idempotency_key(fake_api, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     script = tmp_path / "job.sh"
     script.write_text(SCRIPT)
     fake_api.add("POST", "/api/v1/jobs/", 201, _job(estimated_gpu_hours="0.17", estimated_cost="1.70", currency="CNY"))
@@ -108,7 +109,8 @@ def test_submit_sends_the_script_and_only_the_flags_given_and_an_idempotency_key
     assert code == 0
     (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
     # the server reads the #SBATCH lines (name, GPU type, partition); the flags override them
-    assert request["json"] == {"team": "vision", "script": SCRIPT, "gpus": 2, "time_limit_minutes": 120, "memory_gb": 16}
+    assert request["json"] == {"team": "vision", "script": SCRIPT, "gpus": 2, "time_limit_minutes": 120, "memory_gb": 16,
+                               "submit_dir": str(tmp_path)}  # submitted from where it runs, as sbatch  # fmt: skip
     assert len(request["headers"]["Idempotency-Key"]) >= 32
     assert request["headers"]["Authorization"] == "Token gpp_test"
     out = capsys.readouterr().out
@@ -207,14 +209,18 @@ def test_submit_refuses_directives_sbatch_refuses_naming_the_line_before_sending
     assert "line 1: unrecognized option '--gpu-count'" in capsys.readouterr().err
 
 
-def test_submit_resolves_a_relative_chdir_against_where_it_runs(fake_api, tmp_path, monkeypatch):
+def test_submit_is_submitted_from_where_it_runs_and_the_server_resolves_a_relative_chdir(fake_api, tmp_path, monkeypatch):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH -D runs/1 --gres=gpu:1\necho\n")
     fake_api.add("POST", "/api/v1/jobs/", 201, _job())
     monkeypatch.chdir(tmp_path)
     assert main(["submit", str(script), "--team", "vision"]) == 0
     (request,) = fake_api.requests_to("POST", "/api/v1/jobs/")
-    assert request["json"]["workdir"] == str(tmp_path / "runs" / "1") and request["json"]["name"] == "job.sh"
+    # the script's -D stays the script's (the server resolves it against submit_dir, as sbatch against its cwd)
+    assert request["json"]["submit_dir"] == str(tmp_path) and "workdir" not in request["json"]
+    assert request["json"]["name"] == "job.sh"
+    assert main(["submit", str(script), "--team", "vision", "-D", "other"]) == 0  # a flag: against the cwd too
+    assert fake_api.requests_to("POST", "/api/v1/jobs/")[-1]["json"]["workdir"] == str(tmp_path / "other")
 
 
 def test_unreachable_portal_exits_69(cli_env, monkeypatch, tmp_path, capsys):

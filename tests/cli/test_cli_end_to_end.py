@@ -25,16 +25,32 @@ echo CUDA=$CUDA_VISIBLE_DEVICES
 
 
 
-def run_cli(args: list[str], *, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], *, env: dict[str, str], timeout: float = 180, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "gpuportal_cli", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+@pytest.fixture
+def alices_directory():
+    """A directory of alice's own, where she runs `gpuportal submit` (the job starts there, as under
+    sbatch: a directory its user cannot write would fail the job as it would fail sbatch's)."""
+    import pwd
+    import shutil
+
+    user = pwd.getpwnam("alice")
+    path = Path(user.pw_dir) / f"gpuportal-cli-e2e-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.slurm
 @pytest.mark.celery
-def test_cli_submits_an_sbatch_script_and_waits_until_completed(cluster, real_worker, jobs_sync_loop, live_server, tmp_path):
+def test_cli_submits_an_sbatch_script_and_waits_until_completed(cluster, real_worker, jobs_sync_loop, live_server, tmp_path,
+                                                                alices_directory):  # fmt: skip
     from portal.services import api_token_create
 
     world = cluster
@@ -49,7 +65,8 @@ def test_cli_submits_an_sbatch_script_and_waits_until_completed(cluster, real_wo
     script = tmp_path / "cuda.sh"
     script.write_text(SBATCH_SCRIPT)
     try:
-        submit = run_cli(["submit", str(script), "--team", "vision", "--wait", "--poll-interval", "1", "--json"], env=env, timeout=120)
+        submit = run_cli(["submit", str(script), "--team", "vision", "--wait", "--poll-interval", "1", "--json"], env=env,
+                         timeout=120, cwd=alices_directory)  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         stuck = Job.objects.values("state", "slurm_job_id", "relay_attempts", "last_relay_error", "state_reason").first()
         pytest.fail(f"gpuportal submit --wait did not return within 120 s; job: {stuck}; output: {exc.stdout!r}")
@@ -60,6 +77,7 @@ def test_cli_submits_an_sbatch_script_and_waits_until_completed(cluster, real_wo
     assert (job.gpu_type, job.gpus, job.time_limit_minutes, job.name) == ("a100", 1, 5, "cuda.sh")
     assert job.slurm_job_id is not None and job.exit_code == 0
     assert job.idempotency_key  # the CLI sent a generated key
+    assert job.workdir == str(alices_directory)  # where she ran it, as sbatch would
     assert "COMPLETED" in submit.stdout
     final = json.loads(submit.stdout[submit.stdout.index("{"):])
     assert final["state"] == "COMPLETED"

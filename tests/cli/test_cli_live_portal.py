@@ -153,7 +153,7 @@ def _env(tmp_path, **extra) -> dict[str, str]:
 
 
 def test_installing_the_server_gives_the_gpuportal_command():
-    """The server depends on gpuportal-cli (make install installs ./cli first), whose console script it is."""
+    """The server depends on gpuportal-cli (by its path: setup.py), whose console script it is."""
     from importlib.metadata import distribution, requires
 
     assert any(r.split(";")[0].strip().startswith("gpuportal-cli") for r in requires("gpuportal") or [])

@@ -242,11 +242,12 @@ def slurm_ids_by_tag(tags: set[str], since: dt.datetime) -> dict[str, set[int]]:
 
 def cancel_live_jobs_of_this_test() -> None:
     """scancel every job this test's rows point at, or that carries their tags, still in the queue."""
-    from jobs.models import SLURM_TAG_PREFIX, Job
+    from jobs.models import Job
     from portal.slurm import SlurmError, get_gateway
+    from portal.slurm.tags import slurm_tag
 
     try:
-        tags = {f"{SLURM_TAG_PREFIX}{pk}" for pk in Job.objects.values_list("pk", flat=True)}
+        tags = {slurm_tag(pk) for pk in Job.objects.values_list("pk", flat=True)}
         gateway = get_gateway()
         for entry in gateway.queue():
             if entry.comment in tags and entry.state in ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED"):

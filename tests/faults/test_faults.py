@@ -269,9 +269,8 @@ def test_database_connection_dropped_mid_sync_and_mid_relay_the_next_cycle_recov
 
     gateway = use_gateway(DroppingGateway())
 
-    # 1. mid-relay: sbatch succeeded, the write of its id fails (the native submitter: its
-    # submit_many, the relay's one call for the round)
-    gateway.drop_on = "submit_many" if getattr(real, "native", None) is not None else "submit"
+    # 1. mid-relay: sbatch succeeded, the write of its id fails
+    gateway.drop_on = "submit"
     with pytest.raises((OperationalError, InterfaceError)):
         orphan = submit_tiny(cluster, "db-orphan", script="#!/bin/bash\nsleep 2\n")
     close_old_connections()  # what Celery's Django fix-up does before and after every task

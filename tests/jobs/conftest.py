@@ -26,6 +26,15 @@ def inventory(db):
             name=name, state="IDLE", partitions=["gpu", "debug"], gpu_type=name.split("-")[0], gpus_total=4,
             cpus_total=32, memory_mb=256000, seen_at=now,
         )  # fmt: skip
+    _as_committed()
+
+
+def _as_committed() -> None:
+    """The inventory's rows are as a sync committed them before the test, not a change of the
+    test's own transaction (which would read them from the database at every call)."""
+    from portal.snapshots import snapshots_forget
+
+    snapshots_forget()
 
 
 # ---------------------------------------------------------------- the real gateway, counted

@@ -90,7 +90,7 @@ def test_cancel_of_an_accepted_job_is_immediate(api_client_for, world, relays):
 @pytest.mark.parametrize("role", ROLES)
 def test_job_output_matrix(api_client_for, world, tmp_path, role):
     job = make_job(world, workdir=str(tmp_path), slurm_job_id=77)
-    (tmp_path / "gpuportal-77.out").write_text("CUDA_VISIBLE_DEVICES=0\n")
+    (tmp_path / "slurm-77.out").write_text("CUDA_VISIBLE_DEVICES=0\n")
     response = api_client_for(role).get(f"/api/v1/jobs/{job.pk}/output/?stream=stdout&offset=0&length=100")
     expect({"anonymous": 401, "outsider": 404, "member": 200, "manager": 200, "admin": 200, "finance": 404}, role, response)
     if response.status_code == 200:

@@ -3,6 +3,8 @@ enqueued), live estimate, list filters and query counts, htmx partials, cancel, 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.urls import reverse
 
@@ -229,7 +231,7 @@ def test_job_list_query_count_does_not_grow_with_jobs(world, client_for, django_
     for i in range(3):
         _job(world, name=f"a-{i}", state=JobState.RUNNING)
     few = _count_list_queries(client)
-    assert few <= 8  # session, user, teams for the filter, count, page (+ savepoints)
+    assert few <= 9  # session, user, teams for the filter, count, page, the jobs' usage (+ savepoints)
     for i in range(27):
         _job(world, name=f"b-{i}", user=world.bob)
     with django_assert_num_queries(few):
@@ -279,7 +281,8 @@ def test_job_detail_shows_spec_history_and_polls_while_live(world, client_for):
     assert reverse("jobs:cancel", args=[job.pk]) in body and "csrfmiddlewaretoken" in body
 
     partial = client.get(reverse("jobs:detail", args=[job.pk]), **HTMX)
-    assert partial.templates[0].name == "partials/job_status.html"
+    assert partial.templates[0].name == "partials/job_status_poll.html"  # the status card (+ an array's tasks)
+    assert "partials/job_status.html" in {t.name for t in partial.templates}
 
     Job.objects.filter(pk=job.pk).update(state=JobState.COMPLETED, exit_code=0)
     partial = client.get(reverse("jobs:detail", args=[job.pk]), **HTMX).content.decode()
@@ -288,7 +291,7 @@ def test_job_detail_shows_spec_history_and_polls_while_live(world, client_for):
 
 def test_output_partial_tails_the_file_and_stops_when_terminal(world, client_for, tmp_path, settings):
     settings.JOB_OUTPUT_PATTERN = str(tmp_path) + "/{slurm_job_id}.{stream}"
-    job = _job(world, state=JobState.RUNNING, slurm_job_id=77)
+    job = _job(world, state=JobState.RUNNING, slurm_job_id=77, unix_uid=os.getuid())  # the files' owner
     (tmp_path / "77.out").write_text("epoch 1\nepoch 2\n")
     (tmp_path / "77.err").write_text("warning!\n")
     client = client_for("member")

@@ -1,7 +1,7 @@
 """Differential tests against the oracle nobody here wrote: Debian's sbatch 22.05.
 
 Every script of tests/jobs/sbatch_corpus/ is submitted held (``--hold``) twice to the local cluster:
-directly with sbatch (as alice, in account vision, from the job's default working directory, the
+directly with sbatch (as alice, in account vision, from her default directory (JOB_DEFAULT_WORKDIR), the
 script on stdin) and through the portal (``job_submit`` → the relay's JobSpec → the gateway, with
 ``--hold`` added). Slurm's own view of both (``scontrol show job``) must agree on what is asked:
 ReqTRES, time limit, node and task counts, array range, memory, CPUs per task, partition, QOS, …
@@ -64,7 +64,9 @@ def _oracle(script: str) -> tuple[int | None, str]:
     """sbatch --hold as alice (the script on stdin, as the portal sends it): (job id, message)."""
     argv = ["sbatch", "--hold", "--parsable", "--export=NONE", "--uid=alice", "--gid=alice", "--account=vision",
             f"--comment={ORACLE_TAG}"]  # fmt: skip
-    done = subprocess.run(argv, input=script, capture_output=True, text=True, env=_env(), cwd=settings.JOB_DEFAULT_WORKDIR)
+    # from alice's default directory (JOB_DEFAULT_WORKDIR, {home}), where the portal submits her jobs from
+    cwd = settings.JOB_DEFAULT_WORKDIR.format(user="alice", home=os.path.expanduser("~alice"), team="vision", job="")
+    done = subprocess.run(argv, input=script, capture_output=True, text=True, env=_env(), cwd=cwd)
     if done.returncode == 0:
         return int(done.stdout.strip().split(";")[0]), ""
     return None, (done.stderr.strip().splitlines() or [""])[-1]
@@ -133,7 +135,10 @@ def test_portal_asks_slurm_for_what_sbatch_asks_for(cluster, relays, cleanup, pa
         gpus *= 2  # a node range holds its largest allocation
     tasks = _array_size(direct.get("ArrayTaskId", ""))
     minutes = _minutes(direct["TimeLimit"])
-    assert job.estimated_gpu_hours == (Decimal(gpus * tasks * minutes) / 60).quantize(Decimal("0.01")), path.name
+    # … plus, per task, what the cluster lets it run past its limit (jobs.inventory.overrun_seconds)
+    assert job.estimated_gpu_seconds % (gpus * tasks) == 0, path.name
+    overrun = job.estimated_gpu_seconds // (gpus * tasks) - minutes * 60
+    assert 0 <= overrun <= 600, (path.name, overrun)
     assert (job.gpus, job.array_tasks) == (gpus, tasks)
 
 

@@ -23,7 +23,7 @@ def job(world, tmp_path):
 
 
 def test_output_reads_from_an_offset_and_reports_the_next_one(job, tmp_path):
-    (tmp_path / "gpuportal-321.out").write_text("hello world\n")
+    (tmp_path / "slurm-321.out").write_text("hello world\n")
     first = job_output(job=job, offset=0, length=5)
     assert (first.data, first.offset, first.next_offset, first.size, first.eof) == ("hello", 0, 5, 12, False)
     rest = job_output(job=job, offset=first.next_offset)
@@ -31,19 +31,22 @@ def test_output_reads_from_an_offset_and_reports_the_next_one(job, tmp_path):
     assert job_output(job=job, offset=100).data == ""
 
 
-def test_stderr_is_read_from_the_err_file(job, tmp_path):
+def test_stderr_is_in_the_out_file_as_under_sbatch_and_in_its_own_with_a_stream_pattern(job, tmp_path, settings):
+    (tmp_path / "slurm-321.out").write_text("both")
+    assert job_output(job=job, stream="stderr").data == "both"  # sbatch's default: one file
+    settings.JOB_OUTPUT_PATTERN = "{workdir}/gpuportal-{slurm_job_id}.{stream}"
     (tmp_path / "gpuportal-321.err").write_text("oops")
     assert job_output(job=job, stream="stderr").data == "oops"
 
 
 def test_length_is_capped(job, tmp_path):
-    (tmp_path / "gpuportal-321.out").write_bytes(b"a" * (OUTPUT_MAX_LENGTH + 10))
+    (tmp_path / "slurm-321.out").write_bytes(b"a" * (OUTPUT_MAX_LENGTH + 10))
     chunk = job_output(job=job, length=10 * OUTPUT_MAX_LENGTH)
     assert len(chunk.data) == OUTPUT_MAX_LENGTH and not chunk.eof
 
 
 def test_a_character_cut_by_the_chunk_end_is_left_for_the_next_read(job, tmp_path):
-    (tmp_path / "gpuportal-321.out").write_text("ab€c")  # € is 3 bytes
+    (tmp_path / "slurm-321.out").write_text("ab€c")  # € is 3 bytes
     first = job_output(job=job, length=3)
     assert first.data == "ab" and first.next_offset == 2
     assert job_output(job=job, offset=2).data == "€c"
@@ -51,7 +54,7 @@ def test_a_character_cut_by_the_chunk_end_is_left_for_the_next_read(job, tmp_pat
 
 def test_missing_file_gives_a_message_not_an_error(job):
     chunk = job_output(job=job)
-    assert chunk.data == "" and "No output file gpuportal-321.out" in chunk.message
+    assert chunk.data == "" and "No output file slurm-321.out" in chunk.message
 
 
 def test_job_not_yet_in_slurm_gives_a_message(job):
@@ -63,13 +66,13 @@ def test_job_not_yet_in_slurm_gives_a_message(job):
 def test_a_symlinked_output_file_is_not_followed(job, tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("root only")
-    (tmp_path / "gpuportal-321.out").symlink_to(secret)
+    (tmp_path / "slurm-321.out").symlink_to(secret)
     chunk = job_output(job=job)
     assert chunk.data == "" and "cannot be read" in chunk.message
 
 
 def test_a_file_of_another_user_is_not_shown(job, tmp_path):
-    (tmp_path / "gpuportal-321.out").write_text("someone else's")
+    (tmp_path / "slurm-321.out").write_text("someone else's")
     Job.objects.filter(pk=job.pk).update(unix_uid=os.getuid() + 12345)
     job.refresh_from_db()
     chunk = job_output(job=job)

@@ -53,7 +53,7 @@ def assert_totals_consistent(team) -> None:
     for total in BudgetTotal.objects.filter(team=team):
         holds = BudgetHold.objects.filter(team=team, released_at__isnull=True, created_at__lt=total.ends_at)
         if total.gpu_type:
-            holds = holds.filter(gpu_type=total.gpu_type)
+            holds = [h for h in holds if total.gpu_type in h.gpu_types]
         assert total.held_gpu_hours == sum((h.held_gpu_hours for h in holds), Decimal(0)), total
         used, _ = budget_total_figures(team=team, gpu_type=total.gpu_type, period_start=total.period_start,
                                        period_end=total.period_end, held=False)  # fmt: skip

@@ -43,7 +43,7 @@ def test_relay_submits_once_and_records_the_slurm_id(job, fake):
     assert fake.calls["submit"] == 1 and fake.calls["find_by_comment"] == 0
     spec = fake.submitted[0]
     assert spec.comment == f"gpuportal:{job.pk}" and spec.account == "vision"
-    assert spec.stdout == "/tmp/gpuportal-%j.out" and spec.stderr == "/tmp/gpuportal-%j.err"
+    assert spec.stdout == spec.stderr == f"{job.workdir}/slurm-%j.out"  # sbatch's default, in the user's directory
     assert list(job.events.values_list("state", flat=True)) == [JobState.ACCEPTED, JobState.PENDING]
 
 

@@ -176,6 +176,57 @@ def test_twenty_parallel_submissions_with_one_key_create_exactly_one_job(world, 
     assert len(relays["drain"]) == 1
 
 
+def _blind_first_replay_lookup(monkeypatch) -> list:
+    """The race the unique constraint on (submitter, key) judges, made certain: job_submit's first
+    look-up for the key finds nothing (as when the other request had not committed yet), so its
+    INSERT meets the other job's key; the look-up after the IntegrityError is the real one."""
+    from jobs.services import submit
+
+    real, calls = submit._idempotent_replay, []
+
+    def first_blind(**kwargs):
+        calls.append(kwargs["key"])
+        return None if len(calls) == 1 else real(**kwargs)
+
+    monkeypatch.setattr(submit, "_idempotent_replay", first_blind)
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_taken_before_the_insert_is_djangos_integrity_error_rolled_back_whole_and_replayed(world, inventory, relays,
+                                                                                                 monkeypatch):  # fmt: skip
+    """The unique violation of the job's INSERT is Django's IntegrityError, inside the submission's
+    own transaction: nothing of the second submission stays (no event, audit row or budget hold),
+    the first job comes back (created=False), and the connection serves the next statement."""
+    from accounting.models import BudgetHold
+    from portal.models import AuditEvent
+
+    spec = dict(user=world.alice, team=world.vision, name="late", script="true", partition="gpu", gpu_type="a100",
+                gpus=1, time_limit_minutes=5, idempotency_key="late-key")  # fmt: skip
+    first, created = job_submit(**spec)
+    assert created
+    counts = (Job.objects.count(), JobEvent.objects.count(), AuditEvent.objects.count(), BudgetHold.objects.count())
+    calls = _blind_first_replay_lookup(monkeypatch)
+    again, created = job_submit(**spec)
+    assert (again.pk, created, calls) == (first.pk, False, ["late-key", "late-key"])
+    assert (Job.objects.count(), JobEvent.objects.count(), AuditEvent.objects.count(), BudgetHold.objects.count()) == counts
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_answers_a_key_taken_before_the_insert_with_the_first_job_and_serves_the_next_post(
+    api_client_for, inventory, relays, monkeypatch
+):
+    client = api_client_for("member")
+    first = client.post(URL, job_payload(), format="json", HTTP_IDEMPOTENCY_KEY="late-api")
+    assert first.status_code == 201
+    _blind_first_replay_lookup(monkeypatch)
+    again = client.post(URL, job_payload(), format="json", HTTP_IDEMPOTENCY_KEY="late-api")
+    assert (again.status_code, again.json()["id"]) == (200, first.json()["id"])
+    assert client.post(URL, job_payload(gpus=1), format="json", HTTP_IDEMPOTENCY_KEY="late-api").status_code == 409
+    assert client.post(URL, job_payload(), format="json").status_code == 201  # the connection goes on
+    assert Job.objects.count() == 2
+
+
 def test_quote_uses_the_rate_and_the_dearest_type_when_any_will_do(world, inventory):
     from accounting.models import Rate
 
@@ -226,7 +277,7 @@ def test_the_default_fingerprint_is_the_arguments_as_given_so_a_stored_key_still
         "qos": None, "constraint": None,
     }  # fmt: skip
     assert job.request_fingerprint == request_fingerprint(before)
-    assert set(before) == {*SPEC_FIELD_NAMES, "team", "booking"} - {"cluster"}
+    assert set(before) == {*SPEC_FIELD_NAMES, "team", "booking"} - {"cluster", "submit_dir"}
     again, created = job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **given)
     assert (again.pk, created) == (job.pk, False)
     with pytest.raises(Conflict):

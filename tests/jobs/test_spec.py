@@ -30,7 +30,9 @@ def test_team_and_script_alone_are_enough(api_client_for, inventory, relays, uni
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
     assert (job.name, job.partition, job.gpu_type, job.gpus, job.cpus_per_task, job.time_limit_minutes) == ("sbatch", "gpu", "a100", 2, 4, 5)
-    assert job.estimated_gpu_hours == Decimal("0.17")
+    # 2 GPUs × 5 min = 600 GPU-s exactly (six places, rounded up; the API shows 0.17)
+    assert (job.estimated_gpu_seconds, job.estimated_gpu_hours) == (600, Decimal("0.166667"))
+    assert response.json()["estimated_gpu_hours"] == "0.17"
     # the relay's command line: no --cpus-per-gpu next to the script's --cpus-per-task
     argv = sbatch_argv(services._spec_for(job))
     assert not any(a.startswith("--cpus-per-gpu") for a in argv)
@@ -117,7 +119,9 @@ def test_output_files_where_the_script_put_them(api_client_for, inventory, relay
     assert job_output_path(job, "stderr", array_index=5) == "/o/77_0005.err"
     plain = post(api_client_for, script="#!/bin/bash\n#SBATCH --gres=gpu:1 -a 0-1\ntrue\n")
     job = Job.objects.get(pk=plain.json()["id"])
-    assert ("output", f"{settings.JOB_DEFAULT_WORKDIR}/gpuportal-%A_%a.out") in services._spec_for(job).options
+    spec = services._spec_for(job, ensure_dirs=False)
+    assert ("output", f"{job.workdir}/slurm-%A_%a.out") in spec.options  # sbatch's default name, in the job's directory
+    assert not any(option == "error" for option, _ in spec.options)  # stderr in the same file, as sbatch
 
 
 def test_job_detail_shows_what_each_directive_became(api_client_for, inventory, relays):
@@ -139,10 +143,11 @@ def test_the_form_shows_what_each_directive_became_and_the_estimate_follows(clie
     assert "line 2: unrecognized option &#x27;--bogus&#x27;" in bad
 
 
-def test_a_script_only_form_submission_is_accepted(client_for, inventory, relays):
+def test_a_script_only_form_submission_is_accepted(client_for, inventory, relays, settings):
     response = client_for("member").post(reverse("jobs:new"), {"team": "vision", "script": DDP, "idempotency_key": "k1"})
     assert response.status_code == 302, response.content.decode()[:2000]
     job = Job.objects.get()
-    assert (job.gpus, job.cpus_per_task, job.cpus_per_gpu, job.overrides[0]) == (2, 4, None, ["chdir", "/tmp"])
+    assert (job.gpus, job.cpus_per_task, job.cpus_per_gpu, job.overrides[0]) == (2, 4, None, ["chdir", job.submit_dir])
+    assert job.submit_dir == settings.JOB_DEFAULT_WORKDIR.format(user="alice")  # the user's default directory
     page = client_for("member").get(reverse("jobs:detail", args=[job.pk])).content.decode()
     assert "What Slurm gets" in page and "script line 3" in page

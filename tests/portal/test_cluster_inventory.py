@@ -40,10 +40,11 @@ def test_sync_cluster_records_partitions_nodes_and_policy_in_a_fixed_number_of_s
     monkeypatch.setattr("portal.slurm.cli.subprocess.run", run)
     out = io.StringIO()
     call_command("sync_cluster", stdout=out)
-    assert dict(counting.calls) == {"nodes": 1, "partitions": 1, "policy": 1}
-    if gateway.name == "cli":  # two for partitions and nodes, four for the policy: none per node, QOS or account
-        assert sorted(commands) == ["sacctmgr", "scontrol", "scontrol", "scontrol", "scontrol", "scontrol"]
-    assert "Recorded 2 partitions and 3 nodes." in out.getvalue()
+    assert dict(counting.calls) == {"nodes": 1, "partitions": 1, "policy": 1, "version": 1}
+    if gateway.name == "cli":  # partitions and nodes; the policy's five (QOS, associations, config, the
+        # nodes' features and the partitions' allocation flags); the version: none per node, QOS or account
+        assert sorted(commands) == ["sacctmgr", *["scontrol"] * 6, "sinfo"]
+    assert f"Recorded {len(gateway.partitions())} partitions and {len(gateway.nodes())} nodes." in out.getvalue()
 
     gpu = PartitionInfo.objects.get(name="gpu")
     assert (gpu.is_default, gpu.max_time_minutes, gpu.default_time_minutes) == (True, 72 * 60, 60)
@@ -84,7 +85,7 @@ def test_without_slurmdbd_the_partitions_and_nodes_are_still_recorded_and_the_la
             raise SlurmUnavailable("sacctmgr: error: Problem talking to the database: Connection refused", command="sacctmgr")
 
     use_gateway(NoSlurmdbd(gateway))
-    assert cluster_sync() == {"partitions": 2, "nodes": 3}
+    assert cluster_sync() == {"partitions": 3, "nodes": 3}
     assert PartitionInfo.objects.get(name="debug").max_time_minutes == 60  # read again
     assert ClusterPolicyInfo.objects.get().qos == ["normal", "high"]  # the last policy read
     assert NodeInfo.objects.get(name="a100-01").features == ["ib"]

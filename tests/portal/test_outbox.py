@@ -55,6 +55,7 @@ from portal.tasks import team_mirror_sweep_task
 from tests.accounting.helpers import acct, at
 from tests.accounting.test_bookings import day_at, make_inventory
 from tests.conftest import _use_broker
+from tests.workers import _broker_database
 from tests.fakes import FakeGateway
 from tests.security.test_url_matrix import make_job
 from tests.support import job_payload
@@ -76,7 +77,7 @@ def broker(settings):
 
     saved = app.conf.task_always_eager, app.conf.broker_url, app.conf.task_default_queue
     queue = f"outbox-test-{os.getpid()}"
-    back_url = saved[1] if saved[1].startswith("redis://") else "redis://127.0.0.1:6379/4"
+    back_url = saved[1] if saved[1].startswith("redis://") else _broker_database(4)
     settings.CELERY_TASK_ALWAYS_EAGER = False
     app.conf.task_always_eager = False
     app.conf.task_default_queue = queue

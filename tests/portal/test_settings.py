@@ -63,7 +63,7 @@ def test_check_deploy_is_clean_with_production_settings():
 def test_database_url_parses_postgres():
     pg = Env({"DATABASE_URL": "postgres://u:p%40ss@db.example:6543/gp"}).database("DATABASE_URL", "")
     assert (pg["ENGINE"], pg["NAME"], pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"]) == (
-        "portal.dbbackend", "gp", "u", "p@ss", "db.example", "6543",
+        "django.db.backends.postgresql", "gp", "u", "p@ss", "db.example", "6543",
     )
     assert pg["OPTIONS"] == {"options": "-c jit=off"}
     own = Env({"DATABASE_URL": "postgres://u@h/gp?sslmode=require&options=-c%20work_mem%3D64MB"}).database("DATABASE_URL", "")
@@ -92,7 +92,7 @@ def test_default_database_is_the_postgresql_of_scripts_services():
         [sys.executable, "manage.py", "shell", "-v", "0", "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["portal.dbbackend", "127.0.0.1", "5432", "gpuportal"]
+    assert result.stdout.split() == ["django.db.backends.postgresql", "127.0.0.1", "5432", "gpuportal"]
 
 
 def test_int_bounds_are_enforced():

@@ -154,7 +154,8 @@ def _quota_forms(world) -> dict:
     from accounting.services import quota_request
 
     quota = quota_request(team=world.vision, user=world.bob, gpu_hours=10, justification="x")
-    return {f"/accounting/quotas/{quota.pk}/approve/": {}, f"/accounting/quotas/{quota.pk}/reject/": {"comment": "no"}}
+    return {f"/accounting/quotas/{quota.pk}/approve/": {}, f"/accounting/quotas/{quota.pk}/reject/": {"comment": "no"},
+            f"/accounting/quotas/{quota.pk}/withdraw/": {}}
 
 
 def _booking_forms(world) -> dict:
@@ -197,7 +198,7 @@ def test_every_page_post_route_is_covered_by_the_csrf_test():
     page_posts = {"login", "logout", "token-list", "token-revoke", "profile", "jobs:new", "jobs:quote", "jobs:template-create",
                   "jobs:template-delete", "jobs:cancel", "jobs:save-template",
                   "accounting:quotas", "accounting:quota-approve", "accounting:quota-reject",
-                  "accounting:bookings", "accounting:booking-cancel", "accounting:booking-approve",
+                  "accounting:quota-withdraw", "accounting:bookings", "accounting:booking-cancel", "accounting:booking-approve",
                   "accounting:booking-reject"}  # fmt: skip
     from tests.security.test_url_matrix import MATRIX
 

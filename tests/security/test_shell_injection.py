@@ -1,6 +1,7 @@
 """Job names, scripts, environment values and paths never reach a shell on the portal's side: the
-gateway runs sbatch with an argv list and the script on stdin; environment values are quoted into
-the script and only the job's own bash sees them — as literal strings. Proven on the real cluster."""
+gateway runs sbatch with an argv list and the script on stdin; environment values go in sbatch's
+export file (NUL-separated, never the script, argv or sbatch's own environment) and only the job
+sees them — as literal strings. Proven on the real cluster."""
 
 from __future__ import annotations
 

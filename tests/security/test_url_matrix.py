@@ -80,6 +80,7 @@ MATRIX: dict[str, list[Req]] = {
     # portal pages
     "dashboard": [Req("GET", lambda o: "/", LOGIN_THEN_200)],
     "cluster-partial": [Req("GET", lambda o: "/partials/cluster/", LOGIN_THEN_200)],
+    "cluster-status": [Req("GET", lambda o: "/clusters/", LOGIN_THEN_200)],
     "healthz": [Req("GET", lambda o: "/healthz", ALL_200)],  # public: status only, no data
     "metrics": [Req("GET", lambda o: "/metrics", ALL_200)],  # by address (127.0.0.1) / bearer token, not by role
     "login": [Req("GET", lambda o: "/login/", (200, 302, 302, 302, 302, 302))],
@@ -111,6 +112,7 @@ MATRIX: dict[str, list[Req]] = {
     "jobs:save-template": [Req("POST", lambda o: f"/jobs/{o.job.pk}/save-template/", (302, 404, 400, 400, 400, 404))],
     # API
     "api-cluster": [Req("GET", lambda o: "/api/v1/cluster/", API_LOGIN_THEN_200)],
+    "api-cluster-list": [Req("GET", lambda o: "/api/v1/clusters/", API_LOGIN_THEN_200)],
     "api-team-list": [Req("GET", lambda o: "/api/v1/teams/", API_LOGIN_THEN_200)],
     "api-team-detail": [
         Req("GET", lambda o: "/api/v1/teams/vision/", (401, 404, 200, 200, 200, 200)),
@@ -180,6 +182,8 @@ MATRIX: dict[str, list[Req]] = {
     "accounting:quota-reject": [
         Req("POST", lambda o: f"/accounting/quotas/{requested_quota(o).pk}/reject/", (302, 404, 403, 403, 302, 403), data={"comment": "no"})
     ],
+    # withdrawing a request: its team's managers and admins (the service's rule)
+    "accounting:quota-withdraw": [Req("POST", lambda o: f"/accounting/quotas/{requested_quota(o).pk}/withdraw/", (302, 404, 403, 302, 302, 403))],
     "accounting:budget": [Req("GET", lambda o: "/accounting/budget/?team=vision", (302, 404, 200, 200, 200, 200))],
     "api-quota-list": [
         Req("GET", lambda o: "/api/v1/quotas/", API_LOGIN_THEN_200),
@@ -190,6 +194,7 @@ MATRIX: dict[str, list[Req]] = {
     "api-quota-reject": [
         Req("POST", lambda o: f"/api/v1/quotas/{requested_quota(o).pk}/reject/", (401, 404, 403, 403, 200, 403), data={"comment": "no"})
     ],
+    "api-quota-withdraw": [Req("POST", lambda o: f"/api/v1/quotas/{requested_quota(o).pk}/withdraw/", (401, 404, 403, 200, 200, 403))],
     "api-team-budget": [Req("GET", lambda o: "/api/v1/teams/vision/budget/", (401, 404, 200, 200, 200, 200))],
 }
 

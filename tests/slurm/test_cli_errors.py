@@ -5,6 +5,7 @@ only); the stderr texts are Slurm 22.05.8's own, captured on the local cluster."
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass, field
 
@@ -97,7 +98,11 @@ class FakeRun:
     calls: list = field(default_factory=list)
 
     def __call__(self, argv, **kwargs):
-        self.calls.append({"argv": argv, **kwargs})
+        call = {"argv": argv, **kwargs}
+        for fd in kwargs.get("pass_fds", ()):  # the job's export file: read while it is open
+            call["exported"] = os.pread(fd, 1 << 20, 0)
+            call["argv"] = [a.replace(f"--export-file={fd}", "--export-file=FD") for a in argv]
+        self.calls.append(call)
         result = self.results.pop(0) if self.results else (0, "", "")
         if isinstance(result, BaseException):
             raise result
@@ -136,6 +141,7 @@ def test_submit_argv_hostile_values_are_single_elements(fake_run, gateway):
         memory_mb=2048,
         time_limit_minutes=90,
         workdir="/home/a b/$(id)",
+        submit_dir="/tmp",
         stdout="/tmp/out-%j.txt",
         stderr="/tmp/err-%j.txt",
         reservation="resv1",
@@ -147,7 +153,9 @@ def test_submit_argv_hostile_values_are_single_elements(fake_run, gateway):
     assert call["argv"] == [
         "/opt/slurm/bin/sbatch",
         "--parsable",
-        "--export=NONE",
+        "--ignore-pbs",
+        "--export-file=FD",
+        "--export=SLURM_EXPORT_ENV",
         "--job-name=x;rm -rf /",
         "--partition=gpu",
         "--nodes=2",
@@ -169,7 +177,8 @@ def test_submit_argv_hostile_values_are_single_elements(fake_run, gateway):
     assert call["input"] == spec.script  # the script goes to stdin
     env = call["env"]
     assert env["SLURM_CONF"] == "/etc/x/slurm.conf"
-    assert env["SLURM_TIME_FORMAT"] == "standard"
+    assert "SLURM_TIME_FORMAT" not in env  # the gateway's parsers' only: sbatch would pass it into the job
+    assert env["SLURM_EXPORT_ENV"] == "ALL"
     assert "SQUEUE_USERS" not in env and "SBATCH_PARTITION" not in env
 
 
@@ -200,28 +209,28 @@ def test_submit_control_characters_rejected(fake_run, gateway, field_name):
     assert fake_run.calls == []
 
 
-def test_environment_written_into_script_quoted(fake_run, gateway):
+def test_environment_goes_in_an_export_file_never_in_the_script_argv_or_sbatchs_environment(fake_run, gateway):
     fake_run.results = [(0, "8\n", "")]
-    script = "#!/bin/bash\n#SBATCH --mail-type=NONE\n\necho $A\n"
-    gateway.submit(_spec(script=script, environment={"A": "it's $(id); `rm -rf /`", "B_2": "x,y=z"}))
-    sent = fake_run.calls[0]["input"]
-    assert sent == (
-        "#!/bin/bash\n#SBATCH --mail-type=NONE\n\n"
-        "# Environment set by gpuportal\n"
-        "export A='it'\"'\"'s $(id); `rm -rf /`'\n"
-        "export B_2=x,y=z\n"
-        "echo $A\n"
+    script = "#!/usr/bin/env python3\n#SBATCH --mail-type=NONE\nimport os\nprint(os.environ['A'])\n"
+    gateway.submit(_spec(script=script, environment={"A": "it's $(id); `rm -rf /`\nline 2", "B_2": "x,y=z", "LD_PRELOAD": "/x.so"}))
+    (call,) = fake_run.calls
+    assert call["input"] == script  # a python3 script runs as written
+    assert call["exported"] == (
+        b"A=it's $(id); `rm -rf /`\nline 2\0B_2=x,y=z\0LD_PRELOAD=/x.so\0PWD=/tmp\0SLURM_JOB_NAME=gpuportal\0"
     )
-    # The environment never appears in argv (no --export=VAR=..., whose commas would split values).
-    assert all("$(id)" not in arg for arg in fake_run.calls[0]["argv"])
+    assert "--export-file=FD" in call["argv"] and "--export=SLURM_EXPORT_ENV" in call["argv"]
+    assert all("$(id)" not in arg and "x,y" not in arg for arg in call["argv"])
+    # sbatch itself (root) never runs with the job's variables; its SLURM_EXPORT_ENV=ALL reaches the
+    # job (srun steps inherit its environment); it runs in the submit directory (SLURM_SUBMIT_DIR)
+    assert "LD_PRELOAD" not in call["env"] and "A" not in call["env"]
+    assert call["env"]["SLURM_EXPORT_ENV"] == "ALL" and "SLURM_TIME_FORMAT" not in call["env"]
+    assert call["cwd"] == "/tmp"
 
 
-def test_environment_value_roundtrips_through_bash(tmp_path):
-    value = "it's $(id); `echo pwned` \"q\" \\ \n second line"
-    script = cli.render_script("#!/bin/bash\nprintf '%s' \"$V\"\n", {"V": value})
-    path = tmp_path / "job.sh"
-    path.write_text(script)
-    assert subprocess.run(["bash", str(path)], capture_output=True, text=True, check=True).stdout == value
+def test_a_missing_submit_directory_is_refused_before_sbatch(fake_run, gateway):
+    with pytest.raises(SlurmRejected, match="does not exist on the submit host"):
+        gateway.submit(_spec(submit_dir="/nonexistent/dir"))
+    assert fake_run.calls == []
 
 
 @pytest.mark.parametrize("name", ["1A", "A-B", "A B", "", "A=B", "$(id)"])

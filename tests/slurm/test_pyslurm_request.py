@@ -5,6 +5,7 @@ Slurm 25.11 cluster by tests/jobs/test_backends_same_request.py (cli and pyslurm
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -32,7 +33,7 @@ def test_the_scripts_directives_reach_pyslurm():
     assert kwargs["array"] == "0-9%2"
     assert kwargs["resource_sharing"] == "no"
     assert (kwargs["standard_output"], kwargs["standard_error"]) == ("out-%A_%a.txt", "err-%j.txt")
-    assert (kwargs["partitions"], kwargs["account"], kwargs["environment"]) == ("gpu", "vision", "NONE")
+    assert (kwargs["partitions"], kwargs["account"]) == ("gpu", "vision") and "environment" not in kwargs  # the gateway's
 
 
 def test_the_portals_options_override_the_script_as_in_sbatch():
@@ -95,3 +96,37 @@ def test_what_pyslurm_cannot_express_is_said(directive, option):
 def test_values_sbatch_refuses_are_rejected():
     with pytest.raises(SlurmRejected, match="signal"):
         description_kwargs(_spec("--signal=NOSUCHSIG@5"))
+
+
+def test_the_descriptor_environment_is_what_sbatch_would_send_from_the_submit_directory():
+    from portal.slurm.pyslurm_request import description_environment
+
+    spec = JobSpec(script="#!/usr/bin/env python3\n#SBATCH -J py\n", account="vision", partition="gpu",
+                   environment={"DATASET": "a,b 'c'"}, workdir="/home/alice/run", submit_dir="/home/alice")  # fmt: skip
+    kwargs = description_environment(spec, submit_dir="/home/alice", slurm_conf="/x/slurm.conf", host="login1", umask="0022")
+    assert kwargs["get_user_environment"] is True  # the login environment, read on the node
+    assert kwargs["profile_types"] == "none"  # pyslurm's default would profile everything
+    environment = kwargs["environment"]
+    assert {k: environment[k] for k in environment if not k.startswith(("HYDRA", "I_MPI", "OMPI", "PRTE"))} == {
+        "DATASET": "a,b 'c'", "PWD": "/home/alice", "SLURM_JOB_NAME": "gpuportal", "SLURM_EXPORT_ENV": "ALL",
+        "SLURM_SUBMIT_DIR": "/home/alice", "SLURM_SUBMIT_HOST": "login1", "SLURM_UMASK": "0022",
+        "SLURM_CONF": "/x/slurm.conf", "SLURM_PRIO_PROCESS": "0", "SLURM_CPUS_PER_GPU": "1",  # as sbatch's --cpus-per-gpu
+    }  # fmt: skip
+    assert environment["OMPI_MCA_plm_slurm_args"] == "--external-launcher"  # mpirun in the job starts ranks with srun
+    per_node = replace(spec, script="#!/bin/bash\n#SBATCH --ntasks-per-node=2 --gpus-per-node=a100:2\n", options=())
+    variables = description_environment(per_node, submit_dir="/", slurm_conf="", host="h", umask="0022")["environment"]
+    assert (variables["SLURM_NTASKS_PER_NODE"], variables["SLURM_GPUS_PER_NODE"]) == ("2", "a100:2")
+    # sbatch's set_envs (src/sbatch/opt.c): srun steps read their CPUs per task from SLURM_CPUS_PER_TASK
+    per_task = replace(spec, script="#!/bin/bash\n#SBATCH --ntasks=1 --gpus-per-task=2 --cpus-per-task=2 -m block\n", options=())
+    variables = description_environment(per_task, submit_dir="/", slurm_conf="", host="h", umask="0022")["environment"]
+    assert (variables["SLURM_CPUS_PER_TASK"], variables["SLURM_DISTRIBUTION"]) == ("2", "block")
+
+
+def test_the_processs_own_slurm_variables_are_out_of_the_environment_while_pyslurm_submits(monkeypatch):
+    import os
+
+    from portal.slurm.pyslurm import _without_process_slurm_env
+
+    monkeypatch.setenv("SLURM_CLUSTERS", "name=a,conf=/x")  # srun in a job would read it as --clusters
+    seen = _without_process_slurm_env(lambda: {k for k in os.environ if k.startswith("SLURM_")})
+    assert seen == set() and os.environ["SLURM_CLUSTERS"] == "name=a,conf=/x"

@@ -41,11 +41,9 @@ class Command(BaseCommand):
 
 
 def _limit_drift_lines() -> list[str]:
-    """Limit drift (quotas mirrored to GrpTRESMins/GrpTRES) when the accounting app provides it."""
-    try:
-        from accounting.services import quota_limit_drift
-    except ImportError:
-        return []
+    """Limit drift (quotas mirrored to GrpTRESMins/GrpTRES)."""
+    from accounting.services import quota_limit_drift
+
     return quota_limit_drift()
 
 

@@ -1,0 +1,129 @@
+"""GPU usage at scale: one sync cycle for 1 000 running jobs x 4 GPUs, and the page of an 8-GPU x 72 h job.
+
+    eval "$(scripts/services up)" && .venv/bin/python bench/bench_gpu_usage.py [--quick]
+
+The cycle: ``jobs.services.gpu_usage_record`` folding 4 000 series (one per GPU a job holds, as the one
+range query returns them) into the usage rows and samples, timed and its queries counted, for a
+first cycle (rows created) and the next ones (rows updated, one new point per GPU). Prometheus's side
+of that one query is timed against the local Prometheus when PROMETHEUS_URL answers (its real
+series: the local clusters' GPUs). The page: a job with 8 GPUs whose 72 h of one-minute points
+(34 560 samples) are stored, its report (jobs.gpu_report.job_gpu_report: server-side means into at
+most 240 points per GPU) and the whole job page rendered through Django's test client."""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+from bench_relay import QueryTimer
+
+
+def _series(jobs, *, start, points: int, step: int):
+    from portal import prometheus
+
+    out = []
+    for n, job in enumerate(jobs):
+        for gpu in range(job.gpus):
+            util = float((n + gpu) % 3 * 45)  # 0, 45, 90: a third of the GPUs idle
+            rows = [(start + dt.timedelta(seconds=step * i), util, 1000.0 * gpu) for i in range(points)]
+            out.append(prometheus.GpuSeries(cluster="bench", job=str(job.slurm_job_id), host=f"node-{n // 2:04d}",
+                                            gpu=str(gpu), model="NVIDIA A100-SXM4-80GB", points=rows))  # fmt: skip
+    return out
+
+
+def run(*, quick: bool = False) -> common.Section:
+    from django.conf import settings
+    from django.test import Client
+    from django.db import connection
+    from django.utils import timezone
+
+    from jobs.gpu_report import job_gpu_report
+    from jobs.models import Job, JobGpuSample, JobGpuUsage
+    from jobs.services import gpu_usage_record
+    from portal import prometheus
+
+    section = common.Section(
+        "GPU usage: one sync cycle for 1 000 running jobs x 4 GPUs; the page of an 8-GPU x 72 h job (bench_gpu_usage.py)"
+    )
+    section.method = __doc__.split("\n\n", 2)[2].replace("\n", " ")
+    world = common.begin(section, slurm=False, truncate=True)
+    JobGpuSample.objects.all().delete()
+    JobGpuUsage.objects.all().delete()
+    step = 60
+    now = timezone.now().replace(microsecond=0)
+    count = 200 if quick else 1000
+    jobs = [common.make_job(world, name="gpu-bench", state="RUNNING", gpus=4, ended_at=None, exit_code=None,
+                            slurm_cluster="bench", slurm_job_id=30_000_000 + i, started_at=now - dt.timedelta(hours=1))
+            for i in range(count)]  # fmt: skip
+    common.copy_jobs(jobs)
+    jobs = list(Job.objects.filter(name="gpu-bench"))
+    cycles = 3 if quick else 5
+    # the series carry cluster="bench", the jobs' slurm_cluster (GPU_LABEL_CLUSTER=cluster)
+    timer = QueryTimer()
+    began = time.perf_counter()
+    with connection.execute_wrapper(timer):
+        first = gpu_usage_record(_series(jobs, start=now - dt.timedelta(minutes=10), points=10, step=step), step=step)
+    first_ms = (time.perf_counter() - began) * 1000
+    section.add(f"first cycle: {first['gpus']} GPUs x 10 points folded in (rows created)", first_ms, "ms", "1 run",
+                f"{timer.count} queries")  # fmt: skip
+    times, queries = [], []
+    for c in range(cycles):
+        series = _series(jobs, start=now + dt.timedelta(seconds=step * c), points=1, step=step)
+        timer = QueryTimer()
+        began = time.perf_counter()
+        with connection.execute_wrapper(timer):
+            gpu_usage_record(series, step=step)
+        times.append((time.perf_counter() - began) * 1000)
+        queries.append(timer.count)
+    section.add(f"next cycles: {len(series)} GPUs x 1 new point (rows updated)", statistics.median(times), "ms",
+                f"median of {cycles}", f"{max(queries)} queries each")  # fmt: skip
+
+    if settings.PROMETHEUS_URL:
+        try:
+            times = []
+            for _ in range(5):
+                began = time.perf_counter()
+                got = prometheus.gpu_series(now - dt.timedelta(minutes=10), now, 2)
+                times.append((time.perf_counter() - began) * 1000)
+            section.add(f"the one range query against the local Prometheus (10 min at 2 s, {len(got)} GPU series)",
+                        statistics.median(times), "ms", "median of 5")  # fmt: skip
+        except prometheus.PrometheusUnavailable as exc:
+            section.note(f"Prometheus at {settings.PROMETHEUS_URL} not answering: {exc}")
+
+    # The page of an 8-GPU x 72 h job
+    big = common.make_job(world, name="gpu-bench-72h", state="RUNNING", gpus=8, ended_at=None, exit_code=None,
+                          slurm_cluster="bench", slurm_job_id=31_000_000, started_at=now - dt.timedelta(hours=72))  # fmt: skip
+    common.copy_jobs([big])
+    big = Job.objects.get(name="gpu-bench-72h")
+    hours = 12 if quick else 72
+    gpu_usage_record(_series([big], start=now - dt.timedelta(hours=hours), points=hours * 60, step=step), step=step)
+    samples = JobGpuSample.objects.filter(usage__job=big).count()
+    times = []
+    for _ in range(5):
+        began = time.perf_counter()
+        report = job_gpu_report(big)
+        times.append((time.perf_counter() - began) * 1000)
+    section.add(f"job_gpu_report: 8 GPUs x {hours} h ({samples} samples -> {len(report['chart']['labels'])} points each)",
+                statistics.median(times), "ms", "median of 5")  # fmt: skip
+    client = Client()
+    client.force_login(world.user)
+    times = []
+    for _ in range(5):
+        began = time.perf_counter()
+        response = client.get(f"/jobs/{big.pk}/")
+        times.append((time.perf_counter() - began) * 1000)
+        assert response.status_code == 200, response.status_code
+    section.add(f"the job page (GET /jobs/<id>/, whole page) of the 8-GPU x {hours} h job", statistics.median(times), "ms", "median of 5")
+    for figure in section.figures:
+        print(figure.line())
+    return section
+
+
+if __name__ == "__main__":
+    section = common.main(run, common.arguments(__doc__, quick="200 jobs, a 12 h job"))
+    common.write_section(section)

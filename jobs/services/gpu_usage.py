@@ -1,0 +1,194 @@
+"""What the GPUs did: one Prometheus range query per cycle for every job's GPUs (portal/prometheus.py),
+folded into one JobGpuUsage row per GPU a job holds (running figures) and one JobGpuSample per GPU
+and step (the chart), then the rows of ended jobs frozen and the idle-GPU alerts checked.
+
+A cycle reads from where the last one ended (SyncStatus "gpu-usage", ``data.until``) to now, aligned
+to GPU_USAGE_STEP_SECONDS, so each step is read once whatever the schedule; after an outage it
+catches up (at most GPU_USAGE_MAX_CATCHUP_HOURS: Prometheus kept the data). Prometheus unreachable:
+the failure is recorded, nothing changes, the pages say the figures are late (never an error)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from accounting.models import UsageRecord
+from accounting.services import usage_busy_record
+from jobs.choices import TERMINAL_STATES
+from jobs.gpu_report import SYNC_KIND
+from jobs.models import Job, JobArrayTask, JobGpuSample, JobGpuUsage
+from portal import prometheus
+from portal.db import bulk_update_values
+from portal.models import SyncStatus
+
+# the first cycle ever reads this far back
+FIRST_LOOKBACK = dt.timedelta(minutes=10)
+# a job's rows are final this many steps after its end (the exporter's last points are in)
+FINAL_AFTER_STEPS = 2
+_USAGE_FIELDS = ["model_name", "samples", "util_sum", "util_peak", "idle_samples", "mem_sum", "mem_samples",
+                 "mem_peak", "first_at", "last_at", "idle_since"]  # fmt: skip
+
+
+def _aligned(at: dt.datetime, step: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(int(at.timestamp()) // step * step, tz=dt.timezone.utc)
+
+
+def _owners(series: list[prometheus.GpuSeries]) -> dict[tuple[str, int], tuple[str, int | None]]:
+    """(cluster label, Slurm id) -> (job pk, array task index) for the ids the series name: portal jobs
+    by their Slurm id, array tasks by their own (two indexed look-ups for the whole cycle)."""
+    ids = {int(s.job) for s in series if s.job.isdigit()}
+    if not ids:
+        return {}
+    owners: dict[tuple[str, int], tuple[str, int | None]] = {}
+    for pk, slurm_id, cluster in Job.objects.filter(slurm_job_id__in=ids, array="").values_list(
+        "pk", "slurm_job_id", "slurm_cluster"
+    ):
+        owners[(cluster, slurm_id)] = (pk, None)
+    for pk, slurm_id, index, cluster in JobArrayTask.objects.filter(slurm_job_id__in=ids).values_list(
+        "job_id", "slurm_job_id", "index", "job__slurm_cluster"
+    ):
+        owners[(cluster, slurm_id)] = (pk, index)
+    return owners
+
+
+def _owner(owners: dict, series: prometheus.GpuSeries):
+    slurm_id = int(series.job)
+    if settings.GPU_LABEL_CLUSTER:
+        return owners.get((series.cluster, slurm_id))
+    matches = [v for (cluster, sid), v in owners.items() if sid == slurm_id]
+    return matches[0] if len(matches) == 1 else None
+
+
+def gpu_usage_record(series: list[prometheus.GpuSeries], *, step: int) -> dict:
+    """Fold the points into the usage rows (one upsert) and store them as samples (one insert; a point
+    already stored is skipped). Returns figures: gpus, points."""
+    owners = _owners(series)
+    threshold = settings.GPU_IDLE_THRESHOLD_PERCENT
+    wanted: dict[tuple, tuple[prometheus.GpuSeries, tuple]] = {}
+    for s in series:
+        owner = s.job.isdigit() and _owner(owners, s)
+        if owner:
+            wanted[(owner[0], int(s.job), s.host, s.gpu)] = (s, owner)
+    if not wanted:
+        return {"gpus": 0, "points": 0}
+    job_ids = {key[0] for key in wanted}
+    with transaction.atomic():
+        existing = {
+            (u.job_id, u.slurm_job_id, u.host, u.gpu): u
+            for u in JobGpuUsage.objects.select_for_update().filter(job_id__in=job_ids, final=False)
+        }
+        # frozen already: late points of an ended job are not counted twice
+        frozen = set(JobGpuUsage.objects.filter(job_id__in=job_ids, final=True).values_list("job_id", "slurm_job_id", "host", "gpu"))
+        rows, samples = [], []
+        for key, (s, (job_pk, task_index)) in wanted.items():
+            usage = existing.get(key) or JobGpuUsage(
+                job_id=job_pk, task_index=task_index, slurm_job_id=key[1], host=s.host, gpu=s.gpu, step_seconds=step,
+                first_at=s.points[0][0], last_at=s.points[0][0] - dt.timedelta(seconds=step),
+            )  # fmt: skip
+            if key in frozen:
+                continue
+            usage.model_name = s.model or usage.model_name
+            fresh = [(at, util, mem) for at, util, mem in s.points if at > usage.last_at]
+            for at, util, mem in fresh:
+                usage.samples += 1
+                usage.util_sum += util
+                usage.util_peak = max(usage.util_peak, util)
+                if util < threshold:
+                    usage.idle_samples += 1
+                    # the idle run starts with the step this sample covers
+                    usage.idle_since = usage.idle_since or at - dt.timedelta(seconds=step)
+                else:
+                    usage.idle_since = None
+                if mem is not None:
+                    usage.mem_samples += 1
+                    usage.mem_sum += mem
+                    usage.mem_peak = max(usage.mem_peak, mem)
+                usage.last_at = at
+            if fresh or usage.pk is None:
+                rows.append(usage)
+                samples.extend((key, at, util, mem) for at, util, mem in fresh)
+        # the rows locked above: one UPDATE … FROM (VALUES …) a batch; new ones: one INSERT (their ids come back)
+        bulk_update_values(JobGpuUsage.objects.filter(final=False), [u for u in rows if u.pk is not None], _USAGE_FIELDS)
+        JobGpuUsage.objects.bulk_create([u for u in rows if u.pk is None], batch_size=1000)
+        pks = {(u.job_id, u.slurm_job_id, u.host, u.gpu): u.pk for u in rows}
+        JobGpuSample.objects.bulk_create(
+            [JobGpuSample(usage_id=pks[key], at=at, util=util, mem_mib=mem) for key, at, util, mem in samples],
+            batch_size=5000, ignore_conflicts=True,
+        )  # fmt: skip
+    return {"gpus": len(rows), "points": len(samples)}
+
+
+# ended jobs whose usage record has no busy share yet are looked at this long after their end
+# (the usage ingestion may bring the final record after the GPU rows were frozen)
+BUSY_HANDOVER_WITHIN = dt.timedelta(hours=6)
+
+
+def gpu_busy_hand_over(*, job_ids, now: dt.datetime) -> int:
+    """Give accounting each (job, Slurm id)'s busy share of its GPU-time (accounting.services.
+    usage_busy_record): mean utilisation over its GPU rows / 100. For ``job_ids`` (seen this cycle)
+    and the ended jobs whose record still has none. Two reads, one bulk update."""
+    recent = UsageRecord.objects.filter(
+        gpu_busy_fraction__isnull=True, portal_job_uuid__isnull=False, known_until__gte=now - BUSY_HANDOVER_WITHIN
+    ).values_list("portal_job_uuid", flat=True)
+    rows = (
+        JobGpuUsage.objects.filter(job_id__in=set(job_ids) | set(recent), samples__gt=0)
+        .values("job_id", "slurm_job_id")
+        .annotate(util=Sum("util_sum"), samples=Sum("samples"))
+    )
+    fractions = {(r["job_id"], r["slurm_job_id"]): Decimal(r["util"]) / Decimal(100 * r["samples"]) for r in rows}
+    return usage_busy_record(fractions=fractions)
+
+
+def gpu_usage_finalise(*, now: dt.datetime, step: int) -> int:
+    """Freeze the rows of jobs that ended FINAL_AFTER_STEPS steps ago or more (their summary is then
+    the portal's for good). Returns the number of rows frozen."""
+    done = now - dt.timedelta(seconds=step * FINAL_AFTER_STEPS)
+    return JobGpuUsage.objects.filter(
+        final=False, job__state__in=TERMINAL_STATES, job__ended_at__lte=done
+    ).update(final=True)
+
+
+def gpu_usage_sync(*, now: dt.datetime | None = None) -> dict:
+    """One cycle (periodic: portal/celery.py, gpu-usage-sync): ONE range query for every GPU a job
+    holds since the last cycle, folded in (``gpu_usage_record``), ended jobs frozen, idle alerts
+    checked (jobs.services.gpu_alerts). Returns figures; ``error`` when Prometheus failed."""
+    from jobs.services.gpu_alerts import gpu_idle_alerts_check
+    from portal.services import sync_record_failure, sync_record_success
+
+    if not prometheus.enabled():
+        return {"skipped": "PROMETHEUS_URL is not set"}
+    started = time.monotonic()
+    step = settings.GPU_USAGE_STEP_SECONDS
+    now = now or timezone.now()
+    end = _aligned(now, step)
+    status = SyncStatus.objects.filter(kind=SYNC_KIND).first()
+    until = status.data.get("until") if status else None
+    start = dt.datetime.fromtimestamp(until, tz=dt.timezone.utc) + dt.timedelta(seconds=step) if until else end - FIRST_LOOKBACK
+    start = max(start, end - dt.timedelta(hours=settings.GPU_USAGE_MAX_CATCHUP_HOURS))
+    stats: dict = {"queries": 0}
+    if start <= end:
+        try:
+            series = prometheus.gpu_series(start, end, step)
+        except prometheus.PrometheusUnavailable as exc:
+            sync_record_failure(SYNC_KIND, error=str(exc))
+            return stats | {"queries": 1, "error": str(exc)}
+        stats["queries"] = 1
+        stats |= gpu_usage_record(series, step=step)
+        seen = {int(s.job) for s in series if s.job.isdigit()}
+    else:
+        seen = set()
+    stats["final"] = gpu_usage_finalise(now=now, step=step)
+    seen_jobs = JobGpuUsage.objects.filter(slurm_job_id__in=seen, final=False).values_list("job_id", flat=True)
+    stats["busy_records"] = gpu_busy_hand_over(job_ids=list(seen_jobs), now=now)
+    stats["alerts"] = len(gpu_idle_alerts_check(now=now))
+    stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    sync_record_success(SYNC_KIND, data={"until": end.timestamp(), "duration_ms": stats["duration_ms"]}, at=now)
+    return stats
+

@@ -1,0 +1,38 @@
+"""The server's runtime dependencies: the one part of its metadata that is not in pyproject.toml.
+
+The ``gpuportal`` command (cli/, the distribution gpuportal-cli, which also holds the #SBATCH parser
+the server imports) is required by its path in this checkout, as a ``file:`` URL: ``pip install .``
+takes it from here and never asks a package index for that name, where anyone may register it
+(pyproject.toml cannot say a path relative to itself). tests/test_packaging.py checks it. Every other
+dependency is bounded above."""
+
+from pathlib import Path
+
+from setuptools import setup
+
+CLI = Path(__file__).resolve().parent / "cli"
+
+setup(
+    install_requires=[
+        f"gpuportal-cli @ {CLI.as_uri()}",  # the `gpuportal` command and the #SBATCH parser (cli/)
+        "Django>=5.2,<5.3",
+        "djangorestframework>=3.15,<4",
+        # Not 5.7.0: its worker exits ("Unrecoverable error: AttributeError 'NoneType' object has
+        # no attribute 'hostname'") when the Redis connection drops with unacknowledged messages — the
+        # consumer now close()s the connection after collect() has cleared its transport, and restoring
+        # the unacked messages needs the transport. 5.6 with kombu 5.6 (redis-py 6.4) survives
+        # (docs/reliability.md).
+        "celery[redis]>=5.5,<5.7",
+        "kombu>=5.5,<5.7",
+        # redis-py parses answers in C: ~20 % less CPU per command (cache, throttles, broker)
+        "hiredis>=3,<4",
+        "psycopg[binary]>=3.1,<4",
+        "drf-spectacular[sidecar]>=0.27,<1",
+        "django-filter>=24,<27",
+        "django-htmx>=1.17,<2",
+        "gunicorn>=22,<28",
+        "whitenoise>=6.6,<7",
+        "prometheus-client>=0.20,<1",
+        "weasyprint>=66,<71",  # PDF invoices from the HTML invoice; system libraries and fonts: scripts/pdf
+    ],
+)
