@@ -184,6 +184,28 @@ def test_cluster_status_shows_slurmdbds_last_rollup(cluster, slurm_target):
         assert ("STALE" in line) == (timezone.now() - hourly > dt.timedelta(minutes=70))
 
 
+def _slurmdbd_since() -> tuple[dt.datetime, str]:
+    """When this cluster's slurmdbd started (sacctmgr show stats: "Data since"), and the stats."""
+    import re
+
+    sacctmgr = str(Path(settings.SLURM_BIN_DIR or "/usr/bin") / "sacctmgr")
+    stats = subprocess.run([sacctmgr, "show", "stats"], capture_output=True, text=True, check=True, timeout=60,
+                           env=_slurm_env()).stdout  # fmt: skip
+    return dt.datetime.fromtimestamp(int(re.search(r"Data since .*\((\d+)\)", stats).group(1)), dt.UTC), stats
+
+
+def test_cluster_up_again_keeps_the_running_daemons(cluster, slurm_target):
+    """Every `make demo` and `make test`, from any checkout, runs `scripts/cluster up`: with nothing
+    changed it restarts nothing, so the daemons run on across hours (a restart before the top of an
+    hour is how 25.11's skipped roll-ups stayed unseen; Debian's slurmctld is a link to slurmctld-wlm)."""
+    before, _ = _slurmdbd_since()
+    out = subprocess.run([str(SCRIPTS / "cluster"), "up", *slurm_target.cluster_args], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "already up: nothing to do" in out.stdout + out.stderr, (out.stdout + out.stderr)[-2000:]
+    assert _slurmdbd_since()[0] == before
+
+
 def test_a_slurmdbd_that_runs_across_the_top_of_an_hour_rolls_that_hour_up(cluster, slurm_target):
     """Issue 34: the hourly roll-up advances while the daemons run. 25.11's handler woke within a tick
     of the hour, read the coarse clock one second behind and skipped the hour, every hour
@@ -193,10 +215,7 @@ def test_a_slurmdbd_that_runs_across_the_top_of_an_hour_rolls_that_hour_up(clust
     import re
     import time
 
-    sacctmgr = str(Path(settings.SLURM_BIN_DIR or "/usr/bin") / "sacctmgr")
-    stats = subprocess.run([sacctmgr, "show", "stats"], capture_output=True, text=True, check=True, timeout=60,
-                           env=_slurm_env()).stdout  # fmt: skip
-    since = dt.datetime.fromtimestamp(int(re.search(r"Data since .*\((\d+)\)", stats).group(1)), dt.UTC)
+    since, stats = _slurmdbd_since()
     now = timezone.now()
     hour = now.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
     if since > hour - dt.timedelta(minutes=1):
