@@ -221,11 +221,13 @@ def _sacct(env: dict[str, str], ids: list[int]) -> dict[int, list[tuple[str, str
 
 
 def _wait(env: dict[str, str], expected: dict[int, int], timeout: float = 240.0) -> dict[int, list]:
-    """Until every job (and each of its ``expected`` array tasks) ended; its sacct rows."""
+    """Until every job (and each of its ``expected`` array tasks) ended and its accounting record is
+    whole (slurmdbd may hold a job's end before its start record: ReqTRES empty for a moment); its
+    sacct rows."""
     deadline = time.monotonic() + timeout
     while True:
         rows = _sacct(env, list(expected))
-        done = all(len(rows.get(j, [])) >= n and all(r[1] in TERMINAL for r in rows[j]) for j, n in expected.items())
+        done = all(len(rows.get(j, [])) >= n and all(r[1] in TERMINAL and r[4] for r in rows[j]) for j, n in expected.items())
         if done or time.monotonic() > deadline:
             return rows
         time.sleep(1.0)
