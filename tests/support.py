@@ -4,6 +4,7 @@ Slurm tags, a valid job body."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections import Counter
 
@@ -165,6 +166,18 @@ def cluster_env(release: str) -> dict[str, str]:
     if isinstance(value, str):
         skip_unless_ci(f"no Slurm {release} cluster: {value}")
     return value
+
+
+def slurm_command(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run one of Slurm's commands (``scontrol``, ``sacctmgr``, ...) against the cluster the settings
+    point at (``use_slurm_target``): that cluster's binaries and SLURM_CONF. The tests' oracle."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    exe = str(Path(settings.SLURM_BIN_DIR) / argv[0]) if settings.SLURM_BIN_DIR else argv[0]
+    env = {**os.environ, **({"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {})}
+    return subprocess.run([exe, *argv[1:]], capture_output=True, text=True, env=env, check=check, timeout=timeout)
 
 
 def use_slurm_target(settings, backend: str, release: str) -> None:

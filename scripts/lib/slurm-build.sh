@@ -10,7 +10,7 @@
 # .gpuportal-built in the prefix is written last, after `make install` into a staging dir
 # was moved into place, so an interrupted build never looks finished).
 #
-# Sets: SLURM_SOURCE SLURM_SRC_SHA SLURM_SRC_VERSION SLURM_PREFIX SLURM_PATCHES
+# Sets: SLURM_SOURCE SLURM_SRC_SHA SLURM_SRC_VERSION SLURM_PREFIX SLURM_PATCHES (an array)
 
 SLURM_BUILD_DEPS=(build-essential patch pkg-config libmunge-dev libmariadb-dev libjson-c-dev libyaml-dev
     libhttp-parser-dev libjwt-dev libcurl4-openssl-dev libdbus-1-dev liblz4-dev libpam0g-dev munge)
@@ -58,8 +58,8 @@ slurm_source_locate() {
     [[ $major.$minor == "$want" ]] \
         || die "SLURM_SOURCE=$SLURM_SOURCE is Slurm $SLURM_SRC_VERSION, not $want"
     local key patches=""
-    SLURM_PATCHES=$(slurm_patches "$major.$minor")
-    [[ -z $SLURM_PATCHES ]] || patches=$(sha256sum $SLURM_PATCHES | cut -d' ' -f1 | tr '\n' ' ')
+    mapfile -t SLURM_PATCHES < <(slurm_patches "$major.$minor")
+    ((${#SLURM_PATCHES[@]} == 0)) || patches=$(sha256sum "${SLURM_PATCHES[@]}" | cut -d' ' -f1 | tr '\n' ' ')
     key=$(printf '%s %s%s' "$SLURM_SRC_SHA" "${SLURM_CONFIGURE_FLAGS[*]}" "${patches:+ $patches}" | sha256sum | cut -c1-12)
     SLURM_PREFIX=/opt/gpuportal-slurm-$SLURM_SRC_VERSION-$key
 }
@@ -101,7 +101,7 @@ slurm_build() {
         cd "$work"
         tar -xzf "$SLURM_SOURCE"
         cd "$(find . -mindepth 1 -maxdepth 1 -type d | head -n1)"
-        for p in $SLURM_PATCHES; do echo "applying $p"; patch -p1 --forward <"$p"; done
+        for p in "${SLURM_PATCHES[@]}"; do echo "applying $p"; patch -p1 --forward <"$p"; done
         ./configure --prefix="$SLURM_PREFIX" --sysconfdir="$SLURM_PREFIX/etc" "${SLURM_CONFIGURE_FLAGS[@]}"
         make -j"$(nproc)"
         make install DESTDIR="$work/stage"

@@ -14,11 +14,9 @@ the cluster's configuration allows, the portal's GPU-seconds equal Slurm's, ever
 from __future__ import annotations
 
 import datetime as dt
-import os
 import subprocess
 import time
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -33,6 +31,7 @@ from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, job_s
 from portal.exceptions import ApplicationError
 from portal.services import cluster_sync
 from portal.slurm import get_gateway
+from tests.support import slurm_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
@@ -53,9 +52,7 @@ ROUNDING = Decimal("0.00001")  # GPU-hours are kept to six places: a few million
 
 
 def _scontrol(settings, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    exe = str(Path(settings.SLURM_BIN_DIR) / "scontrol") if settings.SLURM_BIN_DIR else "scontrol"
-    env = {**os.environ, "SLURM_CONF": settings.SLURM_CONF}
-    return subprocess.run([exe, *args], capture_output=True, text=True, env=env, check=check, timeout=30)
+    return slurm_command("scontrol", *args, check=check, timeout=30)
 
 
 @pytest.fixture

@@ -5,23 +5,20 @@ ingested and summed on the parent."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 import tempfile
 from decimal import ROUND_UP, Decimal
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Job, JobArrayTask
 from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, job_submit, jobs_sync
-from tests.support import wait_for
+from tests.support import slurm_command, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
@@ -56,10 +53,9 @@ def test_an_array_job_runs_its_tasks_and_the_portal_follows_each(cluster, relays
     job, _ = job_submit(user=cluster.alice, team=cluster.vision, script=ARRAY, workdir=str(tmp_path))
     # the hold: 4 tasks × 1 GPU × (5 min + what the cluster lets a task overrun: OverTimeLimit, the
     # controller's 30 s time-limit check, KillWait), the configuration read from `scontrol show config`
-    config = subprocess.run([str(Path(settings.SLURM_BIN_DIR or "/usr/bin") / "scontrol"), "show", "config"],
-                            capture_output=True, text=True, check=True, env={**os.environ, **({"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {})}).stdout  # fmt: skip
-    kill_wait = int(re.search(r"^KillWait\s*=\s*(\d+) sec", config, re.M).group(1))
-    over_time = int(re.search(r"^OverTimeLimit\s*=\s*(\d+) min", config, re.M).group(1))
+    config = slurm_command("scontrol", "show", "config").stdout
+    kill_wait = int(re.search(r"^KillWait\s*=\s*(\d+) sec", config, re.MULTILINE).group(1))
+    over_time = int(re.search(r"^OverTimeLimit\s*=\s*(\d+) min", config, re.MULTILINE).group(1))
     per_task = 5 * 60 + over_time * 60 + 30 + kill_wait
     assert (job.array_tasks, job.gpus, job.estimated_gpu_seconds) == (4, 1, 4 * 1 * per_task)
     assert job.estimated_gpu_hours == (Decimal(4 * per_task) / 3600).quantize(Decimal("0.000001"), ROUND_UP)

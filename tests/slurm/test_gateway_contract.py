@@ -157,15 +157,11 @@ def test_policy_qos_features_and_max_array_size(gateway):
     """What the spec checks QOS, --constraint and --array against (the local clusters: QOS normal,
     the guide's node features a100/h100, MaxArraySize left at Slurm's default); the features as
     `scontrol show node` prints them."""
-    from django.conf import settings
-
     policy = gateway.policy()
     assert "normal" in policy.qos
     assert "normal" in policy.account_qos["root"]
     assert set(policy.node_features) == {"a100-01", "a100-02", "h100-01"}
-    nodes = subprocess.run([str(Path(settings.SLURM_BIN_DIR or "/usr/bin") / "scontrol"), "show", "node", "-o"],
-                           capture_output=True, text=True, check=True, timeout=60,
-                           env={**os.environ, **({"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {})}).stdout  # fmt: skip
+    nodes = support.slurm_command("scontrol", "show", "node", "-o").stdout
     shown = dict(re.findall(r"NodeName=(\S+) .*?AvailableFeatures=(\S+)", nodes))
     assert {n: tuple(f for f in shown[n].split(",") if f != "(null)") for n in shown} == dict(policy.node_features)
     assert policy.node_features["a100-01"] == ("a100",) and policy.node_features["h100-01"] == ("h100",)
