@@ -1,7 +1,7 @@
 """The one job spec: a batch script's ``#SBATCH`` directives plus the fields given through the API,
 the form or the CLI, checked against the synced inventory, as the effective request Slurm will get.
 
-- The script's directives are read by the one parser (``gpuportal_cli.sbatch_directives``), exactly
+- The script's directives are read by the one parser (``gpuportal_sbatch.directives``), exactly
   as sbatch reads them; what sbatch would refuse is a 400 naming the line.
 - Explicit fields override the script's directives, as sbatch's command line does. The overrides
   are stored on the job (``Job.overrides``) and become the relay's command line; the gateway turns
@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from gpuportal_cli.sbatch_directives import (
+from gpuportal_sbatch.directives import (
     CLUSTER_OPTIONS,
     Directive,
     DirectiveError,

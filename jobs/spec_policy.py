@@ -8,7 +8,7 @@ import dataclasses
 
 from django.conf import settings
 
-from gpuportal_cli.sbatch_directives import ScriptRequest
+from gpuportal_sbatch.directives import ScriptRequest
 from jobs.constraints import unmatched
 from jobs.inventory import PartitionCapacity
 from jobs.spec_fields import _Errors

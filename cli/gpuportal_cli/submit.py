@@ -17,7 +17,7 @@ from gpuportal_cli.client import ApiError, Client
 from gpuportal_cli.exit_codes import EXIT_OK, CliError, exit_code_for_state
 from gpuportal_cli.output import _err, _estimate_line, _money, _out, _state_line, is_terminal
 from gpuportal_cli.sbatch import gpu_request, parse_memory_gb, parse_time_minutes
-from gpuportal_cli.sbatch_directives import DirectiveError, parse_directives, script_request
+from gpuportal_sbatch.directives import DirectiveError, parse_directives, script_request
 
 
 def _check_directives(script: str) -> dict:
