@@ -67,7 +67,7 @@ from jobs.spec_fields import (
     _Errors,
     _path_ok,
 )
-from jobs.spec_policy import _check_against, _check_policy
+from jobs.spec_policy import _check_against, _check_policy, _check_release
 from portal.exceptions import ApplicationError
 
 # The spec is one module per concern (issue 18): the inventory (jobs.inventory), the fields
@@ -378,6 +378,7 @@ def validate_job_spec(
 
     spec = None
     if capacity is not None and request is not None:
+        _check_release(directives, capacity, errors)
         _check_policy(cache["inventory"].policy(capacity), capacity, request, errors, account)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:

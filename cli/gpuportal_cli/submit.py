@@ -22,7 +22,8 @@ from gpuportal_sbatch.directives import DirectiveError, parse_directives, script
 
 def _check_directives(script: str) -> dict:
     """The script's directives read as sbatch (and the server) reads them: a directive sbatch would
-    refuse stops here, naming its line. Returns the last directive of each option."""
+    refuse stops here, naming its line. Returns the last directive of each option. The CLI does not
+    know the cluster's Slurm release: any release's options pass here (the server checks the release)."""
     try:
         directives = parse_directives(script)
         script_request(directives)  # values sbatch checks (times, counts, GPU forms, exclusive pairs)
