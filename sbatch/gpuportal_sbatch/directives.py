@@ -280,9 +280,10 @@ def _short_option(letter: str, line: int, table: OptionTable) -> str:
 def release_problems(directives: List[Directive], release: Optional[str]) -> List[Tuple[Directive, DirectiveError]]:
     """What ``release``'s sbatch refuses among directives read for any release (``parse_directives``
     without one, before the cluster was known): each directive whose option as written that release
-    lacks (naming the releases that have it), or that takes no value there. Parsing for the release
-    gives the same result, but for an abbreviation ambiguous across releases and not in ``release``
-    (``--ext``: 22.05's --extra-node-info only), which parsing for any release has refused already."""
+    lacks (naming the releases that have it), or that takes no value there: what parsing for the
+    release refuses first. Not the same in one case: an abbreviation ambiguous among every release's
+    options but not among ``release``'s (``--ext``: 22.05 has only --extra-node-info; 25.11 also
+    --extra, --external), which parsing for any release has refused already (write the full name)."""
     if release is None:
         return []
     table = option_table(release)
