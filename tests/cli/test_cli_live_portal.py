@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,8 @@ def zipapp(tmp_path_factory) -> Path:
 def test_the_zipapp_runs_with_a_bare_python(world, live_server, alice_key, tmp_path, zipapp, interpreter):
     python = python39() if interpreter == "python3.9" else "/usr/bin/python3"
     env = _env(tmp_path)
+    # the #SBATCH parser the CLI imports (sbatch/) is in the file: `python -I` finds nothing else
+    assert {"gpuportal_sbatch/directives.py", "gpuportal_sbatch/options.py"} <= set(zipfile.ZipFile(zipapp).namelist())
     # -I: isolated (no PYTHONPATH, no user site, not this venv): only the zipapp and the stdlib
     login = subprocess.run([python, "-I", str(zipapp), "login", "--url", live_server.url, "--token", alice_key],
                            env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
