@@ -281,9 +281,11 @@ def release_problems(directives: List[Directive], release: Optional[str]) -> Lis
     """What ``release``'s sbatch refuses among directives read for any release (``parse_directives``
     without one, before the cluster was known): each directive whose option as written that release
     lacks (naming the releases that have it), or that takes no value there: what parsing for the
-    release refuses first. Not the same in one case: an abbreviation ambiguous among every release's
-    options but not among ``release``'s (``--ext``: 22.05 has only --extra-node-info; 25.11 also
-    --extra, --external), which parsing for any release has refused already (write the full name)."""
+    release refuses first. Not the same in two cases, where the name as written means one option
+    among every release's options and another (or none) among ``release``'s: ``--extra`` is 25.11's
+    --extra and an abbreviation of 22.05's --extra-node-info (refused here, naming both: the script
+    meant the one the portal read); ``--ext`` is ambiguous among every release's options, 22.05's
+    --extra-node-info alone (refused already by parsing for any release: write the full name)."""
     if release is None:
         return []
     table = option_table(release)
@@ -296,6 +298,12 @@ def release_problems(directives: List[Directive], release: Optional[str]) -> Lis
                 option = resolve_option(directive.spelled[2:], line=directive.line, release=release)
             else:
                 option = _short_option(directive.spelled[1:], directive.line, table)
+            if option != directive.option:  # 22.05 reads --extra as --extra-node-info (25.11 has --extra)
+                raise DirectiveError(
+                    f"sbatch of Slurm {release} reads {directive.spelled} as --{option}, not as --{directive.option} "
+                    f"({', '.join(table.releases[directive.option])} has it): write --{option} if that is meant",
+                    line=directive.line, option=directive.option,
+                )  # fmt: skip
             if directive.value is not None and table.has_arg[option] == NONE:
                 raise _no_argument(option, directive.line, table)
         except DirectiveError as exc:

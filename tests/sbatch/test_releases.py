@@ -64,6 +64,22 @@ def test_abbreviations_resolve_against_the_release_s_own_options():
             parse_directives("#SBATCH --ext=2:4\n", release)
     # --oom only abbreviates a 25.11 option
     assert opts("#SBATCH --oom\n", "25.11") == [("oom-kill-step", None)]
+    # --extra: 25.11's option, and in 22.05 an abbreviation of --extra-node-info (22.05.8's sbatch:
+    # 'Invalid numeric value "x" for first arg of -B')
+    assert opts("#SBATCH --extra=x\n", "22.05") == [("extra-node-info", "x")]
+    assert opts("#SBATCH --extra=x\n", "25.11") == opts("#SBATCH --extra=x\n", None) == [("extra", "x")]
+
+
+def test_a_name_that_means_another_option_in_the_cluster_s_release_is_refused_naming_both():
+    """The server read --extra (before it knew the cluster) as 25.11's --extra; 22.05's sbatch would
+    read it as --extra-node-info: refused, rather than sending what the script did not mean."""
+    ((directive, problem),) = release_problems(parse_directives("#!/bin/bash\n#SBATCH --extra=x\n"), "22.05")
+    assert directive.option == "extra" and problem.line == 2
+    assert problem.message == (
+        "sbatch of Slurm 22.05 reads --extra as --extra-node-info, not as --extra (25.11 has it): "
+        "write --extra-node-info if that is meant"
+    )
+    assert release_problems(parse_directives("#SBATCH --extra-node-info=2\n#SBATCH --extra=x\n"), "25.11") == []
 
 
 def test_a_value_after_equals_follows_the_release_s_has_arg():
