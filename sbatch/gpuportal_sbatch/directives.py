@@ -709,7 +709,7 @@ def _refused_before_submission(get, request: "ScriptRequest") -> None:
             option=per_task.option,
         )  # fmt: skip
     # (--ntasks-per-core above --threads-per-core: 25.11's sbatch refuses it, 22.05's submits it — measured
-    # 2026-12-03; not refused here, where one rule serves every release: issue 29's per-release table)
+    # 2026-12-03; not refused here: the per-release table is of options, these value rules serve every release)
     if get("nodes") and get("distribution") and (get("distribution").value or "").lower().startswith("arbitrary"):
         raise DirectiveError("--nodes is incompatible with --distribution=arbitrary", line=get("distribution").line,
                              option="distribution")  # fmt: skip
