@@ -12,13 +12,14 @@ Only the generated table is used at run time: neither the project nor its CI nee
 Getting the sources (both are what the local clusters run: Debian 12's 22.05.8, the vendored 25.11.7):
 
     git clone --filter=blob:none https://github.com/SchedMD/slurm.git /tmp/slurm-git
-    mkdir -p /tmp/slurm-22.05 && git -C /tmp/slurm-git archive slurm-22-05-8-1 src/common \\
+    mkdir -p /tmp/slurm-22.05 && git -C /tmp/slurm-git archive slurm-22-05-8-1 META src/common \\
         | tar -x -C /tmp/slurm-22.05
     mkdir -p /tmp/slurm-25.11 && tar -xzf ../shared/vendor/slurm-25.11.7.tar.gz -C /tmp/slurm-25.11 \\
-        --strip-components=1 --wildcards '*/src/common/*'
+        --strip-components=1 --wildcards '*/META' '*/src/common/*'
 
-(or ``git archive slurm-25-11-7-1 src/common`` from the same clone). ``--check`` compares instead of
-writing: exit 1 when the committed table differs from what the sources give.
+(or ``git archive slurm-25-11-7-1 META src/common`` from the same clone; META gives the full version
+written in the table's docstring). ``--check`` compares instead of writing: exit 1 when the
+committed table differs from what the sources give.
 """
 
 from __future__ import annotations
