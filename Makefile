@@ -26,16 +26,16 @@ help:
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 	@echo "make cli-zipapp — dist/gpuportal.pyz: the CLI as one file for any python3 >= 3.9"
 
-$(STAMP): pyproject.toml setup.py cli/pyproject.toml
+$(STAMP): pyproject.toml setup.py cli/pyproject.toml cli/setup.py sbatch/pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || (apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3 python3-venv python3-dev)
 	@# python-ldap (gpuportal[ldap], in dev) compiles against these
 	@bash -c 'source scripts/lib/common.sh && apt_ensure libldap2-dev libsasl2-dev gcc'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@# gpuportal-cli comes from ./cli by its path (setup.py), never from an index; then editable, so
-	@# that an edit of cli/ needs no reinstall
+	@# gpuportal-sbatch and gpuportal-cli come from ./sbatch and ./cli by their paths (setup.py,
+	@# cli/setup.py), never from an index; then editable, so that an edit of either needs no reinstall
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps -e ./cli
+	$(PY) -m pip install -q --no-deps -e ./sbatch -e ./cli
 	@touch $(STAMP)
 
 # scripts/pdf: WeasyPrint's system libraries, CJK fonts and pdftotext (installed when missing)

@@ -1,20 +1,21 @@
 """The server's runtime dependencies: the one part of its metadata that is not in pyproject.toml.
 
-The ``gpuportal`` command (cli/, the distribution gpuportal-cli, which also holds the #SBATCH parser
-the server imports) is required by its path in this checkout, as a ``file:`` URL: ``pip install .``
-takes it from here and never asks a package index for that name, where anyone may register it
-(pyproject.toml cannot say a path relative to itself). tests/test_packaging.py checks it. Every other
-dependency is bounded above."""
+The #SBATCH parser (sbatch/, the distribution gpuportal-sbatch) and the ``gpuportal`` command (cli/,
+gpuportal-cli, which depends on the parser the same way) are required by their paths in this
+checkout, as ``file:`` URLs: ``pip install .`` takes them from here and never asks a package index
+for those names, where anyone may register them (pyproject.toml cannot say a path relative to
+itself). tests/test_packaging.py checks it. Every other dependency is bounded above."""
 
 from pathlib import Path
 
 from setuptools import setup
 
-CLI = Path(__file__).resolve().parent / "cli"
+HERE = Path(__file__).resolve().parent
 
 setup(
     install_requires=[
-        f"gpuportal-cli @ {CLI.as_uri()}",  # the `gpuportal` command and the #SBATCH parser (cli/)
+        f"gpuportal-sbatch @ {(HERE / 'sbatch').as_uri()}",  # the #SBATCH parser (sbatch/)
+        f"gpuportal-cli @ {(HERE / 'cli').as_uri()}",  # the `gpuportal` command (cli/)
         "Django>=5.2,<5.3",
         "djangorestframework>=3.15,<4",
         # Not 5.7.0: its worker exits ("Unrecoverable error: AttributeError 'NoneType' object has

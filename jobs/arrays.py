@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gpuportal_cli.sbatch_directives import DirectiveError, parse_array
+from gpuportal_sbatch.directives import DirectiveError, parse_array
 
 from jobs.choices import TERMINAL_STATES, JobState, state_from_slurm
 from jobs.models import Job, JobArrayTask

@@ -8,9 +8,12 @@ import copy
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.db.models import Case, OuterRef, Subquery, Value, When
+from django.db.models.fields.json import KT
+from gpuportal_sbatch.directives import release_of
 
-from portal.models import Cluster, ClusterPolicyInfo, NodeInfo, PartitionInfo
-from portal.slurm import cluster_config
+from portal.models import Cluster, ClusterPolicyInfo, NodeInfo, PartitionInfo, SyncStatus
+from portal.slurm import cluster_config, configured_clusters
 from portal.slurm.types import OVER_TIME_UNLIMITED, TIME_LIMIT_CHECK_SECONDS
 from portal.snapshots import INVENTORY, snapshot
 
@@ -30,7 +33,9 @@ class PartitionCapacity:
     partition's flags that change what a job is allocated (ClusterPolicyInfo.partition_limits):
     ``exclusive`` (OverSubscribe=EXCLUSIVE: whole nodes), ``exclusive_user`` (measured: AllocTRES
     stays what the job asks), DefMemPerGPU / MaxMemPerNode (MiB), and ``overrun_seconds``, how far
-    past its time limit Slurm can charge a job here (None: without bound)."""
+    past its time limit Slurm can charge a job here (None: without bound). ``slurm_release``: the
+    cluster's Slurm release in gpuportal_sbatch's option table ("22.05"; None: not read yet, or a
+    release the table does not have), whose sbatch options a job's script is checked against."""
 
     name: str
     default_time_minutes: int | None
@@ -45,6 +50,7 @@ class PartitionCapacity:
     def_mem_per_gpu_mb: int | None = None
     max_mem_per_node_mb: int | None = None
     overrun_seconds: int | None = 0
+    slurm_release: str | None = None
 
     @property
     def gpu_types(self) -> list[str]:
@@ -126,9 +132,18 @@ class Inventory:
         return self.policies.get(capacity.cluster_id) if capacity.cluster_id is not None else None
 
 
+def _slurm_version():
+    """The Slurm version the cluster's last inventory sync read (its SyncStatus row, whose kind
+    SyncStatus.kind_for names), as a subquery of a PartitionInfo query."""
+    kinds = [When(cluster__name=c.name, then=Value(SyncStatus.kind_for("cluster", c.name))) for c in configured_clusters()]
+    rows = SyncStatus.objects.filter(kind=OuterRef("sync_kind")).values_list(KT("data__slurm_version"))[:1]
+    return {"sync_kind": Case(*kinds, default=Value("")), "slurm_version": Subquery(rows)}
+
+
 def _inventory_load() -> Inventory:
-    """Four queries: active clusters' partitions (with their cluster), nodes, policies, clusters."""
-    parts = list(PartitionInfo.objects.filter(cluster__active=True).select_related("cluster"))
+    """Four queries: active clusters' partitions (with their cluster and its Slurm version), nodes,
+    policies, clusters."""
+    parts = list(PartitionInfo.objects.filter(cluster__active=True).select_related("cluster").annotate(**_slurm_version()))
     nodes = {(n.cluster_id, n.name): n for n in NodeInfo.objects.order_by("name")}
     policies = {policy.cluster_id: policy for policy in ClusterPolicyInfo.objects.all()}
     capacities = {
@@ -136,7 +151,7 @@ def _inventory_load() -> Inventory:
             p.name, p.default_time_minutes, p.max_time_minutes,
             tuple(nodes[(p.cluster_id, name)] for name in sorted(p.node_names) if (p.cluster_id, name) in nodes),
             cluster_id=p.cluster_id, cluster=p.cluster.name, cluster_row=p.cluster,
-            **_partition_flags(policies.get(p.cluster_id), p.name),
+            slurm_release=release_of(p.slurm_version), **_partition_flags(policies.get(p.cluster_id), p.name),
         )
         for p in parts
     }  # fmt: skip

@@ -11,7 +11,7 @@ total from the one on the screen)."""
 from __future__ import annotations
 
 from django import forms
-from gpuportal_cli.sbatch_directives import DirectiveError, parse_directives, script_request
+from gpuportal_sbatch.directives import DirectiveError, parse_directives, script_request
 
 from jobs.spec import MAX_SCRIPT_BYTES
 

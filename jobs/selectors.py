@@ -94,7 +94,7 @@ def job_output_path(job: Job, stream: str, *, array_index: int | None = None, ta
 
 
 def first_array_index(array: str) -> int:
-    from gpuportal_cli.sbatch_directives import parse_array
+    from gpuportal_sbatch.directives import parse_array
 
     return parse_array(array)[0][0]
 

@@ -1,7 +1,7 @@
 """The one job spec: a batch script's ``#SBATCH`` directives plus the fields given through the API,
 the form or the CLI, checked against the synced inventory, as the effective request Slurm will get.
 
-- The script's directives are read by the one parser (``gpuportal_cli.sbatch_directives``), exactly
+- The script's directives are read by the one parser (``gpuportal_sbatch.directives``), exactly
   as sbatch reads them; what sbatch would refuse is a 400 naming the line.
 - Explicit fields override the script's directives, as sbatch's command line does. The overrides
   are stored on the job (``Job.overrides``) and become the relay's command line; the gateway turns
@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from gpuportal_cli.sbatch_directives import (
+from gpuportal_sbatch.directives import (
     CLUSTER_OPTIONS,
     Directive,
     DirectiveError,
@@ -67,7 +67,7 @@ from jobs.spec_fields import (
     _Errors,
     _path_ok,
 )
-from jobs.spec_policy import _check_against, _check_policy
+from jobs.spec_policy import _check_against, _check_policy, _check_release
 from portal.exceptions import ApplicationError
 
 # The spec is one module per concern (issue 18): the inventory (jobs.inventory), the fields
@@ -378,6 +378,7 @@ def validate_job_spec(
 
     spec = None
     if capacity is not None and request is not None:
+        _check_release(directives, capacity, errors)
         _check_policy(cache["inventory"].policy(capacity), capacity, request, errors, account)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:

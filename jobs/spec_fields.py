@@ -7,7 +7,7 @@ import posixpath
 import re
 from typing import Any
 
-from gpuportal_cli.sbatch_directives import Directive
+from gpuportal_sbatch.directives import Directive
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}\Z")  # no spaces: names end up in file names and CLI tables
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would also take a trailing newline

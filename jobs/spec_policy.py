@@ -8,11 +8,20 @@ import dataclasses
 
 from django.conf import settings
 
-from gpuportal_cli.sbatch_directives import ScriptRequest
+from gpuportal_sbatch.directives import Directive, ScriptRequest, release_problems
 from jobs.constraints import unmatched
 from jobs.inventory import PartitionCapacity
 from jobs.spec_fields import _Errors
 from portal.models import ClusterPolicyInfo
+
+
+def _check_release(directives: list[Directive], capacity: PartitionCapacity, errors: _Errors) -> None:
+    """The script's directives (read before the cluster was known: any release's options) against
+    the sbatch of the cluster's Slurm release: an option that release lacks is refused naming it
+    ("sbatch of Slurm 22.05 has no option --tres-per-task (25.11 has it)"). A release the table does
+    not have (or not read yet): nothing more to check."""
+    for directive, problem in release_problems(directives, capacity.slurm_release):
+        errors.directive(directive, problem.message)
 
 
 def _check_policy(policy: ClusterPolicyInfo | None, capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors, account: str) -> None:

@@ -17,12 +17,13 @@ from gpuportal_cli.client import ApiError, Client
 from gpuportal_cli.exit_codes import EXIT_OK, CliError, exit_code_for_state
 from gpuportal_cli.output import _err, _estimate_line, _money, _out, _state_line, is_terminal
 from gpuportal_cli.sbatch import gpu_request, parse_memory_gb, parse_time_minutes
-from gpuportal_cli.sbatch_directives import DirectiveError, parse_directives, script_request
+from gpuportal_sbatch.directives import DirectiveError, parse_directives, script_request
 
 
 def _check_directives(script: str) -> dict:
     """The script's directives read as sbatch (and the server) reads them: a directive sbatch would
-    refuse stops here, naming its line. Returns the last directive of each option."""
+    refuse stops here, naming its line. Returns the last directive of each option. The CLI does not
+    know the cluster's Slurm release: any release's options pass here (the server checks the release)."""
     try:
         directives = parse_directives(script)
         script_request(directives)  # values sbatch checks (times, counts, GPU forms, exclusive pairs)

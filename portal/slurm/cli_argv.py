@@ -78,7 +78,7 @@ def sbatch_argv(spec: JobSpec, sbatch: str = "sbatch", *, export_fd: int = 3) ->
     check_text(spec.name, "Job name")
     check_text(spec.comment, "Job comment")
     # --ignore-pbs: sbatch would otherwise translate #PBS and #BSUB lines of the script (walltime,
-    # priority, hold, …) that the portal never read (gpuportal_cli.sbatch_directives reads only
+    # priority, hold, …) that the portal never read (gpuportal_sbatch.directives reads only
     # #SBATCH/#SLURM, as slurmctld's own descriptor paths do): Slurm gets exactly what was validated.
     argv = [sbatch, "--parsable", "--ignore-pbs", *export_argv(export_fd)]
     for option, value in spec_options(spec):

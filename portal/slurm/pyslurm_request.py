@@ -4,7 +4,7 @@ pyslurm submits a description, not a command line: it does not read the script's
 (``JobSubmitDescription.load_sbatch_options`` exists, but its parser is not sbatch's: no
 abbreviations, no quoting, ``--time20``-style splitting at digits, ``--gpus-per-socket`` mapped
 twice, a ``#`` inside a value cuts it). So the portal's own parser (the one ``#SBATCH`` reader,
-``gpuportal_cli.sbatch_directives``) gives the options, ``spec_request`` merges them with the
+``gpuportal_sbatch.directives``) gives the options, ``spec_request`` merges them with the
 portal's command line exactly as sbatch would, and ``description_kwargs`` maps each one to the
 attribute pyslurm has for it (read against PySlurm/pyslurm 25.11.x:
 pyslurm/core/job/submission.pyx ``_create_job_submit_desc``, sbatch_opts.pyx, utils/cstr.pyx).
@@ -41,7 +41,7 @@ import signal as signals
 from collections.abc import Callable
 from typing import Any
 
-from gpuportal_cli.sbatch_directives import DirectiveError, check_mail_type, is_c_digits, parse_time_minutes
+from gpuportal_sbatch.directives import DirectiveError, check_mail_type, is_c_digits, parse_time_minutes
 
 from .cli_argv import STEP_EXPORT, job_process_environment
 from .request import STDIN_JOB_NAME, spec_request

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import shlex
 
-from gpuportal_cli.sbatch_directives import (
+from gpuportal_sbatch.directives import (
     CLUSTER_OPTIONS,
     MAGIC_WORDS,
     Directive,

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tests.support import job_payload
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_PACKAGE = ROOT / "cli" / "gpuportal_cli"
+SBATCH_PACKAGE = ROOT / "sbatch" / "gpuportal_sbatch"  # the #SBATCH parser the CLI depends on
 sys.path.insert(0, str(ROOT / "cli"))
 import build_pyz  # noqa: E402  (cli/build_pyz.py: what `make cli-zipapp` runs)
 
@@ -110,6 +112,8 @@ def zipapp(tmp_path_factory) -> Path:
 def test_the_zipapp_runs_with_a_bare_python(world, live_server, alice_key, tmp_path, zipapp, interpreter):
     python = python39() if interpreter == "python3.9" else "/usr/bin/python3"
     env = _env(tmp_path)
+    # the #SBATCH parser the CLI imports (sbatch/) is in the file: `python -I` finds nothing else
+    assert {"gpuportal_sbatch/directives.py", "gpuportal_sbatch/options.py"} <= set(zipfile.ZipFile(zipapp).namelist())
     # -I: isolated (no PYTHONPATH, no user site, not this venv): only the zipapp and the stdlib
     login = subprocess.run([python, "-I", str(zipapp), "login", "--url", live_server.url, "--token", alice_key],
                            env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -120,11 +124,13 @@ def test_the_zipapp_runs_with_a_bare_python(world, live_server, alice_key, tmp_p
     assert "vision" in teams.stdout and "nlp" not in teams.stdout
 
 
-def test_the_cli_parses_as_python_3_9_and_vermin_finds_nothing_newer():
+def test_the_cli_and_its_parser_parse_as_python_3_9_and_vermin_finds_nothing_newer():
     """No `match`, no 3.10+ syntax (ast with feature_version 3.9); vermin also checks the standard
-    library names and calls the code uses (3.10+ modules, functions and keyword arguments)."""
-    files = sorted(CLI_PACKAGE.glob("*.py")) + [ROOT / "cli" / "build_pyz.py"]
-    assert len(files) >= 5
+    library names and calls the code uses (3.10+ modules, functions and keyword arguments). The CLI,
+    its build script, and the #SBATCH parser it depends on (gpuportal-sbatch, and its generator)."""
+    files = sorted(CLI_PACKAGE.glob("*.py")) + [ROOT / "cli" / "build_pyz.py", ROOT / "cli" / "setup.py"]
+    files += sorted(SBATCH_PACKAGE.glob("*.py")) + [ROOT / "sbatch" / "generate_options.py"]
+    assert len(files) >= 10 and SBATCH_PACKAGE / "directives.py" in files
     for path in files:
         ast.parse(path.read_text(), filename=str(path), feature_version=(3, 9))
     vermin = shutil.which("vermin", path=os.path.dirname(sys.executable)) or shutil.which("vermin")
@@ -133,16 +139,20 @@ def test_the_cli_parses_as_python_3_9_and_vermin_finds_nothing_newer():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_cli_imports_nothing_but_the_standard_library():
+@pytest.mark.parametrize(("package", "allowed"), [(CLI_PACKAGE, ("gpuportal_cli", "gpuportal_sbatch")), (SBATCH_PACKAGE, ("gpuportal_sbatch",))])
+def test_the_cli_and_its_parser_import_nothing_but_the_standard_library(package, allowed):
     stdlib = set(sys.stdlib_module_names)
-    for path in CLI_PACKAGE.glob("*.py"):
+    seen = set()
+    for path in package.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module or ""]
             for name in names:
                 top = name.split(".")[0]
-                assert top in stdlib or top in ("__future__", "gpuportal_cli"), f"{path.name} imports {name}"
+                seen.add(top)
+                assert top in stdlib or top in ("__future__", *allowed), f"{path.name} imports {name}"
+    assert "re" in seen
 
 
 def _env(tmp_path, **extra) -> dict[str, str]:

@@ -67,4 +67,4 @@ def test_gpu_request_refuses_garbage(text):
         gpu_request(text)
 
 
-# #SBATCH lines: tests/cli/test_sbatch_directives.py (the one parser, shared with the server)
+# #SBATCH lines: tests/sbatch/ (the one parser, gpuportal_sbatch, shared with the server)

@@ -214,6 +214,27 @@ def test_a_job_to_each_real_cluster_reaches_that_cluster_and_each_sync_makes_one
     wait_for(all_cancelled, timeout=60, interval=0.5)
 
 
+@pytest.mark.slurm
+def test_an_option_only_25_11_has_is_refused_for_the_22_05_cluster_and_25_11_s_sbatch_takes_it(both_clusters, cluster):
+    """Each cluster's Slurm release as its sync read it (sinfo --version): --tres-per-task is a 400
+    naming the release and the line for 22.05, and the same script reaches 25.11's sbatch."""
+    old, new = both_clusters
+    script = "#!/bin/bash\n#SBATCH -p gpu -t 2 -n 2\n#SBATCH --tres-per-task=gres/gpu:1\nsleep 300\n"
+    client = client_for(cluster.alice)
+    refused = client.post("/api/v1/jobs/", {"team": "vision", "script": script, "cluster": old}, format="json")
+    assert refused.status_code == 400, refused.json()
+    assert refused.json()["errors"]["script"] == [
+        "line 3: #SBATCH --tres-per-task=gres/gpu:1: sbatch of Slurm 22.05 has no option --tres-per-task (25.11 has it)"
+    ]
+    accepted = client.post("/api/v1/jobs/", {"team": "vision", "script": script, "cluster": new}, format="json")
+    assert accepted.status_code == 201, accepted.json()
+    assert job_relay_run(accepted.json()["id"]) == "submitted"
+    job = Job.objects.get(pk=accepted.json()["id"])
+    assert job.slurm_cluster == new and get_gateway(new).find_by_comment(job.slurm_tag) == job.slurm_job_id
+    job_cancel(user=cluster.alice, job=job)
+    assert job_cancel_relay_run(job.pk) == "sent"
+
+
 def test_the_form_offers_the_cluster_when_several_are_served_and_submits_there(two_inventories, world, client):
     main, east = two_inventories
     client.force_login(world.alice)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from gpuportal_cli.sbatch_directives import CLUSTER_OPTIONS, parse_directives
+from gpuportal_sbatch.directives import CLUSTER_OPTIONS, parse_directives
 from jobs import services
 from jobs.models import Job
 from jobs.services import job_relay_run

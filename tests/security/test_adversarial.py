@@ -20,7 +20,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from accounting.reports import rows_to_csv
-from gpuportal_cli.sbatch_directives import begin_latest, parse_directives
+from gpuportal_sbatch.directives import begin_latest, parse_directives
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.selectors import job_output

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from gpuportal_cli.sbatch_directives import CLUSTER_OPTIONS, parse_directives
+from gpuportal_sbatch.directives import CLUSTER_OPTIONS, parse_directives
 from portal.slurm import get_gateway
 from portal.slurm.cli_argv import sbatch_argv
 from portal.slurm.pyslurm_request import description_kwargs

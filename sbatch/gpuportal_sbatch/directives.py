@@ -10,12 +10,15 @@ How sbatch reads a script (Slurm's ``src/sbatch/opt.c``, ``_opt_batch_script`` a
   line that is neither ends the block;
 - a directive line is split into words: whitespace separates, ``'`` and ``"`` quote, a backslash
   escapes, an unquoted ``#`` ends the line;
-- the words of all lines form one argv, read by ``getopt_long`` with sbatch's option table:
+- the words of all lines form one argv, read by ``getopt_long`` with the option table of the
+  target cluster's Slurm release (``gpuportal_sbatch.options``, generated from Slurm's sources; no
+  release: every release's options, for the CLI, which does not know the cluster):
   ``--opt=value`` or ``--opt value`` (also across lines), ``-t15``/``-t 15``, clusters of one-letter
   options (``-vH``), unambiguous abbreviations of long names (``--nod=2``), optional values only
   after ``=`` (``--exclusive=user``);
 - an unknown or ambiguous option, a missing value, or a word that is not an option is an error
-  (sbatch: "Invalid directive found in batch script").
+  (sbatch: "Invalid directive found in batch script"); an option another release has is an error
+  naming both ("sbatch of Slurm 22.05 has no option --extra (25.11 has it)").
 
 Then ``script_request`` turns the directives into numbers the portal estimates and checks with
 (GPUs, nodes, tasks, time, memory, array size), each error naming the directive's line.
@@ -29,11 +32,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .sbatch_options import HAS_ARG, NONE, OPTIONAL, REQUIRED, SHORT
+from .options import NONE, OPTIONAL, OPTIONS, RELEASES, REQUIRED
 
 __all__ = [
     "Directive",
     "DirectiveError",
+    "OptionTable",
     "ScriptRequest",
     "apply_overrides",
     "begin_latest",
@@ -44,6 +48,9 @@ __all__ = [
     "parse_gpu_count",
     "parse_memory_mb",
     "parse_time_minutes",
+    "option_table",
+    "release_of",
+    "release_problems",
     "resolve_option",
     "script_request",
     "EXCLUSIVE_GROUPS",
@@ -79,12 +86,14 @@ class DirectiveError(ValueError):
 @dataclass(frozen=True)
 class Directive:
     """One option as sbatch understood it: the long name, its value (None: given without one),
-    the script line it came from (0: not from the script), and the words as written."""
+    the script line it came from (0: not from the script), the words as written, and the option as
+    written (``--nod``, ``-N``; "" when not from the script)."""
 
     option: str
     value: Optional[str]
     line: int
     text: str
+    spelled: str = field(default="", compare=False)
 
     def as_arg(self) -> str:
         """The option as one argv word (``--time=15``, ``--exclusive``)."""
@@ -164,15 +173,86 @@ def directive_lines(script: str) -> List[Tuple[int, str]]:
     return found
 
 
-def resolve_option(name: str, *, line: int = 0) -> str:
-    """A long option name as getopt_long resolves it: the exact name, or the one option the
-    abbreviation is a prefix of. Unknown and ambiguous names are a DirectiveError."""
-    if name in HAS_ARG:
+# ---------------------------------------------------------------- the option table of a release
+
+
+@dataclass(frozen=True)
+class OptionTable:
+    """sbatch's options in one release (``release`` None: in any release the table has): long name
+    -> has_arg, one letter -> long name, and each long name's releases."""
+
+    release: Optional[str]
+    has_arg: Dict[str, str]
+    short: Dict[str, str]
+    releases: Dict[str, Tuple[str, ...]]
+
+
+def _table(release: Optional[str]) -> OptionTable:
+    has_arg: Dict[str, str] = {}
+    short: Dict[str, str] = {}
+    releases: Dict[str, Tuple[str, ...]] = {}
+    for name, arg, letter, found in OPTIONS:
+        releases[name] = tuple(sorted(set(releases.get(name, ())) | set(found)))
+        if release is not None and release not in found:
+            continue
+        # any release: an option optional in one and without a value in another takes one after '='
+        # (a value required in one release and not in another would read the next word differently:
+        # the generated table has none, tests/sbatch checks it)
+        has_arg[name] = OPTIONAL if has_arg.get(name, arg) != arg else arg
+        if letter:
+            short[letter] = name
+    return OptionTable(release, has_arg, short, releases)
+
+
+_TABLES: Dict[Optional[str], OptionTable] = {release: _table(release) for release in (None, *RELEASES)}
+
+
+def option_table(release: Optional[str] = None) -> OptionTable:
+    """The options of sbatch in ``release`` ("22.05"; one of options.RELEASES), None: in any of them.
+    A release the table does not have is a ValueError (``release_of`` maps a version to a release)."""
+    try:
+        return _TABLES[release]
+    except KeyError:
+        raise ValueError(f"no sbatch option table for Slurm {release!r} (known: {', '.join(RELEASES)})") from None
+
+
+def release_of(version: Optional[str]) -> Optional[str]:
+    """The table's release for a Slurm version ("22.05.8" -> "22.05"), None when the table has no
+    such release (or no version is known): a job for that cluster is read with every release's options."""
+    match = re.match(r"([0-9]+)\.([0-9]+)", (version or "").strip())
+    release = f"{int(match.group(1)):02d}.{int(match.group(2)):02d}" if match else None
+    return release if release in RELEASES else None
+
+
+def _lacking(spelled: str, option: str, table: OptionTable, line: int) -> DirectiveError:
+    """The error for an option (``spelled`` as written: ``--extra``, ``--ext``, ``-G``) that
+    ``table``'s release lacks and other releases have."""
+    others = ", ".join(table.releases[option])
+    known = "it" if spelled == f"--{option}" else f"--{option}"
+    return DirectiveError(
+        f"sbatch of Slurm {table.release} has no option {spelled} ({others} {'have' if ',' in others else 'has'} {known})",
+        line=line, option=option,
+    )  # fmt: skip
+
+
+def resolve_option(name: str, *, line: int = 0, release: Optional[str] = None) -> str:
+    """A long option name as getopt_long resolves it in ``release``'s sbatch (None: any release's):
+    the exact name, or the one option the abbreviation is a prefix of. Unknown and ambiguous names
+    are a DirectiveError; one that only other releases know names them."""
+    table = option_table(release)
+    if name in table.has_arg:
         return name
-    matches = [option for option in HAS_ARG if option.startswith(name)] if name else []
+    matches = [option for option in table.has_arg if option.startswith(name)] if name else []
     if len(matches) == 1:
         return matches[0]
     if not matches:
+        if release is not None:
+            try:
+                other = resolve_option(name, line=line)
+            except DirectiveError:
+                pass
+            else:
+                raise _lacking(f"--{name}", other, table, line)
         raise DirectiveError(f"unrecognized option '--{name}'", line=line)
     raise DirectiveError(
         f"option '--{name}' is ambiguous; possibilities: " + " ".join(f"'--{m}'" for m in sorted(matches)),
@@ -181,9 +261,64 @@ def resolve_option(name: str, *, line: int = 0) -> str:
     )
 
 
-def parse_args(words: List[Tuple[str, int]]) -> List[Directive]:
-    """getopt_long over (word, line) pairs with sbatch's table. A word that is not an option is an
-    error, as sbatch reports it ("Invalid directive found in batch script")."""
+def _no_argument(option: str, line: int, table: OptionTable) -> DirectiveError:
+    """``--option=value`` for an option that takes none (in ``table``'s release, when another release's takes one)."""
+    where = f" (sbatch of Slurm {table.release})" if option_table(None).has_arg[option] != NONE else ""
+    return DirectiveError(f"option '--{option}' doesn't allow an argument{where}", line=line, option=option)
+
+
+def _short_option(letter: str, line: int, table: OptionTable) -> str:
+    option = table.short.get(letter)
+    if option is None:
+        other = option_table(None).short.get(letter)
+        if other is not None and table.release is not None:
+            raise _lacking(f"-{letter}", other, table, line)  # (no letter differs between 22.05 and 25.11)
+        raise DirectiveError(f"invalid option -- '{letter}'", line=line)
+    return option
+
+
+def release_problems(directives: List[Directive], release: Optional[str]) -> List[Tuple[Directive, DirectiveError]]:
+    """What ``release``'s sbatch refuses among directives read for any release (``parse_directives``
+    without one, before the cluster was known): each directive whose option as written that release
+    lacks (naming the releases that have it), or that takes no value there: what parsing for the
+    release refuses first. Not the same in two cases, where the name as written means one option
+    among every release's options and another (or none) among ``release``'s: ``--extra`` is 25.11's
+    --extra and an abbreviation of 22.05's --extra-node-info (refused here, naming both: the script
+    meant the one the portal read); ``--ext`` is ambiguous among every release's options, 22.05's
+    --extra-node-info alone (refused already by parsing for any release: write the full name)."""
+    if release is None:
+        return []
+    table = option_table(release)
+    problems = []
+    for directive in directives:
+        if not directive.spelled:
+            continue
+        try:
+            if directive.spelled.startswith("--"):
+                option = resolve_option(directive.spelled[2:], line=directive.line, release=release)
+            else:
+                option = _short_option(directive.spelled[1:], directive.line, table)
+            if option != directive.option:  # 22.05 reads --extra as --extra-node-info (25.11 has --extra)
+                raise DirectiveError(
+                    f"sbatch of Slurm {release} reads {directive.spelled} as --{option}, not as --{directive.option} "
+                    f"({', '.join(table.releases[directive.option])} has it): write --{option} if that is meant",
+                    line=directive.line, option=directive.option,
+                )  # fmt: skip
+            if directive.value is not None and table.has_arg[option] == NONE:
+                raise _no_argument(option, directive.line, table)
+        except DirectiveError as exc:
+            problems.append((directive, exc))
+    return problems
+
+
+# ---------------------------------------------------------------- reading the options
+
+
+def parse_args(words: List[Tuple[str, int]], release: Optional[str] = None) -> List[Directive]:
+    """getopt_long over (word, line) pairs with the table of ``release``'s sbatch (None: any
+    release's). A word that is not an option is an error, as sbatch reports it ("Invalid directive
+    found in batch script")."""
+    table = option_table(release)
     out: List[Directive] = []
     i = 0
     while i < len(words):
@@ -195,56 +330,57 @@ def parse_args(words: List[Tuple[str, int]]) -> List[Directive]:
             break
         if word.startswith("--"):
             name, eq, value = word[2:].partition("=")
-            option = resolve_option(name, line=line)
-            has_arg = HAS_ARG[option]
+            option = resolve_option(name, line=line, release=release)
+            has_arg = table.has_arg[option]
+            spelled = f"--{name}"
             if eq:
                 if has_arg == NONE:
-                    raise DirectiveError(f"option '--{option}' doesn't allow an argument", line=line, option=option)
-                out.append(Directive(option, value, line, word))
+                    raise _no_argument(option, line, table)
+                out.append(Directive(option, value, line, word, spelled))
             elif has_arg == REQUIRED:
                 if i >= len(words):
                     raise DirectiveError(f"option '--{option}' requires an argument", line=line, option=option)
                 value, _ = words[i]
                 i += 1
-                out.append(Directive(option, value, line, f"{word} {value}"))
+                out.append(Directive(option, value, line, f"{word} {value}", spelled))
             else:
-                out.append(Directive(option, None, line, word))
+                out.append(Directive(option, None, line, word, spelled))
         elif word.startswith("-") and len(word) > 1:
             j = 1
             while j < len(word):
                 letter = word[j]
                 j += 1
-                option = SHORT.get(letter)
-                if option is None:
-                    raise DirectiveError(f"invalid option -- '{letter}'", line=line)
-                has_arg = HAS_ARG[option]
+                option = _short_option(letter, line, table)
+                has_arg = table.has_arg[option]
+                spelled = f"-{letter}"
                 if has_arg == NONE:
-                    out.append(Directive(option, None, line, f"-{letter}"))
+                    out.append(Directive(option, None, line, spelled, spelled))
                     continue
                 rest = word[j:]
                 if rest:
-                    out.append(Directive(option, rest, line, word))
+                    out.append(Directive(option, rest, line, word, spelled))
                 elif has_arg == OPTIONAL:
-                    out.append(Directive(option, None, line, word))
+                    out.append(Directive(option, None, line, word, spelled))
                 else:
                     if i >= len(words):
                         raise DirectiveError(f"option requires an argument -- '{letter}'", line=line, option=option)
                     value, _ = words[i]
                     i += 1
-                    out.append(Directive(option, value, line, f"{word} {value}"))
+                    out.append(Directive(option, value, line, f"{word} {value}", spelled))
                 break
         else:
             raise DirectiveError(f"invalid directive found in batch script: {word}", line=line)
     return out
 
 
-def parse_directives(script: str) -> List[Directive]:
+def parse_directives(script: str, release: Optional[str] = None) -> List[Directive]:
     """The directives of a batch script, in order (later ones override earlier ones of the same
-    option, as in sbatch). Raises DirectiveError naming the line for what sbatch would refuse."""
+    option, as in sbatch), read as ``release``'s sbatch reads them ("22.05", "25.11"; None: as any
+    release's would). Raises DirectiveError naming the line for what that sbatch would refuse."""
     words: List[Tuple[str, int]] = []
     for number, body in directive_lines(script):
         words.extend((word, number) for word in _words(body, number))
-    return parse_args(words)
+    return parse_args(words, release)
 
 
 # ---------------------------------------------------------------- values as Slurm reads them
@@ -573,7 +709,7 @@ def _refused_before_submission(get, request: "ScriptRequest") -> None:
             option=per_task.option,
         )  # fmt: skip
     # (--ntasks-per-core above --threads-per-core: 25.11's sbatch refuses it, 22.05's submits it — measured
-    # 2026-12-03; not refused here, where one rule serves every release: issue 29's per-release table)
+    # 2026-12-03; not refused here: the per-release table is of options, these value rules serve every release)
     if get("nodes") and get("distribution") and (get("distribution").value or "").lower().startswith("arbitrary"):
         raise DirectiveError("--nodes is incompatible with --distribution=arbitrary", line=get("distribution").line,
                              option="distribution")  # fmt: skip

@@ -1,14 +1,16 @@
-"""The one #SBATCH parser (gpuportal_cli.sbatch_directives): every option form sbatch reads."""
+"""The one #SBATCH parser (gpuportal_sbatch.directives): every option form sbatch reads (any release:
+per-release reading is tests/sbatch/test_releases.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuportal_cli.sbatch_directives import (
+from gpuportal_sbatch.directives import (
     Directive,
     DirectiveError,
     apply_overrides,
     disable_directives,
+    option_table,
     parse_array,
     parse_directives,
     parse_memory_mb,
@@ -16,7 +18,7 @@ from gpuportal_cli.sbatch_directives import (
     resolve_option,
     script_request,
 )
-from gpuportal_cli.sbatch_options import HAS_ARG, OPTIONS, SHORT
+from gpuportal_sbatch.options import OPTIONS, RELEASES
 
 
 def opts(script: str) -> list[tuple[str, str | None]]:
@@ -108,14 +110,16 @@ def test_hetjob_separators_are_refused_on_purpose():
 
 
 def test_the_table_knows_every_sbatch_option_of_22_05_and_25_11():
-    assert len(OPTIONS) >= 115
+    assert RELEASES == ("22.05", "25.11") and len(OPTIONS) >= 115
+    table = option_table()  # any release
     for name in ("gres", "gpus", "gpus-per-node", "gpus-per-task", "cpus-per-gpu", "mem-per-gpu", "ntasks-per-node",
                  "array", "exclusive", "signal", "requeue", "mail-type", "mail-user", "chdir", "qos", "constraint",
                  "power", "tres-per-task", "wckey", "open-mode"):  # fmt: skip
-        assert name in HAS_ARG, name
-    assert SHORT["G"] == "gpus" and SHORT["c"] == "cpus-per-task" and SHORT["a"] == "array"
-    for name in HAS_ARG:
-        assert resolve_option(name) == name  # an exact name is never ambiguous
+        assert name in table.has_arg, name
+    assert table.short["G"] == "gpus" and table.short["c"] == "cpus-per-task" and table.short["a"] == "array"
+    for release in (None, *RELEASES):
+        for name in option_table(release).has_arg:
+            assert resolve_option(name, release=release) == name  # an exact name is never ambiguous
 
 
 @pytest.mark.parametrize(
