@@ -39,16 +39,22 @@ def _quotas_in_force_load() -> tuple[dt.date, list]:
     return day, list(queryset.order_by("-approved_at", "-pk"))
 
 
-def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None) -> dict:
+def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None, fresh: bool = False) -> dict:
     """The approved quota in force at ``at`` per (team id, gpu_type) — the most recently approved one
     whose period contains that day (effective-dated: a newer approval wins). From this process's copy
     of the quotas in force (portal.snapshots QUOTAS: re-read once per change of a quota, not per
-    submission); a day before the copy's, from one query (index quota_team_state_start). The quotas
-    are shared: read them, never change them."""
+    submission); a day before the copy's, or ``fresh``, from one query (index quota_team_state_start).
+    ``fresh`` is for checks under the team's row lock (budget holds, bookings): a quota changes under
+    that lock, so a check that waited for it must read the rows as committed, not a copy whose
+    version moves only after the change's commit. The quotas are shared: read them, never change them."""
     day = billing_date(at or timezone.now())
-    loaded_day, in_force = snapshot(QUOTAS, _quotas_in_force_load)
-    if day < loaded_day:
+    in_force = None
+    if not fresh:
+        loaded_day, in_force = snapshot(QUOTAS, _quotas_in_force_load)
+    if fresh or day < loaded_day:
         queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_start__lte=day, period_end__gt=day)
+        if team is not None:
+            queryset = queryset.filter(team=team)
         in_force = list(queryset.select_related("team").order_by("-approved_at", "-pk"))
     team_id = team.pk if team is not None else None
     effective: dict[tuple[int, str], object] = {}
