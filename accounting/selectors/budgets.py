@@ -4,6 +4,7 @@ alerts and /metrics share."""
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from collections.abc import Iterable
 from decimal import ROUND_HALF_UP, Decimal
@@ -46,12 +47,14 @@ def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None,
     submission); a day before the copy's, or ``fresh``, from one query (index quota_team_state_start).
     ``fresh`` is for checks under the team's row lock (budget holds, bookings): a quota changes under
     that lock, so a check that waited for it must read the rows as committed, not a copy whose
-    version moves only after the change's commit. The quotas are shared: read them, never change them."""
+    version moves only after the change's commit. Each quota (and its team) is the caller's own: a
+    copy of the process's shared row, never the row itself."""
     day = billing_date(at or timezone.now())
-    in_force = None
-    if not fresh:
+    shared = not fresh
+    if shared:
         loaded_day, in_force = snapshot(QUOTAS, _quotas_in_force_load)
-    if fresh or day < loaded_day:
+        shared = day >= loaded_day
+    if not shared:
         queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_start__lte=day, period_end__gt=day)
         if team is not None:
             queryset = queryset.filter(team=team)
@@ -59,9 +62,17 @@ def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None,
     team_id = team.pk if team is not None else None
     effective: dict[tuple[int, str], object] = {}
     for quota in in_force:
-        if (team_id is None or quota.team_id == team_id) and quota.period_start <= day < quota.period_end:
-            effective.setdefault((quota.team_id, quota.gpu_type), quota)
+        key = (quota.team_id, quota.gpu_type)
+        if key not in effective and (team_id is None or quota.team_id == team_id) and quota.period_start <= day < quota.period_end:
+            effective[key] = _own_copy(quota) if shared else quota
     return effective
+
+
+def _own_copy(quota: Quota) -> Quota:
+    """A caller's own copy of a quota of the QUOTAS snapshot, its team copied too (no query)."""
+    mine = copy.copy(quota)
+    mine.team = copy.copy(quota.team)
+    return mine
 
 
 def _used_seconds(team_ids: Iterable[int], start_at: dt.datetime, end_at: dt.datetime) -> dict[tuple[int, str], Decimal]:

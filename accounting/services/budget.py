@@ -27,6 +27,7 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.urls import reverse_lazy
 from django.utils import timezone
 
 from accounting.calendar import HOUR, billing_midnight, current_month
@@ -39,7 +40,7 @@ from portal.services import audit_event
 
 logger = logging.getLogger(__name__)
 
-QUOTA_PAGE = "/accounting/quotas/"
+QUOTA_PAGE = reverse_lazy("accounting:quotas")  # the quota request page, for messages
 
 
 def gpu_hours_text(value) -> str:
