@@ -28,7 +28,7 @@ from accounting.selectors import (
     usage_teams_visible_to,
 )
 from accounting.services import may_set_prices, rate_create
-from portal.exceptions import ApplicationError, form_add_application_error
+from portal.exceptions import ApplicationError, form_add_application_error, message_application_error
 from portal.roles import can_read_cost_reports, is_admin
 
 
@@ -266,9 +266,7 @@ def _booking_action(request, booking_id, action):
         else:
             booking_reject(booking=booking, actor=request.user, note=note, request=request)
     except ApplicationError as exc:
-        if exc.status_code == 403:
-            raise PermissionDenied(exc.message) from exc
-        messages.error(request, exc.message)
+        message_application_error(request, exc)
     else:
         messages.success(request, f"Booking {booking.reservation_name}: {action} done.")
     return redirect("accounting:bookings")
@@ -381,9 +379,7 @@ def quota_withdraw_view(request, quota_id: int):
     try:
         quota = quota_cancel(quota=quota, user=request.user, request=request, withdraw=True)
     except ApplicationError as exc:
-        if exc.status_code == 403:
-            raise PermissionDenied(exc.message) from exc
-        messages.error(request, exc.message)
+        message_application_error(request, exc)
     else:
         messages.success(request, f"Quota request withdrawn ({quota.team.name}, {quota.period_label}).")
     return redirect("accounting:quotas")

@@ -43,8 +43,9 @@ def cluster25_env() -> dict[str, str]:
 
 
 def use_backend(backend: str, env: dict[str, str]) -> None:
-    import portal.slurm
     from django.conf import settings
+
+    import portal.slurm
 
     settings.SLURM_BACKEND = backend
     for name, value in env.items():

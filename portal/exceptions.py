@@ -1,8 +1,8 @@
 """One business error and the places that turn errors into what a user sees: the DRF exception
-handler (JSON ``{"detail": ..., "errors": {...}}``), ``form_add_application_error`` for forms, and
-the envelope and internal-error helpers that ``portal.middleware.ApiErrorMiddleware`` uses so that
-everything under /api/ answers that JSON shape, 404s of unknown URLs and 500s included, whatever
-``DEBUG`` says."""
+handler (JSON ``{"detail": ..., "errors": {...}}``), ``form_add_application_error`` for forms,
+``message_application_error`` for a page's buttons, and the envelope and internal-error helpers
+that ``portal.middleware.ApiErrorMiddleware`` uses so that everything under /api/ answers that JSON
+shape, 404s of unknown URLs and 500s included, whatever ``DEBUG`` says."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from rest_framework import exceptions as drf_exceptions, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
-
 
 logger = logging.getLogger("portal.errors")
 
@@ -99,6 +98,16 @@ def form_add_application_error(form, error: ApplicationError) -> None:
             placed = True
     if not placed or error.message not in sum(error.errors.values(), []):
         form.add_error(None, error.message)
+
+
+def message_application_error(request, error: ApplicationError) -> None:
+    """Show an ApplicationError of a page's POST action (a button, no form) on the next page; a 403
+    stays a 403 (Django's PermissionDenied)."""
+    from django.contrib import messages
+
+    if error.status_code == 403:
+        raise PermissionDenied(error.message) from error
+    messages.error(request, error.message)
 
 
 def status_for(error: ApplicationError) -> int:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from accounting.models import Booking, Quota, Rate
 from portal.models import Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Role, Team
-from portal.snapshots import BOOKINGS, INVENTORY, QUOTAS, RATES, ROLES, SnapshotManager, _CACHED_MODELS
+from portal.snapshots import _CACHED_MODELS, BOOKINGS, INVENTORY, QUOTAS, RATES, ROLES, SnapshotManager
 from tests.factories import BookingFactory, NodeFactory, QuotaFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
