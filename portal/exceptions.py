@@ -1,6 +1,6 @@
 """One business error and the places that turn errors into what a user sees: the DRF exception
 handler (JSON ``{"detail": ..., "errors": {...}}``), ``form_add_application_error`` for forms,
-``message_application_error`` for a page's buttons, and the envelope and internal-error helpers
+``page_button`` for a page's buttons, and the envelope and internal-error helpers
 that ``portal.middleware.ApiErrorMiddleware`` uses so that everything under /api/ answers that JSON
 shape, 404s of unknown URLs and 500s included, whatever ``DEBUG`` says."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -100,14 +101,22 @@ def form_add_application_error(form, error: ApplicationError) -> None:
         form.add_error(None, error.message)
 
 
-def message_application_error(request, error: ApplicationError) -> None:
-    """Show an ApplicationError of a page's POST action (a button, no form) on the next page; a 403
-    stays a 403 (Django's PermissionDenied)."""
+def page_button(request, service: Callable[[], str], *, then: str):
+    """A page's button (a POST without a form): run ``service``, which returns the success message,
+    and redirect to the URL named ``then`` with that message or the ApplicationError's; a 403 stays
+    a 403 (Django's PermissionDenied)."""
     from django.contrib import messages
+    from django.shortcuts import redirect
 
-    if error.status_code == 403:
-        raise PermissionDenied(error.message) from error
-    messages.error(request, error.message)
+    try:
+        done = service()
+    except ApplicationError as exc:
+        if exc.status_code == 403:
+            raise PermissionDenied(exc.message) from exc
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, done)
+    return redirect(then)
 
 
 def status_for(error: ApplicationError) -> int:
