@@ -28,7 +28,7 @@ from accounting.selectors import (
     usage_teams_visible_to,
 )
 from accounting.services import may_set_prices, rate_create
-from portal.exceptions import ApplicationError, form_add_application_error
+from portal.exceptions import ApplicationError, form_add_application_error, page_button
 from portal.roles import can_read_cost_reports, is_admin
 
 
@@ -258,20 +258,17 @@ def _booking_action(request, booking_id, action):
     if booking is None:
         raise Http404
     note = (request.POST.get("note") or "")[:500]
-    try:
+
+    def act() -> str:
         if action == "cancel":
             booking_cancel(booking=booking, actor=request.user, request=request)
         elif action == "approve":
             booking_approve(booking=booking, actor=request.user, note=note, request=request)
         else:
             booking_reject(booking=booking, actor=request.user, note=note, request=request)
-    except ApplicationError as exc:
-        if exc.status_code == 403:
-            raise PermissionDenied(exc.message) from exc
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Booking {booking.reservation_name}: {action} done.")
-    return redirect("accounting:bookings")
+        return f"Booking {booking.reservation_name}: {action} done."
+
+    return page_button(request, act, then="accounting:bookings")
 
 
 @login_required
@@ -347,13 +344,12 @@ def _quota_decision(request, quota_id: int, decide):
         raise PermissionDenied("Only admins decide on quotas.")
     form = QuotaDecisionForm(request.POST)
     comment = form.cleaned_data["comment"] if form.is_valid() else ""
-    try:
-        quota = decide(quota=quota, user=request.user, comment=comment, request=request)
-    except ApplicationError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Quota {quota.pk} ({quota.team.name}, {quota.period_label}) {quota.get_state_display().lower()}.")
-    return redirect("accounting:quotas")
+
+    def act() -> str:
+        done = decide(quota=quota, user=request.user, comment=comment, request=request)
+        return f"Quota {done.pk} ({done.team.name}, {done.period_label}) {done.get_state_display().lower()}."
+
+    return page_button(request, act, then="accounting:quotas")
 
 
 @login_required
@@ -378,15 +374,12 @@ def quota_withdraw_view(request, quota_id: int):
     from accounting.services import quota_cancel
 
     quota = get_object_or_404(quotas_visible_to(request.user), pk=quota_id)
-    try:
-        quota = quota_cancel(quota=quota, user=request.user, request=request, withdraw=True)
-    except ApplicationError as exc:
-        if exc.status_code == 403:
-            raise PermissionDenied(exc.message) from exc
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Quota request withdrawn ({quota.team.name}, {quota.period_label}).")
-    return redirect("accounting:quotas")
+
+    def act() -> str:
+        done = quota_cancel(quota=quota, user=request.user, request=request, withdraw=True)
+        return f"Quota request withdrawn ({done.team.name}, {done.period_label})."
+
+    return page_button(request, act, then="accounting:quotas")
 
 
 @login_required

@@ -43,8 +43,9 @@ def cluster25_env() -> dict[str, str]:
 
 
 def use_backend(backend: str, env: dict[str, str]) -> None:
-    import portal.slurm
     from django.conf import settings
+
+    import portal.slurm
 
     settings.SLURM_BACKEND = backend
     for name, value in env.items():
@@ -58,12 +59,13 @@ def submit_loop(world, n: int) -> list[float]:
     import bench_relay
 
     from portal.slurm import get_gateway
+    from portal.slurm.tags import slurm_tag
 
     gateway = get_gateway()
     base = bench_relay.raw_spec(world)
     times = []
     for _ in range(n):
-        spec = replace(base, comment=f"gpuportal:{uuid.uuid4()}")
+        spec = replace(base, comment=slurm_tag(uuid.uuid4()))
         began = time.perf_counter()
         gateway.submit(spec)
         times.append(time.perf_counter() - began)

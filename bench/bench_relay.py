@@ -50,6 +50,7 @@ def raw_spec(world):
 
     from jobs.services import DEFAULT_SHEBANG
     from portal.slurm import JobSpec
+    from portal.slurm.tags import slurm_tag
 
     pattern = settings.JOB_OUTPUT_PATTERN
     return JobSpec(
@@ -57,7 +58,7 @@ def raw_spec(world):
         time_limit_minutes=TIME_LIMIT, workdir=common.BENCH_WORKDIR,
         stdout=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="out"),
         stderr=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="err"),
-        comment=f"gpuportal:{uuid.uuid4()}", uid=world.uid, gid=world.gid,
+        comment=slurm_tag(uuid.uuid4()), uid=world.uid, gid=world.gid,
     )  # fmt: skip
 
 
@@ -68,6 +69,7 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
     from django.conf import settings
 
     from portal.slurm.cli import _clean_env, sbatch_argv
+    from portal.slurm.tags import slurm_tag
 
     # the configured cluster's own sbatch and libslurm (a Slurm 25.11 build outside the PATH)
     env = _clean_env(settings.SLURM_CONF, settings.SLURM_LIB_DIR)
@@ -76,7 +78,7 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
     script = base.script
     # a plain sbatch loop: --export=NONE, no export file (the portal's own job variables)
     argvs = [["--export=NONE" if a == "--export=SLURM_EXPORT_ENV" else a
-              for a in sbatch_argv(replace(base, comment=f"gpuportal:{uuid.uuid4()}"), exe) if not a.startswith("--export-file")]
+              for a in sbatch_argv(replace(base, comment=slurm_tag(uuid.uuid4())), exe) if not a.startswith("--export-file")]
              for _ in range(n)]  # fmt: skip
 
     def one(argv):

@@ -175,6 +175,7 @@ def time_sreport(runs: int) -> None:
 
 def sacct_text(count: int) -> str:
     from portal.slurm.parsing import FIELD_SEP
+    from portal.slurm.tags import slurm_tag
 
     rng = random.Random(7)
     lines = []
@@ -190,7 +191,7 @@ def sacct_text(count: int) -> str:
             str(5_000_000 + i), rng.choice(USERS), rng.choice(ACCOUNTS), "gpu", "COMPLETED", "0:0",
             (start - dt.timedelta(minutes=2)).strftime(fmt), start.strftime(fmt),
             (start + dt.timedelta(seconds=seconds)).strftime(fmt), str(seconds), str(seconds // 60 + 60), "1",
-            "a100-01", tres, tres, "", "bench", "train", f"gpuportal:{'%08x' % i}-0000-4000-8000-000000000000",
+            "a100-01", tres, tres, "", "bench", "train", slurm_tag(f"{i:08x}-0000-4000-8000-000000000000"),
         ]))  # fmt: skip
     return "\n".join(lines) + "\n"
 

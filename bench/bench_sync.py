@@ -30,6 +30,7 @@ def submit_live(world, count: int) -> list:
 
     from jobs.choices import JobState
     from portal.slurm import JobSpec
+    from portal.slurm.tags import slurm_tag
 
     gateway = common.gateway()
     pattern = settings.JOB_OUTPUT_PATTERN
@@ -41,7 +42,7 @@ def submit_live(world, count: int) -> list:
             time_limit_minutes=15, workdir=common.BENCH_WORKDIR,
             stdout=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="out"),
             stderr=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="err"),
-            comment=f"gpuportal:{job_id}", uid=world.uid, gid=world.gid,
+            comment=slurm_tag(job_id), uid=world.uid, gid=world.gid,
         )  # fmt: skip
         return job_id, gateway.submit(spec), timezone.now()
 

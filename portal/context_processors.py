@@ -1,17 +1,18 @@
-from django.urls import Resolver404, resolve
-
 from portal.roles import can_read_cost_reports, is_admin
 
-# Pages that other issues add (bookings, quotas): the main menu links to each once its URL resolves.
-UPCOMING_PAGES = {"bookings": "/accounting/bookings/", "budget": "/accounting/budget/"}
+# The main menu's entries and the views (URL names, "namespace:name"; a prefix) each is current on.
+MENU_SECTIONS = {
+    "dashboard": ("dashboard",), "jobs": ("jobs:",), "clusters": ("cluster-status",),
+    "bookings": ("accounting:bookings", "accounting:booking-"), "budget": ("accounting:budget",),
+    "teams": ("team-list", "team-detail"), "reports": ("accounting:reports",),
+}  # fmt: skip
 
 
-def _resolves(path: str) -> bool:
-    try:
-        resolve(path)
-    except Resolver404:
-        return False
-    return True
+def _section(request) -> str:
+    """The main menu's entry the page belongs to ("" for none): from the view the URL resolved to."""
+    match = getattr(request, "resolver_match", None)
+    name = match.view_name if match is not None else ""
+    return next((section for section, views in MENU_SECTIONS.items() if name.startswith(views)), "")
 
 
 def navigation(request) -> dict:
@@ -19,11 +20,7 @@ def navigation(request) -> dict:
     if user is None or not user.is_authenticated:
         return {"nav": {}}
     return {
-        "nav": {
-            "is_admin": is_admin(user),
-            "can_read_reports": can_read_cost_reports(user),
-            **{f"has_{name}": _resolves(path) for name, path in UPCOMING_PAGES.items()},
-        }
+        "nav": {"is_admin": is_admin(user), "can_read_reports": can_read_cost_reports(user), "section": _section(request)}
     }
 
 

@@ -1,13 +1,14 @@
 """One business error and the places that turn errors into what a user sees: the DRF exception
-handler (JSON ``{"detail": ..., "errors": {...}}``), ``form_add_application_error`` for forms, and
-the envelope and internal-error helpers that ``portal.middleware.ApiErrorMiddleware`` uses so that
-everything under /api/ answers that JSON shape, 404s of unknown URLs and 500s included, whatever
-``DEBUG`` says."""
+handler (JSON ``{"detail": ..., "errors": {...}}``), ``form_add_application_error`` for forms,
+``page_button`` for a page's buttons, and the envelope and internal-error helpers
+that ``portal.middleware.ApiErrorMiddleware`` uses so that everything under /api/ answers that JSON
+shape, 404s of unknown URLs and 500s included, whatever ``DEBUG`` says."""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -17,7 +18,6 @@ from rest_framework import exceptions as drf_exceptions, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
-
 
 logger = logging.getLogger("portal.errors")
 
@@ -99,6 +99,24 @@ def form_add_application_error(form, error: ApplicationError) -> None:
             placed = True
     if not placed or error.message not in sum(error.errors.values(), []):
         form.add_error(None, error.message)
+
+
+def page_button(request, service: Callable[[], str], *, then: str):
+    """A page's button (a POST without a form): run ``service``, which returns the success message,
+    and redirect to the URL named ``then`` with that message or the ApplicationError's; a 403 stays
+    a 403 (Django's PermissionDenied)."""
+    from django.contrib import messages
+    from django.shortcuts import redirect
+
+    try:
+        done = service()
+    except ApplicationError as exc:
+        if exc.status_code == 403:
+            raise PermissionDenied(exc.message) from exc
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, done)
+    return redirect(then)
 
 
 def status_for(error: ApplicationError) -> int:

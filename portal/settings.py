@@ -160,7 +160,7 @@ TRUSTED_PROXIES = env.networks("TRUSTED_PROXIES", [])
 # Cache (throttles, idempotency): Redis, shared by every web process
 CACHES = {
     "default": {
-        "BACKEND": "portal.cache.PortalRedisCache",  # Django's, one client per pool (portal/cache.py)
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": env.url("CACHE_URL", "redis://127.0.0.1:6379/1", schemes=("redis", "rediss")),
         "KEY_PREFIX": "gpuportal",
     }

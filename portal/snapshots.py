@@ -1,8 +1,10 @@
 """Read-mostly rows kept in each process and re-read once per change, not once per request.
 
-The submit path reads the cluster inventory (partitions, nodes, policy), the rate book, the quotas
-in force, the bookings that hold capacity and the submitter's team and role on every request; they
-change a few times a day. ``snapshot(name, load)`` keeps ``load()``'s value in this process under a
+The submit path reads the cluster inventory (partitions, nodes, policy), the rate book, the bookings
+that hold capacity and the submitter's team and role on every request; they change a few times a
+day. (The quotas in force are kept too, for pages, alerts and Slurm's limits; the budget check reads
+them from the database under the team's row lock, accounting.selectors.quotas_effective(fresh=True),
+since a copy's version moves only after the change's commit.) ``snapshot(name, load)`` keeps ``load()``'s value in this process under a
 version stored in the cache (Redis), and ``load()`` again when the version moved or the copy is older
 than ``SNAPSHOT_MAX_AGE_SECONDS`` (a bound, should an invalidation be lost: Redis down at commit).
 In a request (``snapshot_scope``, portal.middleware.SnapshotScopeMiddleware) every version is read

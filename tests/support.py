@@ -26,12 +26,15 @@ def cache_test_location(location: str) -> str:
 
 def cache_clear() -> None:
     """Delete this run's cache keys (CACHE_KEY_PREFIX), and only those."""
+    import redis
     from django.core.cache import cache
 
-    client = cache._cache.get_client(write=True)
-    keys = list(client.scan_iter(match=f"{cache.key_prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
+    from portal.throttles import _cache_write_server
+
+    with redis.Redis.from_url(_cache_write_server()) as client:
+        keys = list(client.scan_iter(match=f"{cache.key_prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
 
 
 class CountingGateway:

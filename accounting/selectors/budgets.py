@@ -4,6 +4,7 @@ alerts and /metrics share."""
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from collections.abc import Iterable
 from decimal import ROUND_HALF_UP, Decimal
@@ -39,23 +40,39 @@ def _quotas_in_force_load() -> tuple[dt.date, list]:
     return day, list(queryset.order_by("-approved_at", "-pk"))
 
 
-def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None) -> dict:
+def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None, fresh: bool = False) -> dict:
     """The approved quota in force at ``at`` per (team id, gpu_type) — the most recently approved one
     whose period contains that day (effective-dated: a newer approval wins). From this process's copy
     of the quotas in force (portal.snapshots QUOTAS: re-read once per change of a quota, not per
-    submission); a day before the copy's, from one query (index quota_team_state_start). The quotas
-    are shared: read them, never change them."""
+    submission); a day before the copy's, or ``fresh``, from one query (index quota_team_state_start).
+    ``fresh`` is for checks under the team's row lock (budget holds, bookings): a quota changes under
+    that lock, so a check that waited for it must read the rows as committed, not a copy whose
+    version moves only after the change's commit. Each quota (and its team) is the caller's own: a
+    copy of the process's shared row, never the row itself."""
     day = billing_date(at or timezone.now())
-    loaded_day, in_force = snapshot(QUOTAS, _quotas_in_force_load)
-    if day < loaded_day:
+    shared = not fresh
+    if shared:
+        loaded_day, in_force = snapshot(QUOTAS, _quotas_in_force_load)
+        shared = day >= loaded_day
+    if not shared:
         queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_start__lte=day, period_end__gt=day)
+        if team is not None:
+            queryset = queryset.filter(team=team)
         in_force = list(queryset.select_related("team").order_by("-approved_at", "-pk"))
     team_id = team.pk if team is not None else None
     effective: dict[tuple[int, str], object] = {}
     for quota in in_force:
-        if (team_id is None or quota.team_id == team_id) and quota.period_start <= day < quota.period_end:
-            effective.setdefault((quota.team_id, quota.gpu_type), quota)
+        key = (quota.team_id, quota.gpu_type)
+        if key not in effective and (team_id is None or quota.team_id == team_id) and quota.period_start <= day < quota.period_end:
+            effective[key] = _own_copy(quota) if shared else quota
     return effective
+
+
+def _own_copy(quota: Quota) -> Quota:
+    """A caller's own copy of a quota of the QUOTAS snapshot, its team copied too (no query)."""
+    mine = copy.copy(quota)
+    mine.team = copy.copy(quota.team)
+    return mine
 
 
 def _used_seconds(team_ids: Iterable[int], start_at: dt.datetime, end_at: dt.datetime) -> dict[tuple[int, str], Decimal]:

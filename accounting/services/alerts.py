@@ -14,6 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
+from django.urls import reverse
 from django.utils import timezone
 
 from accounting.models import BudgetAlert
@@ -115,7 +116,7 @@ def budget_alert_email(*, alert_id: int) -> bool:
     body = (
         f"Team {team.name} has consumed {alert.consumed_gpu_hours} of its {alert.budget_gpu_hours} {kind}GPU-hours "
         f"for {quota.period_label} ({alert.threshold}% threshold).\n\n"
-        f"Budget page: /accounting/budget/?team={team.slug}\nRequest more: {QUOTA_PAGE}\n"
+        f"Budget page: {reverse('accounting:budget')}?team={team.slug}\nRequest more: {QUOTA_PAGE}\n"
     )
     try:
         send_mail(subject, body, None, recipients)

@@ -223,7 +223,7 @@ def _booking_budget_check(*, team: Team, gpu_type: str, gpus: int, start: dt.dat
             if start < (moment := billing_midnight(day)) < end:
                 points.add(moment)
     def in_force_at(moment):
-        return [q for (_, kind), q in quotas_effective(team=team, at=moment).items() if kind in ("", gpu_type)]
+        return [q for (_, kind), q in quotas_effective(team=team, at=moment, fresh=True).items() if kind in ("", gpu_type)]
 
     applicable: dict[int, object] = {}
     for moment in sorted(points):

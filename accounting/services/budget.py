@@ -27,6 +27,7 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.urls import reverse_lazy
 from django.utils import timezone
 
 from accounting.calendar import HOUR, billing_midnight, current_month
@@ -39,7 +40,7 @@ from portal.services import audit_event
 
 logger = logging.getLogger(__name__)
 
-QUOTA_PAGE = "/accounting/quotas/"
+QUOTA_PAGE = reverse_lazy("accounting:quotas")  # the quota request page, for messages
 
 
 def gpu_hours_text(value) -> str:
@@ -205,10 +206,11 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
     decides (blocked: 409 asking a manager to request one). A job inside a booking holds nothing when
     bookings are charged by their reserved hours (its hold row only names the booking).
 
-    Queries: one statement locks the team's running totals (BudgetTotal, one row per quota key),
-    inserts the holds and adds them; one reads the quotas in force; one reads the bookings' booked
-    hours (only when bookings charge reserved hours) — three, whatever the number of jobs, live jobs
-    and usage records. The first hold of a team's period builds its total from usage and holds (once)."""
+    Queries: one statement locks the team row and the team's running totals (BudgetTotal, one row
+    per quota key), inserts the holds and adds them; then, under that lock, one reads the team's
+    quotas in force from the database — two, whatever the number of jobs, live jobs and usage
+    records (the bookings' booked hours come from this process's copy, portal.snapshots BOOKINGS).
+    The first hold of a team's period builds its total from usage and holds (once)."""
     at = at or timezone.now()
     covered = bookings_charge_reserved()
     rows = []
@@ -219,9 +221,6 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
         rows.append((hold.job_uuid, hold.gpu_type, hold.booking_id, estimate, cost, held, at, max(hold.tasks, 1),
                      hold.task_gpu_hours))  # fmt: skip
     increments = _increments((row[1], row[5]) for row in rows)
-    # the quotas in force, read before the totals' lock so that it is held for as little as can be:
-    # a quota is changed under the team's row lock, which the locking statement waits for
-    effective = quotas_effective(team=team, at=at) if increments else {}
     with transaction.atomic(savepoint=False):
         sql, params = _place_sql(rows, increments, team_id=team.pk, at=at)
         with connection.cursor() as cursor:
@@ -229,6 +228,9 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
             returned = cursor.fetchall() if increments else []
         if not increments:
             return  # every job runs in a booking that carries its charge
+        # the quotas in force, read once the team's row lock is held: a quota changes under that
+        # lock, so a change this placement waited for is seen (tests/accounting/test_quotas_race.py)
+        effective = quotas_effective(team=team, at=at, fresh=True)
         totals = {
             (team_id, gpu_type, start, end): BudgetTotal(pk=pk, team_id=team_id, gpu_type=gpu_type, period_start=start,
                                                          period_end=end, held_gpu_hours=held, used_gpu_hours=used)

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q
+from django.urls import reverse
 from django.utils import timezone
 
 from accounting.services import webhook_post
@@ -73,7 +74,7 @@ def gpu_idle_alert_payload(alert: JobGpuIdleAlert) -> dict:
         "job_name": job.name, "submitter": job.submitter.username, "gpus": alert.gpus,
         "idle_since": alert.idle_since.isoformat(), "threshold_percent": settings.GPU_IDLE_THRESHOLD_PERCENT,
         "cost_so_far": str(alert.cost_so_far) if alert.cost_so_far is not None else None,
-        "currency": alert.currency, "link": f"/jobs/{job.pk}/", "at": alert.created_at.isoformat(),
+        "currency": alert.currency, "link": reverse("jobs:detail", args=[job.pk]), "at": alert.created_at.isoformat(),
     }  # fmt: skip
 
 

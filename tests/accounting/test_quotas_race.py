@@ -1,6 +1,7 @@
 """The budget check under concurrency: 50 parallel submissions (threads, each its own database
 connection, transactional database) against a budget that fits exactly 10 — exactly 10 accepted, for
-every shape of job (throttled arrays and jobs that will run into their time limit among them)."""
+every shape of job (throttled arrays and jobs that will run into their time limit among them); and a
+quota changed while a submission waits for the team's row lock decides that submission."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
+from accounting.models import Quota, QuotaState
 from accounting.selectors import billing_date
 from jobs.models import Job
 from jobs.services import job_submit
 from portal.exceptions import Conflict
 from portal.models import NodeInfo, PartitionInfo
 from tests.factories import QuotaFactory
+from tests.support import wait_for
 
 N = 50
 FITS = 10
@@ -38,6 +41,14 @@ SHAPES = {
 }
 
 
+def _one_a100_node(now) -> None:
+    """Partition gpu (the default) with one idle node of 4 a100 GPUs."""
+    PartitionInfo.objects.create(name="gpu", is_default=True, state="UP", default_time_minutes=60, max_time_minutes=4320,
+                                 node_names=["a100-01"], seen_at=now)  # fmt: skip
+    NodeInfo.objects.create(name="a100-01", state="IDLE", partitions=["gpu"], gpu_type="a100", gpus_total=4,
+                            cpus_total=32, memory_mb=256000, seen_at=now)  # fmt: skip
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.django_db(transaction=True)
 def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(world, monkeypatch, capsys, settings, shape):
@@ -47,10 +58,7 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
 
     monkeypatch.setattr(tasks.job_relay_drain, "delay", lambda: None)
     now = timezone.now()
-    PartitionInfo.objects.create(name="gpu", is_default=True, state="UP", default_time_minutes=60, max_time_minutes=4320,
-                                 node_names=["a100-01"], seen_at=now)  # fmt: skip
-    NodeInfo.objects.create(name="a100-01", state="IDLE", partitions=["gpu"], gpu_type="a100", gpus_total=4,
-                            cpus_total=32, memory_mb=256000, seen_at=now)  # fmt: skip
+    _one_a100_node(now)
     today = billing_date(now)
     # each job: at most 1 GPU-h (GPUs × (time limit + 60 s) × tasks); the budget: 10 GPU-h
     QuotaFactory(team=world.vision, gpu_hours=FITS, period_start=today - dt.timedelta(days=1),
@@ -80,3 +88,79 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
     with capsys.disabled():
         print(f"\n[quota race, {shape}] {N} parallel submissions: {results.count('accepted')} accepted, "
               f"{results.count('refused')} refused in {seconds:.2f} s")
+
+
+# ---------------------------------------------------------------- a quota changed while a submission waits
+
+
+@pytest.mark.parametrize(("before", "after", "outcome"), [(1_000, 1, "refused"), (1, 1_000, "accepted")])
+@pytest.mark.django_db(transaction=True)
+def test_a_quota_changed_while_a_submission_waits_for_the_team_lock_decides_it(world, monkeypatch, settings, before,
+                                                                               after, outcome):  # fmt: skip
+    """Two real transactions: an admin approves a new quota (smaller, or bigger, than the one in force)
+    and holds the team's row lock, uncommitted, while a submission of a 2 GPU-h job waits for that
+    lock; then the approval commits. The submission is decided by the quota it committed, read once
+    the lock is taken (accounting.services.budget.budget_holds_place) — not the one in force when
+    the submission started."""
+    from accounting.services import quota_approve, quota_request
+    from jobs import tasks
+
+    monkeypatch.setattr(tasks.job_relay_drain, "delay", lambda: None)
+    monkeypatch.setattr("accounting.services.quotas.after_commit", lambda *args, **kwargs: None)  # no sacctmgr
+    settings.SLURM_OVERRUN_SECONDS_UNREAD = 0
+    _one_a100_node(timezone.now())
+    Quota.objects.filter(team=world.vision).update(gpu_hours=before)
+    requested = quota_request(team=world.vision, user=world.bob, gpu_hours=after, justification="changed")
+    pids: dict[str, int] = {}
+    holding, release = threading.Event(), threading.Event()
+
+    def backend_pid() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0]
+
+    def change():
+        try:
+            with transaction.atomic():
+                pids["change"] = backend_pid()
+                quota_approve(quota=requested, user=world.admin)  # takes the team row FOR UPDATE
+                holding.set()
+                release.wait(timeout=60)
+        finally:
+            holding.set()
+            connection.close()
+
+    def submit():
+        try:
+            pids["submit"] = backend_pid()
+            job_submit(user=world.alice, team=world.vision, name="waits", script="true", partition="gpu",
+                       gpu_type="a100", gpus=2, time_limit_minutes=60)  # fmt: skip
+            return "accepted"
+        except Conflict as exc:
+            return f"refused: {exc.message}"
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        changing = pool.submit(change)
+        holding.wait(timeout=60)
+        assert "change" in pids and not changing.done(), "the approval did not get to hold the team lock"
+        submitting = pool.submit(submit)
+
+        def submission_blocked_by_the_change():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_blocking_pids(%s)", [pids.get("submit", 0)])
+                return pids["change"] in cursor.fetchone()[0]
+
+        try:
+            wait_for(submission_blocked_by_the_change, timeout=60, interval=0.05,
+                     what="the submission to wait for the approval's team lock")  # fmt: skip
+        finally:
+            release.set()
+        changing.result(timeout=60)
+        result = submitting.result(timeout=60)
+    assert Quota.objects.get(pk=requested.pk).state == QuotaState.APPROVED
+    assert result.split(":")[0] == outcome, result
+    if outcome == "refused":
+        assert f"of {after}.0 GPU-h left for vision" in result
+    assert Job.objects.filter(name="waits").count() == (outcome == "accepted")

@@ -20,8 +20,9 @@ def test_cluster_names_every_configured_one_or_the_one_named():
         cluster_names("nowhere")
 
 
-def _command() -> BaseCommand:
-    return BaseCommand(stdout=io.StringIO(), stderr=io.StringIO())
+def _command() -> tuple[BaseCommand, io.StringIO]:
+    err = io.StringIO()
+    return BaseCommand(stdout=io.StringIO(), stderr=err), err
 
 
 def test_for_each_cluster_goes_on_past_a_failing_cluster_and_names_it():
@@ -32,10 +33,10 @@ def test_for_each_cluster_goes_on_past_a_failing_cluster_and_names_it():
             raise SlurmUnavailable("slurmctld does not answer")
         ran.append(name)
 
-    command = _command()
+    command, err = _command()
     assert for_each_cluster(command, ["down", "up"], run) == ["down"]
     assert ran == ["up"]
-    assert command.stderr._out.getvalue() == "down: Slurm: slurmctld does not answer\n"
+    assert err.getvalue() == "down: Slurm: slurmctld does not answer\n"
 
 
 def test_for_each_cluster_of_one_cluster_raises_its_slurm_error():
@@ -43,4 +44,4 @@ def test_for_each_cluster_of_one_cluster_raises_its_slurm_error():
         raise SlurmUnavailable("slurmctld does not answer")
 
     with pytest.raises(CommandError, match="^Slurm: slurmctld does not answer$"):
-        for_each_cluster(_command(), ["only"], run)
+        for_each_cluster(_command()[0], ["only"], run)

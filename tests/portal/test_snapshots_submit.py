@@ -52,6 +52,17 @@ def test_the_quotas_are_read_once_and_a_revoked_one_is_gone_at_the_next_read(wor
     assert _a100_quota(world).pk == newer.pk
 
 
+def test_each_caller_gets_its_own_quota_and_team_never_the_copys_rows(world, django_assert_num_queries):
+    quotas_effective(team=world.vision)  # read into the copy
+    key = (world.vision.pk, "")
+    with django_assert_num_queries(0):
+        first, second = quotas_effective(team=world.vision)[key], quotas_effective(team=world.vision)[key]
+    assert first.pk == second.pk and first is not second and first.team is not second.team
+    first.gpu_hours, first.team.slug = 1, "changed"
+    again = quotas_effective(team=world.vision)[key]
+    assert again.gpu_hours == 1_000_000 and again.team.slug == "vision"
+
+
 def test_a_quota_of_a_transaction_that_rolled_back_never_enters_the_copy(world):
     assert (world.vision.pk, "h100") not in quotas_effective(team=world.vision)
     with pytest.raises(RuntimeError), transaction.atomic():

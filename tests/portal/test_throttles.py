@@ -8,8 +8,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import redis
 
-from portal.throttles import _cell_rate
+from portal.throttles import _cache_write_server, _cell_rate
 
 
 @pytest.fixture(params=["redis", "locmem"])
@@ -40,5 +41,7 @@ def test_the_counter_is_one_small_value_whatever_the_rate(settings):
     key = f"test-throttle-{uuid.uuid4()}"
     for i in range(5000):  # 5000 requests within 10 s under a 1000000/min rate
         assert _cell_rate(key, now=2000.0 + i / 500, interval=60 / 1_000_000, period=60.0) is None
-    client = cache._cache.get_client(cache.make_and_validate_key(key))
-    assert len(client.get(cache.make_and_validate_key(key))) < 32  # a float as text, not a list
+    # one more under a slow rate: the key then lives ~50 s (under 1000000/min it expires within 1 ms)
+    assert _cell_rate(key, now=2010.0, interval=50.0, period=60.0) is None
+    with redis.Redis.from_url(_cache_write_server()) as client:  # the value as the script stored it
+        assert len(client.get(cache.make_and_validate_key(key))) < 32  # a float as text, not a list
