@@ -5,6 +5,7 @@ The row is persisted first (ACCEPTED) and its relay is enqueued with ``on_commit
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import re
@@ -26,7 +27,6 @@ from jobs.spec import ValidSpec, spec_accounts, validate_job_spec
 from jobs.workdirs import default_submit_dir
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
-from portal.outbox import after_commit
 from portal.roles import is_member
 from portal.services import audit_record
 
@@ -169,8 +169,8 @@ def _key_conflict(job: Job) -> Conflict:
 
 
 def _replay(find: Callable[..., T | None], *, user, key: str | None, fingerprint: str) -> T | None:
-    """What an earlier request with this key created (``find``: _idempotent_replay or
-    _idempotent_replay_batch), or None (also without a key); Conflict if the request differs."""
+    """What an earlier request with this key created (``find``: _idempotent_replay), or None (also
+    without a key); Conflict if the request differs."""
     if key is None:
         return None
     return find(user=user, key=key, fingerprint=fingerprint)
@@ -201,7 +201,8 @@ def job_submit(
     request=None,
     **spec_fields: Any,
 ) -> tuple[Job, bool]:
-    """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit.
+    """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit: a
+    batch of one (job_submit_batch's write path and relay), with a single job's errors and audit.
 
     Returns (job, created). With an ``idempotency_key``: the same user sending the same key and the
     same request again gets the first job back (created=False); the same key with another request is
@@ -214,46 +215,15 @@ def job_submit(
     (None / "": the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when
     its partition's name is on several clusters (else the partition decides)."""
     fields = dict(vars(JobSpecFields(script=script, **spec_fields)))
-    _check_idempotency_key(idempotency_key)
     if fingerprint is None:
         # no cluster, no submit_dir: as before they existed (keys stored by then still replay)
         given = {name: value for name, value in fields.items() if name not in ("cluster", "submit_dir") or value}
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, **given, "booking": str(getattr(booking, "pk", booking) or "")}
         )
-    replay = _replay(_idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
-    if replay is not None:
-        return replay, False
-
-    team = _team_for_submit(user=user, team=team)
-    job_id = uuid.uuid4()
-    spec = validate_job_spec(**fields, **spec_accounts(team), default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))
-    booking_id = _booking_id(booking)
-    if booking_id is not None:
-        _check_booking(booking_id, team=team, spec=spec)
-    quote = quote_for(spec)
-    job = _job_row(spec, quote, team=team, user=user, booking_id=booking_id, idempotency_key=idempotency_key,
-                   fingerprint=fingerprint, job_id=job_id)  # fmt: skip
-
-    @transaction.atomic
-    def insert() -> Job:
-        # the job, its first event and its audit event, before the budget lock (the new row is this
-        # transaction's own; nobody waits for it)
-        job.save(force_insert=True)
-        JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
-        audit_record(
-            actor=user, action="job.submit", target=job, team=team, request=request,
-            data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
-                  "time_limit_minutes": job.time_limit_minutes},
-        )  # fmt: skip
-        # last, in the same transaction: the hold is added to the team's running totals under
-        # their row lock, held from here to COMMIT, so the next submission for the team waits
-        # for one statement or two and then sees it
-        _hold_budget(team, [job], [quote])
-        relay_drain_after_commit()  # the group commit: a burst of submits, about one drain
-        return job
-
-    return _insert_once(insert, _idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
+    jobs, created = _submit(user=user, team=team, items=[{**fields, "booking": booking}], idempotency_key=idempotency_key,
+                            fingerprint=fingerprint, request=request, single=True)  # fmt: skip
+    return jobs[0], created
 
 
 MAX_BATCH_JOBS = 100
@@ -267,10 +237,12 @@ def _batch_key(key: str, index: int) -> str:
     return f"{hashlib.sha256(key.encode()).hexdigest()} {index}"
 
 
-def _idempotent_replay_batch(*, user, key: str, fingerprint: str) -> list[Job] | None:
-    """The jobs an earlier batch with this key created (in the batch's order), or None; Conflict if
-    the request differs (also when the key was used for a single job)."""
-    keys = [_batch_key(key, i) for i in range(MAX_BATCH_JOBS)]
+def _idempotent_replay(*, user, key: str, fingerprint: str, count: int = MAX_BATCH_JOBS) -> list[Job] | None:
+    """The jobs an earlier batch (or single job: a batch of one) with this key created, in the batch's
+    order, or None; Conflict if the request differs. ``count``: the jobs of the request (a replay of
+    the same request has as many; another one's first job, with the key itself, is found whatever its
+    count)."""
+    keys = [_batch_key(key, i) for i in range(count)]
     jobs = list(Job.objects.filter(submitter=user, idempotency_key__in=keys).select_related("team", "submitter"))
     if not jobs:
         return None
@@ -297,7 +269,8 @@ def job_submit_batch(
     checked with the same validation as job_submit; the errors come back keyed by the spec's index
     (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget holds of all the jobs are placed at
     once (each quota checked for the sum of the jobs it covers), then the jobs are bulk-inserted with
-    their ACCEPTED events and one audit event ``job.submit_batch``; ONE ``job_relay_batch`` is enqueued on commit.
+    their ACCEPTED events and one audit event ``job.submit_batch``; the relay drain is enqueued on
+    commit, as for one job (the drain relays the batch with the batched relay's machinery).
     Returns (jobs in the given order, created). ``idempotency_key`` covers the whole batch."""
     if not isinstance(jobs, list) or not jobs:
         raise ApplicationError("Give a non-empty list of jobs.", errors={"jobs": ["Give a non-empty list of jobs."]})
@@ -305,12 +278,23 @@ def job_submit_batch(
         raise ApplicationError(
             f"At most {MAX_BATCH_JOBS} jobs per batch.", errors={"jobs": [f"At most {MAX_BATCH_JOBS} jobs per batch."]}
         )
-    _check_idempotency_key(idempotency_key)
     if fingerprint is None:
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, "batch": [{**item, "booking": str(getattr(item.get("booking"), "pk", item.get("booking")) or "")} for item in jobs]}
         )
-    replay = _replay(_idempotent_replay_batch, user=user, key=idempotency_key, fingerprint=fingerprint)
+    return _submit(user=user, team=team, items=jobs, idempotency_key=idempotency_key, fingerprint=fingerprint,
+                   request=request, single=False)  # fmt: skip
+
+
+def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str | None, fingerprint: str, request,
+            single: bool) -> tuple[list[Job], bool]:  # fmt: skip
+    """The one write path of job_submit (``single``: a batch of one, its errors by field and audited as
+    ``job.submit``) and job_submit_batch (errors by index, ``job.submit_batch``): replay, checks,
+    then one transaction that bulk-inserts the jobs, their ACCEPTED events and the audit event and
+    places their budget holds; the relay drain (group commit) is enqueued on commit."""
+    _check_idempotency_key(idempotency_key)
+    find = functools.partial(_idempotent_replay, count=len(items))
+    replay = _replay(find, user=user, key=idempotency_key, fingerprint=fingerprint)
     if replay is not None:
         return replay, False
 
@@ -320,7 +304,7 @@ def job_submit_batch(
     cache: dict = {}  # inventory and prices, read once for the whole batch
     at = timezone.now()
     accounts = spec_accounts(team)
-    for index, item in enumerate(jobs):
+    for index, item in enumerate(items):
         job_id = uuid.uuid4()
         try:
             spec = validate_job_spec(**{name: item.get(name) for name in SPEC_FIELD_NAMES}, **accounts, cache=cache,
@@ -329,6 +313,8 @@ def job_submit_batch(
             if booking_id is not None:
                 _check_booking(booking_id, team=team, spec=spec)
         except ApplicationError as exc:
+            if single:
+                raise
             errors[str(index)] = exc.errors or {"non_field_errors": [exc.message]}
             continue
         prepared.append((spec, booking_id, quote_for(spec, at=at, cache=cache), job_id))
@@ -339,41 +325,33 @@ def job_submit_batch(
         exc.errors = errors  # keyed by index: {"3": {"gpus": [...]}}
         raise exc
 
-    rows = []
-    for index, (spec, booking_id, quote, job_id) in enumerate(prepared):
-        rows.append(_job_row(
-            spec, quote, team=team, user=user, booking_id=booking_id,
-            idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index), fingerprint=fingerprint,
-            job_id=job_id,
-        ))  # fmt: skip
+    rows = [
+        _job_row(spec, quote, team=team, user=user, booking_id=booking_id, job_id=job_id, fingerprint=fingerprint,
+                 idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index))
+        for index, (spec, booking_id, quote, job_id) in enumerate(prepared)
+    ]  # fmt: skip
+    if single:
+        job = rows[0]
+        audit = {"action": "job.submit", "data": {"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type,
+                                                  "gpus": job.gpus, "time_limit_minutes": job.time_limit_minutes}}  # fmt: skip
+    else:
+        audit = {"action": "job.submit_batch",
+                 "data": {"count": len(rows), "jobs": [str(job.pk) for job in rows], "gpus": sum(job.gpus for job in rows)}}  # fmt: skip
 
     @transaction.atomic
     def insert() -> list[Job]:
+        # the jobs, their first events and the audit event, before the budget lock (the new rows are
+        # this transaction's own; nobody waits for them)
         Job.objects.bulk_create(rows)
         JobEvent.objects.bulk_create(
             [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
         )
-        audit_record(
-            actor=user, action="job.submit_batch", target=rows[0], team=team, request=request,
-            data={"count": len(rows), "jobs": [str(job.pk) for job in rows],
-                  "gpus": sum(job.gpus for job in rows)},
-        )  # fmt: skip
-        # last (the budget lock is held from here to COMMIT): one placement for the whole
-        # batch, every quota checked for the sum of its jobs
+        audit_record(actor=user, target=rows[0], team=team, request=request, **audit)
+        # last (the budget lock is held from here to COMMIT): one placement for all the jobs, every
+        # quota checked for the sum of its jobs, so the next submission for the team waits for one
+        # statement or two and then sees them
         _hold_budget(team, rows, [quote for _spec, _booking_id, quote, _job_id in prepared])
-        from jobs.tasks import job_relay_batch  # jobs.tasks imports this module
-
-        after_commit(job_relay_batch, [str(job.pk) for job in rows])
+        relay_drain_after_commit()  # the group commit: a burst of submits (or a batch), about one drain
         return rows
 
-    return _insert_once(insert, _idempotent_replay_batch, user=user, key=idempotency_key, fingerprint=fingerprint)
-
-
-def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:
-    """The job an earlier request with this key created, or None; Conflict if the request differs."""
-    job = Job.objects.filter(submitter=user, idempotency_key=key).select_related("team").first()
-    if job is None:
-        return None
-    if job.request_fingerprint != fingerprint:
-        raise _key_conflict(job)
-    return job
+    return _insert_once(insert, find, user=user, key=idempotency_key, fingerprint=fingerprint)
