@@ -23,6 +23,7 @@ from jobs.arrays import array_task_counts, job_array_task_cancel
 from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.gpu_report import job_gpu_report
+from jobs.job_fields import FIELDS, SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, JobField
 from jobs.models import Job, JobTemplate
 from jobs.selectors import (
     OUTPUT_DEFAULT_LENGTH,
@@ -62,6 +63,37 @@ def _team_by_slug(request, slug: str | None) -> Team | None:
     """The team named by slug, or None, with the user's role in it (one query: portal.roles.team_with_role);
     the service answers "No such team." for both a missing team and one the user cannot see."""
     return team_with_role(request.user, slug)
+
+
+# ---------------------------------------------------------------- input serializers (derived)
+
+
+def _input_field(field: JobField, *, script_required: bool) -> serializers.Field:
+    """The API input field of a job field (jobs.job_fields): optional, its empty value the default."""
+    common = {"help_text": field.api_help or None}
+    if field.kind == "script":
+        return serializers.CharField(allow_blank=True, trim_whitespace=False, **common,
+                                     **({} if script_required else {"required": False, "default": ""}))  # fmt: skip
+    common |= {"required": False}
+    if field.kind in ("int", "time"):
+        return serializers.IntegerField(allow_null=True, default=None, **common)
+    if field.kind == "bool":
+        return serializers.BooleanField(allow_null=True, default=None, **common)
+    if field.kind == "dict":
+        return serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False), default=dict, **common)
+    if field.max_length:
+        common["max_length"] = field.max_length
+    return serializers.CharField(allow_blank=True, allow_null=field.empty is None, default=field.empty, **common)
+
+
+def job_input_serializer(class_name: str, names: tuple[str, ...], **extra) -> type[serializers.Serializer]:
+    """A serializer class of the job fields ``names`` in their declared order, after the first field
+    ``extra`` makes (``name=factory``; DRF orders fields as they are created: team first) and before
+    its others (booking); the script is required when it is the submission's (``extra`` given)."""
+    makers = list(extra.items())
+    first = {name: make() for name, make in makers[:1]}
+    fields = {name: _input_field(FIELDS[name], script_required=bool(extra)) for name in names}
+    return type(class_name, (serializers.Serializer,), {**first, **fields, **{name: make() for name, make in makers[1:]}})
 
 
 # ---------------------------------------------------------------- output serializers (shared)
@@ -239,44 +271,10 @@ class JobCollectionApi(ListAPIView):
     serializer_class = JobSummaryOutputSerializer
     filterset_class = JobFilter
 
-    class JobSubmitInputSerializer(serializers.Serializer):
-        team = serializers.CharField(help_text="Team slug.")
-        script = serializers.CharField(
-            allow_blank=True, trim_whitespace=False,
-            help_text="A batch script; its #SBATCH lines are read as sbatch reads them. Every field below overrides "
-            "the script's directive for it (as sbatch's command line does); leave a field out to let the script decide.",
-        )  # fmt: skip
-        name = serializers.CharField(allow_blank=True, required=False, allow_null=True, default=None)
-        partition = serializers.CharField(allow_blank=True, required=False, default="")
-        cluster = serializers.CharField(
-            allow_blank=True, required=False, default="", max_length=64,
-            help_text="The cluster to run on; needed only when the partition's name is on several clusters "
-            "(a 400 naming `cluster` says so). Overrides the script's `#SBATCH -M`/`--clusters`, as sbatch's command "
-            "line does. Empty: the script's -M, else the partition's cluster (no partition: the default cluster).",
-        )  # fmt: skip
-        gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="GPUs of the job in total.")
-        nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
-        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
-        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        ntasks = serializers.IntegerField(required=False, allow_null=True, default=None)
-        cpus_per_task = serializers.IntegerField(required=False, allow_null=True, default=None)
-        exclusive = serializers.BooleanField(required=False, allow_null=True, default=None)
-        array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="sbatch --array, e.g. 0-15%4.")
-        qos = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
-        constraint = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
-        booking = serializers.UUIDField(required=False, allow_null=True, default=None)
-        workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None,
-                                        help_text="Overrides the script's --chdir.")  # fmt: skip
-        submit_dir = serializers.CharField(
-            required=False, allow_null=True, allow_blank=True, default=None,
-            help_text="Where the job is submitted from, as sbatch's own directory (SLURM_SUBMIT_DIR; the job starts "
-                      "there without --chdir; relative paths are resolved against it); empty: your default directory.",
-        )  # fmt: skip
-        environment = serializers.DictField(
-            child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
-        )
+    JobSubmitInputSerializer = job_input_serializer(
+        "JobSubmitInputSerializer", SPEC_FIELD_NAMES, team=lambda: serializers.CharField(help_text="Team slug."),
+        booking=lambda: serializers.UUIDField(required=False, allow_null=True, default=None),
+    )
 
     def get_queryset(self):
         return jobs_visible_to(self.request.user).order_by("-created_at")
@@ -446,22 +444,7 @@ class JobOutputApi(APIView):
 
 
 class JobQuoteApi(APIView):
-    class JobQuoteInputSerializer(serializers.Serializer):
-        partition = serializers.CharField(allow_blank=True, required=False, default="")
-        cluster = serializers.CharField(allow_blank=True, required=False, default="", max_length=64,
-                                        help_text="As for submission: only when the partition's name is on several clusters.")  # fmt: skip
-        gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField(required=False, allow_null=True, default=None)
-        nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
-        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
-        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        script = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="",
-                                       help_text="Its #SBATCH lines count; the fields override them.")  # fmt: skip
-        ntasks = serializers.IntegerField(required=False, allow_null=True, default=None)
-        cpus_per_task = serializers.IntegerField(required=False, allow_null=True, default=None)
-        exclusive = serializers.BooleanField(required=False, allow_null=True, default=None)
-        array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+    JobQuoteInputSerializer = job_input_serializer("JobQuoteInputSerializer", SHAPE_FIELD_NAMES)
 
     class JobQuoteOutputSerializer(serializers.Serializer):
         gpu_seconds = serializers.IntegerField(help_text="Exact: GPUs × (time limit + overrun) × array tasks.")

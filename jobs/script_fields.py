@@ -13,13 +13,9 @@ from __future__ import annotations
 from django import forms
 from gpuportal_cli.sbatch_directives import DirectiveError, parse_directives, script_request
 
+from jobs.job_fields import SCRIPT_FIELDS  # the form fields a script fills (its directive's value, else empty)
 from jobs.spec import MAX_SCRIPT_BYTES
 
-# the form fields a script fills (reading a script sets each: its directive's value, else empty)
-SCRIPT_FIELDS = (
-    "name", "partition", "gpu_type", "gpus", "nodes", "ntasks", "cpus_per_task", "cpus_per_gpu",
-    "memory_gb", "time_limit_minutes", "array",
-)  # fmt: skip
 SCRIPT_UPLOAD_SUFFIXES = (".sbatch", ".sh", ".slurm", ".bash", ".job", ".txt")
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from gpuportal_cli.sbatch_directives import Directive
 
+from jobs.job_fields import FIELD_OF_OPTION
+
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}\Z")  # no spaces: names end up in file names and CLI tables
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would also take a trailing newline
 CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -18,14 +20,6 @@ MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_GPUS = 10_000  # sanity bound before the inventory check (keeps error messages readable)
 DEFAULT_SHEBANG = "#!/bin/bash\n"
 DEFAULT_JOB_NAME = "sbatch"  # what sbatch calls a job read from stdin without --job-name
-
-# API field -> the sbatch option it overrides (for errors named after the field the caller used)
-FIELD_OF_OPTION = {
-    "job-name": "name", "partition": "partition", "gres": "gpus", "gpus": "gpus", "nodes": "nodes",
-    "cpus-per-gpu": "cpus_per_gpu", "mem": "memory_gb", "time": "time_limit_minutes", "chdir": "workdir",
-    "ntasks": "ntasks", "cpus-per-task": "cpus_per_task", "exclusive": "exclusive", "array": "array",
-    "qos": "qos", "constraint": "constraint",
-}  # fmt: skip
 
 # The largest value the job and template columns (PostgreSQL integer) hold: a larger number is the
 # client's error (400), never the database's (500).

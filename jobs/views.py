@@ -26,7 +26,8 @@ from jobs.models import Job
 from jobs.selectors import first_array_index, job_output, job_templates_visible_to, jobs_visible_to, jobs_with_usage
 from jobs.services import job_cancel, job_quote, job_submit, job_template_create, job_template_delete
 from jobs.arrays import array_task_table
-from jobs.script_fields import SCRIPT_FIELDS, fields_from_script, uploaded_script_text
+from jobs.job_fields import SCRIPT_FIELDS, TEMPLATE_FIELDS, given_or_empty
+from jobs.script_fields import fields_from_script, uploaded_script_text
 from jobs.spec import directives_table
 from portal.exceptions import ApplicationError, form_add_application_error
 from portal.fields import whole_number
@@ -331,19 +332,7 @@ def _quote_from(data) -> dict:
     if not values.get("gpus") and not script.strip():
         return {"error": "Give the number of GPUs (or a script asking for GPUs) to see an estimate."} | shown
     try:
-        quote = job_quote(
-            partition=values.get("partition") or "",
-            gpu_type=values.get("gpu_type") or "",
-            gpus=values.get("gpus"),
-            nodes=values.get("nodes"),
-            cpus_per_gpu=values.get("cpus_per_gpu"),
-            memory_gb=values.get("memory_gb"),
-            time_limit_minutes=values.get("time_limit_minutes"),
-            ntasks=values.get("ntasks"),
-            cpus_per_task=values.get("cpus_per_task"),
-            array=values.get("array") or None,
-            script=script,
-        )
+        quote = job_quote(**given_or_empty(QuoteForm.base_fields, values))
     except ApplicationError as exc:
         messages_ = sum(exc.errors.values(), []) or [exc.message]
         return {"error": " ".join(messages_)} | shown
@@ -386,7 +375,8 @@ def _save_template(request, *, spec: dict, team, form: TemplateSaveForm):
     )
 
 
-UNTEMPLATED_FIELDS = ("ntasks", "cpus_per_task", "array")  # a template keeps these in its script only
+# the fields a script fills that a template keeps in its script only (the name: the template has its own)
+UNTEMPLATED_FIELDS = tuple(name for name in SCRIPT_FIELDS if name not in TEMPLATE_FIELDS and name != "name")
 
 
 def _has_untemplated_overrides(form: JobForm) -> bool:
@@ -399,8 +389,8 @@ def _has_untemplated_overrides(form: JobForm) -> bool:
 
 
 def _template_spec(values: dict) -> dict:
-    """A submission's fields as a template's spec (the template has its own name)."""
-    spec = {key: value for key, value in values.items() if key != "name" and key not in UNTEMPLATED_FIELDS}
+    """A submission's fields as a template's spec (jobs.job_fields.TEMPLATE_FIELDS)."""
+    spec = {name: values[name] for name in TEMPLATE_FIELDS}
     spec["workdir"] = spec.get("workdir") or ""
     return spec
 
@@ -449,11 +439,7 @@ def template_create_from_job(request, job_id):
     job = _visible_job(request, job_id)
     form = TemplateSaveForm(request.POST, user=request.user)
     if form.is_valid():
-        spec = {
-            "script": job.script, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
-            "nodes": job.nodes, "cpus_per_gpu": job.cpus_per_gpu, "memory_gb": job.memory_gb,
-            "time_limit_minutes": job.time_limit_minutes, "workdir": job.workdir, "environment": job.environment,
-        }  # fmt: skip
+        spec = {name: getattr(job, name) for name in TEMPLATE_FIELDS}
         try:
             template = _save_template(request, spec=spec, team=job.team, form=form)
         except ApplicationError as exc:

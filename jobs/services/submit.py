@@ -11,8 +11,6 @@ import json
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, transaction
@@ -21,6 +19,7 @@ from django.utils import timezone
 from accounting.services import HoldRequest, budget_holds_place
 from jobs.choices import JobState
 from jobs.estimate import JobQuote, quote_for
+from jobs.job_fields import SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, STORED_FIELDS, given_fields
 from jobs.models import Job, JobEvent
 from jobs.services.relay import relay_drain_after_commit
 from jobs.spec import ValidSpec, spec_accounts, validate_job_spec
@@ -36,49 +35,12 @@ IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")  # printable ASCII, no
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobShape:
-    """The one job spec's fields that size a job: what job_quote takes, and job_submit with
-    JobSpecFields. Explicit fields override the script's #SBATCH directives (None / "": the script
-    decides); jobs.spec.validate_job_spec checks them. Building one from unknown names is a
-    TypeError, as an unknown keyword argument is."""
-
-    script: str = ""
-    partition: str = ""
-    gpu_type: str = ""
-    gpus: int | None = None
-    nodes: int | None = None
-    cpus_per_gpu: int | None = None
-    memory_gb: int | None = None
-    time_limit_minutes: int | None = None
-    ntasks: int | None = None
-    cpus_per_task: int | None = None
-    exclusive: bool | None = None
-    array: str | None = None
-    cluster: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobSpecFields(JobShape):
-    """A job as job_submit (and each job of job_submit_batch) takes it: its shape, and what it runs as."""
-
-    name: str | None = None
-    workdir: str | None = None
-    submit_dir: str | None = None  # where it is submitted from (the CLI's directory); None: the user's default
-    environment: dict | None = None
-    qos: str | None = None
-    constraint: str | None = None
-
-
-SPEC_FIELD_NAMES = tuple(f.name for f in dataclass_fields(JobSpecFields))
-
-
 def job_quote(*, at: dt.datetime | None = None, **shape: Any) -> JobQuote:
-    """The most a job of this shape (the fields of ``JobShape``) can use: GPU-hours = the GPUs Slurm
+    """The most a job of this shape (jobs.job_fields.SHAPE_FIELD_NAMES; another name is a TypeError) can use: GPU-hours = the GPUs Slurm
     allocates × time limit × array tasks, and its cost at the rate in force (the dearest type of the
     partition when any type will do). ``script``: its #SBATCH directives count, the fields override
     them, as for job_submit. Validates like job_submit (ApplicationError naming the field)."""
-    fields = dict(vars(JobShape(**shape)))  # a shallow copy: the values as given
+    fields = given_fields(SHAPE_FIELD_NAMES, shape, what="job_quote")
     script = fields.pop("script")
     spec = validate_job_spec(name=None, script=script or None, workdir=None, environment=None,
                              check_script=bool(script), **fields)  # fmt: skip
@@ -136,15 +98,11 @@ def _booking_id(booking: Any) -> uuid.UUID | None:
 
 def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, idempotency_key, fingerprint,
              job_id: uuid.UUID) -> Job:  # fmt: skip
-    """The Job row for a checked spec and its estimate (not saved)."""
+    """The Job row for a checked spec and its estimate (not saved): the job's fields as the spec has
+    them (jobs.job_fields.STORED_FIELDS), what the spec derived from them, the estimate."""
     return Job(
-        id=job_id, team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
-        gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
-        memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
-        submit_dir=spec.submit_dir,
-        environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
-        ntasks=spec.ntasks, cpus_per_task=spec.cpus_per_task, exclusive=spec.exclusive, array=spec.array,
-        array_tasks=spec.array_tasks, array_throttle=spec.array_throttle, qos=spec.qos, constraint=spec.constraint,
+        id=job_id, team=team, submitter=user, **{name: getattr(spec, name) for name in STORED_FIELDS},
+        booking_id=booking_id, state=JobState.ACCEPTED, array_tasks=spec.array_tasks, array_throttle=spec.array_throttle,
         output_pattern=spec.output, error_pattern=spec.error, overrides=spec.overrides, directives=spec.directives,
         estimated_gpu_seconds=quote.gpu_seconds, estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost,
         currency=quote.currency,
@@ -210,11 +168,11 @@ def job_submit(
     ``fingerprint`` defaults to a hash of the arguments as given. A new job is recorded in the audit
     trail (``request``: the client's address).
 
-    ``spec_fields``: the fields of ``JobSpecFields`` besides the script (an unknown name is a
+    ``spec_fields``: the job's fields besides the script (jobs.job_fields; an unknown name is a
     TypeError). The spec is the script's #SBATCH directives with the given fields overriding them
     (None / "": the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when
     its partition's name is on several clusters (else the partition decides)."""
-    fields = dict(vars(JobSpecFields(script=script, **spec_fields)))
+    fields = given_fields(SPEC_FIELD_NAMES, {"script": script, **spec_fields}, what="job_submit")
     if fingerprint is None:
         # no cluster, no submit_dir: as before they existed (keys stored by then still replay)
         given = {name: value for name, value in fields.items() if name not in ("cluster", "submit_dir") or value}
@@ -264,7 +222,7 @@ def job_submit_batch(
 ) -> tuple[list[Job], bool]:
     """Validate and store up to MAX_BATCH_JOBS jobs of one team at once (all or none).
 
-    ``jobs``: dicts with job_submit's spec fields (``JobSpecFields``'s names, and booking; a missing
+    ``jobs``: dicts with job_submit's spec fields (jobs.job_fields, and booking; a missing
     one is None, other keys are not read). Every spec is
     checked with the same validation as job_submit; the errors come back keyed by the spec's index
     (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget holds of all the jobs are placed at
