@@ -4,6 +4,7 @@ whose ApplicationError is placed beside the fields by ``form_add_application_err
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 
@@ -15,6 +16,7 @@ from accounting.selectors import bookings_usable_by
 from jobs.choices import TemplateScope
 from jobs.job_fields import FIELDS, FORM_FIELDS, JOB_FIELDS, TEMPLATE_FIELDS, JobField, given_or_empty
 from jobs.script_fields import overrides_only, uploaded_script_text
+from jobs.spec import ParsedScript, parse_script
 from portal.roles import is_admin
 from portal.selectors import teams_user_can_submit_to
 from portal.slurm import configured_clusters
@@ -154,15 +156,23 @@ class JobForm(_job_fields_form("JobFieldsForm", FORM_FIELDS)):
             raise forms.ValidationError("This field is required.")
         return script
 
+    @functools.cached_property
+    def parsed(self) -> ParsedScript:
+        """The cleaned script's directives, read once for everything this request does with them."""
+        return parse_script(self.cleaned_data.get("script") or "")
+
     def clean_idempotency_key(self):
         return self.cleaned_data.get("idempotency_key") or None
 
     def job_kwargs(self, *, as_filled: bool = False) -> dict:
         """Keyword arguments for job_submit: the script and the fields that override it (one equal to
         the script's directive does not: jobs.script_fields; an empty one is the field's empty value).
-        ``as_filled``: every field as shown (a template keeps them as its spec)."""
-        data = self.cleaned_data if as_filled else overrides_only(self.cleaned_data, self.cleaned_data["script"])
-        return {"script": data["script"], **given_or_empty(FORM_FIELDS, data)}
+        ``as_filled``: every field as shown (a template keeps them as its spec); else with the script's
+        parse (``parsed``), so job_submit does not read it again."""
+        if as_filled:
+            return {"script": self.cleaned_data["script"], **given_or_empty(FORM_FIELDS, self.cleaned_data)}
+        data = overrides_only(self.cleaned_data, self.parsed)
+        return {"script": data["script"], **given_or_empty(FORM_FIELDS, data), "parsed": self.parsed}
 
 
 def initial_from_spec(spec, *, team_slug: str | None = None) -> dict:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import posixpath
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from gpuportal_cli.sbatch_directives import Directive
+from gpuportal_cli.sbatch_directives import Directive, DirectiveError, parse_directives
 
 from jobs.job_fields import FIELD_OF_OPTION
 
@@ -51,6 +52,39 @@ def _as_int(
         errors[name] = [f"Must be at most {maximum}."]
         return None
     return number
+
+
+@dataclass(frozen=True)
+class ParsedScript:
+    """A script's ``#SBATCH`` directives, read once per request (``parse_script``) and handed to
+    whatever needs them: the form's fields and directive table, the estimate, the spec (and, stored
+    on the job, the relay). ``text``: the script parsed (line ends normalised); ``error``: why sbatch
+    would refuse it (``directives`` then empty)."""
+
+    text: str
+    directives: tuple[Directive, ...] = ()
+    error: DirectiveError | None = None
+
+    def shifted(self, lines: int) -> ParsedScript:
+        """The same parse with every script line ``lines`` further down (a shebang put before it)."""
+        if not lines:
+            return self
+        error = self.error and DirectiveError(self.error.message, line=self.error.line + lines if self.error.line else 0,
+                                              option=self.error.option)  # fmt: skip
+        return ParsedScript(self.text, tuple(Directive(d.option, d.value, d.line + lines if d.line else 0, d.text)
+                                             for d in self.directives), error)  # fmt: skip
+
+
+def parse_script(script: Any, parsed: ParsedScript | None = None) -> ParsedScript:
+    """The one place jobs read a script's directives: ``parsed`` when it is this script's parse
+    already (the caller parsed it earlier in the request), else a new parse."""
+    text = script.replace("\r\n", "\n") if isinstance(script, str) else ""
+    if parsed is not None and parsed.text == text:
+        return parsed
+    try:
+        return ParsedScript(text, tuple(parse_directives(text)))
+    except DirectiveError as exc:
+        return ParsedScript(text, (), exc)
 
 
 def _describe(directive: Directive) -> str:

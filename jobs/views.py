@@ -28,7 +28,7 @@ from jobs.services import job_cancel, job_quote, job_submit, job_template_create
 from jobs.arrays import array_task_table
 from jobs.job_fields import SCRIPT_FIELDS, TEMPLATE_FIELDS, given_or_empty
 from jobs.script_fields import fields_from_script, uploaded_script_text
-from jobs.spec import directives_table
+from jobs.spec import ParsedScript, directives_table, parse_script
 from portal.exceptions import ApplicationError, form_add_application_error
 from portal.fields import whole_number
 from portal.roles import is_admin
@@ -282,7 +282,8 @@ def job_new(request):
         "template_form": TemplateSaveForm(user=request.user),
         "has_teams": form.fields["team"].queryset.exists(),
         # unbound: the values the form shows, field defaults included (GPUs 1), as htmx would post them
-        "quote": _quote_from(form.data if form.is_bound else {name: form[name].value() for name in QuoteForm.base_fields}),
+        "quote": _quote_from(form.data if form.is_bound else {name: form[name].value() for name in QuoteForm.base_fields},
+                             parsed=_form_parse(form)),
     }
     status = 400 if request.method == "POST" and not (read and (_is_htmx(request) or not form.errors)) else 200
     # (htmx swaps no 4xx answer: a file it could not read is said beside the file field, with a 200)
@@ -302,7 +303,8 @@ def _form_read_from_script(request, summary) -> tuple[JobForm, str]:
             problem = exc.messages[0]
     initial = {name: request.POST.get(name, "") for name in JobForm.base_fields if name != "script_file"}
     form = JobForm(initial=initial, user=request.user, summary=summary)
-    filled = fields_from_script(script)
+    form.parsed = parse_script(script)  # read once: the fields here, the estimate beside the form
+    filled = fields_from_script(form.parsed)
     for name in ("partition", "gpu_type"):  # one the inventory does not offer stays for the script to decide
         if filled.get(name) not in {value for value, _ in form.fields[name].choices}:
             filled.pop(name, None)
@@ -318,8 +320,15 @@ def _form_read_from_script(request, summary) -> tuple[JobForm, str]:
     )
 
 
-def _quote_from(data) -> dict:
-    """The estimate for (possibly half-filled) form data: {"quote": JobQuote} or {"error": str}."""
+def _form_parse(form: JobForm) -> ParsedScript | None:
+    """The script's parse the form made (JobForm.parsed; "Read script" sets it), if it could make
+    one (an unbound form without it, or one whose data has no cleaned script: None)."""
+    return getattr(form, "parsed", None)
+
+
+def _quote_from(data, *, parsed: ParsedScript | None = None) -> dict:
+    """The estimate for (possibly half-filled) form data: {"quote": JobQuote} or {"error": str}.
+    ``parsed``: the request's parse of a script (used when it is the script of ``data``)."""
     form = QuoteForm(data)
     if not form.is_valid():
         field, errors = next(iter(form.errors.items()))
@@ -327,12 +336,13 @@ def _quote_from(data) -> dict:
         return {"error": f"Check the {label}: {errors[0]}"}
     values = form.cleaned_data
     script = values.get("script") or ""
-    directives, problem = directives_table(script)
+    parsed = parse_script(script, parsed)
+    directives, problem = directives_table(parsed)
     shown = {"directives": directives, "directives_error": problem}
     if not values.get("gpus") and not script.strip():
         return {"error": "Give the number of GPUs (or a script asking for GPUs) to see an estimate."} | shown
     try:
-        quote = job_quote(**given_or_empty(QuoteForm.base_fields, values))
+        quote = job_quote(**given_or_empty(QuoteForm.base_fields, values), parsed=parsed)
     except ApplicationError as exc:
         messages_ = sum(exc.errors.values(), []) or [exc.message]
         return {"error": " ".join(messages_)} | shown
@@ -420,7 +430,7 @@ def template_create_from_form(request):
         "template_form": template_form,
         "template_open": True,
         "has_teams": form.fields["team"].queryset.exists(),
-        "quote": _quote_from(request.POST),
+        "quote": _quote_from(request.POST, parsed=_form_parse(form)),
     }
     return render(request, "jobs/job_form.html", context, status=400)
 

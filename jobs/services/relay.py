@@ -114,6 +114,7 @@ def _spec_for(job: Job, *, ensure_dirs: bool = True) -> JobSpec:
         stdout=stdout,
         stderr=stderr or stdout,
         options=tuple(options),
+        directives=None if job.script_directives is None else tuple(map(tuple, job.script_directives)),
         environment=dict(job.environment),
         comment=job.slurm_tag,
         reservation=_booking_reservation(job),

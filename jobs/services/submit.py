@@ -22,7 +22,7 @@ from jobs.estimate import JobQuote, quote_for
 from jobs.job_fields import SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, STORED_FIELDS, given_fields
 from jobs.models import Job, JobEvent
 from jobs.services.relay import relay_drain_after_commit
-from jobs.spec import ValidSpec, spec_accounts, validate_job_spec
+from jobs.spec import ParsedScript, ValidSpec, spec_accounts, validate_job_spec
 from jobs.workdirs import default_submit_dir
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
@@ -35,15 +35,16 @@ IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")  # printable ASCII, no
 T = TypeVar("T")
 
 
-def job_quote(*, at: dt.datetime | None = None, **shape: Any) -> JobQuote:
+def job_quote(*, at: dt.datetime | None = None, parsed: ParsedScript | None = None, **shape: Any) -> JobQuote:
     """The most a job of this shape (jobs.job_fields.SHAPE_FIELD_NAMES; another name is a TypeError) can use: GPU-hours = the GPUs Slurm
     allocates × time limit × array tasks, and its cost at the rate in force (the dearest type of the
     partition when any type will do). ``script``: its #SBATCH directives count, the fields override
-    them, as for job_submit. Validates like job_submit (ApplicationError naming the field)."""
+    them, as for job_submit (``parsed``: its parse, when the caller has it). Validates like job_submit
+    (ApplicationError naming the field)."""
     fields = given_fields(SHAPE_FIELD_NAMES, shape, what="job_quote")
     script = fields.pop("script")
     spec = validate_job_spec(name=None, script=script or None, workdir=None, environment=None,
-                             check_script=bool(script), **fields)  # fmt: skip
+                             check_script=bool(script), parsed=parsed, **fields)  # fmt: skip
     return quote_for(spec, at=at)
 
 
@@ -104,6 +105,7 @@ def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, 
         id=job_id, team=team, submitter=user, **{name: getattr(spec, name) for name in STORED_FIELDS},
         booking_id=booking_id, state=JobState.ACCEPTED, array_tasks=spec.array_tasks, array_throttle=spec.array_throttle,
         output_pattern=spec.output, error_pattern=spec.error, overrides=spec.overrides, directives=spec.directives,
+        script_directives=spec.script_directives,
         estimated_gpu_seconds=quote.gpu_seconds, estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost,
         currency=quote.currency,
         idempotency_key=idempotency_key, request_fingerprint=fingerprint, cluster=spec.capacity.cluster_for_job(),
@@ -157,6 +159,7 @@ def job_submit(
     idempotency_key: str | None = None,
     fingerprint: str | None = None,
     request=None,
+    parsed: ParsedScript | None = None,
     **spec_fields: Any,
 ) -> tuple[Job, bool]:
     """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit: a
@@ -171,7 +174,8 @@ def job_submit(
     ``spec_fields``: the job's fields besides the script (jobs.job_fields; an unknown name is a
     TypeError). The spec is the script's #SBATCH directives with the given fields overriding them
     (None / "": the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when
-    its partition's name is on several clusters (else the partition decides)."""
+    its partition's name is on several clusters (else the partition decides). ``parsed``: the
+    script's parse when the caller has it (jobs.spec_fields.parse_script: once per request)."""
     fields = given_fields(SPEC_FIELD_NAMES, {"script": script, **spec_fields}, what="job_submit")
     if fingerprint is None:
         # no cluster, no submit_dir: as before they existed (keys stored by then still replay)
@@ -179,7 +183,7 @@ def job_submit(
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, **given, "booking": str(getattr(booking, "pk", booking) or "")}
         )
-    jobs, created = _submit(user=user, team=team, items=[{**fields, "booking": booking}], idempotency_key=idempotency_key,
+    jobs, created = _submit(user=user, team=team, items=[{**fields, "booking": booking, "parsed": parsed}], idempotency_key=idempotency_key,
                             fingerprint=fingerprint, request=request, single=True)  # fmt: skip
     return jobs[0], created
 
@@ -266,7 +270,7 @@ def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str 
         job_id = uuid.uuid4()
         try:
             spec = validate_job_spec(**{name: item.get(name) for name in SPEC_FIELD_NAMES}, **accounts, cache=cache,
-                                     default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))  # fmt: skip
+                                     parsed=item.get("parsed"), default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))  # fmt: skip
             booking_id = _booking_id(item.get("booking"))
             if booking_id is not None:
                 _check_booking(booking_id, team=team, spec=spec)
