@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from django.http import Http404
 from django.urls import get_script_prefix, reverse
@@ -23,7 +24,7 @@ from jobs.arrays import array_task_counts, job_array_task_cancel
 from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.gpu_report import job_gpu_report
-from jobs.job_fields import FIELDS, SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, JobField
+from jobs.job_fields import FIELDS, SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, TEMPLATE_FIELDS, JobField
 from jobs.models import Job, JobTemplate
 from jobs.selectors import (
     OUTPUT_DEFAULT_LENGTH,
@@ -44,6 +45,7 @@ from jobs.services import (
     job_template_create,
     job_template_delete,
     request_fingerprint,
+    template_defaults,
 )
 from portal.exceptions import ApplicationError
 from portal.fields import whole_number
@@ -68,32 +70,35 @@ def _team_by_slug(request, slug: str | None) -> Team | None:
 # ---------------------------------------------------------------- input serializers (derived)
 
 
-def _input_field(field: JobField, *, script_required: bool) -> serializers.Field:
-    """The API input field of a job field (jobs.job_fields): optional, its empty value the default."""
+def _input_field(field: JobField, *, script_required: bool, empty: Any) -> serializers.Field:
+    """The API input field of a job field (jobs.job_fields): optional, ``empty`` its default."""
     common = {"help_text": field.api_help or None}
     if field.kind == "script":
         return serializers.CharField(allow_blank=True, trim_whitespace=False, **common,
                                      **({} if script_required else {"required": False, "default": ""}))  # fmt: skip
     common |= {"required": False}
     if field.kind in ("int", "time"):
-        return serializers.IntegerField(allow_null=True, default=None, **common)
+        return serializers.IntegerField(allow_null=empty is None, default=empty, **common)
     if field.kind == "bool":
-        return serializers.BooleanField(allow_null=True, default=None, **common)
+        return serializers.BooleanField(allow_null=empty is None, default=empty, **common)
     if field.kind == "dict":
         return serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False), default=dict, **common)
     if field.max_length:
         common["max_length"] = field.max_length
-    return serializers.CharField(allow_blank=True, allow_null=field.empty is None, default=field.empty, **common)
+    return serializers.CharField(allow_blank=True, allow_null=empty is None, default=empty, **common)
 
 
-def job_input_serializer(class_name: str, names: tuple[str, ...], **extra) -> type[serializers.Serializer]:
-    """A serializer class of the job fields ``names`` in their declared order, after the first field
-    ``extra`` makes (``name=factory``; DRF orders fields as they are created: team first) and before
-    its others (booking); the script is required when it is the submission's (``extra`` given)."""
-    makers = list(extra.items())
-    first = {name: make() for name, make in makers[:1]}
-    fields = {name: _input_field(FIELDS[name], script_required=bool(extra)) for name in names}
-    return type(class_name, (serializers.Serializer,), {**first, **fields, **{name: make() for name, make in makers[1:]}})
+def job_input_serializer(class_name: str, names: tuple[str, ...], *, before: dict | None = None, after: dict | None = None,
+                         empties: dict | None = None, script_required: bool = True) -> type[serializers.Serializer]:  # fmt: skip
+    """A serializer class of the job fields ``names`` in their declared order, between the fields
+    ``before`` and ``after`` make (``{name: factory}``: DRF orders fields as they are created).
+    ``empties``: a field's default other than its declared empty value (a template's model defaults)."""
+    empties = empties or {}
+    attrs = {name: make() for name, make in (before or {}).items()}
+    attrs |= {name: _input_field(FIELDS[name], script_required=script_required, empty=empties.get(name, FIELDS[name].empty))
+              for name in names}  # fmt: skip
+    attrs |= {name: make() for name, make in (after or {}).items()}
+    return type(class_name, (serializers.Serializer,), attrs)
 
 
 # ---------------------------------------------------------------- output serializers (shared)
@@ -272,8 +277,8 @@ class JobCollectionApi(ListAPIView):
     filterset_class = JobFilter
 
     JobSubmitInputSerializer = job_input_serializer(
-        "JobSubmitInputSerializer", SPEC_FIELD_NAMES, team=lambda: serializers.CharField(help_text="Team slug."),
-        booking=lambda: serializers.UUIDField(required=False, allow_null=True, default=None),
+        "JobSubmitInputSerializer", SPEC_FIELD_NAMES, before={"team": lambda: serializers.CharField(help_text="Team slug.")},
+        after={"booking": lambda: serializers.UUIDField(required=False, allow_null=True, default=None)},
     )
 
     def get_queryset(self):
@@ -444,7 +449,7 @@ class JobOutputApi(APIView):
 
 
 class JobQuoteApi(APIView):
-    JobQuoteInputSerializer = job_input_serializer("JobQuoteInputSerializer", SHAPE_FIELD_NAMES)
+    JobQuoteInputSerializer = job_input_serializer("JobQuoteInputSerializer", SHAPE_FIELD_NAMES, script_required=False)
 
     class JobQuoteOutputSerializer(serializers.Serializer):
         gpu_seconds = serializers.IntegerField(help_text="Exact: GPUs × (time limit + overrun) × array tasks.")
@@ -490,21 +495,16 @@ class JobTemplateCollectionApi(ListAPIView):
 
     serializer_class = JobTemplateOutputSerializer
 
-    class JobTemplateInputSerializer(serializers.Serializer):
-        scope = serializers.ChoiceField(choices=TemplateScope.choices, default=TemplateScope.PERSONAL)
-        team = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="Team slug (scope team).")
-        name = serializers.CharField(allow_blank=True)
-        description = serializers.CharField(required=False, allow_blank=True, default="")
-        script = serializers.CharField(allow_blank=True, trim_whitespace=False)
-        partition = serializers.CharField(required=False, allow_blank=True, default="")
-        gpu_type = serializers.CharField(required=False, allow_blank=True, default="")
-        gpus = serializers.IntegerField(required=False, default=1)
-        nodes = serializers.IntegerField(required=False, default=1)
-        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
-        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
-        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        workdir = serializers.CharField(required=False, allow_blank=True, default="")
-        environment = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    JobTemplateInputSerializer = job_input_serializer(
+        "JobTemplateInputSerializer", TEMPLATE_FIELDS, empties=template_defaults(),
+        before={
+            "scope": lambda: serializers.ChoiceField(choices=TemplateScope.choices, default=TemplateScope.PERSONAL),
+            "team": lambda: serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None,
+                                                  help_text="Team slug (scope team)."),
+            "name": lambda: serializers.CharField(allow_blank=True),
+            "description": lambda: serializers.CharField(required=False, allow_blank=True, default=""),
+        },
+    )  # fmt: skip
 
     def get_queryset(self):
         return job_templates_visible_to(self.request.user).order_by("scope", "name", "pk")

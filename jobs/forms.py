@@ -156,6 +156,16 @@ class JobForm(_job_fields_form("JobFieldsForm", FORM_FIELDS)):
             raise forms.ValidationError("This field is required.")
         return script
 
+    def job_field_rows(self) -> list:
+        """The job fields as the page shows them (jobs/job_form.html), in their declared order; the
+        booking after the GPU type when the user has one to choose."""
+        rows = []
+        for name in FORM_FIELDS:
+            rows.append(self[name])
+            if name == "gpu_type" and len(self.fields["booking"].choices) > 1:
+                rows.append(self["booking"])
+        return rows
+
     @functools.cached_property
     def parsed(self) -> ParsedScript:
         """The cleaned script's directives, read once for everything this request does with them."""

@@ -62,7 +62,7 @@ from jobs.services.sync import (
     _plan_job,
     jobs_sync,
 )
-from jobs.services.templates import job_template_create, job_template_delete
+from jobs.services.templates import job_template_create, job_template_delete, template_defaults
 from jobs.spec import DEFAULT_SHEBANG
 
 __all__ = [
@@ -104,6 +104,7 @@ __all__ = [
     "job_submit",
     "job_submit_batch",
     "job_template_create",
+    "template_defaults",
     "job_template_delete",
     "jobs_sweep",
     "jobs_sync",

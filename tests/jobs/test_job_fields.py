@@ -9,7 +9,7 @@ import inspect
 
 import pytest
 
-from jobs.apis import JobCollectionApi, JobQuoteApi
+from jobs.apis import JobCollectionApi, JobQuoteApi, JobTemplateCollectionApi
 from jobs.forms import JobForm, QuoteForm, initial_from_spec
 from jobs.job_fields import (
     FIELD_OF_OPTION,
@@ -23,7 +23,7 @@ from jobs.job_fields import (
     given_fields,
 )
 from jobs.models import Job, JobTemplate
-from jobs.services import job_quote
+from jobs.services import job_quote, job_template_create
 from jobs.spec import validate_job_spec
 
 # what the views and services add around a job's fields (not fields of the job itself)
@@ -37,6 +37,10 @@ def test_the_api_inputs_are_the_declared_fields():
     assert list(submit) == ["team", *SPEC_FIELD_NAMES, "booking"]
     assert set(submit) - SUBMIT_EXTRAS == {f.name for f in JOB_FIELDS}
     assert list(JobQuoteApi.JobQuoteInputSerializer().fields) == list(SHAPE_FIELD_NAMES)
+    template = JobTemplateCollectionApi.JobTemplateInputSerializer().fields
+    assert list(template) == ["scope", "team", "name", "description", *TEMPLATE_FIELDS]
+    # a template's defaults are its columns': one GPU on one node, not "the script decides"
+    assert (template["gpus"].default, template["nodes"].default, template["memory_gb"].default) == (1, 1, None)
 
 
 def test_the_forms_fields_are_the_declared_ones():
@@ -71,8 +75,18 @@ def test_initial_from_spec_fills_the_template_fields(world):
     assert (initial["name"], initial["time_limit_minutes"], initial["partition"]) == ("t-1", "1:30:00", "gpu")
 
 
+@pytest.mark.django_db
+def test_the_page_shows_every_form_field(world):
+    from portal.selectors import cluster_summary
+
+    form = JobForm(user=world.alice, summary=cluster_summary())
+    assert [field.name for field in form.job_field_rows()] == list(FORM_FIELDS)  # no booking to choose
+
+
 def test_an_undeclared_field_is_a_type_error():
     with pytest.raises(TypeError, match="job_quote got unexpected field.*: colour"):
         job_quote(colour="red")
     with pytest.raises(TypeError, match="qos"):
         given_fields(SHAPE_FIELD_NAMES, {"qos": "high"}, what="job_quote")  # not a field that sizes a job
+    with pytest.raises(TypeError, match="job_template_create got unexpected field.*: ntasks"):
+        job_template_create(user=None, scope="personal", name="t", script="true", ntasks=2)  # kept in the script only
