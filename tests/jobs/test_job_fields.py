@@ -90,3 +90,13 @@ def test_an_undeclared_field_is_a_type_error():
         given_fields(SHAPE_FIELD_NAMES, {"qos": "high"}, what="job_quote")  # not a field that sizes a job
     with pytest.raises(TypeError, match="job_template_create got unexpected field.*: ntasks"):
         job_template_create(user=None, scope="personal", name="t", script="true", ntasks=2)  # kept in the script only
+
+
+def test_reading_a_script_fills_every_field_a_script_fills():
+    from jobs.script_fields import fields_from_script
+    from jobs.spec import parse_script
+
+    head = "#!/bin/bash\n#SBATCH -J n1 -p gpu --gres=gpu:a100:2 -N 1 -n 2 --mem=8G -t 30 --array=0-3 "
+    read = {**fields_from_script(parse_script(head + "-c 4\ntrue\n")),  # --cpus-per-task and --cpus-per-gpu: one or the other
+            **fields_from_script(parse_script(head + "--cpus-per-gpu=2\ntrue\n"))}  # fmt: skip
+    assert set(read) == set(SCRIPT_FIELDS)
