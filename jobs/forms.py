@@ -82,7 +82,7 @@ def _form_field(field: JobField, *, lenient: bool = False) -> forms.Field:
     """The form field of a job field (jobs.job_fields): optional (empty: the script decides).
     ``lenient``: the live estimate's (choices are not checked, no labels)."""
     shown = {} if lenient else {"label": field.label or None, "help_text": field.help}
-    if field.kind in ("int",):
+    if field.kind == "int":
         return forms.IntegerField(min_value=1, required=False, **shown)
     if field.kind == "time":
         return TimeLimitField(required=False, **shown)

@@ -1,7 +1,7 @@
 """Relaying ACCEPTED jobs to Slurm, exactly once: claim / lease / release (a conditional update with a
-token), the JobSpec for a stored job, the single relay, the batched relay and the drain (the group
-commit of single-job submits, on the batched relay's machinery). Slurm is called outside
-any transaction; every state change is a conditional UPDATE on the row."""
+token), the JobSpec for a stored job, and ONE relay: the batched relay (one job is a batch of one:
+job_relay_run) and the drain (the group commit of submits, on the batched relay's machinery). Slurm
+is called outside any transaction; every state change is a conditional UPDATE on the row."""
 
 from __future__ import annotations
 
