@@ -36,9 +36,9 @@ T = TypeVar("T")
 
 
 def job_quote(*, at: dt.datetime | None = None, parsed: ParsedScript | None = None, **shape: Any) -> JobQuote:
-    """The most a job of this shape (jobs.job_fields.SHAPE_FIELD_NAMES; another name is a TypeError) can use: GPU-hours = the GPUs Slurm
-    allocates × time limit × array tasks, and its cost at the rate in force (the dearest type of the
-    partition when any type will do). ``script``: its #SBATCH directives count, the fields override
+    """The most a job of this shape (the fields jobs.job_fields.SHAPE_FIELD_NAMES; another name is a
+    TypeError) can use: GPU-hours = the GPUs Slurm allocates × time limit × array tasks, and its cost
+    at the rate in force (the dearest type of the partition when any type will do). ``script``: its #SBATCH directives count, the fields override
     them, as for job_submit (``parsed``: its parse, when the caller has it). Validates like job_submit
     (ApplicationError naming the field)."""
     fields = given_fields(SHAPE_FIELD_NAMES, shape, what="job_quote")
