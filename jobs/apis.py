@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from django.http import Http404
 from django.urls import get_script_prefix, reverse
@@ -23,6 +24,7 @@ from jobs.arrays import array_task_counts, job_array_task_cancel
 from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.gpu_report import job_gpu_report
+from jobs.job_fields import FIELDS, SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, TEMPLATE_FIELDS, JobField
 from jobs.models import Job, JobTemplate
 from jobs.selectors import (
     OUTPUT_DEFAULT_LENGTH,
@@ -43,6 +45,7 @@ from jobs.services import (
     job_template_create,
     job_template_delete,
     request_fingerprint,
+    template_defaults,
 )
 from portal.exceptions import ApplicationError
 from portal.fields import whole_number
@@ -62,6 +65,40 @@ def _team_by_slug(request, slug: str | None) -> Team | None:
     """The team named by slug, or None, with the user's role in it (one query: portal.roles.team_with_role);
     the service answers "No such team." for both a missing team and one the user cannot see."""
     return team_with_role(request.user, slug)
+
+
+# ---------------------------------------------------------------- input serializers (derived)
+
+
+def _input_field(field: JobField, *, script_required: bool, empty: Any) -> serializers.Field:
+    """The API input field of a job field (jobs.job_fields): optional, ``empty`` its default."""
+    common = {"help_text": field.api_help or None}
+    if field.kind == "script":
+        return serializers.CharField(allow_blank=True, trim_whitespace=False, **common,
+                                     **({} if script_required else {"required": False, "default": ""}))  # fmt: skip
+    common |= {"required": False}
+    if field.kind in ("int", "time"):
+        return serializers.IntegerField(allow_null=empty is None, default=empty, **common)
+    if field.kind == "bool":
+        return serializers.BooleanField(allow_null=empty is None, default=empty, **common)
+    if field.kind == "dict":
+        return serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False), default=dict, **common)
+    if field.max_length:
+        common["max_length"] = field.max_length
+    return serializers.CharField(allow_blank=True, allow_null=empty is None, default=empty, **common)
+
+
+def job_input_serializer(class_name: str, names: tuple[str, ...], *, before: dict | None = None, after: dict | None = None,
+                         empties: dict | None = None, script_required: bool = True) -> type[serializers.Serializer]:  # fmt: skip
+    """A serializer class of the job fields ``names`` in their declared order, between the fields
+    ``before`` and ``after`` make (``{name: factory}``: DRF orders fields as they are created).
+    ``empties``: a field's default other than its declared empty value (a template's model defaults)."""
+    empties = empties or {}
+    attrs = {name: make() for name, make in (before or {}).items()}
+    attrs |= {name: _input_field(FIELDS[name], script_required=script_required, empty=empties.get(name, FIELDS[name].empty))
+              for name in names}  # fmt: skip
+    attrs |= {name: make() for name, make in (after or {}).items()}
+    return type(class_name, (serializers.Serializer,), attrs)
 
 
 # ---------------------------------------------------------------- output serializers (shared)
@@ -239,44 +276,10 @@ class JobCollectionApi(ListAPIView):
     serializer_class = JobSummaryOutputSerializer
     filterset_class = JobFilter
 
-    class JobSubmitInputSerializer(serializers.Serializer):
-        team = serializers.CharField(help_text="Team slug.")
-        script = serializers.CharField(
-            allow_blank=True, trim_whitespace=False,
-            help_text="A batch script; its #SBATCH lines are read as sbatch reads them. Every field below overrides "
-            "the script's directive for it (as sbatch's command line does); leave a field out to let the script decide.",
-        )  # fmt: skip
-        name = serializers.CharField(allow_blank=True, required=False, allow_null=True, default=None)
-        partition = serializers.CharField(allow_blank=True, required=False, default="")
-        cluster = serializers.CharField(
-            allow_blank=True, required=False, default="", max_length=64,
-            help_text="The cluster to run on; needed only when the partition's name is on several clusters "
-            "(a 400 naming `cluster` says so). Overrides the script's `#SBATCH -M`/`--clusters`, as sbatch's command "
-            "line does. Empty: the script's -M, else the partition's cluster (no partition: the default cluster).",
-        )  # fmt: skip
-        gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="GPUs of the job in total.")
-        nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
-        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
-        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        ntasks = serializers.IntegerField(required=False, allow_null=True, default=None)
-        cpus_per_task = serializers.IntegerField(required=False, allow_null=True, default=None)
-        exclusive = serializers.BooleanField(required=False, allow_null=True, default=None)
-        array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="sbatch --array, e.g. 0-15%4.")
-        qos = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
-        constraint = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
-        booking = serializers.UUIDField(required=False, allow_null=True, default=None)
-        workdir = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None,
-                                        help_text="Overrides the script's --chdir.")  # fmt: skip
-        submit_dir = serializers.CharField(
-            required=False, allow_null=True, allow_blank=True, default=None,
-            help_text="Where the job is submitted from, as sbatch's own directory (SLURM_SUBMIT_DIR; the job starts "
-                      "there without --chdir; relative paths are resolved against it); empty: your default directory.",
-        )  # fmt: skip
-        environment = serializers.DictField(
-            child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
-        )
+    JobSubmitInputSerializer = job_input_serializer(
+        "JobSubmitInputSerializer", SPEC_FIELD_NAMES, before={"team": lambda: serializers.CharField(help_text="Team slug.")},
+        after={"booking": lambda: serializers.UUIDField(required=False, allow_null=True, default=None)},
+    )
 
     def get_queryset(self):
         return jobs_visible_to(self.request.user).order_by("-created_at")
@@ -446,22 +449,7 @@ class JobOutputApi(APIView):
 
 
 class JobQuoteApi(APIView):
-    class JobQuoteInputSerializer(serializers.Serializer):
-        partition = serializers.CharField(allow_blank=True, required=False, default="")
-        cluster = serializers.CharField(allow_blank=True, required=False, default="", max_length=64,
-                                        help_text="As for submission: only when the partition's name is on several clusters.")  # fmt: skip
-        gpu_type = serializers.CharField(allow_blank=True, required=False, default="")
-        gpus = serializers.IntegerField(required=False, allow_null=True, default=None)
-        nodes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
-        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
-        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        script = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="",
-                                       help_text="Its #SBATCH lines count; the fields override them.")  # fmt: skip
-        ntasks = serializers.IntegerField(required=False, allow_null=True, default=None)
-        cpus_per_task = serializers.IntegerField(required=False, allow_null=True, default=None)
-        exclusive = serializers.BooleanField(required=False, allow_null=True, default=None)
-        array = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+    JobQuoteInputSerializer = job_input_serializer("JobQuoteInputSerializer", SHAPE_FIELD_NAMES, script_required=False)
 
     class JobQuoteOutputSerializer(serializers.Serializer):
         gpu_seconds = serializers.IntegerField(help_text="Exact: GPUs × (time limit + overrun) × array tasks.")
@@ -507,21 +495,16 @@ class JobTemplateCollectionApi(ListAPIView):
 
     serializer_class = JobTemplateOutputSerializer
 
-    class JobTemplateInputSerializer(serializers.Serializer):
-        scope = serializers.ChoiceField(choices=TemplateScope.choices, default=TemplateScope.PERSONAL)
-        team = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="Team slug (scope team).")
-        name = serializers.CharField(allow_blank=True)
-        description = serializers.CharField(required=False, allow_blank=True, default="")
-        script = serializers.CharField(allow_blank=True, trim_whitespace=False)
-        partition = serializers.CharField(required=False, allow_blank=True, default="")
-        gpu_type = serializers.CharField(required=False, allow_blank=True, default="")
-        gpus = serializers.IntegerField(required=False, default=1)
-        nodes = serializers.IntegerField(required=False, default=1)
-        cpus_per_gpu = serializers.IntegerField(required=False, allow_null=True, default=None)
-        memory_gb = serializers.IntegerField(required=False, allow_null=True, default=None)
-        time_limit_minutes = serializers.IntegerField(required=False, allow_null=True, default=None)
-        workdir = serializers.CharField(required=False, allow_blank=True, default="")
-        environment = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    JobTemplateInputSerializer = job_input_serializer(
+        "JobTemplateInputSerializer", TEMPLATE_FIELDS, empties=template_defaults(),
+        before={
+            "scope": lambda: serializers.ChoiceField(choices=TemplateScope.choices, default=TemplateScope.PERSONAL),
+            "team": lambda: serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None,
+                                                  help_text="Team slug (scope team)."),
+            "name": lambda: serializers.CharField(allow_blank=True),
+            "description": lambda: serializers.CharField(required=False, allow_blank=True, default=""),
+        },
+    )  # fmt: skip
 
     def get_queryset(self):
         return job_templates_visible_to(self.request.user).order_by("scope", "name", "pk")

@@ -4,6 +4,7 @@ whose ApplicationError is placed beside the fields by ``form_add_application_err
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 
@@ -13,13 +14,12 @@ from gpuportal_cli.sbatch import parse_time_minutes
 
 from accounting.selectors import bookings_usable_by
 from jobs.choices import TemplateScope
+from jobs.job_fields import FIELDS, FORM_FIELDS, JOB_FIELDS, TEMPLATE_FIELDS, JobField, given_or_empty
 from jobs.script_fields import overrides_only, uploaded_script_text
+from jobs.spec import ParsedScript, parse_script
 from portal.roles import is_admin
 from portal.selectors import teams_user_can_submit_to
 from portal.slurm import configured_clusters
-
-ENV_HELP = "One NAME=value per line."
-
 
 class TimeLimitField(forms.CharField):
     """A time limit typed as Slurm does (``90``, ``1:30:00``, ``2-00:00:00``) or as ``2h`` / ``90m``;
@@ -78,34 +78,39 @@ def _booking_choices(user) -> list[tuple[str, str]]:
     ]
 
 
-class JobForm(forms.Form):
-    """The submission form. Partition and GPU type choices come from the synced inventory
-    (``cluster_summary()``), teams from ``teams_user_can_submit_to``."""
+def _form_field(field: JobField, *, lenient: bool = False) -> forms.Field:
+    """The form field of a job field (jobs.job_fields): optional (empty: the script decides).
+    ``lenient``: the live estimate's (choices are not checked, no labels)."""
+    shown = {} if lenient else {"label": field.label or None, "help_text": field.help}
+    if field.kind == "int":
+        return forms.IntegerField(min_value=1, required=False, **shown)
+    if field.kind == "time":
+        return TimeLimitField(required=False, **shown)
+    if field.kind == "dict":
+        return EnvironmentField(required=False, **shown)
+    if field.kind == "script":
+        return forms.CharField(required=False, strip=False)
+    if field.kind == "choice" and not lenient:
+        return forms.ChoiceField(choices=(), required=False, **shown)
+    return forms.CharField(max_length=None if lenient else field.max_length, required=False, **shown)
 
+
+def _job_fields_form(class_name: str, names, **kwargs) -> type[forms.Form]:
+    """A form class of the job fields ``names`` (jobs.job_fields), in their declared order."""
+    return type(class_name, (forms.Form,), {name: _form_field(FIELDS[name], **kwargs) for name in names})
+
+
+class JobForm(_job_fields_form("JobFieldsForm", FORM_FIELDS)):
+    """The submission form. Partition and GPU type choices come from the synced inventory
+    (``cluster_summary()``), teams from ``teams_user_can_submit_to``; the job's fields are
+    jobs.job_fields' (FORM_FIELDS). Every one of them may stay empty: the script's #SBATCH lines
+    decide; a value overrides them ("Read script" fills them from the script; a value equal to the
+    script's is no override)."""
+
+    field_order = ["team"]  # then the job fields, then those below
     team = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None)
-    # Every field below may stay empty: the script's #SBATCH lines decide; a value overrides them
-    # ("Read script" fills them from the script; a value equal to the script's is no override).
-    name = forms.CharField(max_length=128, required=False, help_text="Letters, digits, '.', '_' or '-'. Empty: the script's --job-name.")
-    partition = forms.ChoiceField(choices=(), required=False)
-    # shown only when the portal serves several clusters: where a partition name on several of them runs
-    cluster = forms.ChoiceField(choices=(), required=False, help_text="Needed only when the partition's name is on several clusters.")
-    gpu_type = forms.ChoiceField(choices=(), required=False, label="GPU type")
-    gpus = forms.IntegerField(min_value=1, required=False, label="GPUs", help_text="For the whole job. Empty: the script's GPU directive.")
-    nodes = forms.IntegerField(min_value=1, required=False, help_text="Empty: the script's --nodes (else 1).")
-    ntasks = forms.IntegerField(min_value=1, required=False, label="Tasks", help_text="Empty: the script's --ntasks (else one per node).")
-    cpus_per_task = forms.IntegerField(min_value=1, required=False, label="CPUs per task", help_text="Empty: the script's --cpus-per-task.")
-    cpus_per_gpu = forms.IntegerField(min_value=1, required=False, label="CPUs per GPU", help_text="Empty: the script's --cpus-per-gpu.")
-    memory_gb = forms.IntegerField(min_value=1, required=False, label="Memory per node (GB)", help_text="Empty: the partition's default.")
-    time_limit_minutes = TimeLimitField(
-        required=False,
-        label="Time limit",
-        help_text="Minutes, or 1:30:00, 2-00:00:00, 2h, 90m. Empty: the partition's default.",
-    )
-    array = forms.CharField(max_length=1024, required=False, label="Array", help_text="Task indexes, e.g. 0-9 or 1-100%10. Empty: the script's --array (else no array).")
     script_file = forms.FileField(required=False, label="Script file", help_text="A .sbatch or .sh file: it replaces the script below.")
     script = forms.CharField(widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}), strip=False, required=False)
-    workdir = forms.CharField(max_length=1024, required=False, label="Working directory", help_text="Absolute path; empty: the site default.")
-    environment = EnvironmentField(required=False, help_text=ENV_HELP)
     idempotency_key = forms.CharField(widget=forms.HiddenInput, required=False, max_length=255)
     booking = forms.ChoiceField(
         choices=(), required=False, label="Run in booking",
@@ -151,69 +156,51 @@ class JobForm(forms.Form):
             raise forms.ValidationError("This field is required.")
         return script
 
+    def job_field_rows(self) -> list:
+        """The job fields as the page shows them (jobs/job_form.html), in their declared order; the
+        booking after the GPU type when the user has one to choose."""
+        rows = []
+        for name in FORM_FIELDS:
+            rows.append(self[name])
+            if name == "gpu_type" and len(self.fields["booking"].choices) > 1:
+                rows.append(self["booking"])
+        return rows
+
+    @functools.cached_property
+    def parsed(self) -> ParsedScript:
+        """The cleaned script's directives, read once for everything this request does with them."""
+        return parse_script(self.cleaned_data.get("script") or "")
+
     def clean_idempotency_key(self):
         return self.cleaned_data.get("idempotency_key") or None
 
     def job_kwargs(self, *, as_filled: bool = False) -> dict:
-        """Keyword arguments for job_submit: the fields that override the script (one equal to the
-        script's directive does not: jobs.script_fields). ``as_filled``: every field as shown (a
-        template keeps them as its spec)."""
-        data = self.cleaned_data if as_filled else overrides_only(self.cleaned_data, self.cleaned_data["script"])
-        return {
-            "name": data.get("name") or None,
-            "script": data["script"],
-            "partition": data.get("partition") or "",
-            "gpu_type": data.get("gpu_type") or "",
-            "gpus": data.get("gpus"),
-            "nodes": data.get("nodes"),
-            "ntasks": data.get("ntasks"),
-            "cpus_per_task": data.get("cpus_per_task"),
-            "cpus_per_gpu": data.get("cpus_per_gpu"),
-            "memory_gb": data.get("memory_gb"),
-            "time_limit_minutes": data.get("time_limit_minutes"),
-            "array": data.get("array") or None,
-            "workdir": data.get("workdir") or None,
-            "environment": data.get("environment") or {},
-            # a submission's only (a template's spec has no cluster)
-            **({"cluster": self.cleaned_data["cluster"]} if not as_filled and self.cleaned_data.get("cluster") else {}),
-        }
+        """Keyword arguments for job_submit: the script and the fields that override it (one equal to
+        the script's directive does not: jobs.script_fields; an empty one is the field's empty value).
+        ``as_filled``: every field as shown (a template keeps them as its spec); else with the script's
+        parse (``parsed``), so job_submit does not read it again."""
+        if as_filled:
+            return {"script": self.cleaned_data["script"], **given_or_empty(FORM_FIELDS, self.cleaned_data)}
+        data = overrides_only(self.cleaned_data, self.parsed)
+        return {"script": data["script"], **given_or_empty(FORM_FIELDS, data), "parsed": self.parsed}
 
 
 def initial_from_spec(spec, *, team_slug: str | None = None) -> dict:
-    """Form initial values from a Job or a JobTemplate (the "submit from template" / "resubmit" path)."""
-    initial = {
-        "name": re.sub(r"[^A-Za-z0-9._-]+", "-", spec.name).strip("-")[:128],
-        "script": spec.script,
-        "gpu_type": spec.gpu_type,
-        "gpus": spec.gpus,
-        "nodes": spec.nodes,
-        "cpus_per_gpu": spec.cpus_per_gpu,
-        "memory_gb": spec.memory_gb,
-        "time_limit_minutes": format_minutes(spec.time_limit_minutes),
-        "workdir": spec.workdir,
-        "environment": spec.environment or {},
-    }
-    if spec.partition:
-        initial["partition"] = spec.partition
+    """Form initial values from a Job or a JobTemplate (the "submit from template" / "resubmit" path):
+    the fields a template keeps (jobs.job_fields.TEMPLATE_FIELDS), and the job's name."""
+    initial = {name: getattr(spec, name) for name in TEMPLATE_FIELDS}
+    initial.update(
+        name=re.sub(r"[^A-Za-z0-9._-]+", "-", spec.name).strip("-")[:128],
+        time_limit_minutes=format_minutes(spec.time_limit_minutes), environment=spec.environment or {},
+    )
     if team_slug:
         initial["team"] = team_slug
     return initial
 
 
-class QuoteForm(forms.Form):
-    """The fields the live estimate needs; lenient (a half-typed form yields no quote, not errors)."""
-
-    partition = forms.CharField(required=False)
-    gpu_type = forms.CharField(required=False)
-    gpus = forms.IntegerField(min_value=1, required=False)
-    nodes = forms.IntegerField(min_value=1, required=False)
-    ntasks = forms.IntegerField(min_value=1, required=False)
-    cpus_per_task = forms.IntegerField(min_value=1, required=False)
-    cpus_per_gpu = forms.IntegerField(min_value=1, required=False)
-    memory_gb = forms.IntegerField(min_value=1, required=False)
-    time_limit_minutes = TimeLimitField(required=False)
-    array = forms.CharField(required=False)
-    script = forms.CharField(required=False, strip=False)
+# The fields the live estimate needs (the job fields that size it and that the page shows); lenient
+# (a half-typed form yields no quote, not errors).
+QuoteForm = _job_fields_form("QuoteForm", [f.name for f in JOB_FIELDS if f.sizes and (f.form or f.kind == "script")], lenient=True)
 
 
 class TemplateSaveForm(forms.Form):

@@ -58,6 +58,10 @@ class Job(models.Model):
     overrides = models.JSONField(default=list, blank=True)
     # The effective options ({option, value, line}; line 0: from a field), shown on the job's page.
     directives = models.JSONField(default=list, blank=True)
+    # The script's #SBATCH directives as the portal read them at submission ([[option, value, line,
+    # text], ...]): the relay hands them to the gateway, which does not read the script again. Null:
+    # a row from before they were stored (the gateway reads the script).
+    script_directives = models.JSONField(null=True, blank=True)
     # The booking the job runs in (its Slurm reservation); bookings are never deleted (cancelled).
     booking = models.ForeignKey("accounting.Booking", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
 

@@ -11,15 +11,11 @@ total from the one on the screen)."""
 from __future__ import annotations
 
 from django import forms
-from gpuportal_sbatch.directives import DirectiveError, parse_directives, script_request
+from gpuportal_sbatch.directives import DirectiveError, script_request
 
-from jobs.spec import MAX_SCRIPT_BYTES
+from jobs.job_fields import SCRIPT_FIELDS  # the form fields a script fills (its directive's value, else empty)
+from jobs.spec import MAX_SCRIPT_BYTES, ParsedScript
 
-# the form fields a script fills (reading a script sets each: its directive's value, else empty)
-SCRIPT_FIELDS = (
-    "name", "partition", "gpu_type", "gpus", "nodes", "ntasks", "cpus_per_task", "cpus_per_gpu",
-    "memory_gb", "time_limit_minutes", "array",
-)  # fmt: skip
 SCRIPT_UPLOAD_SUFFIXES = (".sbatch", ".sh", ".slurm", ".bash", ".job", ".txt")
 
 
@@ -42,11 +38,14 @@ def uploaded_script_text(upload) -> str:
     return text.replace("\r\n", "\n")
 
 
-def fields_from_script(script: str) -> dict:
-    """The form values the script's directives give, in the form's units (a field the script does not
-    set is absent). Unparseable scripts give {} (the directive table says why)."""
+def fields_from_script(parsed: ParsedScript) -> dict:
+    """The form values the script's directives (``jobs.spec.parse_script``) give, in the form's units
+    (a field the script does not set is absent). Unparseable scripts give {} (the directive table
+    says why)."""
+    if parsed.error is not None:
+        return {}
     try:
-        request = script_request(parse_directives((script or "").replace("\r\n", "\n")))
+        request = script_request(list(parsed.directives))
     except DirectiveError:
         return {}
     options = request.options
@@ -79,10 +78,10 @@ def fields_from_script(script: str) -> dict:
     return values
 
 
-def overrides_only(values: dict, script: str) -> dict:
-    """``values`` (cleaned form fields) with every field that equals the script's directive emptied:
-    what is left overrides the script."""
-    from_script = fields_from_script(script)
+def overrides_only(values: dict, parsed: ParsedScript) -> dict:
+    """``values`` (cleaned form fields) with every field that equals the script's directive
+    (``parsed``: the script's parse) emptied: what is left overrides the script."""
+    from_script = fields_from_script(parsed)
     kept = dict(values)
     for name in SCRIPT_FIELDS:
         if name in kept and name in from_script and kept[name] == from_script[name]:

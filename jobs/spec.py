@@ -35,7 +35,6 @@ from gpuportal_sbatch.directives import (
     apply_overrides,
     begin_latest,
     check_mail_type,
-    parse_directives,
     script_request,
 )
 from jobs.inventory import (
@@ -59,6 +58,7 @@ from jobs.spec_fields import (
     MAX_GPUS,
     MAX_INT_FIELD,
     MAX_SCRIPT_BYTES,
+    ParsedScript,
     _absolute,
     _as_int,
     _clean_environment,
@@ -66,6 +66,7 @@ from jobs.spec_fields import (
     _describe,
     _Errors,
     _path_ok,
+    parse_script,
 )
 from jobs.spec_policy import _check_against, _check_policy, _check_release
 from portal.exceptions import ApplicationError
@@ -76,6 +77,7 @@ from portal.exceptions import ApplicationError
 __all__ = [
     "CONTROL_CHARS_RE", "DEFAULT_JOB_NAME", "DEFAULT_SHEBANG", "ENV_NAME_RE", "FIELD_OF_OPTION", "JOB_NAME_RE",
     "MAX_ENV_ENTRIES", "MAX_ENV_VALUE_BYTES", "MAX_GPUS", "MAX_INT_FIELD", "MAX_SCRIPT_BYTES", "REFUSED_OPTIONS",
+    "ParsedScript", "parse_script",
     "ClusterChoiceError", "Inventory", "PartitionCapacity", "ValidSpec", "_Errors", "_absolute", "_as_int",
     "_check_against", "_check_policy", "_clean_environment", "_clean_script", "_describe", "_inventory_load",
     "_path_ok", "directives_table", "inventory", "overrides_has", "partition_capacity", "spec_accounts",
@@ -146,6 +148,7 @@ class ValidSpec:
     error: str = ""
     overrides: list[list] = field(default_factory=list)  # [[option, value], ...] for the command line
     directives: list[dict] = field(default_factory=list)  # the effective options, for display
+    script_directives: list[list] = field(default_factory=list)  # the script's, as parsed: [[option, value, line, text], ...]
 
     @property
     def total_gpus(self) -> int:
@@ -179,6 +182,7 @@ def validate_job_spec(
     constraint: str | None = None,
     check_script: bool = True,
     cache: dict | None = None,
+    parsed: ParsedScript | None = None,
 ) -> ValidSpec:
     """Check a job spec (script directives + explicit fields) against the rules and the synced
     cluster inventory. Collects every problem and raises one ApplicationError naming the fields
@@ -191,16 +195,22 @@ def validate_job_spec(
     ``submit_dir``: where the job is submitted from (the CLI's own directory; None/"": the user's
     ``default_submit_dir``, jobs.workdirs): the job starts there unless ``workdir`` (the field, an
     override of --chdir) or the script's --chdir say otherwise; relative paths are resolved against it.
-    ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition."""
+    ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition.
+    ``parsed``: the script's parse when the caller has it (jobs.spec_fields.parse_script: read once
+    per request); the spec's ``script_directives`` are that parse, stored for the relay."""
     cache = {} if cache is None else cache
     errors = _Errors()
 
+    given = script
     script = _clean_script(script, errors) if check_script else (script or "")
-    try:
-        directives = parse_directives(script) if script else []
-    except DirectiveError as exc:
-        errors.add("script", str(exc))
-        directives = []
+    directives: list[Directive] = []
+    if script:
+        # parsed as given; its lines as in the script as stored (a shebang the portal put first)
+        read = parse_script(given, parsed)
+        read = read.shifted(script.count("\n") - read.text.count("\n"))
+        directives = list(read.directives)
+        if read.error is not None:
+            errors.add("script", str(read.error))
     for directive in directives:
         if directive.option in REFUSED_OPTIONS:
             errors.directive(directive, f"the portal does not accept --{directive.option}: {REFUSED_OPTIONS[directive.option]}.")
@@ -397,6 +407,7 @@ def validate_job_spec(
         error=_absolute(request.error, workdir) if request.error else "",
         overrides=[[d.option, d.value] for d in overrides],
         directives=[{"option": d.option, "value": d.value, "line": d.line} for d in effective],
+        script_directives=[[d.option, d.value, d.line, d.text] for d in directives],
     )  # fmt: skip
     return ValidSpec(**spec)
 
@@ -435,12 +446,14 @@ _MEANING = {
 }  # fmt: skip
 
 
-def directives_table(script: str) -> tuple[list[dict], str]:
-    """The script's directives for the form (line, as written, option, what it sets), or an error
-    naming the line. Pure: no inventory (the estimate checks the rest)."""
+def directives_table(parsed: ParsedScript) -> tuple[list[dict], str]:
+    """The script's directives (``parse_script``) for the form (line, as written, option, what it
+    sets), or an error naming the line. Pure: no inventory (the estimate checks the rest)."""
+    if parsed.error is not None:
+        return [], str(parsed.error)
+    directives = parsed.directives
     try:
-        directives = parse_directives((script or "").replace("\r\n", "\n"))
-        request = script_request(directives)
+        request = script_request(list(directives))
     except DirectiveError as exc:
         return [], str(exc)
     rows = []

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import posixpath
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from gpuportal_sbatch.directives import Directive
+from gpuportal_sbatch.directives import Directive, DirectiveError, parse_directives
+
+from jobs.job_fields import FIELD_OF_OPTION
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}\Z")  # no spaces: names end up in file names and CLI tables
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would also take a trailing newline
@@ -18,14 +21,6 @@ MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_GPUS = 10_000  # sanity bound before the inventory check (keeps error messages readable)
 DEFAULT_SHEBANG = "#!/bin/bash\n"
 DEFAULT_JOB_NAME = "sbatch"  # what sbatch calls a job read from stdin without --job-name
-
-# API field -> the sbatch option it overrides (for errors named after the field the caller used)
-FIELD_OF_OPTION = {
-    "job-name": "name", "partition": "partition", "gres": "gpus", "gpus": "gpus", "nodes": "nodes",
-    "cpus-per-gpu": "cpus_per_gpu", "mem": "memory_gb", "time": "time_limit_minutes", "chdir": "workdir",
-    "ntasks": "ntasks", "cpus-per-task": "cpus_per_task", "exclusive": "exclusive", "array": "array",
-    "qos": "qos", "constraint": "constraint",
-}  # fmt: skip
 
 # The largest value the job and template columns (PostgreSQL integer) hold: a larger number is the
 # client's error (400), never the database's (500).
@@ -57,6 +52,39 @@ def _as_int(
         errors[name] = [f"Must be at most {maximum}."]
         return None
     return number
+
+
+@dataclass(frozen=True)
+class ParsedScript:
+    """A script's ``#SBATCH`` directives, read once per request (``parse_script``) and handed to
+    whatever needs them: the form's fields and directive table, the estimate, the spec (and, stored
+    on the job, the relay). ``text``: the script parsed (line ends normalised); ``error``: why sbatch
+    would refuse it (``directives`` then empty)."""
+
+    text: str
+    directives: tuple[Directive, ...] = ()
+    error: DirectiveError | None = None
+
+    def shifted(self, lines: int) -> ParsedScript:
+        """The same parse with every script line ``lines`` further down (a shebang put before it)."""
+        if not lines:
+            return self
+        error = self.error and DirectiveError(self.error.message, line=self.error.line + lines if self.error.line else 0,
+                                              option=self.error.option)  # fmt: skip
+        return ParsedScript(self.text, tuple(Directive(d.option, d.value, d.line + lines if d.line else 0, d.text)
+                                             for d in self.directives), error)  # fmt: skip
+
+
+def parse_script(script: Any, parsed: ParsedScript | None = None) -> ParsedScript:
+    """The one place jobs read a script's directives: ``parsed`` when it is this script's parse
+    already (the caller parsed it earlier in the request), else a new parse."""
+    text = script.replace("\r\n", "\n") if isinstance(script, str) else ""
+    if parsed is not None and parsed.text == text:
+        return parsed
+    try:
+        return ParsedScript(text, tuple(parse_directives(text)))
+    except DirectiveError as exc:
+        return ParsedScript(text, (), exc)
 
 
 def _describe(directive: Directive) -> str:

@@ -26,8 +26,9 @@ from jobs.models import Job
 from jobs.selectors import first_array_index, job_output, job_templates_visible_to, jobs_visible_to, jobs_with_usage
 from jobs.services import job_cancel, job_quote, job_submit, job_template_create, job_template_delete
 from jobs.arrays import array_task_table
-from jobs.script_fields import SCRIPT_FIELDS, fields_from_script, uploaded_script_text
-from jobs.spec import directives_table
+from jobs.job_fields import SCRIPT_FIELDS, TEMPLATE_FIELDS, given_or_empty
+from jobs.script_fields import fields_from_script, uploaded_script_text
+from jobs.spec import ParsedScript, directives_table, parse_script
 from portal.exceptions import ApplicationError, form_add_application_error
 from portal.fields import whole_number
 from portal.roles import is_admin
@@ -281,7 +282,8 @@ def job_new(request):
         "template_form": TemplateSaveForm(user=request.user),
         "has_teams": form.fields["team"].queryset.exists(),
         # unbound: the values the form shows, field defaults included (GPUs 1), as htmx would post them
-        "quote": _quote_from(form.data if form.is_bound else {name: form[name].value() for name in QuoteForm.base_fields}),
+        "quote": _quote_from(form.data if form.is_bound else {name: form[name].value() for name in QuoteForm.base_fields},
+                             parsed=_form_parse(form)),
     }
     status = 400 if request.method == "POST" and not (read and (_is_htmx(request) or not form.errors)) else 200
     # (htmx swaps no 4xx answer: a file it could not read is said beside the file field, with a 200)
@@ -301,7 +303,8 @@ def _form_read_from_script(request, summary) -> tuple[JobForm, str]:
             problem = exc.messages[0]
     initial = {name: request.POST.get(name, "") for name in JobForm.base_fields if name != "script_file"}
     form = JobForm(initial=initial, user=request.user, summary=summary)
-    filled = fields_from_script(script)
+    form.parsed = parse_script(script)  # read once: the fields here, the estimate beside the form
+    filled = fields_from_script(form.parsed)
     for name in ("partition", "gpu_type"):  # one the inventory does not offer stays for the script to decide
         if filled.get(name) not in {value for value, _ in form.fields[name].choices}:
             filled.pop(name, None)
@@ -317,8 +320,15 @@ def _form_read_from_script(request, summary) -> tuple[JobForm, str]:
     )
 
 
-def _quote_from(data) -> dict:
-    """The estimate for (possibly half-filled) form data: {"quote": JobQuote} or {"error": str}."""
+def _form_parse(form: JobForm) -> ParsedScript | None:
+    """The script's parse the form made (JobForm.parsed; "Read script" sets it), if it could make
+    one (an unbound form without it, or one whose data has no cleaned script: None)."""
+    return getattr(form, "parsed", None)
+
+
+def _quote_from(data, *, parsed: ParsedScript | None = None) -> dict:
+    """The estimate for (possibly half-filled) form data: {"quote": JobQuote} or {"error": str}.
+    ``parsed``: the request's parse of a script (used when it is the script of ``data``)."""
     form = QuoteForm(data)
     if not form.is_valid():
         field, errors = next(iter(form.errors.items()))
@@ -326,24 +336,13 @@ def _quote_from(data) -> dict:
         return {"error": f"Check the {label}: {errors[0]}"}
     values = form.cleaned_data
     script = values.get("script") or ""
-    directives, problem = directives_table(script)
+    parsed = parse_script(script, parsed)
+    directives, problem = directives_table(parsed)
     shown = {"directives": directives, "directives_error": problem}
     if not values.get("gpus") and not script.strip():
         return {"error": "Give the number of GPUs (or a script asking for GPUs) to see an estimate."} | shown
     try:
-        quote = job_quote(
-            partition=values.get("partition") or "",
-            gpu_type=values.get("gpu_type") or "",
-            gpus=values.get("gpus"),
-            nodes=values.get("nodes"),
-            cpus_per_gpu=values.get("cpus_per_gpu"),
-            memory_gb=values.get("memory_gb"),
-            time_limit_minutes=values.get("time_limit_minutes"),
-            ntasks=values.get("ntasks"),
-            cpus_per_task=values.get("cpus_per_task"),
-            array=values.get("array") or None,
-            script=script,
-        )
+        quote = job_quote(**given_or_empty(QuoteForm.base_fields, values), parsed=parsed)
     except ApplicationError as exc:
         messages_ = sum(exc.errors.values(), []) or [exc.message]
         return {"error": " ".join(messages_)} | shown
@@ -386,7 +385,8 @@ def _save_template(request, *, spec: dict, team, form: TemplateSaveForm):
     )
 
 
-UNTEMPLATED_FIELDS = ("ntasks", "cpus_per_task", "array")  # a template keeps these in its script only
+# the fields a script fills that a template keeps in its script only (the name: the template has its own)
+UNTEMPLATED_FIELDS = tuple(name for name in SCRIPT_FIELDS if name not in TEMPLATE_FIELDS and name != "name")
 
 
 def _has_untemplated_overrides(form: JobForm) -> bool:
@@ -399,8 +399,8 @@ def _has_untemplated_overrides(form: JobForm) -> bool:
 
 
 def _template_spec(values: dict) -> dict:
-    """A submission's fields as a template's spec (the template has its own name)."""
-    spec = {key: value for key, value in values.items() if key != "name" and key not in UNTEMPLATED_FIELDS}
+    """A submission's fields as a template's spec (jobs.job_fields.TEMPLATE_FIELDS)."""
+    spec = {name: values[name] for name in TEMPLATE_FIELDS}
     spec["workdir"] = spec.get("workdir") or ""
     return spec
 
@@ -430,7 +430,7 @@ def template_create_from_form(request):
         "template_form": template_form,
         "template_open": True,
         "has_teams": form.fields["team"].queryset.exists(),
-        "quote": _quote_from(request.POST),
+        "quote": _quote_from(request.POST, parsed=_form_parse(form)),
     }
     return render(request, "jobs/job_form.html", context, status=400)
 
@@ -449,11 +449,7 @@ def template_create_from_job(request, job_id):
     job = _visible_job(request, job_id)
     form = TemplateSaveForm(request.POST, user=request.user)
     if form.is_valid():
-        spec = {
-            "script": job.script, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
-            "nodes": job.nodes, "cpus_per_gpu": job.cpus_per_gpu, "memory_gb": job.memory_gb,
-            "time_limit_minutes": job.time_limit_minutes, "workdir": job.workdir, "environment": job.environment,
-        }  # fmt: skip
+        spec = {name: getattr(job, name) for name in TEMPLATE_FIELDS}
         try:
             template = _save_template(request, spec=spec, team=job.team, form=form)
         except ApplicationError as exc:

@@ -36,8 +36,6 @@ from jobs.services.relay import (
     RELAY_SOFT_TIME_LIMIT,
     _claim,
     _lease_free,
-    _record_submitted,
-    _release,
     _spec_for,
     job_relay_batch_run,
     job_relay_drain_run,
@@ -48,8 +46,6 @@ from jobs.services.submit import (
     IDEMPOTENCY_KEY_RE,
     MAX_BATCH_JOBS,
     SPEC_FIELD_NAMES,
-    JobShape,
-    JobSpecFields,
     _hold_budget,
     job_quote,
     job_submit,
@@ -64,7 +60,7 @@ from jobs.services.sync import (
     _plan_job,
     jobs_sync,
 )
-from jobs.services.templates import job_template_create, job_template_delete
+from jobs.services.templates import job_template_create, job_template_delete, template_defaults
 from jobs.spec import DEFAULT_SHEBANG
 
 __all__ = [
@@ -80,16 +76,12 @@ __all__ = [
     "RELAY_LEASE_SECONDS",
     "RELAY_SOFT_TIME_LIMIT",
     "SPEC_FIELD_NAMES",
-    "JobShape",
-    "JobSpecFields",
     "_apply_plan",
     "_claim",
     "_hold_budget",
     "_lease_free",
     "_may_cancel",
     "_plan_job",
-    "_record_submitted",
-    "_release",
     "_spec_for",
     "budget_holds_sweep",
     "gpu_idle_alert_deliver",
@@ -108,6 +100,7 @@ __all__ = [
     "job_submit",
     "job_submit_batch",
     "job_template_create",
+    "template_defaults",
     "job_template_delete",
     "jobs_sweep",
     "jobs_sync",

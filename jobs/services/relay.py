@@ -1,7 +1,7 @@
 """Relaying ACCEPTED jobs to Slurm, exactly once: claim / lease / release (a conditional update with a
-token), the JobSpec for a stored job, the single relay, the batched relay and the drain (the group
-commit of single-job submits, on the batched relay's machinery). Slurm is called outside
-any transaction; every state change is a conditional UPDATE on the row."""
+token), the JobSpec for a stored job, and ONE relay: the batched relay (one job is a batch of one:
+job_relay_run) and the drain (the group commit of submits, on the batched relay's machinery). Slurm
+is called outside any transaction; every state change is a conditional UPDATE on the row."""
 
 from __future__ import annotations
 
@@ -38,21 +38,15 @@ def _lease_free() -> Q:
     return Q(relay_started_at__isnull=True) | Q(relay_started_at__lt=timezone.now() - dt.timedelta(seconds=RELAY_LEASE_SECONDS))
 
 
-def _claim(job_id) -> uuid.UUID | None:
-    """Claim an ACCEPTED job for one relay run (a conditional update: two runs cannot both win).
-    Returns the claim token, or None when the job is not ACCEPTED any more or another run holds a
-    lease that has not expired."""
+def _claim(job_ids: list) -> tuple[uuid.UUID, int]:
+    """Claim for one relay run, with one token, every job among ``job_ids`` that is ACCEPTED, has no
+    Slurm id and no live lease (ONE conditional update: two runs cannot both win a job; relay_attempts
+    + 1). Returns (the token, how many were claimed)."""
     token = uuid.uuid4()
-    claimed = (
-        Job.objects.filter(_lease_free(), pk=job_id, state=JobState.ACCEPTED, slurm_job_id__isnull=True)
-        .update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
-    )
-    return token if claimed == 1 else None
-
-
-def _release(job_id, token: uuid.UUID, error: str = "") -> None:
-    """Give the claim back (so a retry can take it at once) and remember why."""
-    Job.objects.filter(pk=job_id, relay_token=token).update(relay_token=None, relay_started_at=None, last_relay_error=error[:4000])
+    claimed = Job.objects.filter(
+        _lease_free(), pk__in=list(job_ids), state=JobState.ACCEPTED, slurm_job_id__isnull=True
+    ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
+    return token, claimed
 
 
 def _booking_reservation(job: Job) -> str:
@@ -114,6 +108,7 @@ def _spec_for(job: Job, *, ensure_dirs: bool = True) -> JobSpec:
         stdout=stdout,
         stderr=stderr or stdout,
         options=tuple(options),
+        directives=None if job.script_directives is None else tuple(map(tuple, job.script_directives)),
         environment=dict(job.environment),
         comment=job.slurm_tag,
         reservation=_booking_reservation(job),
@@ -122,95 +117,16 @@ def _spec_for(job: Job, *, ensure_dirs: bool = True) -> JobSpec:
     )
 
 
-def _record_submitted(job: Job, slurm_job_id: int, *, token: uuid.UUID | None, reason: str) -> bool:
-    """ACCEPTED → PENDING with the Slurm id, if nobody (the sync adopting it) got there first."""
-    now = timezone.now()
-    with transaction.atomic():
-        done = Job.objects.filter(pk=job.pk, state=JobState.ACCEPTED, slurm_job_id__isnull=True).update(
-            slurm_job_id=slurm_job_id, slurm_cluster=job.cluster.name, state=JobState.PENDING,
-            submitted_at=now, relay_token=None, relay_started_at=None, last_relay_error="", unix_uid=job.unix_uid,
-        )  # fmt: skip
-        if done:
-            JobEvent.objects.create(job=job, state=JobState.PENDING, reason=reason, at=now)
-    return bool(done)
-
-
-def _mark_cancelled_locally(job_id, *, token: uuid.UUID | None, reason: str) -> bool:
-    now = timezone.now()
-    query = Job.objects.filter(pk=job_id, state=JobState.ACCEPTED, slurm_job_id__isnull=True)
-    if token is not None:
-        query = query.filter(relay_token=token)
-    with transaction.atomic():
-        done = query.update(state=JobState.CANCELLED, state_reason=reason, ended_at=now, relay_token=None, relay_started_at=None)
-        if done:
-            JobEvent.objects.create(job_id=job_id, state=JobState.CANCELLED, reason=reason, at=now)
-            budget_holds_release(job_uuids=[job_id], at=now)
-    return bool(done)
-
-
 def job_relay_run(job_id) -> str:
-    """Send one ACCEPTED job to Slurm, exactly once. What the ``job_relay`` task does.
-
-    1. Claim the job (conditional update with a token and a lease).
-    2. If an earlier run claimed it before (relay_attempts > 1), it may have crashed between sbatch
-       and the database write: ask Slurm for a job carrying the tag ``gpuportal:<uuid>`` first and
-       adopt it. (A first attempt cannot have a twin, so it saves the look-up.)
-    3. Cancel requested meanwhile → adopt-and-cancel, or cancel in the portal if Slurm never saw it.
-    4. Else sbatch (outside any transaction) and record the id: ACCEPTED → PENDING.
-    Raises SlurmUnavailable (claim released) for the task to retry. Returns what happened."""
-    token = _claim(job_id)
-    if token is None:
-        return "not-claimed"
-    job = Job.objects.select_related("team", "submitter__profile", "cluster").get(pk=job_id)
-    gateway = get_gateway(job.cluster.name)
-    try:
-        spec = _spec_for(job)
-    except SlurmRejected as exc:  # no Unix account: nothing Slurm could run
-        _submit_failed(job, token, exc.message)
-        return "submit-failed"
-    job.unix_uid = spec.uid
-    try:
-        existing = gateway.find_by_comment(job.slurm_tag) if job.relay_attempts > 1 else None
-        if existing is None and job.cancel_requested_at is not None:
-            _mark_cancelled_locally(job.pk, token=token, reason="Cancelled before it reached Slurm")
-            return "cancelled"
-        if existing is not None:
-            slurm_job_id, reason = existing, "Found in Slurm by its tag after an interrupted relay"
-        else:
-            slurm_job_id, reason = gateway.submit(spec), "Submitted to Slurm"
-    except SlurmRejected as exc:
-        _submit_failed(job, token, exc.message)
-        return "submit-failed"
-    except SlurmUnavailable as exc:
-        _release(job.pk, token, f"Slurm unavailable: {exc.message}")
-        raise
-
-    if not _record_submitted(job, slurm_job_id, token=token, reason=reason):
-        # The sync adopted it by its tag meanwhile (same id), or — never expected — another id.
-        job.refresh_from_db(fields=["slurm_job_id", "state"])
-        if job.slurm_job_id not in (None, slurm_job_id):
-            logger.error("job %s: duplicate Slurm job %s cancelled (kept %s)", job.pk, slurm_job_id, job.slurm_job_id)
-            gateway.cancel(slurm_job_id)
-        return "already-recorded"
-    job.refresh_from_db(fields=["cancel_requested_at"])
-    if job.cancel_requested_at is not None:
-        # Cancel asked while we were submitting: pass it on now.
-        from jobs.tasks import job_cancel_relay
-
-        publish(job_cancel_relay, str(job.pk))  # lost: jobs_sweep sends it
-    return "adopted" if existing is not None else "submitted"
-
-
-def _submit_failed(job: Job, token: uuid.UUID, message: str) -> None:
-    now = timezone.now()
-    with transaction.atomic():
-        done = Job.objects.filter(pk=job.pk, relay_token=token, state=JobState.ACCEPTED).update(
-            state=JobState.SUBMIT_FAILED, state_reason=message[:1024], last_relay_error=message[:4000],
-            ended_at=now, relay_token=None, relay_started_at=None,
-        )  # fmt: skip
-        if done:
-            JobEvent.objects.create(job=job, state=JobState.SUBMIT_FAILED, reason=message[:1024], at=now)
-            budget_holds_release(job_uuids=[job.pk], at=now)
+    """Send one ACCEPTED job to Slurm, exactly once (what the ``job_relay`` task and a cancel of a job
+    not in Slurm yet do): the batched relay for a batch of one (job_relay_batch_run: claim with a
+    token and a lease; a job claimed before is looked for by its tag first and adopted; a cancel
+    requested meanwhile is passed on, or done in the portal if Slurm never saw the job). Raises
+    SlurmUnavailable (claim released) for the task to retry. Returns what happened: not-claimed,
+    submitted, adopted, submit-failed, cancelled or already-recorded."""
+    result = job_relay_batch_run([job_id], threads=1)
+    outcomes = ("submitted", "adopted", "submit_failed", "cancelled", "already_recorded")
+    return next((kind.replace("_", "-") for kind in outcomes if result[kind]), "not-claimed")
 
 
 RELAY_BATCH_THREADS = 4
@@ -237,10 +153,7 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
        raised after the others are recorded, for the task to retry with backoff (the retry claims
        only the jobs still ACCEPTED).
     Returns counts by outcome."""
-    token = uuid.uuid4()
-    claimed = Job.objects.filter(
-        _lease_free(), pk__in=list(job_ids), state=JobState.ACCEPTED, slurm_job_id__isnull=True
-    ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
+    token, claimed = _claim(job_ids)
     result = _relay_result(claimed, not_claimed=len(set(map(str, job_ids))) - claimed)
     if claimed:
         _relay_claimed(token, result, threads=threads, deadline=time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS)
@@ -327,8 +240,11 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
             submitted = exc
         return job.pk, outcome(job, submitted)
 
-    with ThreadPoolExecutor(max(1, min(threads, len(todo) or 1))) as pool:
-        outcomes.update(pool.map(relay_one, todo))
+    if min(threads, len(todo)) <= 1:  # one at a time: in this thread
+        outcomes.update(map(relay_one, todo))
+    else:
+        with ThreadPoolExecutor(min(threads, len(todo))) as pool:
+            outcomes.update(pool.map(relay_one, todo))
 
     now = timezone.now()
     by_pk = {job.pk: job for job in jobs}

@@ -5,13 +5,12 @@ The row is persisted first (ACCEPTED) and its relay is enqueued with ``on_commit
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, transaction
@@ -20,13 +19,13 @@ from django.utils import timezone
 from accounting.services import HoldRequest, budget_holds_place
 from jobs.choices import JobState
 from jobs.estimate import JobQuote, quote_for
+from jobs.job_fields import SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, STORED_FIELDS, given_fields
 from jobs.models import Job, JobEvent
 from jobs.services.relay import relay_drain_after_commit
-from jobs.spec import ValidSpec, spec_accounts, validate_job_spec
+from jobs.spec import ParsedScript, ValidSpec, spec_accounts, validate_job_spec
 from jobs.workdirs import default_submit_dir
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
-from portal.outbox import after_commit
 from portal.roles import is_member
 from portal.services import audit_record
 
@@ -36,52 +35,16 @@ IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")  # printable ASCII, no
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobShape:
-    """The one job spec's fields that size a job: what job_quote takes, and job_submit with
-    JobSpecFields. Explicit fields override the script's #SBATCH directives (None / "": the script
-    decides); jobs.spec.validate_job_spec checks them. Building one from unknown names is a
-    TypeError, as an unknown keyword argument is."""
-
-    script: str = ""
-    partition: str = ""
-    gpu_type: str = ""
-    gpus: int | None = None
-    nodes: int | None = None
-    cpus_per_gpu: int | None = None
-    memory_gb: int | None = None
-    time_limit_minutes: int | None = None
-    ntasks: int | None = None
-    cpus_per_task: int | None = None
-    exclusive: bool | None = None
-    array: str | None = None
-    cluster: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobSpecFields(JobShape):
-    """A job as job_submit (and each job of job_submit_batch) takes it: its shape, and what it runs as."""
-
-    name: str | None = None
-    workdir: str | None = None
-    submit_dir: str | None = None  # where it is submitted from (the CLI's directory); None: the user's default
-    environment: dict | None = None
-    qos: str | None = None
-    constraint: str | None = None
-
-
-SPEC_FIELD_NAMES = tuple(f.name for f in dataclass_fields(JobSpecFields))
-
-
-def job_quote(*, at: dt.datetime | None = None, **shape: Any) -> JobQuote:
-    """The most a job of this shape (the fields of ``JobShape``) can use: GPU-hours = the GPUs Slurm
-    allocates × time limit × array tasks, and its cost at the rate in force (the dearest type of the
-    partition when any type will do). ``script``: its #SBATCH directives count, the fields override
-    them, as for job_submit. Validates like job_submit (ApplicationError naming the field)."""
-    fields = dict(vars(JobShape(**shape)))  # a shallow copy: the values as given
+def job_quote(*, at: dt.datetime | None = None, parsed: ParsedScript | None = None, **shape: Any) -> JobQuote:
+    """The most a job of this shape (the fields jobs.job_fields.SHAPE_FIELD_NAMES; another name is a
+    TypeError) can use: GPU-hours = the GPUs Slurm allocates × time limit × array tasks, and its cost
+    at the rate in force (the dearest type of the partition when any type will do). ``script``: its #SBATCH directives count, the fields override
+    them, as for job_submit (``parsed``: its parse, when the caller has it). Validates like job_submit
+    (ApplicationError naming the field)."""
+    fields = given_fields(SHAPE_FIELD_NAMES, shape, what="job_quote")
     script = fields.pop("script")
     spec = validate_job_spec(name=None, script=script or None, workdir=None, environment=None,
-                             check_script=bool(script), **fields)  # fmt: skip
+                             check_script=bool(script), parsed=parsed, **fields)  # fmt: skip
     return quote_for(spec, at=at)
 
 
@@ -136,16 +99,13 @@ def _booking_id(booking: Any) -> uuid.UUID | None:
 
 def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, idempotency_key, fingerprint,
              job_id: uuid.UUID) -> Job:  # fmt: skip
-    """The Job row for a checked spec and its estimate (not saved)."""
+    """The Job row for a checked spec and its estimate (not saved): the job's fields as the spec has
+    them (jobs.job_fields.STORED_FIELDS), what the spec derived from them, the estimate."""
     return Job(
-        id=job_id, team=team, submitter=user, name=spec.name, script=spec.script, partition=spec.partition,
-        gpu_type=spec.gpu_type, gpus=spec.gpus, nodes=spec.nodes, cpus_per_gpu=spec.cpus_per_gpu,
-        memory_gb=spec.memory_gb, time_limit_minutes=spec.time_limit_minutes, workdir=spec.workdir,
-        submit_dir=spec.submit_dir,
-        environment=spec.environment, booking_id=booking_id, state=JobState.ACCEPTED,
-        ntasks=spec.ntasks, cpus_per_task=spec.cpus_per_task, exclusive=spec.exclusive, array=spec.array,
-        array_tasks=spec.array_tasks, array_throttle=spec.array_throttle, qos=spec.qos, constraint=spec.constraint,
+        id=job_id, team=team, submitter=user, **{name: getattr(spec, name) for name in STORED_FIELDS},
+        booking_id=booking_id, state=JobState.ACCEPTED, array_tasks=spec.array_tasks, array_throttle=spec.array_throttle,
         output_pattern=spec.output, error_pattern=spec.error, overrides=spec.overrides, directives=spec.directives,
+        script_directives=spec.script_directives,
         estimated_gpu_seconds=quote.gpu_seconds, estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost,
         currency=quote.currency,
         idempotency_key=idempotency_key, request_fingerprint=fingerprint, cluster=spec.capacity.cluster_for_job(),
@@ -169,8 +129,8 @@ def _key_conflict(job: Job) -> Conflict:
 
 
 def _replay(find: Callable[..., T | None], *, user, key: str | None, fingerprint: str) -> T | None:
-    """What an earlier request with this key created (``find``: _idempotent_replay or
-    _idempotent_replay_batch), or None (also without a key); Conflict if the request differs."""
+    """What an earlier request with this key created (``find``: _idempotent_replay), or None (also
+    without a key); Conflict if the request differs."""
     if key is None:
         return None
     return find(user=user, key=key, fingerprint=fingerprint)
@@ -199,9 +159,11 @@ def job_submit(
     idempotency_key: str | None = None,
     fingerprint: str | None = None,
     request=None,
+    parsed: ParsedScript | None = None,
     **spec_fields: Any,
 ) -> tuple[Job, bool]:
-    """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit.
+    """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit: a
+    batch of one (job_submit_batch's write path and relay), with a single job's errors and audit.
 
     Returns (job, created). With an ``idempotency_key``: the same user sending the same key and the
     same request again gets the first job back (created=False); the same key with another request is
@@ -209,51 +171,21 @@ def job_submit(
     ``fingerprint`` defaults to a hash of the arguments as given. A new job is recorded in the audit
     trail (``request``: the client's address).
 
-    ``spec_fields``: the fields of ``JobSpecFields`` besides the script (an unknown name is a
+    ``spec_fields``: the job's fields besides the script (jobs.job_fields; an unknown name is a
     TypeError). The spec is the script's #SBATCH directives with the given fields overriding them
     (None / "": the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when
-    its partition's name is on several clusters (else the partition decides)."""
-    fields = dict(vars(JobSpecFields(script=script, **spec_fields)))
-    _check_idempotency_key(idempotency_key)
+    its partition's name is on several clusters (else the partition decides). ``parsed``: the
+    script's parse when the caller has it (jobs.spec_fields.parse_script: once per request)."""
+    fields = given_fields(SPEC_FIELD_NAMES, {"script": script, **spec_fields}, what="job_submit")
     if fingerprint is None:
         # no cluster, no submit_dir: as before they existed (keys stored by then still replay)
         given = {name: value for name, value in fields.items() if name not in ("cluster", "submit_dir") or value}
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, **given, "booking": str(getattr(booking, "pk", booking) or "")}
         )
-    replay = _replay(_idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
-    if replay is not None:
-        return replay, False
-
-    team = _team_for_submit(user=user, team=team)
-    job_id = uuid.uuid4()
-    spec = validate_job_spec(**fields, **spec_accounts(team), default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))
-    booking_id = _booking_id(booking)
-    if booking_id is not None:
-        _check_booking(booking_id, team=team, spec=spec)
-    quote = quote_for(spec)
-    job = _job_row(spec, quote, team=team, user=user, booking_id=booking_id, idempotency_key=idempotency_key,
-                   fingerprint=fingerprint, job_id=job_id)  # fmt: skip
-
-    @transaction.atomic
-    def insert() -> Job:
-        # the job, its first event and its audit event, before the budget lock (the new row is this
-        # transaction's own; nobody waits for it)
-        job.save(force_insert=True)
-        JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
-        audit_record(
-            actor=user, action="job.submit", target=job, team=team, request=request,
-            data={"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type, "gpus": job.gpus,
-                  "time_limit_minutes": job.time_limit_minutes},
-        )  # fmt: skip
-        # last, in the same transaction: the hold is added to the team's running totals under
-        # their row lock, held from here to COMMIT, so the next submission for the team waits
-        # for one statement or two and then sees it
-        _hold_budget(team, [job], [quote])
-        relay_drain_after_commit()  # the group commit: a burst of submits, about one drain
-        return job
-
-    return _insert_once(insert, _idempotent_replay, user=user, key=idempotency_key, fingerprint=fingerprint)
+    jobs, created = _submit(user=user, team=team, items=[{**fields, "booking": booking, "parsed": parsed}], idempotency_key=idempotency_key,
+                            fingerprint=fingerprint, request=request, single=True)  # fmt: skip
+    return jobs[0], created
 
 
 MAX_BATCH_JOBS = 100
@@ -267,10 +199,12 @@ def _batch_key(key: str, index: int) -> str:
     return f"{hashlib.sha256(key.encode()).hexdigest()} {index}"
 
 
-def _idempotent_replay_batch(*, user, key: str, fingerprint: str) -> list[Job] | None:
-    """The jobs an earlier batch with this key created (in the batch's order), or None; Conflict if
-    the request differs (also when the key was used for a single job)."""
-    keys = [_batch_key(key, i) for i in range(MAX_BATCH_JOBS)]
+def _idempotent_replay(*, user, key: str, fingerprint: str, count: int = MAX_BATCH_JOBS) -> list[Job] | None:
+    """The jobs an earlier batch (or single job: a batch of one) with this key created, in the batch's
+    order, or None; Conflict if the request differs. ``count``: the jobs of the request (a replay of
+    the same request has as many; another one's first job, with the key itself, is found whatever its
+    count)."""
+    keys = [_batch_key(key, i) for i in range(count)]
     jobs = list(Job.objects.filter(submitter=user, idempotency_key__in=keys).select_related("team", "submitter"))
     if not jobs:
         return None
@@ -292,12 +226,13 @@ def job_submit_batch(
 ) -> tuple[list[Job], bool]:
     """Validate and store up to MAX_BATCH_JOBS jobs of one team at once (all or none).
 
-    ``jobs``: dicts with job_submit's spec fields (``JobSpecFields``'s names, and booking; a missing
+    ``jobs``: dicts with job_submit's spec fields (jobs.job_fields, and booking; a missing
     one is None, other keys are not read). Every spec is
     checked with the same validation as job_submit; the errors come back keyed by the spec's index
     (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget holds of all the jobs are placed at
     once (each quota checked for the sum of the jobs it covers), then the jobs are bulk-inserted with
-    their ACCEPTED events and one audit event ``job.submit_batch``; ONE ``job_relay_batch`` is enqueued on commit.
+    their ACCEPTED events and one audit event ``job.submit_batch``; the relay drain is enqueued on
+    commit, as for one job (the drain relays the batch with the batched relay's machinery).
     Returns (jobs in the given order, created). ``idempotency_key`` covers the whole batch."""
     if not isinstance(jobs, list) or not jobs:
         raise ApplicationError("Give a non-empty list of jobs.", errors={"jobs": ["Give a non-empty list of jobs."]})
@@ -305,12 +240,23 @@ def job_submit_batch(
         raise ApplicationError(
             f"At most {MAX_BATCH_JOBS} jobs per batch.", errors={"jobs": [f"At most {MAX_BATCH_JOBS} jobs per batch."]}
         )
-    _check_idempotency_key(idempotency_key)
     if fingerprint is None:
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, "batch": [{**item, "booking": str(getattr(item.get("booking"), "pk", item.get("booking")) or "")} for item in jobs]}
         )
-    replay = _replay(_idempotent_replay_batch, user=user, key=idempotency_key, fingerprint=fingerprint)
+    return _submit(user=user, team=team, items=jobs, idempotency_key=idempotency_key, fingerprint=fingerprint,
+                   request=request, single=False)  # fmt: skip
+
+
+def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str | None, fingerprint: str, request,
+            single: bool) -> tuple[list[Job], bool]:  # fmt: skip
+    """The one write path of job_submit (``single``: a batch of one, its errors by field and audited as
+    ``job.submit``) and job_submit_batch (errors by index, ``job.submit_batch``): replay, checks,
+    then one transaction that bulk-inserts the jobs, their ACCEPTED events and the audit event and
+    places their budget holds; the relay drain (group commit) is enqueued on commit."""
+    _check_idempotency_key(idempotency_key)
+    find = functools.partial(_idempotent_replay, count=len(items))
+    replay = _replay(find, user=user, key=idempotency_key, fingerprint=fingerprint)
     if replay is not None:
         return replay, False
 
@@ -320,15 +266,17 @@ def job_submit_batch(
     cache: dict = {}  # inventory and prices, read once for the whole batch
     at = timezone.now()
     accounts = spec_accounts(team)
-    for index, item in enumerate(jobs):
+    for index, item in enumerate(items):
         job_id = uuid.uuid4()
         try:
             spec = validate_job_spec(**{name: item.get(name) for name in SPEC_FIELD_NAMES}, **accounts, cache=cache,
-                                     default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))  # fmt: skip
+                                     parsed=item.get("parsed"), default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))  # fmt: skip
             booking_id = _booking_id(item.get("booking"))
             if booking_id is not None:
                 _check_booking(booking_id, team=team, spec=spec)
         except ApplicationError as exc:
+            if single:
+                raise
             errors[str(index)] = exc.errors or {"non_field_errors": [exc.message]}
             continue
         prepared.append((spec, booking_id, quote_for(spec, at=at, cache=cache), job_id))
@@ -339,41 +287,33 @@ def job_submit_batch(
         exc.errors = errors  # keyed by index: {"3": {"gpus": [...]}}
         raise exc
 
-    rows = []
-    for index, (spec, booking_id, quote, job_id) in enumerate(prepared):
-        rows.append(_job_row(
-            spec, quote, team=team, user=user, booking_id=booking_id,
-            idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index), fingerprint=fingerprint,
-            job_id=job_id,
-        ))  # fmt: skip
+    rows = [
+        _job_row(spec, quote, team=team, user=user, booking_id=booking_id, job_id=job_id, fingerprint=fingerprint,
+                 idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index))
+        for index, (spec, booking_id, quote, job_id) in enumerate(prepared)
+    ]  # fmt: skip
+    if single:
+        job = rows[0]
+        audit = {"action": "job.submit", "data": {"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type,
+                                                  "gpus": job.gpus, "time_limit_minutes": job.time_limit_minutes}}  # fmt: skip
+    else:
+        audit = {"action": "job.submit_batch",
+                 "data": {"count": len(rows), "jobs": [str(job.pk) for job in rows], "gpus": sum(job.gpus for job in rows)}}  # fmt: skip
 
     @transaction.atomic
     def insert() -> list[Job]:
+        # the jobs, their first events and the audit event, before the budget lock (the new rows are
+        # this transaction's own; nobody waits for them)
         Job.objects.bulk_create(rows)
         JobEvent.objects.bulk_create(
             [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
         )
-        audit_record(
-            actor=user, action="job.submit_batch", target=rows[0], team=team, request=request,
-            data={"count": len(rows), "jobs": [str(job.pk) for job in rows],
-                  "gpus": sum(job.gpus for job in rows)},
-        )  # fmt: skip
-        # last (the budget lock is held from here to COMMIT): one placement for the whole
-        # batch, every quota checked for the sum of its jobs
+        audit_record(actor=user, target=rows[0], team=team, request=request, **audit)
+        # last (the budget lock is held from here to COMMIT): one placement for all the jobs, every
+        # quota checked for the sum of its jobs, so the next submission for the team waits for one
+        # statement or two and then sees them
         _hold_budget(team, rows, [quote for _spec, _booking_id, quote, _job_id in prepared])
-        from jobs.tasks import job_relay_batch  # jobs.tasks imports this module
-
-        after_commit(job_relay_batch, [str(job.pk) for job in rows])
+        relay_drain_after_commit()  # the group commit: a burst of submits (or a batch), about one drain
         return rows
 
-    return _insert_once(insert, _idempotent_replay_batch, user=user, key=idempotency_key, fingerprint=fingerprint)
-
-
-def _idempotent_replay(*, user, key: str, fingerprint: str) -> Job | None:
-    """The job an earlier request with this key created, or None; Conflict if the request differs."""
-    job = Job.objects.filter(submitter=user, idempotency_key=key).select_related("team").first()
-    if job is None:
-        return None
-    if job.request_fingerprint != fingerprint:
-        raise _key_conflict(job)
-    return job
+    return _insert_once(insert, find, user=user, key=idempotency_key, fingerprint=fingerprint)

@@ -83,6 +83,9 @@ def spec_options(spec: JobSpec) -> list[tuple[str, str | None]]:
 
 
 def _directives(spec: JobSpec) -> list[Directive]:
+    """The script's directives: as the portal read them at submission (``spec.directives``), else read now."""
+    if spec.directives is not None:
+        return [Directive(*directive) for directive in spec.directives]
     try:
         return parse_directives(spec.script)
     except DirectiveError as exc:

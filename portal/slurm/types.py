@@ -54,6 +54,10 @@ class JobSpec:
     # #SBATCH lines (portal.slurm.request). None: built from the typed fields above (name,
     # partition, nodes, workdir, gpus, cpus_per_gpu, memory, time, stdout, stderr).
     options: tuple[tuple[str, str | None], ...] | None = None
+    # The script's #SBATCH directives as the portal read them at submission, as (long option, value
+    # or None, line, words as written); None: the gateway reads them from the script
+    # (portal.slurm.request). Given, the relay does not parse the script again.
+    directives: tuple[tuple[str, str | None, int, str], ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Job
 from jobs.services import job_relay_run, job_submit, jobs_sync
 from portal.slurm import get_gateway
-from tests.support import job_payload, slurm_tags, wait_for
+from tests.support import job_payload, relay_crashed_after_sbatch, slurm_tags, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
@@ -124,12 +124,7 @@ def test_relay_after_a_crash_following_sbatch_leaves_exactly_one_slurm_job(slurm
         user=cluster.alice, team=cluster.vision, name="once", script="#!/bin/bash\nsleep 30\n", partition="gpu",
         gpu_type="a100", gpus=1, time_limit_minutes=5,
     )  # fmt: skip
-    # The crashed relay: it claimed the job (attempt 1), sbatch succeeded, it died before the write.
-    token = services._claim(job.pk)
-    assert token is not None
-    job = Job.objects.select_related("team", "submitter__profile").get(pk=job.pk)
-    first_id = get_gateway().submit(services._spec_for(job))
-    Job.objects.filter(pk=job.pk).update(relay_started_at=timezone.now() - timezone.timedelta(seconds=services.RELAY_LEASE_SECONDS + 1))
+    first_id = relay_crashed_after_sbatch(job)  # it claimed the job (attempt 1), sbatch succeeded, it died before the write
 
     outcomes = [job_relay_run(job.pk), job_relay_run(job.pk)]  # the sweeper's retry, and a duplicate
     assert outcomes == ["adopted", "not-claimed"]

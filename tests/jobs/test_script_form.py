@@ -14,6 +14,7 @@ from django.urls import reverse
 from jobs.forms import JobForm
 from jobs.models import Job, JobTemplate
 from jobs.script_fields import fields_from_script, overrides_only
+from jobs.spec import parse_script
 from jobs.spec import MAX_SCRIPT_BYTES, validate_job_spec
 from portal.selectors import cluster_summary
 
@@ -165,8 +166,8 @@ def test_a_changed_field_is_the_only_override(world, client_for, inventory, rela
 
 
 def test_changing_the_nodes_keeps_the_gpu_total_on_the_screen(world, inventory):
-    values = fields_from_script(FULL) | {"script": FULL, "nodes": 1}
-    kept = overrides_only(values, FULL)
+    values = fields_from_script(parse_script(FULL)) | {"script": FULL, "nodes": 1}
+    kept = overrides_only(values, parse_script(FULL))
     assert (kept["nodes"], kept["gpus"], kept["ntasks"]) == (1, 4, None)
     spec = validate_job_spec(script=FULL, name=None, partition="", gpu_type="", gpus=kept["gpus"], nodes=1, cpus_per_gpu=None,
                              memory_gb=None, time_limit_minutes=None, workdir=None, environment={})  # fmt: skip

@@ -40,7 +40,7 @@ def test_relay_submits_once_and_records_the_slurm_id(job, fake):
     job.refresh_from_db()
     assert (job.state, job.slurm_job_id, job.relay_attempts) == (JobState.PENDING, 1001, 1)
     assert job.submitted_at is not None
-    assert fake.calls["submit"] == 1 and fake.calls["find_by_comment"] == 0
+    assert fake.calls["submit"] == 1 and fake.calls["find_by_comments"] == 0
     spec = fake.submitted[0]
     assert spec.comment == f"gpuportal:{job.pk}" and spec.account == "vision"
     assert spec.stdout == spec.stderr == f"{job.workdir}/slurm-%j.out"  # sbatch's default, in the user's directory
@@ -72,7 +72,7 @@ def test_relay_when_slurm_is_down_releases_the_claim_for_the_retry(job, fake):
     assert "unavailable" in job.last_relay_error
     fake.unavailable = False
     assert job_relay_run(job.pk) == "submitted"  # second attempt looks for the tag first
-    assert fake.calls["find_by_comment"] == 1 and fake.calls["submit"] == 2  # 1 failed + 1 real
+    assert fake.calls["find_by_comments"] == 1 and fake.calls["submit"] == 2  # 1 failed + 1 real
 
 
 def test_relay_rejected_by_slurm_is_submit_failed_with_slurms_words(job, fake, monkeypatch):
@@ -105,15 +105,22 @@ def test_cancel_of_a_job_never_relayed_does_not_touch_slurm(job, fake, relays):
     assert job_relay_run(job.pk) == "not-claimed"  # a late relay finds nothing to send
 
 
-def test_cancel_while_the_relay_holds_the_claim_is_passed_on_after_submit(job, fake, relays):
-    token = services._claim(job.pk)  # the relay in flight
-    job = job_cancel(user=job.submitter, job=job)
-    assert job.state == JobState.ACCEPTED and job.cancel_requested_at is not None
-    assert job_cancel_relay_run(job.pk) == "not-claimed"  # leaves it to the relay
-    # the relay finishes its sbatch and records the id, then sees the cancel request
-    assert services._record_submitted(job, 777, token=token, reason="Submitted to Slurm")
+def test_cancel_while_the_relay_holds_the_claim_is_passed_on_after_submit(job, fake, relays, monkeypatch):
+    cancels = []
+
+    def submit_while_cancelled(spec, submit=fake.submit):
+        """The cancel arrives while the relay's sbatch runs: the cancel relay leaves the job to it."""
+        cancelled = job_cancel(user=job.submitter, job=Job.objects.get(pk=job.pk))
+        assert cancelled.state == JobState.ACCEPTED and cancelled.cancel_requested_at is not None
+        cancels.append(job_cancel_relay_run(job.pk))
+        return submit(spec)
+
+    monkeypatch.setattr(fake, "submit", submit_while_cancelled)
+    assert job_relay_run(job.pk) == "submitted"
+    # the relay recorded the id, then saw the cancel request and passed it on
+    assert cancels == ["not-claimed"] and relays["cancel"] == [str(job.pk)]
     assert job_cancel_relay_run(job.pk) == "sent"
-    assert fake.cancelled == [777]
+    assert fake.cancelled == [Job.objects.get(pk=job.pk).slurm_job_id]
 
 
 def test_cancel_of_a_claimed_job_that_never_reached_slurm_cancels_in_the_portal(job, fake, relays):
@@ -122,7 +129,7 @@ def test_cancel_of_a_claimed_job_that_never_reached_slurm_cancels_in_the_portal(
     job_cancel(user=job.submitter, job=job)
     assert job_cancel_relay_run(job.pk) == "cancelled"  # looked for the tag, found nothing
     job.refresh_from_db()
-    assert job.state == JobState.CANCELLED and fake.calls["find_by_comment"] == 1 and fake.calls["submit"] == 0
+    assert job.state == JobState.CANCELLED and fake.calls["find_by_comments"] == 1 and fake.calls["submit"] == 0
 
 
 def test_cancel_of_a_job_in_slurm_requests_scancel(job, fake, relays, django_capture_on_commit_callbacks):

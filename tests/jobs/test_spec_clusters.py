@@ -13,7 +13,7 @@ from gpuportal_sbatch.directives import CLUSTER_OPTIONS, parse_directives
 from jobs import services
 from jobs.models import Job
 from jobs.services import job_relay_run
-from jobs.spec import directives_table
+from jobs.spec import directives_table, parse_script
 from portal.models import TeamClusterAccount
 from portal.slurm import get_gateway
 from portal.slurm.cli import sbatch_argv
@@ -137,7 +137,7 @@ def test_a_batch_and_the_quote_read_the_scripts_cluster(two_inventories, world, 
 
 
 def test_the_forms_table_says_what_a_cluster_directive_does():
-    rows, error = directives_table(_script("-M east", "--gres=gpu:1"))
+    rows, error = directives_table(parse_script(_script("-M east", "--gres=gpu:1")))
     assert error == ""
     assert rows[0]["option"] == "clusters" and rows[0]["meaning"] == "cluster (the cluster field overrides it)"
 
