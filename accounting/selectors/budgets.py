@@ -102,16 +102,18 @@ def _bookings_holding_load() -> tuple[dt.datetime, list]:
     return horizon, list(rows)
 
 
-def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[Team]) -> dict[tuple[int, str], Decimal]:
+def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[Team], *,
+                       fresh: bool = False) -> dict[tuple[int, str], Decimal]:  # fmt: skip
     """GPU-hours booked per (team id, gpu_type) within [start_at, end_at); {} when bookings are not
     charged by their reserved hours. From this process's copy of the bookings that hold capacity
     (portal.snapshots BOOKINGS: re-read once per change of a booking); a range starting before the
-    copy's horizon, from one query."""
+    copy's horizon, or ``fresh`` (a check under the team's row lock, as quotas_effective's), from one
+    query."""
     if not bookings_charge_reserved():
         return {}
-    horizon, holding = snapshot(BOOKINGS, _bookings_holding_load)
     team_ids = {team.pk for team in teams}
-    if start_at < horizon:
+    horizon, holding = (None, ()) if fresh else snapshot(BOOKINGS, _bookings_holding_load)
+    if fresh or start_at < horizon:
         holding = bookings_holding_capacity(start=start_at, end=end_at).filter(team__in=teams)
     seconds: dict[tuple[int, str], int] = {}
     for booking in holding:
@@ -171,7 +173,7 @@ def _two(value: Decimal) -> Decimal:
 
 
 def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool = True,
-                totals: dict | None = None) -> list[dict]:  # fmt: skip
+                totals: dict | None = None, fresh: bool = False) -> list[dict]:  # fmt: skip
     """Budget figures of approved quotas (any teams): budget, used, held, booked, remaining, consumed
     (used + booked) and the day the budget runs out at the current burn rate. One query for the
     quotas' running totals (BudgetTotal; ``totals`` when the caller has them), then per distinct
@@ -180,7 +182,8 @@ def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool 
 
     used: accounted GPU-hours in the period (the team's account; the quota's GPU type, or all types);
     held: what the budget holds of unfinished jobs hold (per type: jobs that asked for it);
-    booked: approved bookings' reserved GPU-hours in the period."""
+    booked: approved bookings' reserved GPU-hours in the period (``fresh``: read from the database,
+    for a check under the team's row lock, under which bookings are approved)."""
     now = at or timezone.now()
     periods: dict[tuple[dt.date, dt.date], list] = {}
     for quota in quotas:
@@ -193,7 +196,7 @@ def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool 
         unbuilt = [q for q in group if (q.team_id, q.gpu_type, start, end) not in totals]
         used = _used_seconds({q.team_id for q in unbuilt}, start_at, end_at) if unbuilt else {}
         held = _held_hours({q.team_id for q in unbuilt}, end_at) if unbuilt and with_held else {}
-        booked = _booked_hours_bulk(start_at, end_at, teams)
+        booked = _booked_hours_bulk(start_at, end_at, teams, fresh=fresh)
         for quota in group:
             kind = quota.gpu_type
             booked_h = sum((v for (team_id, t), v in booked.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))

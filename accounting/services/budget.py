@@ -208,8 +208,9 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
 
     Queries: one statement locks the team row and the team's running totals (BudgetTotal, one row
     per quota key), inserts the holds and adds them; then, under that lock, one reads the team's
-    quotas in force from the database — two, whatever the number of jobs, live jobs and usage
-    records (the bookings' booked hours come from this process's copy, portal.snapshots BOOKINGS).
+    quotas in force and one the bookings' booked hours from the database (a quota or a booking
+    approved while this placement waited for the lock counts) — three, whatever the number of jobs,
+    live jobs and usage records.
     The first hold of a team's period builds its total from usage and holds (once)."""
     at = at or timezone.now()
     covered = bookings_charge_reserved()
@@ -257,7 +258,7 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
             before[key] = BudgetTotal(team_id=team.pk, gpu_type=quota.gpu_type, period_start=quota.period_start,
                                       period_end=quota.period_end, held_gpu_hours=total.held_gpu_hours - needs,
                                       used_gpu_hours=total.used_gpu_hours)  # fmt: skip
-        for row in budget_rows(quotas, at=at, totals=before):
+        for row in budget_rows(quotas, at=at, totals=before, fresh=True):
             needs = increments.get(row["gpu_type"], Decimal(0))
             if needs > row["remaining"]:
                 raise over_budget(row=row, needs=needs, subject="", measure="The job needs", span="time limit",

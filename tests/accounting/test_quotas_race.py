@@ -6,6 +6,7 @@ quota changed while a submission waits for the team's row lock decides that subm
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from jobs.models import Job
 from jobs.services import job_submit
 from portal.exceptions import Conflict
 from portal.models import NodeInfo, PartitionInfo
+from portal.snapshots import snapshot_scope
 from tests.factories import QuotaFactory
 from tests.support import wait_for
 
@@ -93,24 +95,10 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
 # ---------------------------------------------------------------- a quota changed while a submission waits
 
 
-@pytest.mark.parametrize(("before", "after", "outcome"), [(1_000, 1, "refused"), (1, 1_000, "accepted")])
-@pytest.mark.django_db(transaction=True)
-def test_a_quota_changed_while_a_submission_waits_for_the_team_lock_decides_it(world, monkeypatch, settings, before,
-                                                                               after, outcome):  # fmt: skip
-    """Two real transactions: an admin approves a new quota (smaller, or bigger, than the one in force)
-    and holds the team's row lock, uncommitted, while a submission of a 2 GPU-h job waits for that
-    lock; then the approval commits. The submission is decided by the quota it committed, read once
-    the lock is taken (accounting.services.budget.budget_holds_place) — not the one in force when
-    the submission started."""
-    from accounting.services import quota_approve, quota_request
-    from jobs import tasks
-
-    monkeypatch.setattr(tasks.job_relay_drain, "delay", lambda: None)
-    monkeypatch.setattr("accounting.services.quotas.after_commit", lambda *args, **kwargs: None)  # no sacctmgr
-    settings.SLURM_OVERRUN_SECONDS_UNREAD = 0
-    _one_a100_node(timezone.now())
-    Quota.objects.filter(team=world.vision).update(gpu_hours=before)
-    requested = quota_request(team=world.vision, user=world.bob, gpu_hours=after, justification="changed")
+def _submitted_while(change) -> str:
+    """Run ``change()`` (which takes the team's row lock) in a transaction of its own, hold it
+    uncommitted until a 2 GPU-h a100 submission by alice is seen waiting for that lock
+    (pg_blocking_pids), then commit it; the submission's outcome ("accepted" or "refused: …")."""
     pids: dict[str, int] = {}
     holding, release = threading.Event(), threading.Event()
 
@@ -119,11 +107,11 @@ def test_a_quota_changed_while_a_submission_waits_for_the_team_lock_decides_it(w
             cursor.execute("SELECT pg_backend_pid()")
             return cursor.fetchone()[0]
 
-    def change():
+    def changing_thread():
         try:
             with transaction.atomic():
                 pids["change"] = backend_pid()
-                quota_approve(quota=requested, user=world.admin)  # takes the team row FOR UPDATE
+                change()
                 holding.set()
                 release.wait(timeout=60)
         finally:
@@ -133,8 +121,9 @@ def test_a_quota_changed_while_a_submission_waits_for_the_team_lock_decides_it(w
     def submit():
         try:
             pids["submit"] = backend_pid()
-            job_submit(user=world.alice, team=world.vision, name="waits", script="true", partition="gpu",
-                       gpu_type="a100", gpus=2, time_limit_minutes=60)  # fmt: skip
+            with snapshot_scope():  # as a request: the snapshots' versions are read once, before the lock
+                job_submit(user=ALICE[0], team=ALICE[1], name="waits", script="true", partition="gpu",
+                           gpu_type="a100", gpus=2, time_limit_minutes=60)  # fmt: skip
             return "accepted"
         except Conflict as exc:
             return f"refused: {exc.message}"
@@ -142,9 +131,9 @@ def test_a_quota_changed_while_a_submission_waits_for_the_team_lock_decides_it(w
             connection.close()
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        changing = pool.submit(change)
+        changing = pool.submit(changing_thread)
         holding.wait(timeout=60)
-        assert "change" in pids and not changing.done(), "the approval did not get to hold the team lock"
+        assert "change" in pids and not changing.done(), "the change did not get to hold the team lock"
         submitting = pool.submit(submit)
 
         def submission_blocked_by_the_change():
@@ -154,13 +143,76 @@ def test_a_quota_changed_while_a_submission_waits_for_the_team_lock_decides_it(w
 
         try:
             wait_for(submission_blocked_by_the_change, timeout=60, interval=0.05,
-                     what="the submission to wait for the approval's team lock")  # fmt: skip
+                     what="the submission to wait for the change's team lock")  # fmt: skip
         finally:
             release.set()
         changing.result(timeout=60)
-        result = submitting.result(timeout=60)
+        return submitting.result(timeout=60)
+
+
+ALICE: list = []  # (user, team) of the submission in _submitted_while
+
+
+@pytest.fixture
+def waiting_submission(world, monkeypatch, settings):
+    from jobs import tasks
+
+    monkeypatch.setattr(tasks.job_relay_drain, "delay", lambda: None)
+    monkeypatch.setattr("accounting.services.quotas.after_commit", lambda *args, **kwargs: None)  # no sacctmgr
+    monkeypatch.setattr("accounting.services.bookings.after_commit", lambda *args, **kwargs: None)  # no scontrol
+    settings.SLURM_OVERRUN_SECONDS_UNREAD = 0
+    _one_a100_node(timezone.now())
+    ALICE[:] = [world.alice, world.vision]
+    yield _submitted_while
+    ALICE.clear()
+
+
+@pytest.mark.parametrize(("before", "after", "outcome"), [(1_000, 1, "refused"), (1, 1_000, "accepted")])
+@pytest.mark.django_db(transaction=True)
+def test_a_quota_changed_while_a_submission_waits_for_the_team_lock_decides_it(world, waiting_submission, before,
+                                                                               after, outcome):  # fmt: skip
+    """Two real transactions: an admin approves a new quota (smaller, or bigger, than the one in force)
+    and holds the team's row lock, uncommitted, while a submission of a 2 GPU-h job waits for that
+    lock; then the approval commits. The submission is decided by the quota it committed, read once
+    the lock is taken (accounting.services.budget.budget_holds_place) — not the one in force when
+    the submission started."""
+    from accounting.services import quota_approve, quota_request
+
+    Quota.objects.filter(team=world.vision).update(gpu_hours=before)
+    requested = quota_request(team=world.vision, user=world.bob, gpu_hours=after, justification="changed")
+    result = waiting_submission(lambda: quota_approve(quota=requested, user=world.admin))  # team row FOR UPDATE
     assert Quota.objects.get(pk=requested.pk).state == QuotaState.APPROVED
     assert result.split(":")[0] == outcome, result
     if outcome == "refused":
         assert f"of {after}.0 GPU-h left for vision" in result
     assert Job.objects.filter(name="waits").count() == (outcome == "accepted")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_booking_approved_while_a_submission_waits_for_the_team_lock_decides_it(world, waiting_submission, settings):
+    """The same with a booking: bookings are charged by their reserved hours (the default), and one
+    approved while the submission waits takes the room the job needed — the booked hours are read
+    under the lock, not from this process's copy of the bookings (whose version moves only after the
+    approval's commit). In one process the approval drops the process's copy itself, so this test
+    passes with a copy read too; across processes (web workers) only the read under the lock sees it,
+    which test_submit_queries counts (the third query of the budget check)."""
+    from accounting.models import Booking, BookingStatus
+    from accounting.selectors import budget_rows, quotas_effective
+    from accounting.services import booking_approve, booking_create
+
+    settings.BOOKING_AUTO_APPROVE_GPU_HOURS = 0  # the manager's booking waits for an admin
+    now = timezone.now()
+    start = (now + dt.timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
+    if billing_date(start + dt.timedelta(hours=2)).month != billing_date(now).month:
+        pytest.skip("the billing month ends within 3 h: the booking would fall in the next period")
+    booking = booking_create(team=world.vision, gpu_type="a100", gpus=4, start=start, end=start + dt.timedelta(hours=2),
+                             actor=world.bob)  # fmt: skip
+    assert booking.status == BookingStatus.REQUESTED
+    Quota.objects.filter(team=world.vision).update(gpu_hours=9)
+    rows = budget_rows(list(quotas_effective(team=world.vision, fresh=True).values()))
+    assert rows and all(row["remaining"] == 9 for row in rows), rows  # nothing used, held or booked yet
+    # before the approval 9 GPU-h are left and the 2 GPU-h job fits; after it, 9 − 8 booked = 1
+    result = waiting_submission(lambda: booking_approve(booking=Booking.objects.get(pk=booking.pk), actor=world.admin))
+    assert Booking.objects.get(pk=booking.pk).status == BookingStatus.APPROVED
+    assert result.startswith("refused"), result
+    assert Job.objects.filter(name="waits").count() == 0

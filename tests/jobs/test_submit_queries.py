@@ -26,18 +26,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #   1  BEGIN
 #   3  the job, its ACCEPTED event and its audit event: one INSERT each, through the ORM (issue 29:
 #      two more than the one INSERT … WITH of the removed portal.db.insert_together)
-#   2  the budget check (accounting.services.budget.budget_holds_place): one statement locks the
+#   3  the budget check (accounting.services.budget.budget_holds_place): one statement locks the
 #      team row, inserts the hold and adds it to the team's running totals under their row locks —
-#      no aggregate over live jobs or usage; then, under that lock, the team's quotas in force
-#      (issue 29: read from the database once the lock is held, so that a quota changed while the
-#      submission waited for the lock decides it — tests/accounting/test_quotas_race.py)
+#      no aggregate over live jobs or usage; then, under that lock, the team's quotas in force and
+#      the bookings' booked hours (issue 29: read from the database once the lock is held, so that a
+#      quota or booking approved while the submission waited for the lock decides it —
+#      tests/accounting/test_quotas_race.py)
 #   1  the submitter's profile (issue 28: their Unix account names the default working directory,
 #      JOB_DEFAULT_WORKDIR's {user}/{home}), read once per POST
 #   1  COMMIT
-# The token lookup, the inventory, the prices, the booked hours and the team with the submitter's
+# The token lookup, the inventory, the prices and the team with the submitter's
 # role cost none while this process's copies are current (portal/snapshots.py; before issue 16: 19
 # statements, bench/post_profile_before.md; session 5: 7).
-SINGLE_JOB_POST_QUERIES = 8  # 6 besides BEGIN/COMMIT (issue 16's bound: 6)
+SINGLE_JOB_POST_QUERIES = 9  # 7 besides BEGIN/COMMIT (issue 16's bound: 6)
 
 
 @pytest.fixture(autouse=True)
