@@ -2,7 +2,7 @@
 
 "reserved" (the default): an approved booking is charged for every GPU-hour it holds, and usage
 inside it is free (its slices cost 0, budgets do not count it twice). "used": bookings cost nothing
-and only usage is charged. portal/settings.py validates the value (env.choice)."""
+and only usage is charged. portal/project/settings.py validates the value (env.choice)."""
 
 from __future__ import annotations
 

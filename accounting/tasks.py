@@ -1,4 +1,4 @@
-"""Celery tasks of accounting. The schedules live in portal/celery.py (usage-ingest, every 60 s; the
+"""Celery tasks of accounting. The schedules live in portal/project/celery.py (usage-ingest, every 60 s; the
 sweepers). Every task is safe to run twice: ingestion upserts by (cluster, job_id, submit_time) and
 writes only what changed; re-pricing claims the rows that say it is owed and rebuilds slices from
 the records."""
@@ -28,7 +28,7 @@ def _until_next_beat(what: str, run):
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=80)
 def usage_ingest_task(cluster: str | None = None) -> dict | None:
     """Read one cluster's new accounting from its slurmdbd (one sacct per window; one task per
-    cluster, portal/celery.py) and record usage. A Slurm failure is recorded in that cluster's
+    cluster, portal/project/celery.py) and record usage. A Slurm failure is recorded in that cluster's
     SyncStatus ("usage", "usage:NAME") and retried by the next beat, a minute later."""
     from accounting.services import usage_ingest
 
@@ -41,7 +41,7 @@ def usage_ingest_task(cluster: str | None = None) -> dict | None:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=80)
 def rollup_check_task(cluster: str | None = None) -> str | None:
-    """Periodic (portal/celery.py, accounting-rollup, per cluster): how far the cluster's slurmdbd has
+    """Periodic (portal/project/celery.py, accounting-rollup, per cluster): how far the cluster's slurmdbd has
     rolled usage up, recorded for /healthz and the cluster pages (accounting.selectors.rollup_status)."""
     from accounting.services import rollup_record
 
@@ -78,7 +78,7 @@ def usage_reprice_task(gpu_type: str, since: str) -> int | None:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=30, time_limit=60)
 def usage_reprice_sweep_task() -> list[tuple[str, str]]:
-    """Periodic (portal/celery.py, usage-reprice-sweep): re-enqueue re-pricing a lost task left owed."""
+    """Periodic (portal/project/celery.py, usage-reprice-sweep): re-enqueue re-pricing a lost task left owed."""
     from accounting.services import usage_reprice_sweep
 
     return usage_reprice_sweep()
@@ -111,7 +111,7 @@ def booking_unreserve_task(booking_id: str) -> str:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=80)
 def booking_cleanup_task() -> dict | None:
-    """Periodic (portal/celery.py, booking-cleanup): reservations of cancelled/ended bookings still in
+    """Periodic (portal/project/celery.py, booking-cleanup): reservations of cancelled/ended bookings still in
     Slurm are deleted; lost creations and deletions are re-enqueued."""
     from accounting.services import booking_cleanup
 
@@ -139,7 +139,7 @@ def quota_mirror_task(team_id: int) -> list[str]:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=120, time_limit=180)
 def quota_rollover_task() -> list[str] | None:
-    """Periodic (portal/celery.py): at a new period reset each quota team's Slurm usage and mirror the
+    """Periodic (portal/project/celery.py): at a new period reset each quota team's Slurm usage and mirror the
     new limits; also mends limit drift. A Slurm failure waits for the next beat."""
     from accounting.services import quota_period_rollover
 
@@ -161,7 +161,7 @@ def budget_alert_deliver_task(alert_id: int) -> None:
 
 @shared_task(acks_late=True, ignore_result=True)
 def budget_alert_sweep_task() -> list[int]:
-    """Periodic (portal/celery.py, budget-alert-sweep): re-enqueue alerts whose e-mail was lost."""
+    """Periodic (portal/project/celery.py, budget-alert-sweep): re-enqueue alerts whose e-mail was lost."""
     from accounting.services import budget_alert_sweep
 
     return budget_alert_sweep()
@@ -181,7 +181,7 @@ def budget_alert_webhook_task(alert_id: int) -> None:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=30, time_limit=60)
 def budget_alert_webhook_sweep_task() -> list[int]:
-    """Periodic (portal/celery.py, budget-alert-webhook-sweep): re-enqueue webhooks whose task was lost."""
+    """Periodic (portal/project/celery.py, budget-alert-webhook-sweep): re-enqueue webhooks whose task was lost."""
     from accounting.services import budget_alert_webhook_sweep
 
     return budget_alert_webhook_sweep()

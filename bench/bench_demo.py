@@ -58,7 +58,7 @@ class DemoProcesses:
     def start(self) -> None:
         import platform
 
-        from portal.celery import app
+        from portal.project.celery import app
 
         py = sys.executable
         env = common.service_env(WEB_BIND=f"127.0.0.1:{common.BENCH_PORT}", LOG_LEVEL="WARNING")
@@ -68,11 +68,11 @@ class DemoProcesses:
         web = common.Service("demo-web", argv, env)  # access log on, as the demo's: into .run/bench/demo-web.log
         self.services.append(web)
         node = f"bench-demo-{os.getpid()}@{platform.node()}"
-        worker = common.Service("demo-worker", [py, "-m", "celery", "-A", "portal", "worker", "--loglevel=WARNING",
+        worker = common.Service("demo-worker", [py, "-m", "celery", "-A", "portal.project", "worker", "--loglevel=WARNING",
                                                 "--concurrency=2", "-n", node], env)  # fmt: skip
         self.services.append(worker)
         schedule = common.RUN_DIR / "celerybeat-schedule"
-        beat = common.Service("demo-beat", [py, "-m", "celery", "-A", "portal", "beat", "--loglevel=WARNING",
+        beat = common.Service("demo-beat", [py, "-m", "celery", "-A", "portal.project", "beat", "--loglevel=WARNING",
                                             "--schedule", str(schedule), "--pidfile="], env)  # fmt: skip
         self.services.append(beat)
         deadline = time.monotonic() + 90

@@ -16,7 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.project.settings")
 
 NAMES = ["Łódź-resnet50-finetune", "视觉组-检测模型-训练", "bert-large-pretrain-ablation-17", "Ünïcødé-sweep"]
 

@@ -149,7 +149,7 @@ def portal_round(world, n: int, name: str, *, timeout: float, batch: int = 0, th
 
     from jobs.choices import JobState
     from jobs.models import Job
-    from portal.celery import app
+    from portal.project.celery import app
 
     start = dt.datetime.now(dt.UTC)
     post_seconds, post_latencies, errors = post_jobs(world.token, n, name, batch=batch, threads=threads)
@@ -324,7 +324,7 @@ def relay_only(world, n: int, *, concurrency: int, runs: int, drain: bool = Fals
 
     from jobs.choices import JobState
     from jobs.models import Job
-    from portal.celery import app
+    from portal.project.celery import app
 
     warnings.filterwarnings("ignore", message=".*send_task.*")  # the driver is eager; send_task is not
     worker = common.start_worker(concurrency=concurrency)

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.project.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://gpuportal@127.0.0.1:5432/gpuportal_bench")
 
 UTC = dt.timezone.utc

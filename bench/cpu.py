@@ -16,7 +16,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 # first match wins: (group, words any of which in the command line puts a process in it)
 GROUPS = (
     ("web", ("gunicorn",)),
-    ("celery worker", ("celery -A portal worker", "celery worker", " worker ")),
+    ("celery worker", ("celery -A portal.project worker", "celery worker", " worker ")),
     ("celery beat", ("beat",)),
     ("postgres", ("postgres",)),
     ("redis", ("redis-server",)),

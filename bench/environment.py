@@ -51,7 +51,7 @@ RUN_DIR = ROOT / ".run" / "bench"
 os.environ["DATABASE_URL"] = BENCH_DATABASE_URL
 os.environ["CELERY_BROKER_URL"] = BENCH_BROKER_URL
 os.environ["CACHE_URL"] = BENCH_CACHE_URL
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.project.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 # In this (driver) process services that enqueue (team_create, membership_set) run their task inline.
 os.environ["CELERY_TASK_ALWAYS_EAGER"] = "1"
@@ -73,7 +73,7 @@ def service_env(**extra: str) -> dict[str, str]:
             "DATABASE_URL": BENCH_DATABASE_URL,
             "CELERY_BROKER_URL": BENCH_BROKER_URL,
             "CACHE_URL": BENCH_CACHE_URL,
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            "DJANGO_SETTINGS_MODULE": "portal.project.settings",
             "CELERY_TASK_ALWAYS_EAGER": "0",
             "LOG_LEVEL": "WARNING",
         }

@@ -86,7 +86,7 @@ def web_answers(port: int = BENCH_PORT) -> bool:
 def start_gunicorn(*, workers: int = 3, threads: int = 1, **env: str) -> Service:
     """gunicorn (sync workers) on 127.0.0.1:BENCH_PORT; waits until /login/ answers."""
     argv = [
-        sys.executable, "-m", "gunicorn", "portal.wsgi", "-b", f"127.0.0.1:{BENCH_PORT}", "-w", str(workers),
+        sys.executable, "-m", "gunicorn", "portal.project.wsgi", "-b", f"127.0.0.1:{BENCH_PORT}", "-w", str(workers),
         "--threads", str(threads), "--timeout", "120", "--graceful-timeout", "10", "--log-level", "warning",
     ]  # fmt: skip
     service = Service("gunicorn", argv, service_env(**env))
@@ -102,11 +102,11 @@ def start_gunicorn(*, workers: int = 3, threads: int = 1, **env: str) -> Service
 
 def start_worker(*, concurrency: int = 2, queue: str = "celery", **env: str) -> Service:
     """A Celery worker (prefork) on the benchmark's broker; waits until it answers a ping."""
-    from portal.celery import app
+    from portal.project.celery import app
 
     node = f"bench-{os.getpid()}-{queue}@{platform.node()}"
     argv = [
-        sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", queue, "--pool=prefork",
+        sys.executable, "-m", "celery", "-A", "portal.project", "worker", "-Q", queue, "--pool=prefork",
         f"--concurrency={concurrency}", "--without-mingle", "--without-gossip", "--without-heartbeat",
         "--loglevel=WARNING", "-n", node,
     ]  # fmt: skip
@@ -126,7 +126,7 @@ def worker_idle_wait(worker: Service, *, queue: str = "celery", timeout: float =
     prefetched: what it was sent before has all been done."""
     import redis
 
-    from portal.celery import app
+    from portal.project.celery import app
 
     broker = redis.Redis.from_url(BENCH_BROKER_URL)
     deadline = time.monotonic() + timeout

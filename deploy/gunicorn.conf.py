@@ -3,9 +3,9 @@
     gunicorn -c deploy/gunicorn.conf.py
     gunicorn --check-config -c deploy/gunicorn.conf.py
 
-The settings come from portal/serve.py (WEB_BIND, WEB_WORKERS, WEB_THREADS, WEB_TIMEOUT,
+The settings come from portal/project/serve.py (WEB_BIND, WEB_WORKERS, WEB_THREADS, WEB_TIMEOUT,
 WEB_ACCESS_LOG; GUNICORN_… where a site still sets those), read strictly: a bad value stops
-start-up naming the variable. The application is ``portal.serve:wsgi_application()``: the portal's,
+start-up naming the variable. The application is ``portal.project.serve:wsgi_application()``: the portal's,
 its URL patterns loaded and its heap frozen for Python's cyclic collector once a worker has started.
 
 Threaded workers (gthread), one process per core with 4 threads each: a single-job POST is mostly
@@ -13,11 +13,11 @@ Python with ~1 ms of waiting on PostgreSQL and Redis, so more processes than cor
 between each other (on 2 cores, 5 × 2 accepted half the POSTs/s of 2 × 4, bench/results.md).
 """
 
-from portal.serve import web_settings
+from portal.project.serve import web_settings
 
 _web = web_settings()
 
-wsgi_app = "portal.serve:wsgi_application()"
+wsgi_app = "portal.project.serve:wsgi_application()"
 bind = _web.bind
 workers = _web.workers
 threads = _web.threads

@@ -1,4 +1,4 @@
-"""Job API routes, included under /api/v1/ by portal/urls.py."""
+"""Job API routes, included under /api/v1/ by portal/project/urls.py."""
 
 from django.urls import path
 

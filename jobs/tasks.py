@@ -1,6 +1,6 @@
 """Celery tasks of the jobs app. Each takes ids, calls a service and is safe to run twice: the
 relay claims the row with a conditional update and looks for its tag in Slurm before a repeat
-sbatch; the sync and the sweeper are periodic (schedules in portal/celery.py)."""
+sbatch; the sync and the sweeper are periodic (schedules in portal/project/celery.py)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def job_cancel_relay(self, job_id: str) -> str:
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
 def jobs_sync_task(cluster: str | None = None) -> dict:
     """One sync cycle of one cluster (one squeue, at most one sacct; one task per cluster,
-    portal/celery.py). A cycle of that cluster already running elsewhere makes this one a no-op, so
+    portal/project/celery.py). A cycle of that cluster already running elsewhere makes this one a no-op, so
     overlapping beats do not double the work or the events."""
     from django.core.cache import cache
 
@@ -107,19 +107,19 @@ def job_end_notify(self, job_ids: list[str]) -> int:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
 def job_end_notify_sweep_task() -> int:
-    """Periodic (portal/celery.py, job-end-notify-sweep): re-enqueue job-end e-mails whose task was lost."""
+    """Periodic (portal/project/celery.py, job-end-notify-sweep): re-enqueue job-end e-mails whose task was lost."""
     return len(services.job_end_notify_sweep())
 
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=120, time_limit=180)
 def budget_holds_sweep_task() -> dict:
-    """Periodic (portal/celery.py, budget-hold-sweep): release budget holds whose final usage never came."""
+    """Periodic (portal/project/celery.py, budget-hold-sweep): release budget holds whose final usage never came."""
     return services.budget_holds_sweep()
 
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
 def gpu_usage_sync_task() -> dict:
-    """Periodic (portal/celery.py, gpu-usage-sync): one Prometheus range query for every job's GPUs
+    """Periodic (portal/project/celery.py, gpu-usage-sync): one Prometheus range query for every job's GPUs
     (services.gpu_usage_sync). Overlapping beats: the second is a no-op."""
     from django.core.cache import cache
 

@@ -23,7 +23,4 @@ class PortalConfig(AppConfig):
     verbose_name = "Portal: teams, users and the cluster"
 
     def ready(self) -> None:
-        # Make the Celery app current so that shared_task(...).delay() uses its broker settings.
-        from portal.celery import app  # noqa: F401
-
         post_migrate.connect(_record_clusters, sender=self, dispatch_uid="portal-record-clusters")

@@ -1,6 +1,6 @@
 """Settings of the ways in besides the portal's own passwords: LDAP (django-auth-ldap) and OpenID
 Connect (mozilla-django-oidc), and the directory-group → team map both use. Pure functions of the
-environment (portal.env.Env), called once by portal/settings.py — and by the tests, so that what
+environment (portal.env.Env), called once by portal/project/settings.py — and by the tests, so that what
 they check is what a site's environment gives. Each returns {} when its way in is not configured,
 and then imports nothing of its library."""
 

@@ -2,7 +2,7 @@
 
 The row is the truth and the task only carries its id: a broker that does not answer is logged
 and swallowed, never turned into an error for a client whose row is committed. Each kind of work
-enqueued here has a periodic sweeper (portal/celery.py) that finds the rows still waiting and
+enqueued here has a periodic sweeper (portal/project/celery.py) that finds the rows still waiting and
 enqueues them again: jobs.tasks.jobs_sweep_task (relays, cancels), accounting.tasks.booking_cleanup_task
 (reservations), quota_rollover_task (quota limits), portal.tasks.team_mirror_sweep_task (teams),
 budget_alert_sweep_task (alert e-mails), budget_alert_webhook_sweep_task (alert webhooks:
@@ -58,7 +58,7 @@ _flag_clients: dict[str, redis.Redis] = {}
 def _flags() -> redis.Redis | None:
     """Where coalescing flags live: the broker's own Redis, so that a flag lives and dies with the
     messages it stands for (a broker restarted empty loses both). None for a broker that is not Redis."""
-    from portal.celery import app
+    from celery import current_app as app
 
     url = app.conf.broker_url or ""
     if not url.startswith(("redis://", "rediss://")):

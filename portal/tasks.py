@@ -35,7 +35,7 @@ def team_mirror_to_slurm(self, team_id: int) -> list[str]:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=120, time_limit=180)
 def team_mirror_sweep_task() -> list[str] | None:
-    """Periodic (portal/celery.py, team-mirror-sweep): mirror every team, for the mirrors the broker
+    """Periodic (portal/project/celery.py, team-mirror-sweep): mirror every team, for the mirrors the broker
     lost. A Slurm failure waits for the next beat."""
     from portal.services import team_mirror_sweep
 
@@ -51,7 +51,7 @@ def team_mirror_sweep_task() -> list[str] | None:
 
 @shared_task(acks_late=True, ignore_result=True)
 def cluster_sync_task(cluster: str | None = None) -> dict | None:
-    """Periodic (portal/celery.py, one entry per cluster): one cluster's inventory. A cluster that
+    """Periodic (portal/project/celery.py, one entry per cluster): one cluster's inventory. A cluster that
     does not answer is recorded as failing (its SyncStatus) and waits for the next beat."""
     from portal.services import cluster_sync
 

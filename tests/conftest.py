@@ -115,7 +115,7 @@ def _test_settings(settings):
     # time limit, so their figures stay round; the overrun's own tests (tests/jobs/test_estimate_overrun.py)
     # and every real cluster's read policy include it
     settings.SLURM_OVERRUN_SECONDS_UNREAD = 0
-    from portal.celery import app
+    from portal.project.celery import app
 
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = True
@@ -422,7 +422,7 @@ def celery_workers(django_db_setup, django_db_blocker):
 def real_worker(request, celery_workers, transactional_db, settings):
     """Send tasks to a real worker for this test (eager mode off, dedicated queue and broker): the one
     for this test's ``slurm_target`` when it has one, else the one for the environment's cluster."""
-    from portal.celery import app
+    from portal.project.celery import app
 
     slurm_env = {}
     if "slurm_target" in request.fixturenames:

@@ -38,7 +38,7 @@ def _use_broker(url: str) -> None:
     """Point this process's Celery app at another broker. The connection and producer pools are
     built lazily from the configuration on first use, so they are dropped too (test-only reach into
     Celery's private attributes; the same reset Celery does after a fork)."""
-    from portal.celery import app
+    from portal.project.celery import app
 
     # Celery's Settings.broker_url prefers the CELERY_BROKER_URL environment variable (which
     # `make test` exports) to the configured value: change both.
@@ -65,7 +65,7 @@ def _start_worker(name: str, queue: str, slurm_env: dict[str, str]):
         "DATABASE_URL": database_url,
         "CELERY_BROKER_URL": WORKER_BROKER_URL,
         "CELERY_TASK_ALWAYS_EAGER": "0",
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "DJANGO_SETTINGS_MODULE": "portal.project.settings",
     }
     (ROOT / ".run").mkdir(exist_ok=True)
     log_path = ROOT / ".run" / f"test-celery-{name}-{os.getpid()}.log"
@@ -73,14 +73,14 @@ def _start_worker(name: str, queue: str, slurm_env: dict[str, str]):
     node = f"{name}-{os.getpid()}"
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", queue, "--pool=prefork",
+            sys.executable, "-m", "celery", "-A", "portal.project", "worker", "-Q", queue, "--pool=prefork",
             "--concurrency=2", "--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel=INFO",
             "-n", f"{node}@%h",
         ],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        from portal.celery import app
+        from portal.project.celery import app
 
         _use_broker(WORKER_BROKER_URL)
         deadline = time.monotonic() + 90  # a loaded 2-core machine takes a while to import Django + Celery
@@ -112,7 +112,7 @@ def _worker_settle(queue: str, timeout: float = 60.0) -> None:
     task — one writing to the tables while they are truncated deadlocks the flush."""
     import redis
 
-    from portal.celery import app
+    from portal.project.celery import app
     from tests.support import wait_for
 
     broker = redis.Redis.from_url(WORKER_BROKER_URL)

@@ -4,7 +4,7 @@ Ingestion (accounting.services.ingestion) writes slices through ``slices_replace
 
 Re-pricing owed is a row (PendingReprice, written with the rate by rate_create): the task
 (accounting.tasks.usage_reprice_task → ``usage_reprice_pending``) claims the rows it covers, re-prices
-and deletes them; ``usage_reprice_sweep`` (periodic, portal/celery.py) enqueues again what a lost
+and deletes them; ``usage_reprice_sweep`` (periodic, portal/project/celery.py) enqueues again what a lost
 task left — the outbox's policy (portal/outbox.py)."""
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ def gpu_usage_finalise(*, now: dt.datetime, step: int) -> int:
 
 
 def gpu_usage_sync(*, now: dt.datetime | None = None) -> dict:
-    """One cycle (periodic: portal/celery.py, gpu-usage-sync): ONE range query for every GPU a job
+    """One cycle (periodic: portal/project/celery.py, gpu-usage-sync): ONE range query for every GPU a job
     holds since the last cycle, folded in (``gpu_usage_record``), ended jobs frozen, idle alerts
     checked (jobs.services.gpu_alerts). Returns figures; ``error`` when Prometheus failed."""
     from jobs.services.gpu_alerts import gpu_idle_alerts_check

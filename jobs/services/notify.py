@@ -7,7 +7,7 @@ claim's rows are its own) and ``Job.end_notified_at`` is set on them, so two run
 to send (the budget alerts' claim, accounting.services.alerts, for a batch). Only then the opted-in ones are mailed; a mail that fails hands its job back (the
 marker cleared) for the retry or the sweeper. A worker that dies between the claim and the send
 loses those notices: a lost notice is the lesser harm than a repeated one (the job page shows the end).
-``job_end_notify_sweep`` (periodic, portal/celery.py) enqueues again the ended jobs whose task was lost."""
+``job_end_notify_sweep`` (periodic, portal/project/celery.py) enqueues again the ended jobs whose task was lost."""
 
 from __future__ import annotations
 

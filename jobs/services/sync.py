@@ -41,7 +41,7 @@ ACCOUNTING_BY_ID_MAX = 5000
 def jobs_sync(*, cluster: str | None = None) -> dict:
     """Bring every live job of one cluster (None: the default one) in line with that cluster's
     Slurm, in a constant number of queries and Slurm calls (one task per cluster per cycle:
-    portal/celery.py; one cluster down leaves the others' jobs followed).
+    portal/project/celery.py; one cluster down leaves the others' jobs followed).
 
     One ``gateway.queue()``; at most one ``gateway.accounting(start, end)`` — only when a live job
     has left the queue or ended in it (for its final state and exit code), window = earliest

@@ -511,7 +511,7 @@ def test_slurm_reconcile_prints_drift_and_apply_fixes_it(world, fake_gateway, mo
 
     from django.core.management import call_command
 
-    from portal.management.commands import slurm_reconcile
+    from portal.project.management.commands import slurm_reconcile
 
     monkeypatch.setattr(slurm_reconcile, "association_plan", lambda **kw: [])
     out = io.StringIO()

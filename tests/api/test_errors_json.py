@@ -106,7 +106,7 @@ def test_an_exception_in_a_middleware_answers_json_500_too(debug, api_client_for
 
 
 def test_pages_keep_a_plain_error_page(settings, client_for, monkeypatch):
-    from portal import views
+    from portal.project import views
 
     settings.DEBUG = False
     monkeypatch.setattr(views, "cluster_summary", lambda: 1 / 0)

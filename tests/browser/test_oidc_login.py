@@ -25,7 +25,7 @@ SSO = "Log in with single sign-on"
 
 @pytest.fixture
 def oidc_site(settings, oidc_provider):
-    """The settings portal/settings.py builds from a site's environment naming this provider."""
+    """The settings portal/project/settings.py builds from a site's environment naming this provider."""
     env = Env(oidc_provider.environment() | {"DIRECTORY_TEAM_MAP": "vision-leads=vision:manager"})
     for name, value in oidc_settings(env).items():
         setattr(settings, name, value)

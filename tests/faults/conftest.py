@@ -106,14 +106,14 @@ class FaultWorker:
             "DATABASE_URL": self.database_url,
             "CELERY_BROKER_URL": self.broker_url,
             "CELERY_TASK_ALWAYS_EAGER": "0",
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            "DJANGO_SETTINGS_MODULE": "portal.project.settings",
             "SLURM_TIMEOUT": str(FAULT_SLURM_TIMEOUT),
             "GPUPORTAL_TEST_RELAY_LEASE_SECONDS": str(FAULT_RELAY_LEASE_SECONDS),
         }
         with open(self.log_path, "a") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "tests.faults.worker_main", "-A", "portal", "worker", "-Q", self.queue,
+                    sys.executable, "-m", "tests.faults.worker_main", "-A", "portal.project", "worker", "-Q", self.queue,
                     "--pool=prefork", f"--concurrency={self.concurrency}", "--without-mingle", "--without-gossip",
                     "--without-heartbeat", "--loglevel=INFO", "-n", self.node_name.split("@")[0] + "@%h",
                 ],
@@ -123,7 +123,7 @@ class FaultWorker:
             self.wait_ready()
 
     def wait_ready(self, timeout: float = 45) -> float:
-        from portal.celery import app
+        from portal.project.celery import app
 
         started = time.monotonic()
         while time.monotonic() - started < timeout:
@@ -191,7 +191,7 @@ def faults(transactional_db, cluster, settings, monkeypatch, tmp_path):
     worker gets the same lease). At the end: worker and Redis stopped by pid, and every job of this
     test still live in Slurm cancelled."""
     from jobs import services
-    from portal.celery import app
+    from portal.project.celery import app
 
     if shutil.which("redis-server") is None:
         skip_unless_ci("redis-server is not installed (scripts/services installs it)")

@@ -5,7 +5,7 @@ the task's hard time limit) is what keeps a second relay away from a job whose r
 running. After a SIGKILL the claim of the relay that died holds until it expires, so the fault tests
 shorten it (GPUPORTAL_TEST_RELAY_LEASE_SECONDS) to keep their runtime down. The worker runs with
 SLURM_TIMEOUT small enough that a relay (at most three Slurm calls) always ends within the lease.
-Everything else is the production worker: ``python -m tests.faults.worker_main -A portal worker …``."""
+Everything else is the production worker: ``python -m tests.faults.worker_main -A portal.project worker …``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 
 import django
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.project.settings")
 django.setup()
 
 from jobs.services import relay

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _load_schema():
-    from portal.wsgi import application
+    from portal.project.wsgi import application
 
     return schemathesis.openapi.from_wsgi("/api/schema/", application)
 

@@ -1,6 +1,6 @@
 """The demo: jobs.demo.seed (site templates, idempotent) and what `make demo` runs like production —
 scripts/supervise (restarts, process groups), the web server (deploy/gunicorn.conf.py with
-portal/serve.py's settings and application), static files without DEBUG."""
+portal/project/serve.py's settings and application), static files without DEBUG."""
 
 import io
 import json
@@ -152,7 +152,7 @@ def _printed_config(environ: dict) -> dict:
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
-        ({}, {"bind": "['127.0.0.1:8000']", "threads": "4", "accesslog": "-", "wsgi_app": "portal.serve:wsgi_application()"}),
+        ({}, {"bind": "['127.0.0.1:8000']", "threads": "4", "accesslog": "-", "wsgi_app": "portal.project.serve:wsgi_application()"}),
         ({"WEB_BIND": "[::1]:8001", "WEB_WORKERS": "3", "WEB_THREADS": "2"}, {"bind": "['[::1]:8001']", "workers": "3", "threads": "2"}),
         ({"GUNICORN_BIND": "0.0.0.0:9000", "GUNICORN_TIMEOUT": "90"}, {"bind": "['0.0.0.0:9000']", "timeout": "90"}),  # a site's old variables
         ({"WEB_BIND": "127.0.0.1:9001", "GUNICORN_BIND": "0.0.0.0:9000"}, {"bind": "['127.0.0.1:9001']"}),
@@ -185,13 +185,13 @@ def test_the_web_server_refuses_a_bad_variable_naming_it(name, value, reason):
 
 
 def test_the_web_workers_heap_is_frozen_after_its_first_requests(monkeypatch):
-    """portal.serve.gc_settled: gc.freeze() once, at the n-th request (the collector then leaves the
+    """portal.project.serve.gc_settled: gc.freeze() once, at the n-th request (the collector then leaves the
     objects of the process's life alone), never before, and each request still reaches the app.
     The calls are counted, not gc.get_freeze_count(): a frozen object that is freed later leaves the
     permanent generation, so the count can drop by itself between two requests."""
     import gc
 
-    from portal.serve import gc_settled
+    from portal.project.serve import gc_settled
 
     calls = []
     freeze = gc.freeze
@@ -244,12 +244,12 @@ def _children(pid: int) -> set[int]:
 
 def test_the_web_server_serves_the_api_logs_each_request_and_replaces_a_killed_worker(tmp_path):
     """gunicorn with the demo's configuration, for real: two workers answer the API's JSON errors
-    through the application factory (portal.serve.wsgi_application), every request is in the access
+    through the application factory (portal.project.serve.wsgi_application), every request is in the access
     log, and a worker killed with SIGKILL is replaced while the other serves."""
     port = _free_port()
     log = tmp_path / "web.log"
     environ = _web_environ(WEB_BIND=f"127.0.0.1:{port}", WEB_WORKERS="2", WEB_THREADS="2", DEBUG="1",
-                           DJANGO_SETTINGS_MODULE="portal.settings")  # fmt: skip
+                           DJANGO_SETTINGS_MODULE="portal.project.settings")  # fmt: skip
     with open(log, "w") as out:
         server = subprocess.Popen(GUNICORN, cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)  # fmt: skip

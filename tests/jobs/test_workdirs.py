@@ -88,7 +88,7 @@ def test_a_default_the_user_cannot_create_is_refused_with_the_reason(unix_users)
 
 @pytest.mark.parametrize("value", ["relative/{user}", "/x/{nope}", "/x/{0}"])
 def test_a_bad_template_stops_start_up_naming_the_variable(value):
-    env = {**os.environ, "JOB_DEFAULT_WORKDIR": value, "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    env = {**os.environ, "JOB_DEFAULT_WORKDIR": value, "DJANGO_SETTINGS_MODULE": "portal.project.settings"}
     result = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True,
                             text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert result.returncode != 0 and "JOB_DEFAULT_WORKDIR" in result.stderr, result.stderr[-500:]

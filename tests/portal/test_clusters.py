@@ -97,7 +97,7 @@ def test_each_cluster_gets_its_own_gateway_with_its_slurm_conf_bin_and_lib_dirs(
 
 
 def test_the_beat_runs_the_slurm_reads_once_per_cluster(settings):
-    from portal.celery import _beat_schedule
+    from portal.project.celery import _beat_schedule
 
     settings.SLURM_CLUSTERS = (ClusterConfig("alpha"), ClusterConfig("beta"))
     schedule = _beat_schedule()

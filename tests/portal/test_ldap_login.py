@@ -38,7 +38,7 @@ def site_environment(uri: str) -> dict[str, str]:
 
 @pytest.fixture
 def ldap_site(settings, ldap_directory_uri):
-    """The settings portal/settings.py builds from a site's LDAP environment."""
+    """The settings portal/project/settings.py builds from a site's LDAP environment."""
     env = Env(site_environment(ldap_directory_uri))
     for name, value in ldap_settings(env).items():
         setattr(settings, name, value)
@@ -164,7 +164,7 @@ def test_the_site_environment_turns_the_ldap_backend_on(ldap_directory_uri):
         "import django; django.setup(); from django.conf import settings as s; "
         "print(s.AUTHENTICATION_BACKENDS, s.AUTH_LDAP_SERVER_URI, s.DIRECTORY_TEAM_MAP['vision-leads'])"
     )
-    env = os.environ | {"DJANGO_SETTINGS_MODULE": "portal.settings"} | site_environment(ldap_directory_uri)
+    env = os.environ | {"DJANGO_SETTINGS_MODULE": "portal.project.settings"} | site_environment(ldap_directory_uri)
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
                             cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert result.stdout.split("] ")[0] == "['portal.auth_ldap.LdapBackend', 'django.contrib.auth.backends.ModelBackend'"

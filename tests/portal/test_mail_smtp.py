@@ -101,7 +101,7 @@ def _send_from_a_fresh_process(env: dict[str, str]) -> subprocess.CompletedProce
         "send_mail('from settings', 'body', None, ['ops@example.org'])\n"
     )
     drop = {"EMAIL_BACKEND", "EMAIL_HOST_PASSWORD", "EMAIL_HOST_PASSWORD_FILE"}
-    environ = {k: v for k, v in os.environ.items() if k not in drop} | {"DJANGO_SETTINGS_MODULE": "portal.settings"} | env
+    environ = {k: v for k, v in os.environ.items() if k not in drop} | {"DJANGO_SETTINGS_MODULE": "portal.project.settings"} | env
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
 
 

@@ -20,7 +20,7 @@ from prometheus_client.utils import floatToGoString
 
 from jobs.choices import JobState
 from jobs.models import Job
-from portal import metrics
+from portal.project import metrics
 from portal.models import NodeInfo
 from portal.services import sync_record_failure, sync_record_success
 
@@ -379,7 +379,7 @@ def test_only_get_is_allowed(world, no_budgets):
 
 
 def test_a_bad_allow_list_entry_stops_start_up():
-    env = {**os.environ, "METRICS_ALLOWED_IPS": "127.0.0.1,10.0.0.0/33", "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    env = {**os.environ, "METRICS_ALLOWED_IPS": "127.0.0.1,10.0.0.0/33", "DJANGO_SETTINGS_MODULE": "portal.project.settings"}
     result = subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True, text=True, timeout=60,
         cwd=Path(__file__).resolve().parents[2],

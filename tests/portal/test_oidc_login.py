@@ -78,7 +78,7 @@ def test_the_site_environment_turns_the_oidc_backend_on():
     from pathlib import Path
 
     code = "import django; django.setup(); from django.conf import settings as s; print(s.AUTHENTICATION_BACKENDS, s.OIDC_USE_PKCE)"
-    env = os.environ | {"DJANGO_SETTINGS_MODULE": "portal.settings"} | PROVIDER.environment()
+    env = os.environ | {"DJANGO_SETTINGS_MODULE": "portal.project.settings"} | PROVIDER.environment()
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
                             cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert result.stdout.strip() == "['portal.auth_oidc.OidcBackend', 'django.contrib.auth.backends.ModelBackend'] True", result.stderr

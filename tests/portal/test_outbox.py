@@ -73,7 +73,7 @@ def _closed_port() -> int:
 def broker(settings):
     """Eager mode off and the broker down; ``broker.back()`` points it at a real Redis database,
     ``broker.sent()`` lists the (task, args) on this test's queue there."""
-    from portal.celery import app
+    from portal.project.celery import app
 
     saved = app.conf.task_always_eager, app.conf.broker_url, app.conf.task_default_queue
     queue = f"outbox-test-{os.getpid()}"
@@ -345,7 +345,7 @@ def test_the_beat_runs_every_sweeper_at_its_setting(settings):
     import accounting.tasks  # noqa: F401 (the imports register the tasks)
     import jobs.tasks  # noqa: F401
     import portal.tasks  # noqa: F401
-    from portal.celery import _beat_schedule, app
+    from portal.project.celery import _beat_schedule, app
 
     settings.USAGE_REPRICE_SWEEP_SECONDS, settings.JOB_END_NOTIFY_SWEEP_SECONDS, settings.BUDGET_HOLD_SWEEP_SECONDS = 61, 62, 630
     settings.BUDGET_ALERT_WEBHOOK_SWEEP_SECONDS = 63

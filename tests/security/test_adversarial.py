@@ -349,7 +349,7 @@ def test_the_admin_login_is_throttled_like_the_login_page(world, low_rates):  # 
 def test_metrics_admit_no_address_by_default():
     """Issue 30, finding 4: loopback was allow-listed, and on the demo every job runs on this host."""
     code = "import django; django.setup(); from django.conf import settings; print(settings.METRICS_ALLOWED_IPS)"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("METRICS_")} | {"DJANGO_SETTINGS_MODULE": "portal.settings"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRICS_")} | {"DJANGO_SETTINGS_MODULE": "portal.project.settings"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
 

@@ -307,13 +307,13 @@ def test_production_settings_send_secure_cookies_and_headers(world, settings):
 
 
 def test_production_defaults_are_secure():
-    """DEBUG=0 turns the secure defaults on (read from portal/settings.py in a subprocess)."""
+    """DEBUG=0 turns the secure defaults on (read from portal/project/settings.py in a subprocess)."""
     import os
     import subprocess
     import sys
 
     code = (
-        "import django,os;os.environ['DJANGO_SETTINGS_MODULE']='portal.settings';django.setup();"
+        "import django,os;os.environ['DJANGO_SETTINGS_MODULE']='portal.project.settings';django.setup();"
         "from django.conf import settings as s;"
         "print(s.SESSION_COOKIE_SECURE,s.CSRF_COOKIE_SECURE,s.SESSION_COOKIE_HTTPONLY,s.SECURE_SSL_REDIRECT,"
         "s.X_FRAME_OPTIONS,s.SECURE_CONTENT_TYPE_NOSNIFF,s.SECURE_REFERRER_POLICY,s.SECURE_HSTS_SECONDS>0)"

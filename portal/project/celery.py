@@ -6,7 +6,7 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.project.settings")
 
 app = Celery("gpuportal")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -1,7 +1,7 @@
 """The web server's settings and application: what ``deploy/gunicorn.conf.py`` runs (the demo,
 scripts/demo, and production, docs/deploy.md):
 
-    gunicorn -c deploy/gunicorn.conf.py          # serves portal.serve:wsgi_application()
+    gunicorn -c deploy/gunicorn.conf.py          # serves portal.project.serve:wsgi_application()
     gunicorn --check-config -c deploy/gunicorn.conf.py
 
 Read from the environment through the portal's strict readers (a bad value stops start-up naming
@@ -95,14 +95,14 @@ def gc_settled(app, after: int = GC_FREEZE_AFTER_REQUESTS):
 
 
 def wsgi_application():
-    """The application a web worker serves (gunicorn's ``portal.serve:wsgi_application()``): the
+    """The application a web worker serves (gunicorn's ``portal.project.serve:wsgi_application()``): the
     portal's WSGI application with its URL patterns loaded and the heap frozen (above)."""
     import gc
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.project.settings")
     from django.urls import get_resolver
 
-    from portal.wsgi import application
+    from portal.project.wsgi import application
 
     get_resolver().url_patterns  # noqa: B018 — imports every view module now, not in a first request
     gc.collect()

@@ -13,7 +13,7 @@ from portal.identity_settings import ldap_settings, oidc_settings, team_map
 
 env = Env()
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
 RUN_DIR = Path(env.str("GPUPORTAL_RUN_DIR", str(BASE_DIR / ".run")))
 
 DEBUG = env.bool("DEBUG", True)
@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "portal",
     "jobs",
     "accounting",
+    "portal.project",  # the project layer: admin, commands (portal/project/apps.py)
 ]
 
 MIDDLEWARE = [
@@ -75,8 +76,8 @@ MIDDLEWARE = [
     "portal.middleware.UserTimezoneMiddleware",
 ]
 
-ROOT_URLCONF = "portal.urls"
-WSGI_APPLICATION = "portal.wsgi.application"
+ROOT_URLCONF = "portal.project.urls"
+WSGI_APPLICATION = "portal.project.wsgi.application"
 
 TEMPLATES = [
     {
@@ -184,7 +185,7 @@ EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", 30, minimum=1)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "gpuportal@localhost")
 SERVER_EMAIL = env.str("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
 
-# Celery — schedules live in portal/celery.py
+# Celery — schedules live in portal/project/celery.py
 CELERY_BROKER_URL = env.url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "memory"))
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -247,7 +248,7 @@ JOB_BEGIN_MAX_DAYS = env.int("JOB_BEGIN_MAX_DAYS", 7, minimum=0, maximum=366)
 # many ACCEPTED jobs per claim; sbatch calls for them run in parallel, their outcomes are one bulk write.
 JOB_RELAY_DRAIN_BATCH = env.int("JOB_RELAY_DRAIN_BATCH", 100, minimum=1, maximum=1000)
 
-# The outbox's sweepers (portal/outbox.py; schedules in portal/celery.py): how often each looks for
+# The outbox's sweepers (portal/outbox.py; schedules in portal/project/celery.py): how often each looks for
 # work whose enqueue was lost. Re-pricing after a new rate (accounting.services.usage_reprice_sweep),
 # job-end e-mails (jobs.services.job_end_notify_sweep) and budget-alert webhooks
 # (accounting.services.budget_alert_webhook_sweep) wait 5 minutes for their own task first.
@@ -283,7 +284,7 @@ GPU_LABEL_MODEL = env.str("GPU_LABEL_MODEL", "modelName")
 # The Slurm cluster's name (ClusterName) on every series, from the scrape configuration; empty: one
 # cluster, or job ids that never collide between clusters.
 GPU_LABEL_CLUSTER = env.str("GPU_LABEL_CLUSTER", "cluster")
-# The sync (one range query a cycle for every running job; schedule in portal/celery.py): every
+# The sync (one range query a cycle for every running job; schedule in portal/project/celery.py): every
 # GPU_USAGE_SYNC_SECONDS, one stored point per GPU and GPU_USAGE_STEP_SECONDS (the mean over it).
 GPU_USAGE_SYNC_SECONDS = env.int("GPU_USAGE_SYNC_SECONDS", 60, minimum=1)
 GPU_USAGE_STEP_SECONDS = env.int("GPU_USAGE_STEP_SECONDS", 60, minimum=1)
@@ -379,7 +380,7 @@ BOOKING_CHARGE_MODE = env.choice("BOOKING_CHARGE_MODE", "reserved", ("reserved",
 BOOKING_MAX_DAYS = env.int("BOOKING_MAX_DAYS", 31, minimum=1)
 BOOKING_MIN_MINUTES = env.int("BOOKING_MIN_MINUTES", 10, minimum=1)
 
-# Metrics: GET /metrics for Prometheus (portal.metrics). Every configured check must pass: the
+# Metrics: GET /metrics for Prometheus (portal.project.metrics). Every configured check must pass: the
 # bearer token when set, REMOTE_ADDR in the allow-list when it is not empty (proxied requests are
 # never admitted by address). Neither configured: the endpoint refuses everything. No address is
 # allowed by default: loopback would admit every job on a host that is also a compute node (the

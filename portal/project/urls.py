@@ -2,7 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from portal import apis, health, metrics, views
+from portal import apis
+from portal.project import health, metrics, views
 
 api_v1 = [
     path("", include("jobs.api_urls")),  # first: job submissions and lists are most of the API's requests
