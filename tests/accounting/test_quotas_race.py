@@ -13,6 +13,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from accounting.models import BudgetTotal
 from accounting.selectors import billing_date
 from jobs.models import Job
 from jobs.services import job_submit
@@ -38,10 +39,12 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
+MIXED = "mixed"  # every shape in one race: submission n is shape n mod 6
+
+
+@pytest.mark.parametrize("shape", [*sorted(SHAPES), MIXED])
 @pytest.mark.django_db(transaction=True)
 def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(world, monkeypatch, capsys, settings, shape):
-    fields, script = SHAPES[shape]
     settings.SLURM_OVERRUN_SECONDS_UNREAD = 60  # Slurm's defaults: what a job may run past its limit
     from jobs import tasks
 
@@ -58,6 +61,7 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
     barrier = threading.Barrier(N)
 
     def submit(n):
+        fields, script = SHAPES[sorted(SHAPES)[n % len(SHAPES)] if shape == MIXED else shape]
         try:
             barrier.wait()
             try:
@@ -77,6 +81,8 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
     assert results.count("refused") == N - FITS
     assert Job.objects.count() == FITS
     assert set(Job.objects.values_list("estimated_gpu_hours", flat=True)) == {1}
+    assert BudgetTotal.objects.get(team=world.vision, gpu_type="").held_gpu_hours == FITS  # held: exactly the budget
+    admitted = sorted(sorted(SHAPES)[int(name.split("-")[1]) % len(SHAPES)] for name in Job.objects.values_list("name", flat=True))
     with capsys.disabled():
         print(f"\n[quota race, {shape}] {N} parallel submissions: {results.count('accepted')} accepted, "
-              f"{results.count('refused')} refused in {seconds:.2f} s")
+              f"{results.count('refused')} refused in {seconds:.2f} s" + (f"; admitted: {', '.join(admitted)}" if shape == MIXED else ""))
