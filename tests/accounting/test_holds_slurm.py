@@ -143,6 +143,11 @@ def test_every_job_shape_is_held_at_least_what_slurm_charges_and_counted_once_wh
         if throttled.filter(provisional=False).count() == 1:  # task 1 pending, or running and not final yet
             hold = BudgetHold.objects.get(pk=jobs["throttled"].pk)
             assert hold.released_at is None and hold.held_gpu_hours > 0, hold
+            # exactly the second task's share, less what it has used so far if it runs
+            final_ids = set(throttled.filter(provisional=False).values_list("job_id", flat=True))
+            running_used = sum((t.gpu_hours for slurm_id, t in usage[jobs["throttled"].pk].tasks.items() if slurm_id not in final_ids),
+                               Decimal(0))  # fmt: skip
+            assert abs(hold.held_gpu_hours + running_used - estimates["throttled"] / 2) <= ROUNDING, (hold, running_used)
             throttle_held_its_second_task = True
         if all(j.state in TERMINAL_STATES for j in current.values()) and not BudgetHold.objects.filter(
             pk__in=[j.pk for j in jobs.values()], released_at__isnull=True
@@ -181,3 +186,9 @@ def test_every_job_shape_is_held_at_least_what_slurm_charges_and_counted_once_wh
     assert charged >= limit.gpus * limit.time_limit_minutes * 60
     assert limit.estimated_gpu_seconds - charged <= limit.gpus * overrun
     assert {r.alloc_tres.get("gres/gpu:a100", 0) for r in charges[current["train"].slurm_job_id]} == {4}
+    # the job without a type is charged at the type Slurm allocated (held against both until then)
+    untyped = current["gpus-per-task"]
+    allocated = {key.split(":", 1)[1] for r in charges[untyped.slurm_job_id] for key in r.alloc_tres if key.startswith("gres/gpu:")}
+    charged_types = set(UsageRecord.objects.filter(portal_job_uuid=untyped.pk).values_list("gpu_type", flat=True))
+    assert len(allocated) == 1 and charged_types == allocated, (allocated, charged_types)
+    print(f"  untyped job: held against a100 and h100, allocated and charged {allocated.pop()}")

@@ -217,7 +217,7 @@ def test_the_job_api_shows_what_a_job_really_cost_beside_its_estimate(world, cos
     body = browser.get(f"/jobs/{job.pk}/").content.decode()
     assert "0.75 GPU-hours (2700 GPU-s), 7.50 CNY" in body
     for task in detail["tasks"]:  # the page's array table: each task's own figures, as the API's
-        row = re.search(rf'<tr data-task="{task["index"]}".*?</tr>', body, re.S).group(0)
+        row = re.search(rf'<tr data-task="{task["index"]}".*?</tr>', body, re.DOTALL).group(0)
         assert re.findall(r'<td class="num">([0-9.]+)</td>', row)[-2:] == [task["gpu_hours"], task["cost"]], row
     assert "7.50 CNY" in browser.get("/jobs/").content.decode()
 
@@ -239,7 +239,7 @@ def test_the_cli_status_shows_the_real_cost_per_task_as_the_api_answers(world, c
     assert f"Used:        {detail['gpu_hours']} GPU-hours ({detail['gpu_seconds']} GPU-s), {detail['cost']} CNY" in out, out
     for task in detail["tasks"]:  # TASK STATE SLURM GPU-HOURS COST, one row per task
         assert re.search(rf"^\s*{task['index']}\s+COMPLETED\s+{task['slurm_job_id']}\s+{re.escape(task['gpu_hours'])}\s+{re.escape(task['cost'])}\b",
-                         out, re.M), out  # fmt: skip
+                         out, re.MULTILINE), out  # fmt: skip
 
 
 def test_the_cli_status_line_shows_the_real_cost():
