@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
@@ -14,8 +12,13 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounting.calendar import billing_midnight
-from accounting.forms import MAX_RANGE_DAYS, default_range, validate_range
+from accounting.forms import (
+    DAY_OR_DATETIME_INVALID,
+    day_or_datetime,
+    default_range,
+    report_range,
+    validate_range,
+)
 from accounting.models import QUOTA_MAX_GPUS
 from accounting.reports import rows_to_csv
 from accounting.selectors import GROUP_BY_CHOICES, can_see_user_breakdown, cost_report, usage_teams_visible_to
@@ -56,19 +59,14 @@ class UsageRangeQuerySerializer(serializers.Serializer):
 @extend_schema_field(OpenApiTypes.STR)
 class DayOrDateTimeField(serializers.Field):
     """A day (``2026-12-03``) or an ISO 8601 datetime (``2026-12-03T12:00:00Z``; without an offset:
-    the site's time zone)."""
+    the billing time zone): accounting.forms.day_or_datetime, as the report page's form."""
 
-    default_error_messages = {"invalid": "Give a day (YYYY-MM-DD) or an ISO 8601 date and time."}
+    default_error_messages = {"invalid": DAY_OR_DATETIME_INVALID}
 
     def to_internal_value(self, data):
-        if not isinstance(data, str) or not data.strip():
-            self.fail("invalid")
-        text = data.strip()
         try:
-            if "T" in text or " " in text or ":" in text:
-                return serializers.DateTimeField().to_internal_value(text)
-            return serializers.DateField().to_internal_value(text)
-        except serializers.ValidationError:
+            return day_or_datetime(data)
+        except ValueError:
             self.fail("invalid")
 
     def to_representation(self, value):
@@ -77,7 +75,8 @@ class DayOrDateTimeField(serializers.Field):
 
 class CostReportQuerySerializer(serializers.Serializer):
     """The cost report's range: whole days (``end`` inclusive, billing time zone), or any range of
-    ISO datetimes [start, end) — one hour, say; a day and a datetime mix."""
+    ISO datetimes [start, end) — one hour, say; a day and a datetime mix (accounting.forms.report_range,
+    the report page's rule)."""
 
     start = DayOrDateTimeField(required=False, help_text="First day, or a date and time (ISO 8601). Default: 1st of this month.")
     end = DayOrDateTimeField(required=False, help_text="Last day (inclusive), or a date and time (exclusive). Default: today.")
@@ -86,16 +85,10 @@ class CostReportQuerySerializer(serializers.Serializer):
                                     help_text="Only this cluster's usage and bookings (a cluster name); empty: every cluster.")  # fmt: skip
 
     def validate(self, attrs):
-        default = default_range()
-        attrs["start"] = attrs.get("start") or default[0]
-        attrs["end"] = attrs.get("end") or default[1]
-        start, end = attrs["start"], attrs["end"]
-        attrs["start_at"] = start if isinstance(start, dt.datetime) else billing_midnight(start)
-        attrs["end_at"] = end if isinstance(end, dt.datetime) else billing_midnight(end + dt.timedelta(days=1))
-        if attrs["end_at"] <= attrs["start_at"]:
-            raise serializers.ValidationError({"end": ["The end must be after the start."]})
-        if attrs["end_at"] - attrs["start_at"] > dt.timedelta(days=MAX_RANGE_DAYS + 1):
-            raise serializers.ValidationError({"end": [f"Choose a range of at most {MAX_RANGE_DAYS} days."]})
+        span, errors = report_range(attrs.get("start"), attrs.get("end"))
+        if errors:
+            raise serializers.ValidationError({field: [message] for field, message in errors.items()})
+        attrs.update(start=span.start, end=span.end, start_at=span.start_at, end_at=span.end_at, range=span)
         return attrs
 
 
@@ -153,8 +146,7 @@ class CostReportApi(APIView):
         query = params.validated_data
         rows = cost_report(start_at=query["start_at"], end_at=query["end_at"], group_by=query["group_by"], cluster=query["cluster"])
         if request.accepted_renderer.format == "csv":
-            span = "-".join(value.isoformat().replace(":", "").replace("+", "p") for value in (query["start"], query["end"]))
-            filename = f"cost-{query['group_by']}-{span}.csv"
+            filename = query["range"].csv_filename(query["group_by"])
             return Response(
                 rows_to_csv(rows), content_type="text/csv", headers={"Content-Disposition": f'attachment; filename="{filename}"'}
             )

@@ -12,6 +12,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from accounting.calendar import HOUR
 from accounting.selectors import cost_report, usage_by_team_and_month
 from portal.models import NodeInfo
 
@@ -54,14 +55,15 @@ def gpus_by_type() -> dict[str, int]:
     return dict(totals)
 
 
-def _hours_in(start: dt.date, end: dt.date) -> Decimal:
-    return Decimal((end - start).days + 1) * 24
+def _hours_in(start_at: dt.datetime, end_at: dt.datetime) -> Decimal:
+    """Hours in [start_at, end_at) (a day of a DST change has 23 or 25)."""
+    return Decimal(int((end_at - start_at).total_seconds())) / HOUR
 
 
-def utilisation(*, start: dt.date, end: dt.date, by_type: list[dict]) -> list[dict]:
+def utilisation(*, start_at: dt.datetime, end_at: dt.datetime, by_type: list[dict]) -> list[dict]:
     """Used / available GPU-hours per GPU type; available = GPUs of the type × hours in the range
     (today's inventory: nodes added or removed during the range are not accounted for)."""
-    hours = _hours_in(start, end)
+    hours = _hours_in(start_at, end_at)
     gpus = gpus_by_type()
     used = {row["key"]: row["gpu_hours"] for row in by_type}
     rows = []
@@ -77,7 +79,7 @@ def utilisation(*, start: dt.date, end: dt.date, by_type: list[dict]) -> list[di
     return rows
 
 
-def cloud_comparison(*, start: dt.date, end: dt.date, by_type: list[dict]) -> dict:
+def cloud_comparison(*, start_at: dt.datetime, end_at: dt.datetime, by_type: list[dict]) -> dict:
     """What the same GPU-hours would cost in the cloud, what the own cluster costs over the range
     (depreciation + opex, pro rata), and the break-even utilisation:
     (monthly depreciation + opex) / Σ_type (GPUs × hours per month × cloud price)."""
@@ -86,7 +88,7 @@ def cloud_comparison(*, start: dt.date, end: dt.date, by_type: list[dict]) -> di
     monthly_own = Decimal(str(settings.CLUSTER_PURCHASE_COST)) / settings.CLUSTER_DEPRECIATION_MONTHS + Decimal(
         str(settings.CLUSTER_MONTHLY_OPEX)
     )
-    months = _hours_in(start, end) / HOURS_PER_MONTH
+    months = _hours_in(start_at, end_at) / HOURS_PER_MONTH
     rows, cloud_total, unpriced = [], Decimal(0), []
     for row in by_type:
         price = prices.get(row["key"])
@@ -108,17 +110,19 @@ def cloud_comparison(*, start: dt.date, end: dt.date, by_type: list[dict]) -> di
     }
 
 
-def report_page_data(*, start: dt.date, end: dt.date) -> dict:
-    """Everything the report page shows: five aggregate queries and one inventory read (two more, by
-    cluster, when the portal serves several)."""
+def report_page_data(*, start_at: dt.datetime, end_at: dt.datetime) -> dict:
+    """Everything the report page shows over [start_at, end_at) (any range: one hour is prorated to
+    the second, as the API's ``cost_report``): five aggregate queries and one inventory read (two
+    more, by cluster, when the portal serves several)."""
     from portal.slurm import configured_clusters
 
-    by_team = cost_report(start=start, end=end, group_by="team")
-    by_cluster = cost_report(start=start, end=end, group_by="cluster") if len(configured_clusters()) > 1 else []
-    by_user = cost_report(start=start, end=end, group_by="user")
-    by_type = cost_report(start=start, end=end, group_by="gpu_type")
-    by_month = cost_report(start=start, end=end, group_by="month")
-    stacked = usage_by_team_and_month(start=start, end=end)
+    span = {"start_at": start_at, "end_at": end_at}
+    by_team = cost_report(**span, group_by="team")
+    by_cluster = cost_report(**span, group_by="cluster") if len(configured_clusters()) > 1 else []
+    by_user = cost_report(**span, group_by="user")
+    by_type = cost_report(**span, group_by="gpu_type")
+    by_month = cost_report(**span, group_by="month")
+    stacked = usage_by_team_and_month(**span)
     months = sorted({row["month"] for row in stacked})
     accounts = sorted({row["account"] for row in stacked})
     labels = {row["key"]: row["label"] for row in by_team}
@@ -131,7 +135,7 @@ def report_page_data(*, start: dt.date, end: dt.date) -> dict:
         "teams": [{"label": labels.get(a, a), "data": [cell.get((a, m), 0.0) for m in months]} for a in accounts],
         "share": {"labels": [row["label"] for row in by_team], "data": [float(row["cost"]) for row in by_team]},
     }
-    util = utilisation(start=start, end=end, by_type=by_type)
+    util = utilisation(**span, by_type=by_type)
     chart["utilisation"] = {
         "labels": [row["gpu_type"] for row in util],
         "data": [round(row["utilisation"] * 100, 2) if row["utilisation"] is not None else 0 for row in util],
@@ -148,7 +152,7 @@ def report_page_data(*, start: dt.date, end: dt.date) -> dict:
         "by_month": by_month,
         "by_cluster": by_cluster,
         "utilisation": util,
-        "cloud": cloud_comparison(start=start, end=end, by_type=by_type),
+        "cloud": cloud_comparison(**span, by_type=by_type),
         "chart": chart,
         "totals": totals,
         "currency": settings.DEFAULT_CURRENCY,

@@ -64,21 +64,22 @@ def report(request):
         raise PermissionDenied("Cost reports are for admins and finance.")
     form = CostReportForm(request.GET)  # every field optional: an empty query means this month so far
     if not form.is_valid():
-        return render(request, "accounting/reports.html", {"form": form}, status=400)
+        return render(request, "accounting/reports.html", {"form": form, "billing_tz": settings.TIME_ZONE}, status=400)
     cleaned = form.cleaned_data
-    start, end = cleaned["start"], cleaned["end"]
+    span = cleaned["range"]  # the API's rule (accounting.forms.report_range): days or any ISO datetimes
     if request.GET.get("format") == "csv":
-        rows = cost_report(start=start, end=end, group_by=cleaned["group_by"], cluster=cleaned.get("cluster") or "")
+        rows = cost_report(start_at=span.start_at, end_at=span.end_at, group_by=cleaned["group_by"], cluster=cleaned.get("cluster") or "")
         response = HttpResponse(rows_to_csv(rows), content_type="text/csv; charset=utf-8")
-        response["Content-Disposition"] = f'attachment; filename="cost-{cleaned["group_by"]}-{start}-{end}.csv"'
+        response["Content-Disposition"] = f'attachment; filename="{span.csv_filename(cleaned["group_by"])}"'
         return response
-    data = report_page_data(start=start, end=end)
+    data = report_page_data(start_at=span.start_at, end_at=span.end_at)
     return render(
         request,
         "accounting/reports.html",
-        {"form": form, "start": start, "end": end, "data": data,
-         "billing_tz": settings.TIME_ZONE},
-    )
+        {"form": form, "range": span, "data": data, "billing_tz": settings.TIME_ZONE,
+         "csv_links": [(label, span.query(group_by=group_by, format="csv")) for group_by, label in
+                       (("team", "by team"), ("user", "by user"), ("gpu_type", "by GPU type"), ("month", "by month"))]},
+    )  # fmt: skip
 
 
 def _team_chosen(request, teams: list):

@@ -221,9 +221,9 @@ def _with_booking_charges(
     return sorted(rows, key=lambda r: str(r["key"]))
 
 
-def usage_by_team_and_month(*, start: dt.date, end: dt.date) -> list[dict]:
-    """GPU-hours and cost per (account, month): the stacked chart. One aggregate query."""
-    start_at, end_at = range_bounds(start, end)
+def usage_by_team_and_month(*, start_at: dt.datetime, end_at: dt.datetime) -> list[dict]:
+    """GPU-hours and cost per (account, month) in [start_at, end_at) (prorated to the second, as
+    ``cost_report``): the stacked chart. One aggregate query."""
     rows = aggregate_slices(slices_in(start_at, end_at), start_at, end_at, ["account", "period"])
     return [
         {"account": v["account"], "month": v["period"].strftime("%Y-%m"), "gpu_hours": _hours(v["sum_gpu_seconds"]),

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
+from html import unescape as html_unescape
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -29,11 +32,14 @@ def usage(world, settings):
 
 
 RANGE = "start=2026-01-01&end=2026-01-31"
+HOUR = "start=2026-01-05T11:30&end=2026-01-05T12:30"  # ISO datetimes (the site's time zone): one hour
 
 PAGE_MATRIX = {
     # url: expected status per role (anonymous → redirect to login)
     f"/accounting/reports/?{RANGE}": {"anonymous": 302, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
     f"/accounting/reports/?{RANGE}&group_by=user&format=csv": {"anonymous": 302, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
+    f"/accounting/reports/?{HOUR}": {"anonymous": 302, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
+    f"/accounting/reports/?{HOUR}&group_by=user&format=csv": {"anonymous": 302, "outsider": 403, "member": 403, "manager": 403, "admin": 200, "finance": 200},
     "/accounting/rates/": {"anonymous": 302, "outsider": 200, "member": 200, "manager": 200, "admin": 200, "finance": 200},
     f"/accounting/usage/?team=vision&{RANGE}": {"anonymous": 302, "outsider": 404, "member": 200, "manager": 200, "admin": 200, "finance": 200},
     "/accounting/invoices/vision/2026-01/": {"anonymous": 302, "outsider": 404, "member": 403, "manager": 200, "admin": 200, "finance": 200},
@@ -155,6 +161,67 @@ def test_csv_exports_start_with_a_utf8_bom_so_excel_reads_them_as_utf8(usage, wo
     for response in (page, api):
         assert response.content.startswith(b"\xef\xbb\xbfgroup_by,key,label,")
         assert ",视觉组 Łódź," in response.content.decode("utf-8-sig")
+
+
+def _api_rows(api_client_for, query: str, group_by: str) -> list[tuple]:
+    body = api_client_for("finance").get(f"/api/v1/reports/cost/?{query}&group_by={group_by}").json()
+    return [(r["key"], Decimal(r["gpu_hours"]), Decimal(r["cost"])) for r in body["results"]]
+
+
+def test_report_page_takes_one_hour_in_local_time_and_shows_what_the_api_answers(usage, settings, client_for, api_client_for):
+    """An hour asked for on the page in the site's time zone (Asia/Shanghai, UTC+8) is the same hour
+    as the API's in UTC: the tables, the chart data and each CSV link give the API's prorated figures."""
+    settings.TIME_ZONE = "Asia/Shanghai"
+    local = "start=2026-01-05T19:30&end=2026-01-05T20:30"  # 11:30–12:30 UTC: alice's last half hour
+    utc = "start=2026-01-05T11:30:00Z&end=2026-01-05T12:30:00Z"
+    api = {group_by: _api_rows(api_client_for, utc, group_by) for group_by in ("team", "user", "gpu_type", "month")}
+    assert api["user"] and all(hours < 4 for key, hours, cost in api["user"] if key == "alice"), api  # prorated: not the whole job
+    assert api["team"] == _api_rows(api_client_for, local, "team")  # the API reads local times the same way
+
+    response = client_for("finance").get(f"/accounting/reports/?{local}")
+    assert response.status_code == 200
+    data = response.context["data"]
+    page = {"team": data["by_team"], "user": data["by_user"], "gpu_type": data["by_type"], "month": data["by_month"]}
+    for group_by, rows in page.items():
+        assert [(r["key"], r["gpu_hours"].quantize(Decimal("0.01")), r["cost"]) for r in rows] == api[group_by], group_by
+    assert data["totals"]["cost"] == sum(cost for key, hours, cost in api["team"])
+    html = response.content.decode()
+    for key, hours, cost in api["team"]:
+        assert f'<td class="num">{hours}</td>' in html and f'<td class="num">{cost}</td>' in html
+    assert 'value="2026-01-05T19:30"' in html and "2026-01-05T19:30 – 2026-01-05T20:30 (Asia/Shanghai" in html
+
+    links = re.findall(r'href="\?([^"]*format=csv[^"]*)"', html)
+    assert len(links) == 4
+    for link in links:  # each CSV link carries the hour asked for and answers the API's CSV
+        query = parse_qs(html_unescape(link))
+        assert (query["start"], query["end"]) == (["2026-01-05T19:30"], ["2026-01-05T20:30"])
+        csv_page = client_for("finance").get(f"/accounting/reports/?{html_unescape(link)}")
+        csv_api = api_client_for("finance").get(f"/api/v1/reports/cost/?{utc}&group_by={query['group_by'][0]}&format=csv")
+        assert csv_page.status_code == 200 and csv_page.content == csv_api.content
+
+
+def test_report_page_takes_a_day_alone_as_the_whole_day(usage, client_for, api_client_for):
+    day = client_for("finance").get("/accounting/reports/?start=2026-01-05&end=2026-01-05").context["data"]["by_team"]
+    as_times = _api_rows(api_client_for, "start=2026-01-05T00:00&end=2026-01-06T00:00", "team")
+    assert [(r["key"], r["gpu_hours"].quantize(Decimal("0.01")), r["cost"]) for r in day] == as_times
+    assert as_times == [("vision", Decimal("4.00"), Decimal("32.00"))]  # alice's whole job that day
+
+
+@pytest.mark.parametrize(
+    "query,field,reason",
+    [("start=2026-01-05T13:00&end=2026-01-05T12:00", "end", "The end must be after the start."),
+     ("start=2026-01-05T12:00&end=2026-01-05T12:00", "end", "The end must be after the start."),
+     ("start=2026-01-05T25:00&end=2026-01-06", "start", "Give a day (YYYY-MM-DD) or an ISO 8601 date and time"),
+     ("start=2026-01-05&end=noon", "end", "Give a day (YYYY-MM-DD) or an ISO 8601 date and time")],
+)  # fmt: skip
+def test_report_page_names_the_field_of_a_bad_range(usage, client_for, api_client_for, query, field, reason):
+    for suffix in ("", "&format=csv"):
+        response = client_for("finance").get(f"/accounting/reports/?{query}{suffix}")
+        assert response.status_code == 400 and "data" not in response.context
+        assert any(reason in message for message in response.context["form"].errors[field]), response.context["form"].errors
+        assert html_unescape(response.content.decode()).count(reason) == 1
+    api = api_client_for("finance").get(f"/api/v1/reports/cost/?{query}")  # the same rule answers the API
+    assert api.status_code == 400 and any(reason in message for message in api.json()["errors"][field])
 
 
 def test_report_page_renders_charts(usage, client_for):

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from accounting.models import Quota, QuotaState
+from accounting.models import BudgetTotal, Quota, QuotaState
 from accounting.selectors import billing_date
 from jobs.models import Job
 from jobs.services import job_submit
@@ -51,10 +51,12 @@ def _one_a100_node(now) -> None:
                             cpus_total=32, memory_mb=256000, seen_at=now)  # fmt: skip
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
+MIXED = "mixed"  # every shape in one race: submission n is shape n mod 6
+
+
+@pytest.mark.parametrize("shape", [*sorted(SHAPES), MIXED])
 @pytest.mark.django_db(transaction=True)
 def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(world, monkeypatch, capsys, settings, shape):
-    fields, script = SHAPES[shape]
     settings.SLURM_OVERRUN_SECONDS_UNREAD = 60  # Slurm's defaults: what a job may run past its limit
     from jobs import tasks
 
@@ -68,6 +70,7 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
     barrier = threading.Barrier(N)
 
     def submit(n):
+        fields, script = SHAPES[sorted(SHAPES)[n % len(SHAPES)] if shape == MIXED else shape]
         try:
             barrier.wait()
             try:
@@ -87,9 +90,11 @@ def test_fifty_parallel_submissions_against_a_budget_for_ten_accept_exactly_ten(
     assert results.count("refused") == N - FITS
     assert Job.objects.count() == FITS
     assert set(Job.objects.values_list("estimated_gpu_hours", flat=True)) == {1}
+    assert BudgetTotal.objects.get(team=world.vision, gpu_type="").held_gpu_hours == FITS  # held: exactly the budget
+    admitted = sorted(sorted(SHAPES)[int(name.split("-")[1]) % len(SHAPES)] for name in Job.objects.values_list("name", flat=True))
     with capsys.disabled():
         print(f"\n[quota race, {shape}] {N} parallel submissions: {results.count('accepted')} accepted, "
-              f"{results.count('refused')} refused in {seconds:.2f} s")
+              f"{results.count('refused')} refused in {seconds:.2f} s" + (f"; admitted: {', '.join(admitted)}" if shape == MIXED else ""))
 
 
 # ---------------------------------------------------------------- a quota changed while a submission waits

@@ -125,13 +125,14 @@ def test_cloud_comparison_and_break_even(usage, settings):
     settings.CLUSTER_DEPRECIATION_MONTHS = 48
     settings.CLUSTER_MONTHLY_OPEX = 5000.0
     start, end = dt.date(2026, 1, 1), dt.date(2026, 2, 28)
+    span = {"start_at": at(2026, 1, 1), "end_at": at(2026, 3, 1)}  # the same days as instants
     by_type = cost_report(start=start, end=end, group_by="gpu_type")
-    cloud = cloud_comparison(start=start, end=end, by_type=by_type)
+    cloud = cloud_comparison(**span, by_type=by_type)
     hours = {r["key"]: r["gpu_hours"] for r in by_type}
     assert cloud["cloud_cost"] == hours["a100"] * 10 + hours["h100"] * 30
     monthly = Decimal(480000) / 48 + 5000
     assert cloud["break_even_utilisation"] == pytest.approx(float(monthly / (Decimal(730) * (8 * 10 + 4 * 30))))
-    data = report_page_data(start=start, end=end)
+    data = report_page_data(**span)
     util = {r["gpu_type"]: r for r in data["utilisation"]}
     assert util["a100"]["available_gpu_hours"] == 8 * 59 * 24
     assert util["a100"]["utilisation"] == pytest.approx(float(hours["a100"] / (8 * 59 * 24)))

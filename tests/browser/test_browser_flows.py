@@ -214,7 +214,7 @@ def test_finance_and_admin_read_the_cost_report_and_download_its_csv(usage, brow
     page.get_by_role("link", name="Reports").click()
     expect(page.get_by_role("heading", name="Cost reports")).to_be_visible()
     page.get_by_label("From").fill(REPORT_MONTH[0])
-    page.get_by_label("To (inclusive)").fill(REPORT_MONTH[1])
+    page.get_by_label("To", exact=True).fill(REPORT_MONTH[1])
     page.get_by_role("button", name="Show").click()
     expect(page.get_by_text("Range Jan. 1, 2026 – Jan. 31, 2026")).to_be_visible()
     by_team = page.get_by_role("table").filter(has=page.get_by_role("columnheader", name="Team"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from decimal import Decimal
 
 import pytest
@@ -182,7 +183,9 @@ def test_a_job_without_a_type_is_held_against_every_type_it_can_land_on_and_char
 # ---------------------------------------------------------------- what it really cost
 
 
-def test_the_job_api_shows_what_a_job_really_cost_beside_its_estimate(world, inventory, relays, api_client_for):
+@pytest.fixture
+def costed_array(world, inventory, relays):
+    """A two-task array of 1 a100 (10 CNY/GPU-h) whose tasks ran 900 s and 1800 s, as sacct records them."""
     Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal("10"), currency="CNY", effective_from=dt.date(2020, 1, 1))
     job, _ = job_submit(user=world.alice, team=world.vision, script="#!/bin/bash\n#SBATCH --array=0-1\ntrue\n",
                         partition="gpu", gpu_type="a100", gpus=1, time_limit_minutes=30)  # fmt: skip
@@ -195,6 +198,11 @@ def test_the_job_api_shows_what_a_job_really_cost_beside_its_estimate(world, inv
 
     JobArrayTask.objects.create(job=job, index=0, slurm_job_id=801, state="COMPLETED")
     JobArrayTask.objects.create(job=job, index=1, slurm_job_id=802, state="COMPLETED")
+    return job
+
+
+def test_the_job_api_shows_what_a_job_really_cost_beside_its_estimate(world, costed_array, api_client_for):
+    job = costed_array
     client = api_client_for("member")
     detail = client.get(f"/api/v1/jobs/{job.pk}/").json()
     assert (detail["estimated_gpu_seconds"], detail["estimated_gpu_hours"], detail["estimated_cost"]) == (3600, "1.00", "10.00")
@@ -208,7 +216,30 @@ def test_the_job_api_shows_what_a_job_really_cost_beside_its_estimate(world, inv
     browser.force_login(world.alice)
     body = browser.get(f"/jobs/{job.pk}/").content.decode()
     assert "0.75 GPU-hours (2700 GPU-s), 7.50 CNY" in body
+    for task in detail["tasks"]:  # the page's array table: each task's own figures, as the API's
+        row = re.search(rf'<tr data-task="{task["index"]}".*?</tr>', body, re.DOTALL).group(0)
+        assert re.findall(r'<td class="num">([0-9.]+)</td>', row)[-2:] == [task["gpu_hours"], task["cost"]], row
     assert "7.50 CNY" in browser.get("/jobs/").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_cli_status_shows_the_real_cost_per_task_as_the_api_answers(world, costed_array, live_server, capsys, api_client_for):
+    from gpuportal_cli.main import main
+
+    from portal.services import api_token_create
+
+    job = costed_array
+    detail = api_client_for("member").get(f"/api/v1/jobs/{job.pk}/").json()
+    key = api_token_create(user=world.alice, name="cli status")[1]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPUPORTAL_URL", live_server.url)
+        env.setenv("GPUPORTAL_TOKEN", key)
+        assert main(["status", str(job.pk)]) == 0
+    out = capsys.readouterr().out
+    assert f"Used:        {detail['gpu_hours']} GPU-hours ({detail['gpu_seconds']} GPU-s), {detail['cost']} CNY" in out, out
+    for task in detail["tasks"]:  # TASK STATE SLURM GPU-HOURS COST, one row per task
+        assert re.search(rf"^\s*{task['index']}\s+COMPLETED\s+{task['slurm_job_id']}\s+{re.escape(task['gpu_hours'])}\s+{re.escape(task['cost'])}\b",
+                         out, re.MULTILINE), out  # fmt: skip
 
 
 def test_the_cli_status_line_shows_the_real_cost():
