@@ -155,7 +155,7 @@ def cluster_summary() -> dict:
     }
 
 
-RELAY_BACKENDS = {"pyslurm": "pyslurm", "native": "libslurm (native submit)", "sbatch": "sbatch"}
+RELAY_BACKENDS = {"pyslurm": "pyslurm", "sbatch": "sbatch"}
 
 
 def cluster_health(status: SyncStatus | None, nodes) -> dict:

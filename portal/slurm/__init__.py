@@ -145,14 +145,9 @@ def _build_gateway(config: ClusterConfig) -> SlurmGateway:
 
 
 def relay_backend(gateway: SlurmGateway) -> str:
-    """How this gateway submits jobs: "pyslurm", "native" (libslurm in a helper process, the cli
-    gateway of an ``auto`` cluster) or "sbatch" (the cli gateway otherwise); another gateway (a
+    """How this gateway submits jobs: "pyslurm" or "sbatch" (the cli gateway); another gateway (a
     test's) answers its ``name``."""
-    if gateway.name == "pyslurm":
-        return "pyslurm"
-    if gateway.name == "cli":
-        return "native" if getattr(gateway, "native", None) is not None else "sbatch"
-    return gateway.name
+    return "sbatch" if gateway.name == "cli" else gateway.name
 
 
 def same_release(a: str, b: str) -> bool:

@@ -247,21 +247,22 @@ def _estimate(gpu_hours=1, gpu_type="a100"):
 
 
 @pytest.mark.parametrize("jobs", [1, 50])
-def test_the_budget_check_costs_two_queries_whatever_the_jobs_and_usage(world, django_assert_num_queries, jobs):
-    """One statement (team lock, holds inserted, totals locked and added to) and the quotas in force
-    (from the database: this test's transaction wrote them, so portal.snapshots does not serve them);
-    the booked hours (BOOKING_CHARGE_MODE=reserved) from this process's copy — with live holds and
+def test_the_budget_check_costs_three_queries_whatever_the_jobs_and_usage(world, django_assert_num_queries, jobs):
+    """One statement (team lock, holds inserted, totals locked and added to), then under that lock the
+    quotas in force and the booked hours (BOOKING_CHARGE_MODE=reserved), both from the database (a
+    quota or booking approved while the placement waited for the lock counts) — with live holds and
     usage of the team in the database, so nothing is aggregated over them."""
     QuotaFactory(team=world.vision, gpu_type="a100", gpu_hours=1000, period_start=Quota.objects.get(team=world.vision).period_start,
                  period_end=Quota.objects.get(team=world.vision).period_end)  # fmt: skip
     budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate()) for _ in range(30)])  # builds the totals
     usage_records_upsert(records=[acct(start=timezone.now() - dt.timedelta(hours=3), hours=1) for _ in range(30)])
-    with transaction.atomic(), django_assert_num_queries(2):
+    with transaction.atomic(), django_assert_num_queries(3):
         budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate()) for _ in range(jobs)])
     assert BudgetTotal.objects.get(team=world.vision, gpu_type="a100").held_gpu_hours == 30 + jobs
 
 
 def test_the_budget_check_costs_two_queries_when_bookings_charge_usage(world, settings, django_assert_num_queries):
+    """Bookings charged by their use hold nothing of their own: no booked hours to read."""
     settings.BOOKING_CHARGE_MODE = "used"
     budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate())])
     with transaction.atomic(), django_assert_num_queries(2):
