@@ -142,11 +142,12 @@ def _hour_of(at: dt.datetime) -> dt.datetime:
 
 
 def _reroll_pending(hourly: dt.datetime | None) -> bool:
-    """slurmdbd rolls up whole hours, so hourly_rollup is the top of an hour, except when an event
-    dated before the last roll-up reached it late (a job record or a cluster registration sent after
-    the hour was rolled up): trigger_reroll (as_mysql_usage.c) then sets hourly_rollup back to that
-    event's time, and the next roll-up redoes the hours from there. Until then sreport still shows
-    those hours as they were first rolled up."""
+    """slurmdbd rolls up whole hours, so hourly_rollup is the top of an hour, except (as_mysql_usage.c)
+    before the first roll-up, when it is the cluster's first registration, and when an event dated
+    before the last roll-up reached slurmdbd late (a job record or a registration sent after its hour
+    was rolled up): trigger_reroll then sets hourly_rollup back to that event's time. The next roll-up
+    starts at the top of that hour and redoes every hour from there; until then sreport shows those
+    hours as they were first rolled up."""
     return hourly is not None and hourly != _hour_of(hourly)
 
 
