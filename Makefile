@@ -92,9 +92,14 @@ lint-imports: install
 # local service `fast`. SLURM_CONF names no controller, so a test that reaches Slurm unmarked fails here.
 # One pytest-xdist worker per core (FAST_WORKERS): the fast tests share nothing but PostgreSQL and Redis,
 # and each worker has its own test database and cache prefix (tests/conftest.py).
+# The tests run in a new order each time (pytest-random-order, the whole tier as one bucket), so a
+# test that leans on what another left behind fails here; the seed is printed at the top of the run:
+# `make test-fast FAST_SEED=<seed>` runs that order again.
 FAST_WORKERS ?= auto
+FAST_SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 test-fast: install lint-imports services
-	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast -n $(FAST_WORKERS) $(PYTEST_ARGS)
+	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast -n $(FAST_WORKERS) \
+		--random-order-bucket=global --random-order-seed=$(FAST_SEED) $(PYTEST_ARGS)
 
 bench: install pyslurm cluster cluster25
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py

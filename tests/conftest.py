@@ -139,17 +139,19 @@ def _fast_tier_runs_no_slurm_command(request, settings):
     slurm.reset_gateway()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def _test_homes():
-    """A directory of this run's own where any user may create theirs (mode 1777, as /tmp), removed
-    at the end."""
+    """A directory of this test's own where any user may create theirs (mode 1777, as /tmp), removed
+    with everything in it (root removes what the users made) when the test ends: a user's default
+    directory made by one test, as root or as that user, is never met by another, whatever the
+    order or the worker (issue 43)."""
     import shutil
     import tempfile
 
     base = tempfile.mkdtemp(prefix="gpuportal-test-homes-")
     os.chmod(base, 0o1777)
     yield base
-    shutil.rmtree(base, ignore_errors=True)
+    shutil.rmtree(base)  # not ignore_errors: what a test leaves that root cannot remove fails it
 
 
 @pytest.fixture(autouse=True)
@@ -205,7 +207,7 @@ class World:
         self.outsider = UserFactory(username="outsider")
         self.admin = UserFactory(username="admin", is_staff=True, is_superuser=True)
         self.finn = UserFactory(username="finn")
-        self.finn.groups.add(Group.objects.get(name="finance"))
+        self.finn.groups.add(finance_group())
         MembershipFactory(team=self.vision, user=self.alice, role=Role.MEMBER)
         MembershipFactory(team=self.vision, user=self.bob, role=Role.MANAGER)
         MembershipFactory(team=self.nlp, user=self.carol, role=Role.MEMBER)
@@ -227,6 +229,24 @@ class World:
             "admin": self.admin,
             "finance": self.finn,
         }[role]
+
+
+def finance_group() -> Group:
+    """The finance group as its data migration (portal 0002) makes it. A transactional test ends with
+    a flush that removes rows data migrations made; in a run whose order is shuffled (make test-fast),
+    the next test in that worker may be any test, so whoever needs the group makes sure of it: one
+    query when it is there."""
+    from django.contrib.auth.models import Permission
+    from django.contrib.contenttypes.models import ContentType
+
+    group, created = Group.objects.get_or_create(name="finance")
+    if created:
+        content_type, _ = ContentType.objects.get_or_create(app_label="portal", model="team")
+        permission, _ = Permission.objects.get_or_create(
+            content_type=content_type, codename="view_cost_reports", defaults={"name": "Can read cost reports of every team"}
+        )
+        group.permissions.add(permission)
+    return group
 
 
 def _world_quota_period():
@@ -472,20 +492,13 @@ def jobs_sync_loop(real_worker):
 
 @pytest.fixture(autouse=True)
 def _finance_group_after_flush(request):
-    """Transactional tests end with a flush that also removes rows data migrations made (the
-    finance group). Recreate it before the fixture world needs it. (Worth moving to tests/conftest.py.)"""
+    """A transactional test starts with the finance group there even when the test before it in this
+    worker was transactional too (its flush removed it)."""
     marker = request.node.get_closest_marker("django_db")
     transactional = "transactional_db" in request.fixturenames or bool(marker and marker.kwargs.get("transaction"))
     if transactional:
         request.getfixturevalue("transactional_db")
-        from django.contrib.auth.models import Group, Permission
-        from django.contrib.contenttypes.models import ContentType
-
-        content_type, _ = ContentType.objects.get_or_create(app_label="portal", model="team")
-        permission, _ = Permission.objects.get_or_create(
-            content_type=content_type, codename="view_cost_reports", defaults={"name": "Can read cost reports of every team"}
-        )
-        Group.objects.get_or_create(name="finance")[0].permissions.add(permission)
+        finance_group()
     yield
 
 

@@ -65,7 +65,7 @@ def test_the_live_estimate_and_read_script_read_it_once(client_for, inventory, p
     assert parses.call_count == 2
 
 
-def test_the_relay_hands_the_stored_parse_to_the_gateway(api_client_for, inventory, relays):
+def test_the_relay_hands_the_stored_parse_to_the_gateway(api_client_for, inventory, relays, unix_users):
     """The job stores the parse (lines of the script as stored: the portal's shebang first); the
     gateway builds from it exactly what it builds from reading the script, without reading it."""
     from jobs.services import _spec_for

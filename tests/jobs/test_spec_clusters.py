@@ -42,7 +42,8 @@ def _submit(user, *directives: str, **fields):
 
 
 @pytest.mark.parametrize("directive", ["-M east", "--clusters=east", "--clusters east", "--cluster=east", "-M EAST"])
-def test_a_scripts_cluster_directive_picks_that_cluster_and_the_teams_account_there(two_inventories, world, relays, directive):
+def test_a_scripts_cluster_directive_picks_that_cluster_and_the_teams_account_there(two_inventories, world, relays, unix_users,
+                                                                                    directive):
     main, east = two_inventories
     response = _submit(world.alice, directive)  # partition gpu is on both: without -M, main
     assert response.status_code == 201, response.json()
