@@ -25,6 +25,9 @@ setup(
         # (docs/reliability.md).
         "celery[redis]>=5.5,<5.7",
         "kombu>=5.5,<5.7",
+        # imported by portal.outbox and portal.throttles (the outbox flags, the throttle's script), not
+        # only through kombu: declared, so that a kombu that changed its client would not remove it
+        "redis>=5,<7",
         # redis-py parses answers in C: ~20 % less CPU per command (cache, throttles, broker)
         "hiredis>=3,<4",
         "psycopg[binary]>=3.1,<4",

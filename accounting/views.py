@@ -197,7 +197,7 @@ def booking_list(request):
     clusters = tuple(config.name for config in configured_clusters())
     week = _week_start(request.GET.get("week"))
     calendar = _calendar(week, clusters)
-    if request.headers.get("HX-Request") and request.method == "GET":
+    if request.htmx and request.method == "GET":
         return render(request, "partials/accounting_booking_calendar.html", {"calendar": calendar})
     teams = teams_managed_by(request.user).filter(active=True).order_by("name")
     now = timezone.now()

@@ -10,7 +10,7 @@ import uuid
 
 from django import forms
 from django.utils import timezone
-from gpuportal_cli.sbatch import parse_time_minutes
+from gpuportal_sbatch.directives import parse_time_limit_minutes
 
 from accounting.selectors import bookings_usable_by
 from jobs.choices import TemplateScope
@@ -30,7 +30,7 @@ class TimeLimitField(forms.CharField):
         if value in self.empty_values:
             return None
         try:
-            return parse_time_minutes(value)
+            return parse_time_limit_minutes(value)
         except ValueError as exc:
             raise forms.ValidationError(str(exc)[:1].upper() + str(exc)[1:] + ".") from None
 

@@ -41,10 +41,6 @@ OUTPUT_TAIL_BYTES = 32 * 1024
 MAX_LIVE_IDS = 100  # one poll of the list asks for at most this many rows
 
 
-def _is_htmx(request) -> bool:
-    return request.headers.get("HX-Request") == "true"
-
-
 def _visible_job(request, job_id) -> Job:
     """The job if the user may see it; 404 otherwise (no hint that it exists)."""
     return get_object_or_404(jobs_visible_to(request.user), pk=job_id)
@@ -78,7 +74,7 @@ def job_list(request):
         "filtered": any(request.GET.get(k) for k in ("team", "state", "since", "mine")),
         "several_clusters": several_clusters(),
     }
-    template = "partials/job_table.html" if _is_htmx(request) else "jobs/job_list.html"
+    template = "partials/job_table.html" if request.htmx else "jobs/job_list.html"
     return render(request, template, context)
 
 
@@ -158,7 +154,7 @@ def _task(request, job: Job) -> int | None:
 @require_GET
 def job_detail(request, job_id):
     job = _visible_job(request, job_id)
-    if _is_htmx(request):
+    if request.htmx:
         return render(request, "partials/job_status_poll.html", _detail_context(request, job))
     context = _detail_context(request, job) | _output_context(job, _stream(request), _task(request, job))
     context["template_form"] = TemplateSaveForm(user=request.user, initial={"template_name": job.name})
@@ -171,7 +167,7 @@ def job_detail(request, job_id):
 def job_output_partial(request, job_id):
     job = _visible_job(request, job_id)
     context = _output_context(job, _stream(request), _task(request, job))
-    if _is_htmx(request):
+    if request.htmx:
         return render(request, "partials/job_output.html", context)
     return redirect(reverse("jobs:detail", args=[job.pk]) + f"?stream={context['stream']}{context['task_query']}#output")
 
@@ -285,7 +281,7 @@ def job_new(request):
         "quote": _quote_from(form.data if form.is_bound else {name: form[name].value() for name in QuoteForm.base_fields},
                              parsed=_form_parse(form)),
     }
-    status = 400 if request.method == "POST" and not (read and (_is_htmx(request) or not form.errors)) else 200
+    status = 400 if request.method == "POST" and not (read and (request.htmx or not form.errors)) else 200
     # (htmx swaps no 4xx answer: a file it could not read is said beside the file field, with a 200)
     return render(request, "jobs/job_form.html", context, status=status)
 

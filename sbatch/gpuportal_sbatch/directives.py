@@ -48,6 +48,7 @@ __all__ = [
     "parse_gpu_count",
     "parse_memory_mb",
     "parse_time_minutes",
+    "parse_time_limit_minutes",
     "option_table",
     "release_of",
     "release_problems",
@@ -411,6 +412,34 @@ def parse_time_minutes(value: str, *, line: int = 0, option: str = "time") -> Op
         raise DirectiveError(f"invalid time limit specification --{option}={value}", line=line, option=option)
     total = math.ceil((days * 86400 + hours * 3600 + minutes * 60 + seconds) / 60)
     return None if total == 0 else total
+
+
+_HUMAN_TIME_RE = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m(?:in)?)?(?:([0-9]+)s)?")
+
+
+def parse_time_limit_minutes(value: str) -> int:
+    """A time limit as a person types it for the portal (the form, the CLI's ``--time``): any of
+    sbatch's forms (``parse_time_minutes``) or the shorter ``2h``, ``90m``, ``1h30m``, ``2d``, ``45s``;
+    whole minutes, seconds rounding up as in Slurm. No limit (``UNLIMITED``, ``0``) is refused: the
+    portal needs a number to estimate the cost. Raises DirectiveError (a ValueError)."""
+    text = (value or "").strip().lower()
+    if not text:
+        raise DirectiveError("empty time limit", option="time")
+    human = _HUMAN_TIME_RE.fullmatch(text)
+    if human and any(human.groups()):
+        d, h, m, s = (int(g) if g else 0 for g in human.groups())
+        minutes = math.ceil((d * 86400 + h * 3600 + m * 60 + s) / 60) or None
+    else:
+        try:
+            minutes = parse_time_minutes(text)
+        except DirectiveError:
+            raise DirectiveError(
+                f"time limit {value!r}: use minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or 2h / 90m / 1h30m", option="time"
+            ) from None
+    if minutes is None:
+        raise DirectiveError(f"time limit {value!r}: give a finite limit (the portal estimates the cost from it)",
+                             option="time")  # fmt: skip
+    return minutes
 
 
 _MEM_RE = re.compile(r"([0-9]+)([KMGTkmgt]?)[Bb]?")
