@@ -8,9 +8,9 @@ the user cannot see answers 404, as if it did not exist."""
 from __future__ import annotations
 
 import functools
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from django.db.models import prefetch_related_objects
 from django.http import Http404
 from django.urls import get_script_prefix, reverse
 from drf_spectacular.types import OpenApiTypes
@@ -48,7 +48,7 @@ from jobs.services import (
     template_defaults,
 )
 from portal.exceptions import ApplicationError
-from portal.fields import whole_number
+from portal.fields import DecimalStringField, whole_number
 from portal.models import Team
 from portal.roles import team_with_role
 from portal.throttles import SubmitRateThrottle
@@ -145,11 +145,14 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     ended_at = serializers.DateTimeField(allow_null=True)
     estimated_gpu_seconds = serializers.IntegerField(help_text="The most Slurm can charge: GPUs × (time limit + the "
                                                      "cluster's overrun past it) × array tasks; held from the budget.")  # fmt: skip
-    estimated_gpu_hours = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP)
-    estimated_cost = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True, rounding=ROUND_HALF_UP)
+    estimated_gpu_hours = DecimalStringField(max_digits=16)
+    estimated_cost = DecimalStringField(allow_null=True)
     gpu_seconds = serializers.SerializerMethodField(help_text="Used so far, from accounting (null: none recorded yet).")
-    gpu_hours = serializers.SerializerMethodField(help_text="gpu_seconds in GPU-hours, two places (null: none recorded yet).")
-    cost = serializers.SerializerMethodField(help_text="What it cost so far at the rates in force (null: none recorded yet).")
+    # job.usage: jobs.selectors.jobs_with_usage's figures, None before any usage is recorded (then null)
+    gpu_hours = DecimalStringField(source="usage.gpu_hours", allow_null=True,
+                                   help_text="gpu_seconds in GPU-hours, two places (null: none recorded yet).")  # fmt: skip
+    cost = DecimalStringField(source="usage.cost", allow_null=True,
+                              help_text="What it cost so far at the rates in force (null: none recorded yet).")  # fmt: skip
     usage_final = serializers.SerializerMethodField(help_text="True once every record of it is final (the job ended and "
                                                     "Slurm has charged it); null: none recorded yet.")  # fmt: skip
     currency = serializers.CharField()
@@ -162,14 +165,6 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
         usage = getattr(job, "usage", None)
         return usage.gpu_seconds if usage is not None else None
 
-    def get_gpu_hours(self, job) -> Decimal | None:
-        usage = getattr(job, "usage", None)
-        return _two(usage.gpu_hours) if usage is not None else None
-
-    def get_cost(self, job) -> Decimal | None:
-        usage = getattr(job, "usage", None)
-        return _two(usage.cost) if usage is not None else None
-
     def get_usage_final(self, job) -> bool | None:
         usage = getattr(job, "usage", None)
         return usage.final if usage is not None else None
@@ -177,11 +172,6 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     def get_links(self, job) -> dict[str, str]:
         pk = str(job.pk)
         return {name: url.replace(_ANY_JOB, pk) for name, url in _job_link_templates(get_script_prefix()).items()}
-
-
-def _two(value) -> str:
-    """A figure as the API shows it: two places, half up (money and GPU-hours are kept exact)."""
-    return str(Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP))
 
 
 # A job's links are reversed once (per URL prefix) for a stand-in id, then filled in: three
@@ -214,24 +204,11 @@ class JobArrayTaskOutputSerializer(serializers.Serializer):
     slurm_job_id = serializers.IntegerField(allow_null=True, help_text="The task's own Slurm id.")
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
-    gpu_seconds = serializers.SerializerMethodField(help_text="This task's usage so far (null: none recorded yet).")
-    gpu_hours = serializers.SerializerMethodField()
-    cost = serializers.SerializerMethodField()
-
-    def _usage(self, task):
-        return self.context.get("task_usage", {}).get(task.slurm_job_id) if task.slurm_job_id else None
-
-    def get_gpu_seconds(self, task) -> int | None:
-        usage = self._usage(task)
-        return usage.gpu_seconds if usage is not None else None
-
-    def get_gpu_hours(self, task) -> Decimal | None:
-        usage = self._usage(task)
-        return _two(usage.gpu_hours) if usage is not None else None
-
-    def get_cost(self, task) -> Decimal | None:
-        usage = self._usage(task)
-        return _two(usage.cost) if usage is not None else None
+    # task.usage: jobs.selectors.jobs_with_usage's figures of the task, None before any (then null)
+    gpu_seconds = serializers.IntegerField(source="usage.gpu_seconds", allow_null=True,
+                                           help_text="This task's usage so far (null: none recorded yet).")  # fmt: skip
+    gpu_hours = DecimalStringField(source="usage.gpu_hours", allow_null=True)
+    cost = DecimalStringField(source="usage.cost", allow_null=True)
 
 
 class JobDetailOutputSerializer(JobSummaryOutputSerializer):
@@ -390,9 +367,9 @@ class JobDetailApi(APIView):
             job = job_detail(user=request.user, job_id=job_id)
         except Job.DoesNotExist:
             raise Http404 from None
-        jobs_with_usage([job])
-        task_usage = job.usage.tasks if job.usage is not None else {}
-        return Response(JobDetailOutputSerializer(job, context={"task_usage": task_usage}).data)
+        prefetch_related_objects([job], "array_task_rows")  # the rows the answer shows, given their usage
+        jobs_with_usage([job], tasks=job.array_task_rows.all())
+        return Response(JobDetailOutputSerializer(job).data)
 
 
 class JobCancelApi(APIView):
@@ -454,12 +431,12 @@ class JobQuoteApi(APIView):
     class JobQuoteOutputSerializer(serializers.Serializer):
         gpu_seconds = serializers.IntegerField(help_text="Exact: GPUs × (time limit + overrun) × array tasks.")
         overrun_seconds = serializers.IntegerField(help_text="Per task: how far past its time limit Slurm may run and charge it.")
-        gpu_hours = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP)
+        gpu_hours = DecimalStringField(max_digits=16)
         gpu_type = serializers.CharField()
         gpu_type_assumed = serializers.BooleanField()
         gpu_types = serializers.ListField(child=serializers.CharField(), help_text="The types it can land on (all held).")
-        price_per_gpu_hour = serializers.DecimalField(max_digits=12, decimal_places=4, allow_null=True)
-        cost = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True, rounding=ROUND_HALF_UP)
+        price_per_gpu_hour = DecimalStringField(max_digits=12, decimal_places=4, allow_null=True)
+        cost = DecimalStringField(allow_null=True)
         currency = serializers.CharField()
         note = serializers.CharField()
 
