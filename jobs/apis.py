@@ -211,13 +211,62 @@ class JobArrayTaskOutputSerializer(serializers.Serializer):
     cost = DecimalStringField(source="usage.cost", allow_null=True)
 
 
+class JobGpuOutputSerializer(serializers.Serializer):
+    task_index = serializers.IntegerField(allow_null=True, help_text="The array task; null: not an array job.")
+    host = serializers.CharField()
+    gpu = serializers.CharField(help_text="The GPU's index on its host.")
+    model = serializers.CharField()
+    util_mean = serializers.FloatField(help_text="Mean utilisation, %.")
+    util_peak = serializers.FloatField(help_text="Peak utilisation, %.")
+    mem_mean_mib = serializers.IntegerField()
+    mem_peak_mib = serializers.IntegerField()
+    idle_percent = serializers.IntegerField(help_text="Share of its samples under the idle threshold, %.")
+    samples = serializers.IntegerField()
+    busy_gpu_hours = DecimalStringField(help_text="Utilisation-weighted GPU-hours: a GPU at 50 % for two hours is one.")
+    first_at = serializers.DateTimeField()
+    last_at = serializers.DateTimeField()
+    final = serializers.BooleanField(help_text="The job has ended and its last samples are in.")
+
+
+class JobGpuChartSeriesOutputSerializer(serializers.Serializer):
+    label = serializers.CharField()
+    util = serializers.ListField(child=serializers.FloatField(allow_null=True), help_text="Per bucket, %; null: no sample.")
+    mem_mib = serializers.ListField(child=serializers.IntegerField(allow_null=True))
+
+
+class JobGpuChartOutputSerializer(serializers.Serializer):
+    labels = serializers.ListField(child=serializers.CharField(), help_text="Each bucket's end (ISO 8601).")
+    bucket_seconds = serializers.IntegerField()
+    series = JobGpuChartSeriesOutputSerializer(many=True, help_text="One per GPU.")
+
+
+class JobGpuStatusOutputSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="GPU monitoring is configured (PROMETHEUS_URL).")
+    as_of = serializers.DateTimeField(allow_null=True, help_text="The figures are up to then.")
+    failing_since = serializers.DateTimeField(allow_null=True, help_text="Prometheus has not answered since then.")
+    error = serializers.CharField()
+
+
+class JobGpuUsageOutputSerializer(serializers.Serializer):
+    """A job's GPU report (jobs.gpu_report.job_gpu_report, the job page's too), read from the job."""
+
+    gpus = JobGpuOutputSerializer(many=True)
+    verdict = serializers.CharField()
+    chart = JobGpuChartOutputSerializer(allow_null=True, help_text="At most 240 points per GPU; null: no samples.")
+    status = JobGpuStatusOutputSerializer()
+
+    def to_representation(self, job):
+        return super().to_representation(job_gpu_report(job))
+
+
 class JobDetailOutputSerializer(JobSummaryOutputSerializer):
     script = serializers.CharField()
     directives = JobDirectiveOutputSerializer(many=True, help_text="The options Slurm gets, as the portal read them.")
     task_counts = serializers.SerializerMethodField(help_text="Array jobs: tasks per state (not seen yet: PENDING).")
     tasks = JobArrayTaskOutputSerializer(source="array_task_rows.all", many=True, help_text="Array jobs: each task seen so far.")
 
-    gpu_usage = serializers.SerializerMethodField(
+    gpu_usage = JobGpuUsageOutputSerializer(
+        source="*",
         help_text="What the job's GPUs did (from Prometheus, stored by the portal): per GPU (array: per task) mean and "
         "peak utilisation (%) and memory (MiB), idle share, busy GPU-hours; the verdict; the chart (at most 240 points "
         "per GPU); status.as_of: figures up to then, status.failing_since: Prometheus not answering."
@@ -225,9 +274,6 @@ class JobDetailOutputSerializer(JobSummaryOutputSerializer):
 
     def get_task_counts(self, job) -> dict[str, int]:
         return array_task_counts(job) if job.array else {}
-
-    def get_gpu_usage(self, job) -> dict:
-        return job_gpu_report(job)
     environment = serializers.DictField(child=serializers.CharField())
     relay_attempts = serializers.IntegerField()
     last_relay_error = serializers.CharField()

@@ -1,7 +1,7 @@
 """The API means what its schema says: the answers of the operations that show money, GPU-hours and
-GPU figures — jobs (list, detail of a job and of an array job), the quote, team usage, the cost
-report, bookings, quotas and a team's budget — validated field by field against the schema
-drf-spectacular generates, with jobs that ran, were accounted and priced, and GPU samples present
+GPU figures — jobs (list, detail of a job and of an array job, its GPU report), the quote, team
+usage, the cost report, bookings, quotas and a team's budget — validated field by field against the
+schema drf-spectacular generates, with jobs that ran, were accounted and priced, and GPU samples present
 (tests.support.jobs_that_ran). And every money and GPU-hours property of the schema is declared
 the one way: a decimal string (portal.fields.DecimalStringField)."""
 
@@ -104,7 +104,8 @@ def test_the_answers_with_usage_cost_and_gpu_data_are_what_the_schema_says(schem
     detail = answers[f"/api/v1/jobs/{array.pk}/"]
     assert [(t["gpu_seconds"], t["gpu_hours"], t["cost"]) for t in detail["tasks"]] == [(1001, "0.28", "0.65"),
                                                                                         (1234, "0.34", "0.80")]  # fmt: skip
-    assert answers[f"/api/v1/jobs/{job.pk}/"]["gpu_usage"]["gpus"], "GPU samples shown"
+    gpus = answers[f"/api/v1/jobs/{job.pk}/"]["gpu_usage"]["gpus"]
+    assert [(g["gpu"], g["busy_gpu_hours"]) for g in gpus] == [("0", "0.29"), ("1", "0.04")]  # 87.3 %, 12.9 % of 20 min
     assert answers["/api/v1/jobs/quote/"]["gpu_hours"] == "0.35"  # 3 GPUs × 7 min (no overrun here)
     assert answers["/api/v1/teams/vision/budget/"]["booked"] == "0.33"  # 20 minutes of 1 GPU
     assert answers["/api/v1/bookings/"]["results"][0]["gpu_hours"] == "0.33"
@@ -125,4 +126,4 @@ def test_every_money_and_gpu_hours_property_is_a_decimal_string(schema):
                 seen.append(f"{name}.{prop}")
     assert {"JobSummaryOutput.gpu_hours", "JobSummaryOutput.cost", "JobArrayTaskOutput.cost", "JobQuoteOutput.cost",
             "CostReportRow.idle_cost", "BudgetRowOutput.remaining", "TeamBudgetOutput.booked", "BookingOutput.gpu_hours",
-            "QuotaOutput.gpu_hours"} <= set(seen), seen  # fmt: skip
+            "QuotaOutput.gpu_hours", "JobGpuOutput.busy_gpu_hours"} <= set(seen), seen  # fmt: skip
