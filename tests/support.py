@@ -250,7 +250,8 @@ def jobs_that_ran(world) -> dict:
                                    util_peak=min(util * 1.1, 100), idle_samples=3, mem_sum=20 * 1234.5, mem_samples=20,
                                    mem_peak=2000.25, first_at=start, last_at=end, final=True)  # fmt: skip
     window = timezone.now().replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=5)
-    booking = Booking.objects.create(team=world.vision, gpu_type="a100", gpus=1, start=window,
-                                     end=window + dt.timedelta(minutes=20), created_by=world.bob, status="approved", approved_at=timezone.now())  # fmt: skip
+    booking = Booking.objects.create(team=world.vision, gpu_type="a100", gpus=1, start=window, end=window + dt.timedelta(minutes=20),
+                                     created_by=world.bob, status="approved", approved_at=timezone.now(),
+                                     reservation_name="gpuportal-00000000a1a1")  # fmt: skip
     snapshots_forget()  # the rows as a service would have committed them (the booking moves BOOKINGS' version)
     return {"job": job, "array": array, "booking": booking}
