@@ -22,7 +22,7 @@ from accounting.forms import (
 from accounting.models import QUOTA_MAX_GPUS
 from accounting.reports import rows_to_csv
 from accounting.selectors import GROUP_BY_CHOICES, can_see_user_breakdown, cost_report, usage_teams_visible_to
-from portal.fields import StrictCharField
+from portal.fields import DecimalStringField, StrictCharField
 from portal.roles import can_read_cost_reports
 from portal.schema import ErrorSerializer
 
@@ -96,22 +96,19 @@ class CostReportRowSerializer(serializers.Serializer):
     group_by = serializers.CharField()
     key = serializers.CharField()
     label = serializers.CharField()
-    gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2)
-    requested_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2)
+    gpu_hours = DecimalStringField()
+    requested_gpu_hours = DecimalStringField()
     efficiency = serializers.FloatField(allow_null=True, help_text="Used / requested GPU-hours.")
-    cost = serializers.DecimalField(max_digits=18, decimal_places=2, help_text="usage_cost + bookings_cost.")
-    usage_cost = serializers.DecimalField(max_digits=18, decimal_places=2, required=False)
-    bookings_cost = serializers.DecimalField(max_digits=18, decimal_places=2, required=False, help_text="Reserved GPU-hours of bookings.")
-    unpriced_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2, help_text="Hours with no rate.")
+    cost = DecimalStringField(help_text="usage_cost + bookings_cost.")
+    usage_cost = DecimalStringField(required=False)
+    bookings_cost = DecimalStringField(required=False, help_text="Reserved GPU-hours of bookings.")
+    unpriced_gpu_hours = DecimalStringField(help_text="Hours with no rate.")
     provisional = serializers.BooleanField(help_text="Includes jobs still running.")
     currency = serializers.CharField()
-    monitored_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True,
-                                                   help_text="GPU-hours paid whose GPUs the GPU monitoring saw.")  # fmt: skip
-    busy_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True,
-                                              help_text="What those GPUs computed (utilisation-weighted GPU-hours).")  # fmt: skip
+    monitored_gpu_hours = DecimalStringField(allow_null=True, help_text="GPU-hours paid whose GPUs the GPU monitoring saw.")
+    busy_gpu_hours = DecimalStringField(allow_null=True, help_text="What those GPUs computed (utilisation-weighted GPU-hours).")
     gpu_efficiency = serializers.FloatField(allow_null=True, help_text="Busy / monitored GPU-hours.")
-    idle_cost = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True,
-                                         help_text="The cost of the idle share of the monitored GPU-hours.")  # fmt: skip
+    idle_cost = DecimalStringField(allow_null=True, help_text="The cost of the idle share of the monitored GPU-hours.")
 
 
 class CostReportSerializer(serializers.Serializer):
@@ -192,7 +189,7 @@ class BookingOutputSerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
-    gpu_hours = serializers.DecimalField(max_digits=14, decimal_places=2)
+    gpu_hours = DecimalStringField(max_digits=14)
     note = serializers.CharField()
     status = serializers.CharField()
     auto_approved = serializers.BooleanField()
@@ -415,7 +412,7 @@ class QuotaOutputSerializer(serializers.Serializer):
     period_start = serializers.DateField()
     period_end = serializers.DateField(help_text="Exclusive.")
     period = serializers.CharField(source="period_label")
-    gpu_hours = serializers.DecimalField(max_digits=12, decimal_places=2)
+    gpu_hours = DecimalStringField(max_digits=12)
     max_gpus = serializers.IntegerField(allow_null=True)
     state = serializers.CharField()
     justification = serializers.CharField()
@@ -539,11 +536,11 @@ class BudgetRowOutputSerializer(serializers.Serializer):
     period = serializers.CharField(source="period_label")
     period_start = serializers.DateField()
     period_end = serializers.DateField(help_text="Exclusive.")
-    budget = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="GPU-hours granted.")
-    used = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="Accounted GPU-hours in the period.")
-    held = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="Estimates of jobs not yet accounted.")
-    booked = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="Approved bookings in the period.")
-    remaining = serializers.DecimalField(max_digits=14, decimal_places=2)
+    budget = DecimalStringField(max_digits=14, help_text="GPU-hours granted.")
+    used = DecimalStringField(max_digits=14, help_text="Accounted GPU-hours in the period.")
+    held = DecimalStringField(max_digits=14, help_text="Estimates of jobs not yet accounted.")
+    booked = DecimalStringField(max_digits=14, help_text="Approved bookings in the period.")
+    remaining = DecimalStringField(max_digits=14)
     max_gpus = serializers.IntegerField(allow_null=True)
     runs_out_on = serializers.DateField(allow_null=True, help_text="At the period's burn rate so far; null: not in this period.")
 
@@ -552,11 +549,11 @@ class TeamBudgetOutputSerializer(serializers.Serializer):
     team = serializers.CharField()
     period = serializers.CharField(allow_null=True, help_text="Of the any-type budget (else the first row).")
     no_quota_policy = serializers.CharField()
-    budget = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
-    used = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
-    held = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
-    booked = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
-    remaining = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    budget = DecimalStringField(max_digits=14, allow_null=True)
+    used = DecimalStringField(max_digits=14, allow_null=True)
+    held = DecimalStringField(max_digits=14, allow_null=True)
+    booked = DecimalStringField(max_digits=14, allow_null=True)
+    remaining = DecimalStringField(max_digits=14, allow_null=True)
     runs_out_on = serializers.DateField(allow_null=True)
     rows = BudgetRowOutputSerializer(many=True)
 

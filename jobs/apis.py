@@ -8,9 +8,9 @@ the user cannot see answers 404, as if it did not exist."""
 from __future__ import annotations
 
 import functools
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from django.db.models import prefetch_related_objects
 from django.http import Http404
 from django.urls import get_script_prefix, reverse
 from drf_spectacular.types import OpenApiTypes
@@ -48,7 +48,7 @@ from jobs.services import (
     template_defaults,
 )
 from portal.exceptions import ApplicationError
-from portal.fields import whole_number
+from portal.fields import DecimalStringField, whole_number
 from portal.models import Team
 from portal.roles import team_with_role
 from portal.throttles import SubmitRateThrottle
@@ -145,11 +145,14 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     ended_at = serializers.DateTimeField(allow_null=True)
     estimated_gpu_seconds = serializers.IntegerField(help_text="The most Slurm can charge: GPUs × (time limit + the "
                                                      "cluster's overrun past it) × array tasks; held from the budget.")  # fmt: skip
-    estimated_gpu_hours = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP)
-    estimated_cost = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True, rounding=ROUND_HALF_UP)
+    estimated_gpu_hours = DecimalStringField(max_digits=16)
+    estimated_cost = DecimalStringField(allow_null=True)
     gpu_seconds = serializers.SerializerMethodField(help_text="Used so far, from accounting (null: none recorded yet).")
-    gpu_hours = serializers.SerializerMethodField(help_text="gpu_seconds in GPU-hours, two places (null: none recorded yet).")
-    cost = serializers.SerializerMethodField(help_text="What it cost so far at the rates in force (null: none recorded yet).")
+    # job.usage: jobs.selectors.jobs_with_usage's figures, None before any usage is recorded (then null)
+    gpu_hours = DecimalStringField(source="usage.gpu_hours", allow_null=True,
+                                   help_text="gpu_seconds in GPU-hours, two places (null: none recorded yet).")  # fmt: skip
+    cost = DecimalStringField(source="usage.cost", allow_null=True,
+                              help_text="What it cost so far at the rates in force (null: none recorded yet).")  # fmt: skip
     usage_final = serializers.SerializerMethodField(help_text="True once every record of it is final (the job ended and "
                                                     "Slurm has charged it); null: none recorded yet.")  # fmt: skip
     currency = serializers.CharField()
@@ -162,14 +165,6 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
         usage = getattr(job, "usage", None)
         return usage.gpu_seconds if usage is not None else None
 
-    def get_gpu_hours(self, job) -> Decimal | None:
-        usage = getattr(job, "usage", None)
-        return _two(usage.gpu_hours) if usage is not None else None
-
-    def get_cost(self, job) -> Decimal | None:
-        usage = getattr(job, "usage", None)
-        return _two(usage.cost) if usage is not None else None
-
     def get_usage_final(self, job) -> bool | None:
         usage = getattr(job, "usage", None)
         return usage.final if usage is not None else None
@@ -177,11 +172,6 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     def get_links(self, job) -> dict[str, str]:
         pk = str(job.pk)
         return {name: url.replace(_ANY_JOB, pk) for name, url in _job_link_templates(get_script_prefix()).items()}
-
-
-def _two(value) -> str:
-    """A figure as the API shows it: two places, half up (money and GPU-hours are kept exact)."""
-    return str(Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP))
 
 
 # A job's links are reversed once (per URL prefix) for a stand-in id, then filled in: three
@@ -214,24 +204,59 @@ class JobArrayTaskOutputSerializer(serializers.Serializer):
     slurm_job_id = serializers.IntegerField(allow_null=True, help_text="The task's own Slurm id.")
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
-    gpu_seconds = serializers.SerializerMethodField(help_text="This task's usage so far (null: none recorded yet).")
-    gpu_hours = serializers.SerializerMethodField()
-    cost = serializers.SerializerMethodField()
+    # task.usage: jobs.selectors.jobs_with_usage's figures of the task, None before any (then null)
+    gpu_seconds = serializers.IntegerField(source="usage.gpu_seconds", allow_null=True,
+                                           help_text="This task's usage so far (null: none recorded yet).")  # fmt: skip
+    gpu_hours = DecimalStringField(source="usage.gpu_hours", allow_null=True)
+    cost = DecimalStringField(source="usage.cost", allow_null=True)
 
-    def _usage(self, task):
-        return self.context.get("task_usage", {}).get(task.slurm_job_id) if task.slurm_job_id else None
 
-    def get_gpu_seconds(self, task) -> int | None:
-        usage = self._usage(task)
-        return usage.gpu_seconds if usage is not None else None
+class JobGpuOutputSerializer(serializers.Serializer):
+    task_index = serializers.IntegerField(allow_null=True, help_text="The array task; null: not an array job.")
+    host = serializers.CharField()
+    gpu = serializers.CharField(help_text="The GPU's index on its host.")
+    model = serializers.CharField()
+    util_mean = serializers.FloatField(help_text="Mean utilisation, %.")
+    util_peak = serializers.FloatField(help_text="Peak utilisation, %.")
+    mem_mean_mib = serializers.IntegerField()
+    mem_peak_mib = serializers.IntegerField()
+    idle_percent = serializers.IntegerField(help_text="Share of its samples under the idle threshold, %.")
+    samples = serializers.IntegerField()
+    busy_gpu_hours = DecimalStringField(help_text="Utilisation-weighted GPU-hours: a GPU at 50 % for two hours is one.")
+    first_at = serializers.DateTimeField()
+    last_at = serializers.DateTimeField()
+    final = serializers.BooleanField(help_text="The job has ended and its last samples are in.")
 
-    def get_gpu_hours(self, task) -> Decimal | None:
-        usage = self._usage(task)
-        return _two(usage.gpu_hours) if usage is not None else None
 
-    def get_cost(self, task) -> Decimal | None:
-        usage = self._usage(task)
-        return _two(usage.cost) if usage is not None else None
+class JobGpuChartSeriesOutputSerializer(serializers.Serializer):
+    label = serializers.CharField()
+    util = serializers.ListField(child=serializers.FloatField(allow_null=True), help_text="Per bucket, %; null: no sample.")
+    mem_mib = serializers.ListField(child=serializers.IntegerField(allow_null=True))
+
+
+class JobGpuChartOutputSerializer(serializers.Serializer):
+    labels = serializers.ListField(child=serializers.CharField(), help_text="Each bucket's end (ISO 8601).")
+    bucket_seconds = serializers.IntegerField()
+    series = JobGpuChartSeriesOutputSerializer(many=True, help_text="One per GPU.")
+
+
+class JobGpuStatusOutputSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="GPU monitoring is configured (PROMETHEUS_URL).")
+    as_of = serializers.DateTimeField(allow_null=True, help_text="The figures are up to then.")
+    failing_since = serializers.DateTimeField(allow_null=True, help_text="Prometheus has not answered since then.")
+    error = serializers.CharField()
+
+
+class JobGpuUsageOutputSerializer(serializers.Serializer):
+    """A job's GPU report (jobs.gpu_report.job_gpu_report, the job page's too), read from the job."""
+
+    gpus = JobGpuOutputSerializer(many=True)
+    verdict = serializers.CharField()
+    chart = JobGpuChartOutputSerializer(allow_null=True, help_text="At most 240 points per GPU; null: no samples.")
+    status = JobGpuStatusOutputSerializer()
+
+    def to_representation(self, job):
+        return super().to_representation(job_gpu_report(job))
 
 
 class JobDetailOutputSerializer(JobSummaryOutputSerializer):
@@ -240,7 +265,8 @@ class JobDetailOutputSerializer(JobSummaryOutputSerializer):
     task_counts = serializers.SerializerMethodField(help_text="Array jobs: tasks per state (not seen yet: PENDING).")
     tasks = JobArrayTaskOutputSerializer(source="array_task_rows.all", many=True, help_text="Array jobs: each task seen so far.")
 
-    gpu_usage = serializers.SerializerMethodField(
+    gpu_usage = JobGpuUsageOutputSerializer(
+        source="*",
         help_text="What the job's GPUs did (from Prometheus, stored by the portal): per GPU (array: per task) mean and "
         "peak utilisation (%) and memory (MiB), idle share, busy GPU-hours; the verdict; the chart (at most 240 points "
         "per GPU); status.as_of: figures up to then, status.failing_since: Prometheus not answering."
@@ -248,9 +274,6 @@ class JobDetailOutputSerializer(JobSummaryOutputSerializer):
 
     def get_task_counts(self, job) -> dict[str, int]:
         return array_task_counts(job) if job.array else {}
-
-    def get_gpu_usage(self, job) -> dict:
-        return job_gpu_report(job)
     environment = serializers.DictField(child=serializers.CharField())
     relay_attempts = serializers.IntegerField()
     last_relay_error = serializers.CharField()
@@ -390,9 +413,9 @@ class JobDetailApi(APIView):
             job = job_detail(user=request.user, job_id=job_id)
         except Job.DoesNotExist:
             raise Http404 from None
-        jobs_with_usage([job])
-        task_usage = job.usage.tasks if job.usage is not None else {}
-        return Response(JobDetailOutputSerializer(job, context={"task_usage": task_usage}).data)
+        prefetch_related_objects([job], "array_task_rows")  # the rows the answer shows, given their usage
+        jobs_with_usage([job], tasks=job.array_task_rows.all())
+        return Response(JobDetailOutputSerializer(job).data)
 
 
 class JobCancelApi(APIView):
@@ -454,12 +477,12 @@ class JobQuoteApi(APIView):
     class JobQuoteOutputSerializer(serializers.Serializer):
         gpu_seconds = serializers.IntegerField(help_text="Exact: GPUs × (time limit + overrun) × array tasks.")
         overrun_seconds = serializers.IntegerField(help_text="Per task: how far past its time limit Slurm may run and charge it.")
-        gpu_hours = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP)
+        gpu_hours = DecimalStringField(max_digits=16)
         gpu_type = serializers.CharField()
         gpu_type_assumed = serializers.BooleanField()
         gpu_types = serializers.ListField(child=serializers.CharField(), help_text="The types it can land on (all held).")
-        price_per_gpu_hour = serializers.DecimalField(max_digits=12, decimal_places=4, allow_null=True)
-        cost = serializers.DecimalField(max_digits=18, decimal_places=2, allow_null=True, rounding=ROUND_HALF_UP)
+        price_per_gpu_hour = DecimalStringField(max_digits=12, decimal_places=4, allow_null=True)
+        cost = DecimalStringField(allow_null=True)
         currency = serializers.CharField()
         note = serializers.CharField()
 

@@ -117,7 +117,7 @@ def job_gpu_report(job: Job, *, chart: bool = True) -> dict:
             "util_mean": round(r.util_mean, 1), "util_peak": round(r.util_peak, 1),
             "mem_mean_mib": round(r.mem_mean), "mem_peak_mib": round(r.mem_peak),
             "idle_percent": round(100 * r.idle_fraction), "samples": r.samples,
-            "busy_gpu_hours": round(busy_gpu_hours(r), 3), "first_at": r.first_at, "last_at": r.last_at,
+            "busy_gpu_hours": busy_gpu_hours(r), "first_at": r.first_at, "last_at": r.last_at,  # shown rounded
             "final": r.final,
         }  # fmt: skip
         for r in rows

@@ -1,8 +1,27 @@
-"""Serializer fields shared by the API's input serializers."""
+"""Serializer fields shared by the API's serializers."""
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_UP
+
 from rest_framework import serializers
+
+
+class DecimalStringField(serializers.DecimalField):
+    """Every money and GPU-hours figure the API answers: a decimal string (``"12.35"``), rounded once,
+    here, half up to ``decimal_places`` (two: cents, hundredths of a GPU-hour) from the exact value
+    the selector hands over; declared in the OpenAPI schema as ``type: string, format: decimal`` with
+    a pattern (drf-spectacular's reading of a DecimalField that coerces to string).
+
+    Why a string and not a JSON number: money and GPU-hours are exact decimals, and a JSON number is
+    read as a binary float by most clients (JavaScript, generated clients); DRF's own default for
+    decimals (COERCE_DECIMAL_TO_STRING) is the string. ``coerce_to_string`` is fixed here, not left to
+    that setting, so that the schema and the answers cannot disagree. For answers only: an input
+    field with ``rounding`` would round a request's extra places instead of refusing them."""
+
+    def __init__(self, *, max_digits: int = 18, decimal_places: int = 2, **kwargs):
+        kwargs.setdefault("rounding", ROUND_HALF_UP)
+        super().__init__(max_digits=max_digits, decimal_places=decimal_places, coerce_to_string=True, **kwargs)
 
 
 class StrictCharField(serializers.CharField):

@@ -64,11 +64,10 @@ class PortalAutoSchema(AutoSchema):
             if parameter["in"] == "query" and not parameter.get("required"):
                 parameter["allowEmptyValue"] = True  # `?since=` is the same as no `since` (DRF, django-filter)
         responses = operation.setdefault("responses", {})
+        error = {"application/json": {"schema": self.resolve_serializer(ErrorSerializer, "response").ref}}
         for code in self.error_statuses(operation):
             if code not in responses:
-                responses[code] = self._get_response_for_code(
-                    ErrorSerializer, code, media_types=["application/json"]
-                ) | {"description": ERROR_DESCRIPTIONS[code]}
+                responses[code] = {"content": dict(error), "description": ERROR_DESCRIPTIONS[code]}
                 if code == "429":
                     responses[code]["headers"] = {
                         "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}

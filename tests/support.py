@@ -200,3 +200,58 @@ def use_slurm_target(settings, backend: str, release: str) -> None:
         settings.SLURM_BIN_DIR = env["SLURM_BIN_DIR"]
     slurm.reset_gateway()
 
+
+
+def jobs_that_ran(world) -> dict:
+    """Rows for every money, GPU-hours and GPU figure of the API to show something: a rate for a100
+    with four places (costs that round), a job and a two-task array job of vision that ran, were
+    accounted (usage records, priced slices) and sampled by the GPU monitoring (JobGpuUsage), and an
+    approved booking (bookings' GPU-hours and cost, the budget's ``booked``). Needs an inventory with
+    partition "gpu" of a100 nodes (``inventory_small``) and enqueues recorded (``relays``,
+    ``recorded_tasks``). Returns {"job": …, "array": …, "booking": …}."""
+    import dataclasses
+    import datetime as dt
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from accounting.models import Booking, Rate
+    from accounting.services import usage_records_upsert
+    from jobs.models import Job, JobArrayTask, JobGpuUsage
+    from jobs.services import job_submit
+    from portal.snapshots import snapshots_forget
+    from tests.accounting.helpers import acct
+
+    Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal("2.3457"), effective_from=dt.date(2020, 1, 1))
+    body = job_payload()
+    del body["team"]
+    job, _ = job_submit(user=world.alice, team=world.vision, **body)
+    array, _ = job_submit(user=world.alice, team=world.vision, **{**body, "gpus": 1,
+                          "script": "#!/bin/bash\n#SBATCH --array=0-1\ntrue\n"})  # fmt: skip
+    start = timezone.now() - dt.timedelta(minutes=50)
+    end = start + dt.timedelta(seconds=1234)
+    Job.objects.filter(pk=job.pk).update(slurm_job_id=900, slurm_cluster="gpuportal", state="COMPLETED", started_at=start,
+                                         ended_at=end)  # fmt: skip
+    Job.objects.filter(pk=array.pk).update(slurm_job_id=910, slurm_cluster="gpuportal", state="COMPLETED", started_at=start,
+                                           ended_at=end)  # fmt: skip
+    job.refresh_from_db()
+    array.refresh_from_db()
+    records = [acct(start=start, hours=1234 / 3600, gpus=2, job_id=900, comment=job.slurm_tag)]
+    for index, seconds in ((0, 1001), (1, 1234)):
+        record = acct(start=start, hours=seconds / 3600, gpus=1, job_id=911 + index, comment=array.slurm_tag)
+        records.append(dataclasses.replace(record, array_job_id=910, array_tasks=str(index)))
+        JobArrayTask.objects.create(job=array, index=index, slurm_job_id=911 + index, state="COMPLETED", exit_code=0,
+                                    started_at=start, ended_at=start + dt.timedelta(seconds=seconds))  # fmt: skip
+    usage_records_upsert(records=records)
+    for owner, slurm_id, task_index, gpu, util in ((job, 900, None, "0", 87.3), (job, 900, None, "1", 12.9),
+                                                    (array, 911, 0, "2", 55.5), (array, 912, 1, "3", 3.1)):  # fmt: skip
+        JobGpuUsage.objects.create(job=owner, slurm_job_id=slurm_id, task_index=task_index, host="a100-01", gpu=gpu,
+                                   model_name="NVIDIA A100", step_seconds=60, samples=20, util_sum=util * 20,
+                                   util_peak=min(util * 1.1, 100), idle_samples=3, mem_sum=20 * 1234.5, mem_samples=20,
+                                   mem_peak=2000.25, first_at=start, last_at=end, final=True)  # fmt: skip
+    window = timezone.now().replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=5)
+    booking = Booking.objects.create(team=world.vision, gpu_type="a100", gpus=1, start=window, end=window + dt.timedelta(minutes=20),
+                                     created_by=world.bob, status="approved", approved_at=timezone.now(),
+                                     reservation_name="gpuportal-00000000a1a1")  # fmt: skip
+    snapshots_forget()  # the rows as a service would have committed them (the booking moves BOOKINGS' version)
+    return {"job": job, "array": array, "booking": booking}

@@ -183,7 +183,11 @@ def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool 
     used: accounted GPU-hours in the period (the team's account; the quota's GPU type, or all types);
     held: what the budget holds of unfinished jobs hold (per type: jobs that asked for it);
     booked: approved bookings' reserved GPU-hours in the period (``fresh``: read from the database,
-    for a check under the team's row lock, under which bookings are approved)."""
+    for a check under the team's row lock, under which bookings are approved).
+
+    The figures are exact GPU-hours (Decimal, never rounded here): the budget checks
+    (accounting.services.budget, .bookings) compare a need with ``remaining`` as it is; whoever
+    shows a figure rounds it once (portal.fields.DecimalStringField in the API, the templates)."""
     now = at or timezone.now()
     periods: dict[tuple[dt.date, dt.date], list] = {}
     for quota in quotas:
@@ -228,12 +232,13 @@ def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool 
                     "period_start": start,
                     "period_end": end,
                     "period_label": quota.period_label,
-                    "budget": _two(budget),
-                    "used": _two(used_h),
-                    "held": _two(held_h),
-                    "booked": _two(booked_h),
-                    "remaining": _two(remaining),
-                    "consumed": used_h + booked_h,  # exact: alerts compare it with the budget
+                    # exact GPU-hours: the budget checks compare them; pages and the API round for display
+                    "budget": budget,
+                    "used": used_h,
+                    "held": held_h,
+                    "booked": booked_h,
+                    "remaining": remaining,
+                    "consumed": used_h + booked_h,  # alerts compare it with the budget
                     "max_gpus": quota.max_gpus,
                     "runs_out_on": runs_out,
                 }

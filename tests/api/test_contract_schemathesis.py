@@ -43,13 +43,15 @@ def recorded_tasks(monkeypatch):
 
 @pytest.fixture
 def contract_world(world, inventory_small, recorded_tasks):
-    """Something of every kind for the operations to find: a job, a template, a booking, quotas."""
+    """Something of every kind for the operations to find: a job, a template, a booking, quotas; and
+    jobs that ran, accounted, priced and sampled (tests.support.jobs_that_ran), so that every money,
+    GPU-hours and GPU figure answers a value, not null, for the response checks to hold it to the schema."""
     from django.utils import timezone
 
     from accounting.models import Booking
     from jobs.models import JobTemplate
     from jobs.services import job_submit
-    from tests.support import job_payload
+    from tests.support import job_payload, jobs_that_ran
 
     body = job_payload()
     del body["team"]
@@ -58,6 +60,7 @@ def contract_world(world, inventory_small, recorded_tasks):
     start = timezone.now().replace(minute=0, second=0, microsecond=0) + dt.timedelta(days=2)
     Booking.objects.create(team=world.vision, gpu_type="a100", gpus=4, start=start, end=start + dt.timedelta(hours=4),
                            created_by=world.bob)  # fmt: skip
+    jobs_that_ran(world)
     return world
 
 

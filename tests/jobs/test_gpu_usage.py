@@ -60,7 +60,7 @@ def test_points_fold_into_one_row_per_gpu_and_a_repeat_counts_nothing_twice(worl
 
     report = job_gpu_report(job)
     assert report["verdict"] == "1 of 2 GPUs idle for 100 % of the run"
-    assert report["gpus"][0]["busy_gpu_hours"] == round(360 / 100 * STEP / 3600, 3)
+    assert report["gpus"][0]["busy_gpu_hours"] == pytest.approx(360 / 100 * STEP / 3600)  # unrounded: shown rounded
 
 
 def test_a_series_of_another_cluster_or_an_unknown_job_is_not_recorded(world):

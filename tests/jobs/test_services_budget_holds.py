@@ -267,3 +267,26 @@ def test_the_budget_check_costs_two_queries_when_bookings_charge_usage(world, se
     budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate())])
     with transaction.atomic(), django_assert_num_queries(2):
         budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), _estimate())])
+
+
+# ---------------------------------------------------------------- the check compares exact values
+
+
+@pytest.mark.parametrize("left_seconds", [27, 9])
+def test_the_budget_check_compares_exact_gpu_seconds_not_cents(world, left_seconds):
+    """A budget with exactly N GPU-seconds left takes a job needing N and refuses one needing N + 1.
+    27 s = 0.0075 GPU-h (cents would say 0.01 left: 28 s would pass); 9 s = 0.0025 GPU-h (cents
+    would say 0.00 left: 9 s would be refused)."""
+    Quota.objects.filter(team=world.vision).update(gpu_hours=1)  # 3600 GPU-s
+
+    def hold(seconds):
+        estimate = SimpleNamespace(gpu_hours=Decimal(seconds) / 3600, gpu_seconds=seconds, gpu_type="a100",
+                                   gpu_type_assumed=False, cost=None)  # fmt: skip
+        budget_holds_place(team=world.vision, holds=[HoldRequest(uuid.uuid4(), estimate)])
+
+    hold(3600 - left_seconds)
+    with pytest.raises(Conflict, match="Over budget"), transaction.atomic():
+        hold(left_seconds + 1)
+    hold(left_seconds)
+    assert any_type_total(world).held_gpu_hours == 1
+    assert team_budget(team=world.vision)[0]["remaining"] == 0
