@@ -13,12 +13,32 @@ from django.core.exceptions import ImproperlyConfigured
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
+# Names the portal once read that another tool reads from the same shell, each with the name the
+# portal reads instead and what the other tool does with it. Set, they stop start-up (Env.refuse_renamed):
+# a shell that exports one for the portal breaks that tool. SLURM_CLUSTERS: Slurm's commands read it as
+# --clusters (their man pages, ENVIRONMENT VARIABLES; SLURM-NOTES.md "Measured 2026-12-05").
+RENAMED = {
+    "SLURM_CLUSTERS": (
+        "GPUPORTAL_CLUSTERS",
+        "Slurm's own variable (sinfo, squeue, sbatch, srun, salloc, scancel and scontrol read it as --clusters)",
+    ),
+}
+
 
 class Env:
     """Reads one environment mapping (os.environ by default) through typed helpers."""
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         self.environ = os.environ if environ is None else environ
+
+    def refuse_renamed(self) -> None:
+        """Stop start-up when a name of RENAMED is set (even empty), naming the one to use instead."""
+        for old, (new, why) in RENAMED.items():
+            if old in self.environ:
+                raise ImproperlyConfigured(
+                    f"Environment variable {old} is {why}; the portal reads {new}: rename it, and keep {old} "
+                    "out of the portal's environment."
+                )
 
     def _raw(self, name: str) -> str | None:
         value = self.environ.get(name)
@@ -106,8 +126,8 @@ class Env:
             raise self._fail(name, value, "one of " + ", ".join(choices))
         return value
 
-    def slurm_clusters(self, name: str, default):
-        """SLURM_CLUSTERS (portal.slurm.clusters.parse_clusters): the clusters the portal serves;
+    def clusters(self, name: str, default):
+        """GPUPORTAL_CLUSTERS (portal.slurm.clusters.parse_clusters): the clusters the portal serves;
         unset or empty: ``default`` (the one cluster of SLURM_CLUSTER, SLURM_BACKEND, SLURM_CONF, …)."""
         from portal.slurm.clusters import ClusterConfigError, parse_clusters
 

@@ -123,3 +123,16 @@ def test_trusted_proxies_must_be_addresses_or_networks():
     ]
     result = _manage("check", TRUSTED_PROXIES="127.0.0.1,nginx.local")
     assert result.returncode != 0 and "Environment variable TRUSTED_PROXIES=" in result.stderr and "nginx.local" in result.stderr
+
+
+# ---------------------------------------------------------------- names another tool reads (portal.env.RENAMED)
+
+
+def test_slurm_clusters_in_the_environment_stops_start_up_naming_gpuportal_clusters():
+    with pytest.raises(ImproperlyConfigured, match=r"SLURM_CLUSTERS is Slurm's own variable.*reads GPUPORTAL_CLUSTERS: rename it"):
+        Env({"SLURM_CLUSTERS": ""}).refuse_renamed()  # set at all, even empty
+    assert Env({"GPUPORTAL_CLUSTERS": "name=gpuportal", "SLURM_CONF": "/x/slurm.conf"}).refuse_renamed() is None
+    result = _manage("check", SLURM_CLUSTERS="name=gpuportal,conf=/etc/slurm/slurm.conf")
+    assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr
+    assert "SLURM_CLUSTERS is Slurm's own variable" in result.stderr and "reads GPUPORTAL_CLUSTERS" in result.stderr
+
