@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
+from collections import ChainMap
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Names the portal once read that another tool reads from the same shell, each with the name the
 # portal reads instead and what the other tool does with it. Set, they stop start-up (Env.refuse_renamed):
@@ -25,11 +29,54 @@ RENAMED = {
 }
 
 
+def read_env_file(path: Path) -> dict[str, str]:
+    """The NAME=value lines of ``path`` (what ``scripts/demo start`` writes into the run directory's
+    ``env``). A value is the rest of its line, verbatim: no quotes, no escapes, no ``export``. Blank
+    lines and lines starting with ``#`` are skipped; any other line without a valid NAME=, and a name
+    given twice, stop start-up naming the file and the line. An unreadable file stops it too."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ImproperlyConfigured(f"Environment file {path} cannot be read: {exc}.") from None
+    values: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, equals, value = line.partition("=")
+        if not equals or not _NAME_RE.fullmatch(name):
+            raise ImproperlyConfigured(f"Environment file {path}, line {number}: expected NAME=value, got {line!r}.")
+        if name in values:
+            raise ImproperlyConfigured(f"Environment file {path}, line {number}: {name} is given twice.")
+        values[name] = value
+    return values
+
+
 class Env:
     """Reads one environment mapping (os.environ by default) through typed helpers."""
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         self.environ = os.environ if environ is None else environ
+
+    def env_file(self, run_dir: Path) -> Path | None:
+        """The file of defaults this environment names: GPUPORTAL_ENV_FILE when set (empty: none; a
+        file named there must exist), else ``run_dir``/env when it exists (``scripts/demo start``
+        writes it in the checkout; production has none). Under pytest (PYTEST_VERSION, which pytest
+        sets for its run and the processes tests start inherit) only GPUPORTAL_ENV_FILE names one:
+        the tests' settings come from their own environment, whatever demo ran in the checkout."""
+        named = self._raw("GPUPORTAL_ENV_FILE")
+        if named is not None:
+            if named and not Path(named).is_file():
+                raise self._fail("GPUPORTAL_ENV_FILE", named, "an existing file (empty: none)")
+            return Path(named) if named else None
+        default = Path(run_dir) / "env"
+        return default if "PYTEST_VERSION" not in self.environ and default.is_file() else None
+
+    def with_file(self, path: Path | None) -> Env:
+        """This environment, with the values of ``path`` (read_env_file) for the names it lacks: a
+        variable of the real environment always wins, even an empty one. ``path`` None: unchanged."""
+        if path is None:
+            return self
+        return Env(ChainMap(self.environ, read_env_file(path)))
 
     def refuse_renamed(self) -> None:
         """Stop start-up when a name of RENAMED is set (even empty), naming the one to use instead."""

@@ -15,6 +15,11 @@ env = Env()
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 RUN_DIR = Path(env.str("GPUPORTAL_RUN_DIR", str(BASE_DIR / ".run")))
+# The demo's environment under the real one: `scripts/demo start` writes RUN_DIR/env (its database,
+# broker and cache URLs with their passwords, SECRET_KEY, …), so `python manage.py …` in the checkout
+# needs no `eval "$(scripts/demo env)"`; a variable set in the real environment always wins.
+# Production has no such file; the tests never read it (Env.env_file).
+env = env.with_file(env.env_file(RUN_DIR))
 env.refuse_renamed()  # names another tool reads (SLURM_CLUSTERS: Slurm's --clusters): portal.env.RENAMED
 
 DEBUG = env.bool("DEBUG", True)
