@@ -67,7 +67,7 @@ def main() -> None:
     print(common.machine())
 
     # submission queries: one cluster, then two (the team's accounts per cluster: one query more)
-    settings.SLURM_CLUSTERS = (old,)
+    settings.GPUPORTAL_CLUSTERS = (old,)
     slurm.reset_gateway()
     clusters_record()
     cluster_sync()
@@ -75,7 +75,7 @@ def main() -> None:
     script = "#!/bin/bash\ntrue\n"
     counts = {}
     for label, clusters in (("one cluster", (old,)), ("two clusters", (old, new))):
-        settings.SLURM_CLUSTERS = clusters
+        settings.GPUPORTAL_CLUSTERS = clusters
         slurm.reset_gateway()
         clusters_record()
         for config in clusters:
@@ -93,7 +93,7 @@ def main() -> None:
 
     Job.objects.all().delete()  # never relayed: nothing in Slurm
 
-    settings.SLURM_CLUSTERS = (old, new, dead)
+    settings.GPUPORTAL_CLUSTERS = (old, new, dead)
     slurm.reset_gateway()
     clusters_record()
     for config in (old, new, dead):

@@ -52,6 +52,9 @@ os.environ["DATABASE_URL"] = BENCH_DATABASE_URL
 os.environ["CELERY_BROKER_URL"] = BENCH_BROKER_URL
 os.environ["CACHE_URL"] = BENCH_CACHE_URL
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.project.settings")
+# No defaults from the demo's .run/env (portal.env.Env.env_file): the benchmark's processes take their
+# settings from this module and the caller's environment only, whether or not `make demo` ran here.
+os.environ["GPUPORTAL_ENV_FILE"] = ""
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 # In this (driver) process services that enqueue (team_create, membership_set) run their task inline.
 os.environ["CELERY_TASK_ALWAYS_EAGER"] = "1"

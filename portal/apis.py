@@ -78,7 +78,7 @@ class ClusterStatusSerializer(serializers.Serializer):
     is_default = serializers.BooleanField()
     slurm_version = serializers.CharField(help_text="As the last inventory sync read it (sinfo --version); empty: not yet.")
     relay_backend = serializers.CharField(help_text="How jobs are submitted: pyslurm or sbatch (empty: not known yet).")
-    configured_backend = serializers.CharField(help_text="SLURM_CLUSTERS' backend: auto, cli or pyslurm.")
+    configured_backend = serializers.CharField(help_text="GPUPORTAL_CLUSTERS' backend: auto, cli or pyslurm.")
     health = ClusterHealthSerializer()
     last_success_at = serializers.DateTimeField(allow_null=True)
     last_attempt_at = serializers.DateTimeField(allow_null=True)

@@ -5,13 +5,50 @@ from __future__ import annotations
 
 import math
 import os
+import re
+from collections import ChainMap
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Names the portal once read that another tool reads from the same shell, each with the name the
+# portal reads instead and what the other tool does with it. Set, they stop start-up (Env.refuse_renamed):
+# a shell that exports one for the portal breaks that tool. SLURM_CLUSTERS: Slurm's commands read it as
+# --clusters (their man pages, ENVIRONMENT VARIABLES; SLURM-NOTES.md "Measured 2026-12-05").
+RENAMED = {
+    "SLURM_CLUSTERS": (
+        "GPUPORTAL_CLUSTERS",
+        "Slurm's own variable (sinfo, squeue, sbatch, srun, salloc, scancel and scontrol read it as --clusters)",
+    ),
+}
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The NAME=value lines of ``path`` (what ``scripts/demo start`` writes into the run directory's
+    ``env``). A value is the rest of its line, verbatim: no quotes, no escapes, no ``export``. Blank
+    lines and lines starting with ``#`` are skipped; any other line without a valid NAME=, and a name
+    given twice, stop start-up naming the file and the line. An unreadable file stops it too."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ImproperlyConfigured(f"Environment file {path} cannot be read: {exc}.") from None
+    values: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, equals, value = line.partition("=")
+        if not equals or not _NAME_RE.fullmatch(name):
+            raise ImproperlyConfigured(f"Environment file {path}, line {number}: expected NAME=value, got {line!r}.")
+        if name in values:
+            raise ImproperlyConfigured(f"Environment file {path}, line {number}: {name} is given twice.")
+        values[name] = value
+    return values
 
 
 class Env:
@@ -19,6 +56,36 @@ class Env:
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         self.environ = os.environ if environ is None else environ
+
+    def env_file(self, run_dir: Path) -> Path | None:
+        """The file of defaults this environment names: GPUPORTAL_ENV_FILE when set (empty: none; a
+        file named there must exist), else ``run_dir``/env when it exists (``scripts/demo start``
+        writes it in the checkout; production has none). Under pytest (PYTEST_VERSION, which pytest
+        sets for its run and the processes tests start inherit) only GPUPORTAL_ENV_FILE names one:
+        the tests' settings come from their own environment, whatever demo ran in the checkout."""
+        named = self._raw("GPUPORTAL_ENV_FILE")
+        if named is not None:
+            if named and not Path(named).is_file():
+                raise self._fail("GPUPORTAL_ENV_FILE", named, "an existing file (empty: none)")
+            return Path(named) if named else None
+        default = Path(run_dir) / "env"
+        return default if "PYTEST_VERSION" not in self.environ and default.is_file() else None
+
+    def with_file(self, path: Path | None) -> Env:
+        """This environment, with the values of ``path`` (read_env_file) for the names it lacks: a
+        variable of the real environment always wins, even an empty one. ``path`` None: unchanged."""
+        if path is None:
+            return self
+        return Env(ChainMap(self.environ, read_env_file(path)))
+
+    def refuse_renamed(self) -> None:
+        """Stop start-up when a name of RENAMED is set (even empty), naming the one to use instead."""
+        for old, (new, why) in RENAMED.items():
+            if old in self.environ:
+                raise ImproperlyConfigured(
+                    f"Environment variable {old} is {why}; the portal reads {new}: rename it, and keep {old} "
+                    "out of the portal's environment."
+                )
 
     def _raw(self, name: str) -> str | None:
         value = self.environ.get(name)
@@ -106,8 +173,8 @@ class Env:
             raise self._fail(name, value, "one of " + ", ".join(choices))
         return value
 
-    def slurm_clusters(self, name: str, default):
-        """SLURM_CLUSTERS (portal.slurm.clusters.parse_clusters): the clusters the portal serves;
+    def clusters(self, name: str, default):
+        """GPUPORTAL_CLUSTERS (portal.slurm.clusters.parse_clusters): the clusters the portal serves;
         unset or empty: ``default`` (the one cluster of SLURM_CLUSTER, SLURM_BACKEND, SLURM_CONF, …)."""
         from portal.slurm.clusters import ClusterConfigError, parse_clusters
 

@@ -156,7 +156,7 @@ class ApiToken(models.Model):
 
 
 class Cluster(models.Model):
-    """A Slurm cluster the portal serves, as configured (settings.SLURM_CLUSTERS, portal/slurm/clusters.py)
+    """A Slurm cluster the portal serves, as configured (settings.GPUPORTAL_CLUSTERS, portal/slurm/clusters.py)
     and recorded by ``portal.services.clusters_record`` (after every migrate, and by the command
     ``record_clusters``). Settings are the source: the gateway reads them, the row is what the
     inventory, jobs and bookings point at. A cluster no longer configured stays, inactive, with its rows."""

@@ -291,7 +291,7 @@ def sync_record_failure(kind: str, *, error: str) -> None:
 
 
 def clusters_record() -> list[Cluster]:
-    """Record the configured clusters (settings.SLURM_CLUSTERS) as Cluster rows: new ones added, the
+    """Record the configured clusters (settings.GPUPORTAL_CLUSTERS) as Cluster rows: new ones added, the
     others updated, those no longer configured marked inactive (their rows stay). Idempotent; run
     after every migrate (portal/apps.py) and by ``manage.py record_clusters``."""
     configs = configured_clusters()

@@ -24,7 +24,7 @@ class TeamClusterAccountInline(admin.TabularInline):
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    """As configured (SLURM_CLUSTERS) and recorded by record_clusters / migrate: read-only here."""
+    """As configured (GPUPORTAL_CLUSTERS) and recorded by record_clusters / migrate: read-only here."""
 
     list_display = [
         "name", "is_default", "active", "slurm_version", "relay_backend", "backend", "last_sync", "accounting_rollup",

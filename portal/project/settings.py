@@ -15,6 +15,12 @@ env = Env()
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 RUN_DIR = Path(env.str("GPUPORTAL_RUN_DIR", str(BASE_DIR / ".run")))
+# The demo's environment under the real one: `scripts/demo start` writes RUN_DIR/env (its database,
+# broker and cache URLs with their passwords, SECRET_KEY, …), so `python manage.py …` in the checkout
+# needs no `eval "$(scripts/demo env)"`; a variable set in the real environment always wins.
+# Production has no such file; the tests never read it (Env.env_file).
+env = env.with_file(env.env_file(RUN_DIR))
+env.refuse_renamed()  # names another tool reads (SLURM_CLUSTERS: Slurm's --clusters): portal.env.RENAMED
 
 DEBUG = env.bool("DEBUG", True)
 SECRET_KEY = env.str("SECRET_KEY", required=not DEBUG)
@@ -208,8 +214,9 @@ SLURM_BIN_DIR = env.str("SLURM_BIN_DIR", "")
 SLURM_LIB_DIR = env.str("SLURM_LIB_DIR", "")
 # The clusters this portal serves (portal/slurm/clusters.py); the first is the default. Unset (empty):
 # one cluster, the one the variables above describe (portal.slurm.configured_clusters() reads them
-# when asked), so a one-cluster site configures nothing new.
-SLURM_CLUSTERS = env.slurm_clusters("SLURM_CLUSTERS", [])
+# when asked), so a one-cluster site configures nothing new. Not SLURM_CLUSTERS: that is Slurm's own
+# (--clusters for sinfo, squeue, sbatch, …), refused above.
+GPUPORTAL_CLUSTERS = env.clusters("GPUPORTAL_CLUSTERS", [])
 # /healthz calls Slurm down when the workers have not read it successfully for this long
 SLURM_HEALTH_MAX_AGE = env.int("SLURM_HEALTH_MAX_AGE", 120, minimum=5)
 # Unix users jobs run as: the portal submits as root with --uid/--gid (see docs/deploy.md)

@@ -62,13 +62,13 @@ def use_gateway(gateway: SlurmGateway) -> Iterator[SlurmGateway]:
 
 
 def configured_clusters() -> tuple[ClusterConfig, ...]:
-    """The clusters the portal serves, the default first: settings.SLURM_CLUSTERS, or when that is
+    """The clusters the portal serves, the default first: settings.GPUPORTAL_CLUSTERS, or when that is
     empty the one cluster of SLURM_CLUSTER, SLURM_BACKEND, SLURM_CONF, SLURM_BIN_DIR, SLURM_LIB_DIR
     (read at each call: tests change them)."""
     from django.conf import settings
 
-    if settings.SLURM_CLUSTERS:
-        return tuple(settings.SLURM_CLUSTERS)
+    if settings.GPUPORTAL_CLUSTERS:
+        return tuple(settings.GPUPORTAL_CLUSTERS)
     return (ClusterConfig(name=settings.SLURM_CLUSTER, backend=settings.SLURM_BACKEND, slurm_conf=settings.SLURM_CONF,
                           bin_dir=settings.SLURM_BIN_DIR, lib_dir=getattr(settings, "SLURM_LIB_DIR", "")),)  # fmt: skip
 
@@ -81,7 +81,7 @@ def cluster_config(name: str | None = None) -> ClusterConfig:
     for config in clusters:
         if config.name == name:
             return config
-    raise KeyError(f"cluster {name!r} is not configured (SLURM_CLUSTERS: {', '.join(c.name for c in clusters)})")
+    raise KeyError(f"cluster {name!r} is not configured (GPUPORTAL_CLUSTERS: {', '.join(c.name for c in clusters)})")
 
 
 def get_gateway(cluster: str | None = None) -> SlurmGateway:

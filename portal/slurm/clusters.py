@@ -1,7 +1,7 @@
-"""The clusters one portal serves (settings.SLURM_CLUSTERS): each a name (slurmdbd's), a backend and
+"""The clusters one portal serves (settings.GPUPORTAL_CLUSTERS): each a name (slurmdbd's), a backend and
 where its Slurm is (SLURM_CONF, optional bin and lib directories).
 
-``SLURM_CLUSTERS`` is either ``;``-separated clusters of ``,``-separated ``key=value`` pairs::
+``GPUPORTAL_CLUSTERS`` is either ``;``-separated clusters of ``,``-separated ``key=value`` pairs::
 
     name=gpuportal,backend=cli,conf=/etc/slurm/slurm.conf;name=gpuportal25,backend=pyslurm,conf=/x/slurm.conf,bin=/x/bin,lib=/x/lib
 
@@ -31,11 +31,11 @@ class ClusterConfig:
 
 
 class ClusterConfigError(ValueError):
-    """SLURM_CLUSTERS cannot be read; the message says what is wrong."""
+    """GPUPORTAL_CLUSTERS cannot be read; the message says what is wrong."""
 
 
 def parse_clusters(text: str) -> tuple[ClusterConfig, ...]:
-    """SLURM_CLUSTERS → its clusters, in order (the first is the default). Raises ClusterConfigError."""
+    """GPUPORTAL_CLUSTERS → its clusters, in order (the first is the default). Raises ClusterConfigError."""
     text = text.strip()
     if text.startswith("["):
         try:

@@ -183,8 +183,8 @@ _environ_lock = threading.Lock()
 def _without_process_slurm_env(submit: Callable[[], T]) -> T:
     """Run ``submit`` with this process's own SLURM_* variables out of os.environ. pyslurm 25.11.2
     copies every one of them into the job (submission.pyx ``_set_environment``, whatever the
-    description's environment): the portal's settings (SLURM_CLUSTERS, which srun and squeue
-    inside the job read as ``--clusters``, SLURM_BACKEND, SLURM_TIMEOUT, ...) would reach every job.
+    description's environment): the portal's settings (SLURM_BACKEND, SLURM_TIMEOUT, ...) and any
+    SLURM_* the process inherited (an input of srun or squeue inside the job) would reach every job.
     sbatch (the cli backend) runs with them scrubbed (cli._clean_env). The description carries the
     SLURM_* variables the job needs (pyslurm_request.description_environment)."""
     with _environ_lock:

@@ -315,7 +315,7 @@ def test_each_cluster_books_its_own_gpus(world, inventory_whole_nodes, reserve_c
     from portal.services import cluster_row, clusters_record
     from portal.slurm import ClusterConfig
 
-    settings.SLURM_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "cli"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "cli"))
     clusters_record()
     east = cluster_row("east")
     TeamClusterAccount.objects.create(team=world.vision, cluster=east, slurm_account="vision-east")

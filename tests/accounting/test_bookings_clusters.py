@@ -36,7 +36,7 @@ API = "/api/v1/bookings/"
 def two_clusters(settings, world, inventory_whole_nodes, reserve_calls):
     """The default cluster (2 × 4 a100, 1 × 4 h100: inventory_whole_nodes) and ``east`` (1 × 4 a100,
     1 × 4 l40s: a type only east has); team vision has an account on east, nlp has none."""
-    settings.SLURM_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "cli"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "cli"))
     clusters_record()
     east = cluster_row("east")
     for name, gpu_type in (("east-a100-01", "a100"), ("east-l40s-01", "l40s")):

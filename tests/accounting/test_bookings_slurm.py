@@ -165,7 +165,7 @@ def both_clusters_served(settings, cluster):
     from portal.services import cluster_sync, clusters_record
 
     env25 = cluster_env("25.11")
-    settings.SLURM_CLUSTERS = (
+    settings.GPUPORTAL_CLUSTERS = (
         ClusterConfig(settings.SLURM_CLUSTER, "cli", settings.SLURM_CONF, settings.SLURM_BIN_DIR),
         ClusterConfig(env25["SLURM_CLUSTER"], "cli", env25["SLURM_CONF"], env25["SLURM_BIN_DIR"]),
     )  # fmt: skip

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def two_clusters(settings, world):
     settings.TIME_ZONE = "UTC"
-    settings.SLURM_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("site25", "cli"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("site25", "cli"))
     clusters_record()
     TeamClusterAccount.objects.create(team=world.vision, cluster=cluster_row("site25"), slurm_account="vision25")
     Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal("8"), effective_from=dt.date(2025, 1, 1))

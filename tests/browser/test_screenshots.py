@@ -36,7 +36,7 @@ def site(world, settings):
     from tests.accounting.helpers import acct, at
 
     settings.TIME_ZONE = "Europe/Berlin"
-    settings.SLURM_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("lab25", "pyslurm"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("lab25", "pyslurm"))
     clusters_record()
     world.vision.name = "视觉组 Łódź"
     world.vision.save()

@@ -33,7 +33,7 @@ def client_for(user) -> APIClient:
 def two_inventories(settings, world):
     """Cluster ``main`` (the default: partitions gpu, debug) and ``east`` (gpu, h100only) as their
     syncs would record them; team vision has access to east as account ``vision-east``."""
-    settings.SLURM_CLUSTERS = (ClusterConfig("main", "cli"), ClusterConfig("east", "cli"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig("main", "cli"), ClusterConfig("east", "cli"))
     clusters_record()
     main, east = cluster_row("main"), cluster_row("east")
     now = timezone.now()
@@ -71,7 +71,7 @@ def _third_cluster_sharing(name: str):
     settings_clusters = list(configured_clusters()) + [ClusterConfig("west", "cli")]
     from django.conf import settings
 
-    settings.SLURM_CLUSTERS = tuple(settings_clusters)
+    settings.GPUPORTAL_CLUSTERS = tuple(settings_clusters)
     clusters_record()
     west = cluster_row("west")
     PartitionInfo.objects.create(cluster=west, name=name, is_default=True, state="UP", default_time_minutes=60,
@@ -154,7 +154,7 @@ def both_clusters(request, settings, cluster):
         if pyslurm_version() is None:
             skip_unless_ci("pyslurm is not installed in this venv (scripts/pyslurm)")
     env25 = cluster_env("25.11")
-    settings.SLURM_CLUSTERS = (
+    settings.GPUPORTAL_CLUSTERS = (
         ClusterConfig(settings.SLURM_CLUSTER, "cli", settings.SLURM_CONF, settings.SLURM_BIN_DIR),
         ClusterConfig(env25["SLURM_CLUSTER"], request.param, env25["SLURM_CONF"], env25["SLURM_BIN_DIR"],
                       env25.get("SLURM_LIB_DIR", "")),

@@ -293,3 +293,37 @@ def test_static_files_are_served_without_debug_from_static_root(settings, tmp_pa
     assert response.status_code == 200
     assert "text/css" in response["Content-Type"]
     assert b"".join(response.streaming_content) == (tmp_path / "static" / "portal" / "site.css").read_bytes()
+
+
+# ---------------------------------------------------------------- scripts/demo env: a shell Slurm still works in
+
+# Two clusters served: before issue 38 this was exported as SLURM_CLUSTERS, which sinfo, squeue and
+# scripts/cluster then read as --clusters ("No cluster 'name=gpuportal' known by database").
+TWO_CLUSTERS = "name=gpuportal,backend=auto,conf=/x/slurm.conf;name=gpuportal25,backend=auto,conf=/y/slurm.conf"
+
+
+def _demo_env_run(tmp_path: Path, *then: str) -> subprocess.CompletedProcess:
+    """`eval "$(scripts/demo env)"` with a run directory of its own (the clusters file of a two-cluster
+    demo in it), then the commands ``then`` in that shell; `env` at the end prints what it exports."""
+    (tmp_path / "gpuportal_clusters").write_text(TWO_CLUSTERS + "\n")
+    script = 'eval "$(scripts/demo env)" || exit 9\n' + "\n".join(then) + "\necho '--- env'; env"
+    environ = {k: v for k, v in os.environ.items() if k != "GPUPORTAL_CLUSTERS"} | {"GPUPORTAL_RUN_DIR": str(tmp_path)}
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=180, check=False)
+
+
+def test_demo_env_exports_no_name_a_slurm_command_reads_but_slurm_conf(tmp_path):
+    done = _demo_env_run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    exported = dict(line.split("=", 1) for line in done.stdout.partition("--- env\n")[2].splitlines() if "=" in line)
+    assert exported["GPUPORTAL_CLUSTERS"] == TWO_CLUSTERS and "SLURM_CLUSTERS" not in exported
+    assert exported["GPUPORTAL_RUN_DIR"] == str(tmp_path) and exported["DATABASE_URL"].startswith("postgres://")
+    assert sorted(name for name in exported if name.startswith("SLURM_")) == ["SLURM_CONF"]
+
+
+@pytest.mark.django_db
+def test_after_demo_env_slurms_commands_and_scripts_cluster_answer(cluster, tmp_path):
+    done = _demo_env_run(tmp_path, "sinfo -h -o '%P' || exit 11", "squeue -h -o '%i' >/dev/null || exit 12",
+                         "scripts/cluster status; echo \"cluster status exit $?\"")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gpu*" in done.stdout.split() and "known by database" not in done.stderr
+    assert "controller not answering" not in done.stdout and "  slurmctld        running" in done.stdout

@@ -128,7 +128,7 @@ def two_clusters(settings, world, inventory):
     from portal.services import cluster_row, clusters_record
     from portal.snapshots import INVENTORY, snapshot_changed
 
-    settings.SLURM_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "cli"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "cli"))
     clusters_record()
     east = cluster_row("east")
     now = timezone.now()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def two_clusters(settings, world):
-    settings.SLURM_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "pyslurm"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig(settings.SLURM_CLUSTER, "cli"), ClusterConfig("east", "pyslurm"))
     clusters_record()
     main, east = cluster_row(settings.SLURM_CLUSTER), cluster_row("east")
     now = timezone.now()

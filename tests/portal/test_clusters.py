@@ -1,4 +1,4 @@
-"""One portal, several clusters: SLURM_CLUSTERS read strictly, Cluster rows recorded from it, a gateway
+"""One portal, several clusters: GPUPORTAL_CLUSTERS read strictly, Cluster rows recorded from it, a gateway
 per cluster, the inventory sync per cluster (a fixed number of Slurm calls each), one cluster down
 leaving the others syncing and /healthz naming it. Against the real local clusters: 22.05, and a
 copy of its configuration whose controller port nothing listens on (the shared daemons are never
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 # ---------------------------------------------------------------- configuration
 
 
-def test_slurm_clusters_are_read_from_the_key_value_form_and_from_json():
+def test_gpuportal_clusters_are_read_from_the_key_value_form_and_from_json():
     text = "name=gpuportal,backend=cli,conf=/etc/slurm/slurm.conf;name=gpuportal25,backend=pyslurm,conf=/x/slurm.conf,bin=/x/bin,lib=/x/lib"
     expected = (
         ClusterConfig("gpuportal", "cli", "/etc/slurm/slurm.conf"),
@@ -52,28 +52,28 @@ def test_slurm_clusters_are_read_from_the_key_value_form_and_from_json():
         (";", "at least one cluster"),
     ],
 )
-def test_a_bad_slurm_clusters_stops_start_up_naming_the_variable(text, says):
+def test_a_bad_gpuportal_clusters_stops_start_up_naming_the_variable(text, says):
     with pytest.raises(ClusterConfigError, match=says):
         parse_clusters(text)
-    with pytest.raises(ImproperlyConfigured, match=r"SLURM_CLUSTERS=.*" + says.replace("(", r"\(")):
-        Env({"SLURM_CLUSTERS": text}).slurm_clusters("SLURM_CLUSTERS", [])
+    with pytest.raises(ImproperlyConfigured, match=r"GPUPORTAL_CLUSTERS=.*" + says.replace("(", r"\(")):
+        Env({"GPUPORTAL_CLUSTERS": text}).clusters("GPUPORTAL_CLUSTERS", [])
 
 
-def test_without_slurm_clusters_the_one_cluster_of_the_slurm_variables_is_served(settings):
-    settings.SLURM_CLUSTERS = ()
+def test_without_gpuportal_clusters_the_one_cluster_of_the_slurm_variables_is_served(settings):
+    settings.GPUPORTAL_CLUSTERS = ()
     settings.SLURM_CLUSTER, settings.SLURM_BACKEND, settings.SLURM_CONF = "site", "cli", "/etc/site/slurm.conf"
     settings.SLURM_BIN_DIR, settings.SLURM_LIB_DIR = "/opt/site/bin", "/opt/site/lib"
     assert configured_clusters() == (ClusterConfig("site", "cli", "/etc/site/slurm.conf", "/opt/site/bin", "/opt/site/lib"),)
-    assert Env({}).slurm_clusters("SLURM_CLUSTERS", []) == ()
+    assert Env({}).clusters("GPUPORTAL_CLUSTERS", []) == ()
 
 
 def test_configured_clusters_are_recorded_and_one_no_longer_configured_becomes_inactive(settings):
-    settings.SLURM_CLUSTERS = (ClusterConfig("alpha", "cli", "/a/slurm.conf"), ClusterConfig("beta", "pyslurm", "/b/slurm.conf", "/b/bin", "/b/lib"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig("alpha", "cli", "/a/slurm.conf"), ClusterConfig("beta", "pyslurm", "/b/slurm.conf", "/b/bin", "/b/lib"))
     clusters_record()
     rows = {c.name: c for c in Cluster.objects.filter(name__in=["alpha", "beta"])}
     assert (rows["alpha"].is_default, rows["alpha"].backend, rows["alpha"].slurm_conf) == (True, "cli", "/a/slurm.conf")
     assert (rows["beta"].is_default, rows["beta"].bin_dir, rows["beta"].lib_dir, rows["beta"].active) == (False, "/b/bin", "/b/lib", True)
-    settings.SLURM_CLUSTERS = (ClusterConfig("beta", "cli", "/b/slurm.conf"),)
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig("beta", "cli", "/b/slurm.conf"),)
     clusters_record()
     assert Cluster.objects.get(is_default=True).name == "beta"
     assert not Cluster.objects.get(name="alpha").active
@@ -81,7 +81,7 @@ def test_configured_clusters_are_recorded_and_one_no_longer_configured_becomes_i
 
 
 def test_each_cluster_gets_its_own_gateway_with_its_slurm_conf_bin_and_lib_dirs(settings):
-    settings.SLURM_CLUSTERS = (ClusterConfig("alpha", "cli", "/a/slurm.conf"), ClusterConfig("beta", "cli", "/b/slurm.conf", "/b/bin", "/b/lib"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig("alpha", "cli", "/a/slurm.conf"), ClusterConfig("beta", "cli", "/b/slurm.conf", "/b/bin", "/b/lib"))
     slurm.reset_gateway()
     try:
         alpha, beta = get_gateway("alpha"), get_gateway("beta")
@@ -99,7 +99,7 @@ def test_each_cluster_gets_its_own_gateway_with_its_slurm_conf_bin_and_lib_dirs(
 def test_the_beat_runs_the_slurm_reads_once_per_cluster(settings):
     from portal.project.celery import _beat_schedule
 
-    settings.SLURM_CLUSTERS = (ClusterConfig("alpha"), ClusterConfig("beta"))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig("alpha"), ClusterConfig("beta"))
     schedule = _beat_schedule()
     for task, name in (("portal.tasks.cluster_sync_task", "cluster-sync"), ("jobs.tasks.jobs_sync_task", "jobs-sync"),
                        ("accounting.tasks.usage_ingest_task", "usage-ingest"),
@@ -137,7 +137,7 @@ def live_and_dead(settings, dead_cluster_conf, cluster):
     """Two clusters: the live local one (the default) and ``downsite`` whose controller does not answer."""
     settings.SLURM_TIMEOUT = 3
     live = ClusterConfig(settings.SLURM_CLUSTER, "cli", settings.SLURM_CONF, settings.SLURM_BIN_DIR)
-    settings.SLURM_CLUSTERS = (live, ClusterConfig("downsite", "cli", dead_cluster_conf))
+    settings.GPUPORTAL_CLUSTERS = (live, ClusterConfig("downsite", "cli", dead_cluster_conf))
     slurm.reset_gateway()
     clusters_record()
     yield live
@@ -171,7 +171,7 @@ def test_one_cluster_down_leaves_the_other_syncing_and_healthz_names_the_down_on
 
 @pytest.mark.slurm
 def test_healthz_is_503_when_every_cluster_is_down(live_and_dead, dead_cluster_conf, settings, client):
-    settings.SLURM_CLUSTERS = (ClusterConfig(live_and_dead.name, "cli", dead_cluster_conf), ClusterConfig("downsite", "cli", dead_cluster_conf))
+    settings.GPUPORTAL_CLUSTERS = (ClusterConfig(live_and_dead.name, "cli", dead_cluster_conf), ClusterConfig("downsite", "cli", dead_cluster_conf))
     slurm.reset_gateway()
     clusters_sync()
     response = client.get("/healthz")
@@ -184,7 +184,7 @@ def test_two_real_clusters_are_synced_each_with_one_partitions_and_one_nodes_cal
     """22.05 (cli) and 25.11 (its default backend): each cluster's inventory recorded under its own
     Cluster row, one partitions() and one nodes() call per cluster per cycle."""
     env25 = cluster_env("25.11")
-    settings.SLURM_CLUSTERS = (
+    settings.GPUPORTAL_CLUSTERS = (
         ClusterConfig(settings.SLURM_CLUSTER, "cli", settings.SLURM_CONF, settings.SLURM_BIN_DIR),
         ClusterConfig(env25["SLURM_CLUSTER"], "auto", env25["SLURM_CONF"], env25["SLURM_BIN_DIR"], env25.get("SLURM_LIB_DIR", "")),
     )

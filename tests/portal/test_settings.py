@@ -123,3 +123,100 @@ def test_trusted_proxies_must_be_addresses_or_networks():
     ]
     result = _manage("check", TRUSTED_PROXIES="127.0.0.1,nginx.local")
     assert result.returncode != 0 and "Environment variable TRUSTED_PROXIES=" in result.stderr and "nginx.local" in result.stderr
+
+
+# ---------------------------------------------------------------- names another tool reads (portal.env.RENAMED)
+
+
+def test_slurm_clusters_in_the_environment_stops_start_up_naming_gpuportal_clusters():
+    with pytest.raises(ImproperlyConfigured, match=r"SLURM_CLUSTERS is Slurm's own variable.*reads GPUPORTAL_CLUSTERS: rename it"):
+        Env({"SLURM_CLUSTERS": ""}).refuse_renamed()  # set at all, even empty
+    assert Env({"GPUPORTAL_CLUSTERS": "name=gpuportal", "SLURM_CONF": "/x/slurm.conf"}).refuse_renamed() is None
+    result = _manage("check", SLURM_CLUSTERS="name=gpuportal,conf=/etc/slurm/slurm.conf")
+    assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr
+    assert "SLURM_CLUSTERS is Slurm's own variable" in result.stderr and "reads GPUPORTAL_CLUSTERS" in result.stderr
+
+
+# ---------------------------------------------------------------- the demo's environment file (RUN_DIR/env)
+
+
+def _settings_values(code: str, *, drop: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess:
+    """`manage.py shell -c CODE` in an environment without DEBUG, SECRET_KEY, TIME_ZONE and ``drop``, plus ``env``."""
+    gone = ("DEBUG", "SECRET_KEY", "TIME_ZONE", "GPUPORTAL_ENV_FILE", "GPUPORTAL_CLUSTERS", *drop)
+    environ = {k: v for k, v in os.environ.items() if k not in gone} | env
+    return subprocess.run(
+        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code],
+        cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_env_file_is_read_verbatim_skipping_comments_and_blank_lines(tmp_path):
+    from portal.env import read_env_file
+
+    path = tmp_path / "env"
+    path.write_text("# scripts/demo start\n\nDATABASE_URL=postgres://u:p#=w d@h/gp\nDEBUG=\nSECRET_KEY= a b \n")
+    assert read_env_file(path) == {"DATABASE_URL": "postgres://u:p#=w d@h/gp", "DEBUG": "", "SECRET_KEY": " a b "}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("DEBUG=0\nexport SECRET_KEY=x\n", r"line 2: expected NAME=value, got 'export SECRET_KEY=x'"),
+        ("DEBUG=0\n\nSECRET_KEY\n", r"line 3: expected NAME=value, got 'SECRET_KEY'"),
+        ("1DEBUG=0\n", r"line 1: expected NAME=value"),
+        (" DEBUG=0\n", r"line 1: expected NAME=value"),
+        ("DEBUG=0\nDEBUG=1\n", r"line 2: DEBUG is given twice"),
+    ],
+)
+def test_a_malformed_env_file_stops_start_up_naming_the_file_and_line(tmp_path, text, says):
+    from portal.env import read_env_file
+
+    path = tmp_path / "env"
+    path.write_text(text)
+    with pytest.raises(ImproperlyConfigured, match=f"Environment file {path}, " + says):
+        read_env_file(path)
+    result = _settings_values("from django.conf import settings; print(settings.DEBUG)", GPUPORTAL_ENV_FILE=str(path))
+    assert result.returncode != 0 and f"Environment file {path}, line " in result.stderr
+
+
+def test_the_real_environment_wins_over_the_env_file_even_when_empty(tmp_path):
+    path = tmp_path / "env"
+    path.write_text("TIME_ZONE=Asia/Shanghai\nDEFAULT_CURRENCY=EUR\nTHROTTLE_LOGIN=5/min\n")
+    env = Env({"DEFAULT_CURRENCY": "USD", "THROTTLE_LOGIN": ""}).with_file(path)
+    assert (env.str("TIME_ZONE"), env.str("DEFAULT_CURRENCY"), env.environ["THROTTLE_LOGIN"]) == ("Asia/Shanghai", "USD", "")
+    assert Env({"X": "1"}).with_file(None).environ == {"X": "1"}
+
+
+def test_which_env_file_is_read(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert Env({}).env_file(run_dir) is None  # production: no file
+    (run_dir / "env").write_text("DEBUG=0\n")
+    assert Env({}).env_file(run_dir) == run_dir / "env"  # the checkout after make demo
+    assert Env({"PYTEST_VERSION": "9"}).env_file(run_dir) is None  # the tests: their own environment only
+    other = tmp_path / "other.env"
+    other.write_text("DEBUG=0\n")
+    assert Env({"PYTEST_VERSION": "9", "GPUPORTAL_ENV_FILE": str(other)}).env_file(run_dir) == other
+    assert Env({"GPUPORTAL_ENV_FILE": ""}).env_file(run_dir) is None
+    with pytest.raises(ImproperlyConfigured, match=r"GPUPORTAL_ENV_FILE=.*an existing file"):
+        Env({"GPUPORTAL_ENV_FILE": str(tmp_path / "missing")}).env_file(run_dir)
+
+
+def test_manage_py_in_the_checkout_reads_the_demos_env_file_for_what_the_environment_lacks(tmp_path):
+    """`python manage.py …` after `make demo` without the eval: settings read RUN_DIR/env (written by
+    scripts/demo start); a variable of the real environment wins; a process started by the tests
+    (PYTEST_VERSION inherited) ignores the file."""
+    (tmp_path / "env").write_text("TIME_ZONE=Asia/Shanghai\nDEFAULT_CURRENCY=EUR\nGPUPORTAL_CLUSTERS=name=fromfile\n")
+    code = "from django.conf import settings as s; print(s.TIME_ZONE, s.DEFAULT_CURRENCY, [c.name for c in s.GPUPORTAL_CLUSTERS])"
+    by_hand = _settings_values(code, drop=("PYTEST_VERSION", "DEFAULT_CURRENCY"), GPUPORTAL_RUN_DIR=str(tmp_path), TIME_ZONE="UTC")
+    assert by_hand.returncode == 0, by_hand.stderr
+    assert by_hand.stdout.split() == ["UTC", "EUR", "['fromfile']"]
+    in_tests = _settings_values(code, drop=("DEFAULT_CURRENCY",), GPUPORTAL_RUN_DIR=str(tmp_path))
+    assert in_tests.returncode == 0, in_tests.stderr
+    assert in_tests.stdout.split() == ["UTC", "CNY", "[]"]
+
+
+def test_slurm_clusters_in_the_env_file_is_refused_too(tmp_path):
+    (tmp_path / "env").write_text("SLURM_CLUSTERS=name=gpuportal\n")
+    result = _settings_values("from django.conf import settings; print(settings.DEBUG)", GPUPORTAL_ENV_FILE=str(tmp_path / "env"))
+    assert result.returncode != 0 and "reads GPUPORTAL_CLUSTERS" in result.stderr

@@ -127,6 +127,7 @@ def test_the_processs_own_slurm_variables_are_out_of_the_environment_while_pyslu
 
     from portal.slurm.pyslurm import _without_process_slurm_env
 
-    monkeypatch.setenv("SLURM_CLUSTERS", "name=a,conf=/x")  # srun in a job would read it as --clusters
+    monkeypatch.setenv("SLURM_TIMEOUT", "7")  # a portal setting: no business of the job's
+    monkeypatch.setenv("SLURM_DISTRIBUTION", "cyclic")  # inherited: srun in the job would read it as --distribution
     seen = _without_process_slurm_env(lambda: {k for k in os.environ if k.startswith("SLURM_")})
-    assert seen == set() and os.environ["SLURM_CLUSTERS"] == "name=a,conf=/x"
+    assert seen == set() and (os.environ["SLURM_TIMEOUT"], os.environ["SLURM_DISTRIBUTION"]) == ("7", "cyclic")

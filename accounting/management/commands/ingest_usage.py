@@ -18,7 +18,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--since", help="YYYY-MM-DD (billing time zone) or ISO datetime; default: the high-water mark.")
-        parser.add_argument("--cluster", default="", help="Only this cluster (a name of SLURM_CLUSTERS); default: every one.")
+        parser.add_argument("--cluster", default="", help="Only this cluster (a name of GPUPORTAL_CLUSTERS); default: every one.")
 
     def handle(self, *args, since=None, **options):
         start = None

@@ -4,7 +4,7 @@ from portal.services import clusters_record
 
 
 class Command(BaseCommand):
-    help = "Record the configured clusters (SLURM_CLUSTERS) as the portal's Cluster rows (migrate does it too)."
+    help = "Record the configured clusters (GPUPORTAL_CLUSTERS) as the portal's Cluster rows (migrate does it too)."
 
     def handle(self, *args, **options):
         for row in clusters_record():

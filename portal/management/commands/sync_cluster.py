@@ -11,7 +11,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--cluster", default="", help="Only this cluster (a name of SLURM_CLUSTERS).")
+        parser.add_argument("--cluster", default="", help="Only this cluster (a name of GPUPORTAL_CLUSTERS).")
 
     def handle(self, *args, **options):
         names = cluster_names(options["cluster"])
