@@ -41,9 +41,10 @@ def test_sync_cluster_records_partitions_nodes_and_policy_in_a_fixed_number_of_s
     out = io.StringIO()
     call_command("sync_cluster", stdout=out)
     assert dict(counting.calls) == {"nodes": 1, "partitions": 1, "policy": 1, "version": 1}
-    if gateway.name == "cli":  # partitions and nodes; the policy's five (QOS, associations, config, the
-        # nodes' features and the partitions' allocation flags); the version: none per node, QOS or account
-        assert sorted(commands) == ["sacctmgr", *["scontrol"] * 6, "sinfo"]
+    if gateway.name == "cli":  # partitions and nodes (with the nodes' features and the partitions'
+        # allocation flags); the policy's three (QOS, associations, config); the version: none per
+        # node, QOS or account
+        assert sorted(commands) == ["sacctmgr", *["scontrol"] * 4, "sinfo"]
     assert f"Recorded {len(gateway.partitions())} partitions and {len(gateway.nodes())} nodes." in out.getvalue()
 
     gpu = PartitionInfo.objects.get(name="gpu")
@@ -76,7 +77,7 @@ def test_sync_cluster_records_what_the_cluster_itself_says_about_qos_features_an
 def test_without_slurmdbd_the_partitions_and_nodes_are_still_recorded_and_the_last_policy_stays(gateway, use_gateway):
     """sacctmgr needs slurmdbd, which the shared cluster must keep: its failure is the one thing faked."""
     cluster_sync()
-    ClusterPolicyInfo.objects.update(qos=["normal", "high"])
+    ClusterPolicyInfo.objects.update(qos=["normal", "high"], partition_limits={"gpu": {"exclusive": True}})
     NodeInfo.objects.filter(name="a100-01").update(features=["ib"])
     PartitionInfo.objects.filter(name="debug").update(max_time_minutes=1)
 
@@ -87,8 +88,9 @@ def test_without_slurmdbd_the_partitions_and_nodes_are_still_recorded_and_the_la
     use_gateway(NoSlurmdbd(gateway))
     assert cluster_sync() == {"partitions": 3, "nodes": 3}
     assert PartitionInfo.objects.get(name="debug").max_time_minutes == 60  # read again
-    assert ClusterPolicyInfo.objects.get().qos == ["normal", "high"]  # the last policy read
-    assert NodeInfo.objects.get(name="a100-01").features == ["ib"]
+    assert ClusterPolicyInfo.objects.get().qos == ["normal", "high"]  # the last policy read, limits included
+    assert ClusterPolicyInfo.objects.get().partition_limits == {"gpu": {"exclusive": True}}
+    assert NodeInfo.objects.get(name="a100-01").features == ["a100"]  # read again, with the nodes
     status = SyncStatus.objects.get(kind="cluster")
     assert status.failing_since is None and "Problem talking to the database" in status.data["policy_error"]
 
