@@ -354,11 +354,13 @@ NODE_COPIED = ("state", "available", "gpu_type", "gpus_total", "gpus_allocated",
 
 
 def cluster_sync(*, cluster: str | None = None) -> dict:
-    """Read one cluster's partitions, nodes and policy (QOS, node features, MaxArraySize, OverTimeLimit,
-    KillWait, the partitions' allocation flags: a fixed
-    number of Slurm calls, ``gateway.policy()``) and record them in bulk (``cluster`` None: the
-    default cluster). On a Slurm error that cluster's previous inventory stays and its sync status
-    says since when it is stale; the other clusters' rows are not touched."""
+    """Read one cluster's partitions (with their allocation flags, ``Partition.limits``), nodes (with
+    their features) and policy (QOS, MaxArraySize, OverTimeLimit, KillWait: a fixed number of Slurm
+    calls, ``gateway.policy()``) and record them in bulk (``cluster`` None: the default cluster).
+    Each of nodes and partitions is read once per cycle. On a Slurm error that cluster's previous
+    inventory stays and its sync status says since when it is stale; the other clusters' rows are
+    not touched. Without the policy (sacctmgr needs slurmdbd) the last policy row stays as it was
+    (partition limits included); the nodes' features, read with the nodes, are recorded all the same."""
     row = cluster_row(cluster)
     gateway = get_gateway(row.name)
     kind = SyncStatus.kind_for("cluster", row.name)
@@ -372,7 +374,7 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
     try:  # sacctmgr needs slurmdbd: without it the partitions and nodes are still worth recording
         policy, policy_error = gateway.policy(), ""
     except SlurmError as exc:
-        logger.warning("cluster sync: the policy (QOS, features, MaxArraySize) was not read: %s", exc)
+        logger.warning("cluster sync: the policy (QOS, MaxArraySize, OverTimeLimit) was not read: %s", exc)
         policy, policy_error = None, str(exc)[:500]
     try:  # sinfo --version (no controller needed): shown on the cluster status page
         version = gateway.version()
@@ -400,7 +402,7 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
                     name=n.name,
                     **copied_fields(n, NODE_COPIED),
                     partitions=list(n.partitions),
-                    features=list(policy.node_features.get(n.name, ())) if policy else [],
+                    features=list(n.features),
                     reason=n.reason[:255],
                     seen_at=now,
                 )
@@ -408,9 +410,9 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
             ],
             update_conflicts=True,
             unique_fields=["cluster", "name"],
-            update_fields=[*NODE_COPIED, "partitions", "reason", "seen_at", *(["features"] if policy else [])],
+            update_fields=[*NODE_COPIED, "partitions", "features", "reason", "seen_at"],
         )
-        if policy is not None:  # else the last policy read stays (and the nodes keep their features)
+        if policy is not None:  # else the last policy read stays (with the partition limits stored in it)
             ClusterPolicyInfo.objects.update_or_create(
                 cluster=row,
                 defaults={
@@ -419,7 +421,7 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
                     "max_array_size": policy.max_array_size,
                     "over_time_limit_minutes": policy.over_time_limit_minutes,
                     "kill_wait_seconds": policy.kill_wait_seconds,
-                    "partition_limits": {name: asdict(limits) for name, limits in policy.partition_limits.items()},
+                    "partition_limits": {p.name: asdict(p.limits) for p in partitions},
                     "seen_at": now,
                 },
             )

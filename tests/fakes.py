@@ -148,8 +148,7 @@ class FakeGateway(SlurmGateway):
 
     def policy(self):
         self._call("policy")
-        return ClusterPolicy(qos=("normal",), account_qos={}, node_features={n.name: () for n in self.node_list},
-                             max_array_size=1001)  # fmt: skip
+        return ClusterPolicy(qos=("normal",), account_qos={}, max_array_size=1001)
 
     def reservation_create(self, spec):
         self._call("reservation_create")

@@ -77,16 +77,17 @@ class SlurmGateway(abc.ABC):
     # Inventory
     @abc.abstractmethod
     def partitions(self) -> list[t.Partition]:
-        ...
+        """Every partition with its limits (``Partition.limits``), in one call."""
 
     @abc.abstractmethod
     def nodes(self) -> list[t.Node]:
-        ...
+        """Every node with its features (``Node.features``), in one call."""
 
     @abc.abstractmethod
     def policy(self) -> t.ClusterPolicy:
-        """QOS names and the QOS each account may use, node features and MaxArraySize: a fixed
-        number of calls (not one per node, QOS or account)."""
+        """QOS names and the QOS each account may use, MaxArraySize, OverTimeLimit and KillWait: a
+        fixed number of calls (not one per node, QOS or account), none of them a second read of
+        the nodes or partitions (an inventory sync reads each once)."""
 
     # Reservations
     @property

@@ -51,10 +51,8 @@ from .cli_output import (
     parse_job_id,
     parse_limits,
     parse_max_array_size,
-    parse_node_features,
     parse_nodes,
     parse_overrun_config,
-    parse_partition_limits,
     parse_partitions,
     parse_queue,
     parse_reservations,
@@ -68,7 +66,7 @@ from .request import spec_script
 __all__ = [
     "QUEUE_FIELDS", "QUEUE_FORMAT", "SACCT_FIELDS", "CliGateway", "check_text", "is_idempotent_success",
     "limits_update", "parse_account_qos", "parse_assoc_mgr_qos", "parse_associations", "parse_job_id",
-    "parse_limits", "parse_max_array_size", "parse_node_features", "parse_nodes", "parse_partitions",
+    "parse_limits", "parse_max_array_size", "parse_nodes", "parse_partitions",
     "parse_queue", "parse_reservations", "parse_sacct", "sbatch_argv", "sreport_argv", "submit_dir_of",
 ]  # fmt: skip
 
@@ -246,29 +244,27 @@ class CliGateway(SlurmGateway):
     # -- inventory -------------------------------------------------------------------------------
 
     def partitions(self) -> list[t.Partition]:
+        """``scontrol show partition -o``: the partitions with their limits (Partition.limits)."""
         return parse_partitions(self._run([self._exe("scontrol"), "show", "partition", "-o"]))
 
     def nodes(self) -> list[t.Node]:
+        """``scontrol show node -o``: the nodes with their features (Node.features)."""
         return parse_nodes(self._run([self._exe("scontrol"), "show", "node", "-o"]))
 
     def policy(self) -> t.ClusterPolicy:
-        """Five calls: the QOS slurmctld holds (``scontrol show assoc_mgr flags=qos``: 10 ms, where
-        ``sacctmgr show qos`` asks slurmdbd), sacctmgr show assoc, scontrol show config, node and
-        partition."""
+        """Three calls: the QOS slurmctld holds (``scontrol show assoc_mgr flags=qos``: 10 ms, where
+        ``sacctmgr show qos`` asks slurmdbd), sacctmgr show assoc and scontrol show config. Node
+        features and partition limits come with nodes() and partitions(): no second read of either."""
         qos = self._run([self._exe("scontrol"), "show", "assoc_mgr", "flags=qos"])
         assoc = self._sacctmgr("show", "assoc", f"cluster={self.cluster}", "format=Account,QOS")
         config = self._run([self._exe("scontrol"), "show", "config"])
-        nodes = self._run([self._exe("scontrol"), "show", "node", "-o"])
-        partitions = self._run([self._exe("scontrol"), "show", "partition", "-o"])
         over_time, kill_wait = parse_overrun_config(config)
         return t.ClusterPolicy(
             qos=parse_assoc_mgr_qos(qos),
             account_qos=parse_account_qos(assoc),
-            node_features=parse_node_features(nodes),
             max_array_size=parse_max_array_size(config),
             over_time_limit_minutes=over_time,
             kill_wait_seconds=kill_wait,
-            partition_limits=parse_partition_limits(partitions),
         )
 
     # -- reservations ----------------------------------------------------------------------------

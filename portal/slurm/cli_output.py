@@ -146,6 +146,7 @@ def parse_partitions(stdout: str) -> list[t.Partition]:
                 default_time_minutes=parsing.parse_duration_minutes(kv.get("DefaultTime", "NONE")),
                 max_time_minutes=parsing.parse_duration_minutes(kv.get("MaxTime", "UNLIMITED")),
                 nodes=parsing.expand_hostlist(kv.get("Nodes", "")),
+                limits=_partition_limits(kv),
             )
         )
     return out
@@ -172,16 +173,9 @@ def parse_nodes(stdout: str) -> list[t.Node]:
                 cpus_allocated=parsing.parse_int(kv.get("CPUAlloc", "0"), 0) or 0,
                 memory_mb=parsing.parse_int(kv.get("RealMemory", "0"), 0) or 0,
                 reason=parsing.null_to_empty(kv.get("Reason", "")),
+                features=parsing.split_list(kv.get("AvailableFeatures", "")),  # "(null)": none
             )
         )
-    return out
-
-
-def parse_node_features(stdout: str) -> dict[str, tuple[str, ...]]:
-    """``scontrol show node -o`` -> {node: AvailableFeatures} (``(null)``: none)."""
-    out = {}
-    for kv in _scontrol_records(stdout, "NodeName"):
-        out[kv["NodeName"]] = parsing.split_list(kv.get("AvailableFeatures", ""))
     return out
 
 
@@ -240,21 +234,17 @@ def _memory_limit(value: str) -> int | None:
     return parsing.parse_memory_mib(value) or None
 
 
-def parse_partition_limits(stdout: str) -> dict[str, t.PartitionLimits]:
-    """``scontrol show partition -o`` -> {partition: its PartitionLimits}. DefMemPerGPU is in
+def _partition_limits(kv: dict[str, str]) -> t.PartitionLimits:
+    """One ``scontrol show partition -o`` record -> its PartitionLimits. DefMemPerGPU is in
     ``JobDefaults=DefMemPerGPU=N`` (MiB); OverSubscribe=EXCLUSIVE gives every job whole nodes."""
-    out = {}
-    for kv in _scontrol_records(stdout, "PartitionName"):
-        defaults = kv.get("JobDefaults", "")
-        match = re.search(r"DefMemPerGPU=(\d+)", defaults)
-        out[kv["PartitionName"]] = t.PartitionLimits(
-            exclusive=kv.get("OverSubscribe", "NO").upper().startswith("EXCLUSIVE"),
-            exclusive_user=kv.get("ExclusiveUser", "NO").upper() == "YES",
-            over_time_limit_minutes=_over_time(kv.get("OverTimeLimit", "NONE")),
-            def_mem_per_gpu_mb=int(match.group(1)) if match else None,
-            max_mem_per_node_mb=_memory_limit(kv.get("MaxMemPerNode", "")),
-        )
-    return out
+    match = re.search(r"DefMemPerGPU=(\d+)", kv.get("JobDefaults", ""))
+    return t.PartitionLimits(
+        exclusive=kv.get("OverSubscribe", "NO").upper().startswith("EXCLUSIVE"),
+        exclusive_user=kv.get("ExclusiveUser", "NO").upper() == "YES",
+        over_time_limit_minutes=_over_time(kv.get("OverTimeLimit", "NONE")),
+        def_mem_per_gpu_mb=int(match.group(1)) if match else None,
+        max_mem_per_node_mb=_memory_limit(kv.get("MaxMemPerNode", "")),
+    )
 
 
 def parse_reservations(stdout: str) -> list[t.Reservation]:

@@ -20,6 +20,11 @@ Where pyslurm 25.11 lacks what the portal needs, this backend delegates to the C
   create accounts/users or modify association limits (``pyslurm.db.Associations`` is "WIP,
   unreleased" on the 25.11.x branch);
 - ``version()``: Slurm's version string (``sinfo --version`` needs no controller);
+- ``partitions()``: ``Partition.over_time_limit`` cannot tell OverTimeLimit=0 from none set (see
+  ``partitions``); the partitions and their limits are one ``scontrol show partition``;
+- ``policy()``: QOS (slurmctld's assoc_mgr), the account's QOS (sacctmgr), MaxArraySize,
+  OverTimeLimit and KillWait (scontrol show config); node features come with ``nodes()``
+  (``Node.available_features``);
 - ``submit()`` of a request pyslurm cannot submit as sbatch would (pyslurm_request.NotExpressible:
   e.g. ``--hint``, ``--mem=0``, ``--begin=now+1hour``).
 
@@ -374,18 +379,15 @@ class PyslurmGateway(SlurmGateway):
     # -- inventory -------------------------------------------------------------------------------
 
     def partitions(self) -> list[t.Partition]:
-        partitions = self._call("partitions", lambda: self._pyslurm.Partitions.load())
-        return [
-            t.Partition(
-                name=part.name,
-                is_default=bool(part.is_default),
-                state=(part.state or "UNKNOWN").upper(),
-                default_time_minutes=_minutes(part.default_time),
-                max_time_minutes=_minutes(part.max_time),
-                nodes=parsing.expand_hostlist(part.nodes or ""),
-            )
-            for part in self._values(partitions)
-        ]
+        """The partitions with their limits in one call: ``scontrol show partition -o`` (the cli
+        backend's reading). pyslurm 25.11.2's Partition gives OverSubscribe, ExclusiveUser,
+        DefMemPerGPU and MaxMemPerNode as scontrol does, but its ``over_time_limit`` reads a
+        partition's OverTimeLimit=0 as None, like one that sets none (pyslurm.utils.uint.u16_parse
+        treats 0 as "no value"): measured on the 25.11.7 cluster, a partition created with
+        OverTimeLimit=0 reads None through pyslurm and 0 through scontrol. 0 (jobs of this partition
+        may not overrun) and None (the cluster's OverTimeLimit applies) hold different budgets, so
+        the one partitions read is scontrol's, not pyslurm's plus a second one for that flag."""
+        return self._cli.partitions()
 
     def nodes(self) -> list[t.Node]:
         nodes = self._call("nodes", lambda: self._pyslurm.Nodes.load())
@@ -412,6 +414,7 @@ class PyslurmGateway(SlurmGateway):
                     cpus_allocated=node.allocated_cpus or 0,
                     memory_mb=node.real_memory or 0,
                     reason=node.reason or "",
+                    features=tuple(node.available_features or ()),  # scontrol's AvailableFeatures
                 )
             )
         return out
@@ -481,8 +484,11 @@ class PyslurmGateway(SlurmGateway):
     def associations(self) -> list[t.Association]:
         return self._cli.associations()
 
-    def policy(self):
-        return self._cli.policy()  # QOS, features, MaxArraySize: read as the cli backend reads them
+    def policy(self) -> t.ClusterPolicy:
+        # QOS, account QOS, MaxArraySize, OverTimeLimit, KillWait: read as the cli backend reads them
+        # (three calls; none reads the nodes or partitions again: nodes() and partitions() carry
+        # the features and limits)
+        return self._cli.policy()
 
     def account_add(self, account: str, *, description: str = "", parent: str = "") -> None:
         self._cli.account_add(account, description=description, parent=parent)

@@ -128,6 +128,20 @@ class AccountingRecord:
 
 
 @dataclass(frozen=True)
+class PartitionLimits:
+    """A partition's flags that change what a job is allocated or how long it may run past its
+    limit (``scontrol show partition``), read with the partition (``Partition.limits``):
+    OverSubscribe=EXCLUSIVE (every job gets whole nodes), ExclusiveUser, OverTimeLimit (None: the
+    cluster's; OVER_TIME_UNLIMITED), DefMemPerGPU and MaxMemPerNode (MiB; None: not set)."""
+
+    exclusive: bool = False
+    exclusive_user: bool = False
+    over_time_limit_minutes: int | None = None
+    def_mem_per_gpu_mb: int | None = None
+    max_mem_per_node_mb: int | None = None
+
+
+@dataclass(frozen=True)
 class Partition:
     name: str
     is_default: bool
@@ -135,6 +149,7 @@ class Partition:
     default_time_minutes: int | None
     max_time_minutes: int | None  # None = UNLIMITED
     nodes: tuple[str, ...]
+    limits: PartitionLimits = PartitionLimits()  # read in the same call as the rest
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,7 @@ class Node:
     cpus_allocated: int
     memory_mb: int
     reason: str = ""
+    features: tuple[str, ...] = ()  # AvailableFeatures (--constraint), read in the same call as the rest
 
     @property
     def available(self) -> bool:
@@ -166,32 +182,17 @@ OVER_TIME_UNLIMITED = -1  # OverTimeLimit=UNLIMITED: a job may run past its limi
 
 
 @dataclass(frozen=True)
-class PartitionLimits:
-    """A partition's flags that change what a job is allocated or how long it may run past its
-    limit (``scontrol show partition``): OverSubscribe=EXCLUSIVE (every job gets whole nodes),
-    ExclusiveUser, OverTimeLimit (None: the cluster's; OVER_TIME_UNLIMITED), DefMemPerGPU and
-    MaxMemPerNode (MiB; None: not set)."""
-
-    exclusive: bool = False
-    exclusive_user: bool = False
-    over_time_limit_minutes: int | None = None
-    def_mem_per_gpu_mb: int | None = None
-    max_mem_per_node_mb: int | None = None
-
-
-@dataclass(frozen=True)
 class ClusterPolicy:
     """What the cluster allows a job beyond partitions and nodes (read once per inventory sync):
-    QOS names, the QOS each account's associations may use, node features, MaxArraySize, how far
-    past its time limit a job can run (OverTimeLimit, KillWait) and each partition's limits."""
+    QOS names, the QOS each account's associations may use, MaxArraySize and how far past its time
+    limit a job can run (OverTimeLimit, KillWait). Node features and partition limits are read with
+    the nodes and partitions (``Node.features``, ``Partition.limits``), not here."""
 
     qos: tuple[str, ...]
     account_qos: dict[str, tuple[str, ...]]  # account -> QOS its associations allow (union)
-    node_features: dict[str, tuple[str, ...]]  # node -> AvailableFeatures
     max_array_size: int | None  # None: Slurm did not say
     over_time_limit_minutes: int = 0  # OverTimeLimit (OVER_TIME_UNLIMITED: UNLIMITED); Slurm's default 0
     kill_wait_seconds: int = 30  # KillWait; Slurm's default 30
-    partition_limits: dict[str, PartitionLimits] = field(default_factory=dict)  # partition -> its limits
 
 
 @dataclass(frozen=True)

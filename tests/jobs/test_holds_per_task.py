@@ -22,7 +22,7 @@ from jobs.models import Job
 from jobs.services import job_quote, job_submit
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import ClusterPolicyInfo, default_cluster_id
-from portal.slurm.cli_output import parse_overrun_config, parse_partition_limits
+from portal.slurm.cli_output import parse_overrun_config, parse_partitions
 from portal.slurm.types import OVER_TIME_UNLIMITED, PartitionLimits
 from tests.accounting.helpers import acct
 from tests.factories import QuotaFactory
@@ -39,10 +39,12 @@ PARTITIONS = (
 
 
 def test_scontrol_output_gives_the_overrun_and_each_partitions_allocation_flags():
+    """The partitions' flags are read with the partitions themselves (Partition.limits): no second
+    ``scontrol show partition``."""
     assert parse_overrun_config("KillWait                = 5 sec\nOverTimeLimit           = 0 min\n") == (0, 5)
     assert parse_overrun_config("KillWait = 30 sec\nOverTimeLimit = UNLIMITED\n") == (OVER_TIME_UNLIMITED, 30)
     assert parse_overrun_config("MaxArraySize = 1001\n") == (0, 30)  # Slurm's defaults
-    limits = parse_partition_limits(PARTITIONS)
+    limits = {partition.name: partition.limits for partition in parse_partitions(PARTITIONS)}
     assert limits["gpu"] == PartitionLimits()
     assert limits["train"] == PartitionLimits(exclusive=True, exclusive_user=True, over_time_limit_minutes=OVER_TIME_UNLIMITED,
                                               def_mem_per_gpu_mb=16384, max_mem_per_node_mb=65536)  # fmt: skip

@@ -212,7 +212,8 @@ def test_parse_nodes_sample():
 
 def test_parse_policy_samples():
     with_features = SCONTROL_NODES.replace("AvailableFeatures=(null)", "AvailableFeatures=ib,nvlink", 1)
-    assert cli.parse_node_features(with_features) == {"a100-01": ("ib", "nvlink"), "a100-02": (), "h100-01": ()}
+    features = {node.name: node.features for node in cli.parse_nodes(with_features)}  # read with the nodes
+    assert features == {"a100-01": ("ib", "nvlink"), "a100-02": (), "h100-01": ()}
     assoc = "vision|normal\nvision|high,normal\nnlp|\nroot|normal\n"  # a user row may allow more; nlp: not known
     assert cli.parse_account_qos(assoc) == {"vision": ("high", "normal"), "root": ("normal",)}
     config = "Configuration data as of 2026-12-01T09:00:00\nMaxArraySize            = 1001\nMaxJobCount             = 10000\n"

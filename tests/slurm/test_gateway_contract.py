@@ -30,6 +30,7 @@ from tests.support import skip_unless_ci
 
 import portal.slurm as slurm
 from portal.slurm import AssociationLimits, JobSpec, ReservationSpec, SlurmRejected, SlurmUnavailable
+from portal.slurm.types import PartitionLimits
 
 pytestmark = pytest.mark.slurm
 
@@ -155,17 +156,31 @@ def test_nodes(gateway):
 
 def test_policy_qos_features_and_max_array_size(gateway):
     """What the spec checks QOS, --constraint and --array against (the local clusters: QOS normal,
-    the guide's node features a100/h100, MaxArraySize left at Slurm's default); the features as
-    `scontrol show node` prints them."""
+    the guide's node features a100/h100, MaxArraySize left at Slurm's default); the features, read
+    with the nodes (Node.features), as `scontrol show node` prints them."""
     policy = gateway.policy()
     assert "normal" in policy.qos
     assert "normal" in policy.account_qos["root"]
-    assert set(policy.node_features) == {"a100-01", "a100-02", "h100-01"}
+    features = {node.name: node.features for node in gateway.nodes()}
+    assert set(features) == {"a100-01", "a100-02", "h100-01"}
     nodes = support.slurm_command("scontrol", "show", "node", "-o").stdout
     shown = dict(re.findall(r"NodeName=(\S+) .*?AvailableFeatures=(\S+)", nodes))
-    assert {n: tuple(f for f in shown[n].split(",") if f != "(null)") for n in shown} == dict(policy.node_features)
-    assert policy.node_features["a100-01"] == ("a100",) and policy.node_features["h100-01"] == ("h100",)
+    assert {n: tuple(f for f in shown[n].split(",") if f != "(null)") for n in shown} == features
+    assert features["a100-01"] == ("a100",) and features["h100-01"] == ("h100",)
     assert policy.max_array_size == 1001
+
+
+def test_partition_limits_come_with_the_partitions_as_scontrol_shows_them(gateway):
+    """The partitions' allocation flags (Partition.limits), read in the partitions' one call: the
+    local clusters' ``train`` is OverSubscribe=EXCLUSIVE, ``gpu`` and ``debug`` set none of them."""
+    limits = {partition.name: partition.limits for partition in gateway.partitions()}
+    shown = support.slurm_command("scontrol", "show", "partition", "-o").stdout
+    oversubscribe = dict(re.findall(r"PartitionName=(\S+) .*?OverSubscribe=(\S+)", shown))
+    assert {name: limit.exclusive for name, limit in limits.items()} == {
+        name: value.startswith("EXCLUSIVE") for name, value in oversubscribe.items()
+    }
+    assert limits["train"] == PartitionLimits(exclusive=True)
+    assert limits["gpu"] == limits["debug"] == PartitionLimits()
 
 
 def test_account_gpu_minutes_is_sreports_answer(gateway):
