@@ -96,8 +96,11 @@ lint-imports: install
 # test that leans on what another left behind fails here; the seed is printed at the top of the run:
 # `make test-fast FAST_SEED=<seed>` runs that order again.
 FAST_WORKERS ?= auto
-FAST_SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+ifndef FAST_SEED
+FAST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
 test-fast: install lint-imports services
+	@echo "test-fast: tests in the order of seed $(FAST_SEED) (make test-fast FAST_SEED=$(FAST_SEED) runs it again)"
 	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast -n $(FAST_WORKERS) \
 		--random-order-bucket=global --random-order-seed=$(FAST_SEED) $(PYTEST_ARGS)
 
