@@ -228,7 +228,7 @@ def usage_by_team_and_month(*, start_at: dt.datetime, end_at: dt.datetime) -> li
     rows = aggregate_slices(slices_in(start_at, end_at), start_at, end_at, ["account", "period"])
     return [
         {"account": v["account"], "month": v["period"].strftime("%Y-%m"), "gpu_hours": _hours(v["sum_gpu_seconds"]),
-         "cost": Decimal(v["sum_cost"] or 0).quantize(Decimal("0.01"))}
+         "cost": money.display(v["sum_cost"] or 0)}
         for v in rows
     ]  # fmt: skip
 
