@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
-from decimal import Decimal
 
 from django.conf import settings
 from django.utils import timezone
-
-HOUR = Decimal(3600)  # seconds: GPU-seconds / HOUR = GPU-hours
 
 
 def billing_zone() -> zoneinfo.ZoneInfo:

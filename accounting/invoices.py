@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.template.loader import render_to_string
@@ -16,10 +16,8 @@ from django.template.loader import render_to_string
 from accounting.calendar import billing_midnight, next_month
 from accounting.charging import booking_charge_mode
 from accounting.selectors import booking_charges, invoice_lines
+from portal import money
 from portal.models import Team
-
-CENT = Decimal("0.01")
-HOUR = Decimal(3600)
 
 
 def invoice(*, team: Team, month: dt.date) -> dict:
@@ -34,14 +32,14 @@ def invoice(*, team: Team, month: dt.date) -> dict:
         key = (s.gpu_type or "untyped", s.price_per_gpu_hour)
         summary[key]["gpu_seconds"] += s.gpu_seconds
         summary[key]["cost"] += s.cost
-        hours = Decimal(s.gpu_seconds) / HOUR
+        hours = money.gpu_hours(s.gpu_seconds)
         record = s.record
         busy = record.gpu_busy_fraction
         if busy is not None:
             monitored["gpu_seconds"] += s.gpu_seconds
             monitored["busy_gpu_seconds"] += s.gpu_seconds * busy
             monitored["idle_cost"] += s.cost * (1 - busy)
-        if hours.quantize(CENT, ROUND_HALF_UP) == 0 and s.cost.quantize(CENT, ROUND_HALF_UP) == 0:
+        if money.display(hours) == 0 and money.display(s.cost) == 0:
             # under 0.01 GPU-hours and 0.01 in cost (a job that failed at once, cancelled before it
             # ran): counted in one line of its own, not a row of 0.00 each
             small["count"] += 1
@@ -58,32 +56,32 @@ def invoice(*, team: Team, month: dt.date) -> dict:
             "gpus": s.gpus,
             "start": s.slice_start,
             "end": s.slice_end,
-            "gpu_hours": hours.quantize(CENT, ROUND_HALF_UP),
+            "gpu_hours": money.display(hours),
             "price": s.price_per_gpu_hour,
-            "cost": s.cost.quantize(CENT, ROUND_HALF_UP),
+            "cost": money.display(s.cost),
             "provisional": s.provisional,
             "portal_job_uuid": record.portal_job_uuid,  # the jobs app's page: /jobs/<uuid>/
             # what the GPUs did (UsageRecord.gpu_busy_fraction; None: not monitored)
-            "busy_gpu_hours": None if busy is None else (hours * busy).quantize(CENT, ROUND_HALF_UP),
-            "idle_cost": None if busy is None else (s.cost * (1 - busy)).quantize(CENT, ROUND_HALF_UP),
+            "busy_gpu_hours": None if busy is None else money.display(hours * busy),
+            "idle_cost": None if busy is None else money.display(s.cost * (1 - busy)),
         })  # fmt: skip
-    total_cost = sum((s.cost for s in slices), Decimal(0)).quantize(CENT, ROUND_HALF_UP)
+    total_cost = money.display(sum((s.cost for s in slices), Decimal(0)))
     bookings = booking_charges(start_at=billing_midnight(month), end_at=billing_midnight(next_month(month)), team=team)
-    bookings_cost = sum((b["cost"] for b in bookings), Decimal(0)).quantize(CENT, ROUND_HALF_UP)
+    bookings_cost = money.display(sum((b["cost"] for b in bookings), Decimal(0)))
     return {
         "team": team,
         "month": month,
         "period_end": next_month(month) - dt.timedelta(days=1),
         "lines": lines,
         # the slices too small for a row of their own: how many, their GPU-hours and cost (in the totals)
-        "small_lines": {"count": small["count"], "gpu_hours": (Decimal(small["gpu_seconds"]) / HOUR).quantize(Decimal("0.0001")),
-                        "cost": small["cost"].quantize(CENT, ROUND_HALF_UP)},  # fmt: skip
+        "small_lines": {"count": small["count"], "gpu_hours": money.display(money.gpu_hours(small["gpu_seconds"]), places=4),
+                        "cost": money.display(small["cost"])},  # fmt: skip
         "summary": [
-            {"gpu_type": t, "price": p, "gpu_hours": (Decimal(v["gpu_seconds"]) / HOUR).quantize(CENT, ROUND_HALF_UP),
-             "cost": v["cost"].quantize(CENT, ROUND_HALF_UP)}
+            {"gpu_type": t, "price": p, "gpu_hours": money.display(money.gpu_hours(v["gpu_seconds"])),
+             "cost": money.display(v["cost"])}
             for (t, p), v in sorted(summary.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)) if v["gpu_seconds"] or v["cost"]
         ],  # fmt: skip
-        "gpu_hours": (Decimal(sum(s.gpu_seconds for s in slices)) / HOUR).quantize(CENT, ROUND_HALF_UP),
+        "gpu_hours": money.display(money.gpu_hours(sum(s.gpu_seconds for s in slices))),
         "usage_cost": total_cost,
         # Bookings: reserved GPU-hours charged whether used or not (BOOKING_CHARGE_MODE=reserved; usage
         # inside a booking then costs nothing above). With "used", lines are listed at cost 0.
@@ -94,9 +92,9 @@ def invoice(*, team: Team, month: dt.date) -> dict:
         "provisional": any(s.provisional for s in slices),
         "currency": settings.DEFAULT_CURRENCY,
         # GPU monitoring: of the usage whose GPUs were monitored, the busy GPU-hours and the idle ones' cost
-        "monitored_gpu_hours": (Decimal(monitored["gpu_seconds"]) / HOUR).quantize(CENT, ROUND_HALF_UP),
-        "busy_gpu_hours": (monitored["busy_gpu_seconds"] / HOUR).quantize(CENT, ROUND_HALF_UP),
-        "idle_cost": monitored["idle_cost"].quantize(CENT, ROUND_HALF_UP),
+        "monitored_gpu_hours": money.display(money.gpu_hours(monitored["gpu_seconds"])),
+        "busy_gpu_hours": money.display(money.gpu_hours(monitored["busy_gpu_seconds"])),
+        "idle_cost": money.display(monitored["idle_cost"]),
     }
 
 

@@ -11,6 +11,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 
 from portal import models as portal_models
+from portal import money
 from portal.snapshots import BOOKINGS, QUOTAS, RATES, SnapshotManager
 
 
@@ -273,11 +274,13 @@ class Booking(AdminDecision):
 
     @property
     def hours(self) -> Decimal:
-        return Decimal((self.end - self.start).total_seconds()) / Decimal(3600)
+        return money.gpu_hours(Decimal((self.end - self.start).total_seconds()))
 
     @property
     def gpu_hours(self) -> Decimal:
-        return (self.gpus * self.hours).quantize(Decimal("0.01"))
+        """The window's GPU-hours as shown (messages, the audit trail): hundredths, half up, from the exact
+        GPU-seconds."""
+        return money.display(money.gpu_hours(self.gpus * Decimal((self.end - self.start).total_seconds())))
 
     @property
     def held_until(self) -> dt.datetime | None:

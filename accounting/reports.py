@@ -7,17 +7,16 @@ import csv
 import datetime as dt
 import io
 from collections import defaultdict
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from accounting.calendar import HOUR
 from accounting.selectors import cost_report, usage_by_team_and_month
+from portal import money
 from portal.models import NodeInfo
 
 HOURS_PER_MONTH = Decimal(365 * 24) / Decimal(12)  # 730
-CENT = Decimal("0.01")
 # gpu_hours: paid (allocated); busy_gpu_hours: what the GPUs computed of the monitored ones (GPU monitoring)
 CSV_COLUMNS = ("group_by", "key", "label", "gpu_hours", "requested_gpu_hours", "efficiency", "cost", "unpriced_gpu_hours", "currency",
                "monitored_gpu_hours", "busy_gpu_hours", "gpu_efficiency", "idle_cost")  # fmt: skip
@@ -57,7 +56,7 @@ def gpus_by_type() -> dict[str, int]:
 
 def _hours_in(start_at: dt.datetime, end_at: dt.datetime) -> Decimal:
     """Hours in [start_at, end_at) (a day of a DST change has 23 or 25)."""
-    return Decimal(int((end_at - start_at).total_seconds())) / HOUR
+    return money.gpu_hours(int((end_at - start_at).total_seconds()))
 
 
 def utilisation(*, start_at: dt.datetime, end_at: dt.datetime, by_type: list[dict]) -> list[dict]:
@@ -95,15 +94,15 @@ def cloud_comparison(*, start_at: dt.datetime, end_at: dt.datetime, by_type: lis
         if price is None:
             unpriced.append(row["key"] or "untyped")
             continue
-        cost = (row["gpu_hours"] * price).quantize(CENT, ROUND_HALF_UP)
+        cost = money.display(money.cost(gpu_hours=row["gpu_hours"], price=price))
         cloud_total += cost
         rows.append({"gpu_type": row["key"], "gpu_hours": row["gpu_hours"], "cloud_price": price, "cloud_cost": cost})
     full_cloud_month = sum((Decimal(n) * HOURS_PER_MONTH * prices[t] for t, n in gpus.items() if t in prices), Decimal(0))
     return {
         "rows": rows,
         "cloud_cost": cloud_total,
-        "own_cost": (monthly_own * months).quantize(CENT, ROUND_HALF_UP),
-        "monthly_own_cost": monthly_own.quantize(CENT, ROUND_HALF_UP),
+        "own_cost": money.display(monthly_own * months),
+        "monthly_own_cost": money.display(monthly_own),
         "break_even_utilisation": float(monthly_own / full_cloud_month) if full_cloud_month else None,
         "types_without_cloud_price": unpriced,
         "currency": settings.DEFAULT_CURRENCY,

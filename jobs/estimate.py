@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 
 from django.utils import timezone
 
 from accounting.rates import RateBook, gpu_hour_price
 from jobs.constraints import unmatched
 from jobs.spec import ValidSpec
-
-SIX_PLACES = Decimal("0.000001")
-HOUR = Decimal(3600)
+from portal import money
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ def job_gpu_seconds(spec: ValidSpec) -> int:
 
 def gpu_hours_of(gpu_seconds: int) -> Decimal:
     """GPU-seconds as GPU-hours to six places, rounded up (holds and estimates: never below the charge)."""
-    return (Decimal(gpu_seconds) / HOUR).quantize(SIX_PLACES, ROUND_CEILING)
+    return money.stored(money.gpu_hours(gpu_seconds), up=True)
 
 
 def landing_types(spec: ValidSpec) -> tuple[str, ...]:
@@ -102,7 +100,7 @@ def quote_for(spec: ValidSpec, *, at: dt.datetime | None = None, cache: dict | N
     assumed = not spec.gpu_type
     # exact GPU-seconds × price, rounded once (1 GPU × 2 min × 4 tasks at 8/GPU-h: 1.07, not 0.13 h × 8 = 1.04);
     # up, to six places: the hold never below the charge; pages show two
-    cost = (Decimal(gpu_seconds) * price / HOUR).quantize(SIX_PLACES, ROUND_CEILING)
+    cost = money.stored(money.cost(gpu_seconds=gpu_seconds, price=price), up=True)
     note = f"{shape} at {price} {currency}/GPU-hour."
     if assumed:
         note = f"Any GPU type: estimated at the most expensive type in partition {spec.partition} ({gpu_type}). " + note

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import Avg, BigIntegerField, Count, ExpressionWrapper, Func, Min, Q
@@ -16,6 +16,7 @@ from django.utils import timezone
 from accounting.rates import gpu_hour_price
 from jobs.choices import JobState
 from jobs.models import Job, JobGpuSample, JobGpuUsage
+from portal import money
 from portal.models import NodeInfo, SyncStatus
 
 # The chart of a job has at most this many points per GPU (server-side means over equal buckets):
@@ -41,7 +42,7 @@ def gpu_usage_status() -> dict:
 
 def busy_gpu_hours(usage: JobGpuUsage) -> float:
     """Utilisation-weighted hours: a GPU at 50 % for two hours is one busy GPU-hour."""
-    return usage.util_sum / 100 * usage.step_seconds / 3600
+    return usage.util_sum / 100 * usage.step_seconds / float(money.HOUR)
 
 
 def gpu_verdict(rows: list[JobGpuUsage]) -> str:
@@ -139,9 +140,8 @@ def job_cost_so_far(job: Job, *, gpus: int, now: dt.datetime) -> tuple[Decimal |
     price = gpu_hour_price(gpu_type=gpu_type, partition=job.partition, at=now)
     if price is None or job.started_at is None:
         return None, ""
-    seconds = Decimal(int((now - job.started_at).total_seconds()))
-    cost = Decimal(gpus) * seconds / Decimal(3600) * price[0]
-    return cost.quantize(Decimal("0.01"), ROUND_HALF_UP), price[1]
+    seconds = int((now - job.started_at).total_seconds())
+    return money.display(money.cost(gpu_seconds=gpus * seconds, price=price[0])), price[1]
 
 
 def team_idle_allocations(team, *, now: dt.datetime | None = None) -> list[dict]:

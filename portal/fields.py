@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP
-
 from rest_framework import serializers
+
+from portal import money
 
 
 class DecimalStringField(serializers.DecimalField):
@@ -19,8 +19,8 @@ class DecimalStringField(serializers.DecimalField):
     that setting, so that the schema and the answers cannot disagree. For answers only: an input
     field with ``rounding`` would round a request's extra places instead of refusing them."""
 
-    def __init__(self, *, max_digits: int = 18, decimal_places: int = 2, **kwargs):
-        kwargs.setdefault("rounding", ROUND_HALF_UP)
+    def __init__(self, *, max_digits: int = 18, decimal_places: int = money.DISPLAY_PLACES, **kwargs):
+        kwargs.setdefault("rounding", money.ROUNDING)  # portal.money's display rounding
         super().__init__(max_digits=max_digits, decimal_places=decimal_places, coerce_to_string=True, **kwargs)
 
 

@@ -5,15 +5,15 @@ may run in a booking, and what bookings are charged."""
 from __future__ import annotations
 
 import datetime as dt
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from accounting.calendar import HOUR
 from accounting.charging import bookings_charge_reserved
 from accounting.models import Booking, BookingStatus, ReservationState
 from accounting.rates import RateBook
+from portal import money
 from portal.exceptions import ApplicationError
 from portal.models import NodeInfo, Team
 from portal.selectors import teams_user_can_submit_to, teams_visible_to
@@ -79,7 +79,7 @@ def booked_gpu_hours(*, team: Team, start: dt.datetime, end: dt.datetime, gpu_ty
         lo, hi = max(booking.start, start), min(held_until, end)
         if hi > lo:
             seconds += booking.gpus * int((hi - lo).total_seconds())
-    return Decimal(seconds) / HOUR
+    return money.gpu_hours(seconds)
 
 
 def bookings_visible_to(user) -> QuerySet:
@@ -184,15 +184,16 @@ def booking_charges(*, start_at: dt.datetime, end_at: dt.datetime, team: Team | 
         if hi <= lo:
             continue
         cuts = [lo, *book.change_points(booking.gpu_type, "", lo, hi), hi]
-        cost, price, unpriced = Decimal(0), None, False
+        priced, price, unpriced = [], None, False
         for a, b in zip(cuts, cuts[1:]):
             rate = book.rate_at(booking.gpu_type, "", a)  # bookings are priced at the generic rate
             if rate is None:
                 unpriced = True
                 continue
             price = rate.price_per_gpu_hour
-            cost += Decimal(booking.gpus * int((b - a).total_seconds())) * price / HOUR
+            priced.append((booking.gpus * int((b - a).total_seconds()), price))
         seconds = booking.gpus * int((hi - lo).total_seconds())
+        cost = money.total_cost(priced)  # exact GPU-second × price products, divided once
         lines.append({
             "booking": booking,
             "team": booking.team,
@@ -201,9 +202,9 @@ def booking_charges(*, start_at: dt.datetime, end_at: dt.datetime, team: Team | 
             "gpus": booking.gpus,
             "start": lo,
             "end": hi,
-            "gpu_hours": (Decimal(seconds) / HOUR).quantize(Decimal("0.01"), ROUND_HALF_UP),
+            "gpu_hours": money.display(money.gpu_hours(seconds)),
             "price": price,
             "unpriced": unpriced,
-            "cost": (cost if reserved else Decimal(0)).quantize(Decimal("0.01"), ROUND_HALF_UP),
+            "cost": money.display(cost if reserved else 0),
         })  # fmt: skip
     return lines

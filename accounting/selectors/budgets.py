@@ -7,16 +7,17 @@ from __future__ import annotations
 import copy
 import datetime as dt
 from collections.abc import Iterable
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
-from accounting.calendar import HOUR, billing_date, billing_midnight
+from accounting.calendar import billing_date, billing_midnight
 from accounting.charging import bookings_charge_reserved
 from accounting.models import BudgetHold, BudgetTotal, Quota, QuotaState
 from accounting.selectors.bookings import bookings_holding_capacity
 from accounting.selectors.usage import aggregate_slices, slices_in
+from portal import money
 from portal.models import Team
 from portal.selectors import teams_visible_to
 from portal.snapshots import BOOKINGS, QUOTAS, snapshot
@@ -126,7 +127,7 @@ def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[T
         if hi > lo:
             key = (booking.team_id, booking.gpu_type)
             seconds[key] = seconds.get(key, 0) + booking.gpus * int((hi - lo).total_seconds())
-    return {key: Decimal(value) / HOUR for key, value in seconds.items()}
+    return {key: money.gpu_hours(value) for key, value in seconds.items()}
 
 
 def _held_hours(team_ids: Iterable[int], ends_at: dt.datetime) -> dict[tuple[int, str], Decimal]:
@@ -151,7 +152,7 @@ def budget_total_figures(*, team: Team, gpu_type: str, period_start: dt.date, pe
     start_at, end_at = billing_midnight(period_start), billing_midnight(period_end)
     used = _used_seconds([team.pk], start_at, end_at)
     held = _held_hours([team.pk], end_at) if held else {}
-    used_h = sum((v for (_, t), v in used.items() if not gpu_type or t == gpu_type), Decimal(0)) / HOUR
+    used_h = money.gpu_hours(sum((v for (_, t), v in used.items() if not gpu_type or t == gpu_type), Decimal(0)))
     held_h = sum((v for (_, t), v in held.items() if not gpu_type or gpu_type in BudgetHold.types_of(t)), Decimal(0))
     return used_h, held_h
 
@@ -168,8 +169,7 @@ def totals_for(quotas: Iterable) -> dict[tuple[int, str, dt.date, dt.date], Budg
     return {(t.team_id, t.gpu_type, t.period_start, t.period_end): t for t in BudgetTotal.objects.filter(condition)}
 
 
-def _two(value: Decimal) -> Decimal:
-    return Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP)
+_two = money.display  # the burn-down chart's figures: hundredths of a GPU-hour, half up
 
 
 def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool = True,
@@ -212,7 +212,7 @@ def budget_rows(quotas: list, *, at: dt.datetime | None = None, with_held: bool 
                 used_s = sum((v for (team_id, t), v in used.items() if team_id == quota.team_id and (not kind or t == kind)), Decimal(0))
                 held_h = sum((v for (team_id, t), v in held.items()
                               if team_id == quota.team_id and (not kind or kind in BudgetHold.types_of(t))), Decimal(0))  # fmt: skip
-                used_h = used_s / HOUR
+                used_h = money.gpu_hours(used_s)
             budget = Decimal(quota.gpu_hours)
             remaining = budget - used_h - held_h - booked_h
             elapsed = max((min(now, end_at) - start_at).total_seconds(), 0) / 86400
@@ -288,12 +288,13 @@ def budget_burndown(*, quota, at: dt.datetime | None = None) -> dict:
     budget = Decimal(quota.gpu_hours)
     today_index = (billing_date(min(now, end_at - dt.timedelta(microseconds=1))) - quota.period_start).days
     labels, remaining, ideal = [], [], []
-    used = Decimal(0)
+    used_seconds = Decimal(0)
     for index in range(days):
         day = quota.period_start + dt.timedelta(days=index)
         labels.append(day.isoformat())
         ideal.append(float(_two(budget * (days - index - 1) / days)))
-        used += per_day[index] / HOUR
+        used_seconds += per_day[index]
+        used = money.gpu_hours(used_seconds)  # exact seconds summed, divided once
         remaining.append(float(_two(budget - used)) if index <= today_index and now >= start_at else None)
     return {"labels": labels, "remaining": remaining, "ideal": ideal, "budget": float(budget)}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import (
@@ -26,9 +26,10 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Greatest, Least
 
-from accounting.calendar import HOUR, billing_date, billing_midnight, billing_zone, month_start, next_month, range_bounds
+from accounting.calendar import billing_date, billing_midnight, billing_zone, month_start, next_month, range_bounds
 from accounting.models import UsageRecord, UsageSlice
 from accounting.selectors.bookings import booking_charges
+from portal import money
 from portal.models import Team
 from portal.roles import can_read_cost_reports, is_manager
 from portal.selectors import teams_visible_to
@@ -108,7 +109,7 @@ def aggregate_slices(
 
 
 def _hours(seconds) -> Decimal:
-    return (Decimal(seconds or 0) / HOUR).quantize(Decimal("0.01"), ROUND_HALF_UP)
+    return money.display(money.gpu_hours(seconds or 0))
 
 
 def _row(group_by: str, key, values: dict) -> dict:
@@ -123,7 +124,7 @@ def _row(group_by: str, key, values: dict) -> dict:
         "gpu_hours": _hours(used),
         "requested_gpu_hours": _hours(requested),
         "efficiency": float((used / requested).quantize(Decimal("0.0001"))) if requested else None,
-        "cost": Decimal(values["sum_cost"] or 0).quantize(Decimal("0.01"), ROUND_HALF_UP),
+        "cost": money.display(values["sum_cost"] or 0),
         "unpriced_gpu_hours": _hours(values["sum_unpriced_gpu_seconds"]),
         "provisional": bool(values["any_provisional"]),
         "currency": settings.DEFAULT_CURRENCY,
@@ -142,7 +143,7 @@ def _gpu_busy_columns(values: dict) -> dict:
         "monitored_gpu_hours": _hours(monitored),
         "busy_gpu_hours": _hours(busy) if monitored else None,
         "gpu_efficiency": float((busy / monitored).quantize(Decimal("0.0001"))) if monitored else None,
-        "idle_cost": Decimal(values.get("sum_idle_cost") or 0).quantize(Decimal("0.01"), ROUND_HALF_UP) if monitored else None,
+        "idle_cost": money.display(values.get("sum_idle_cost") or 0) if monitored else None,
     }
 
 
@@ -227,7 +228,7 @@ def usage_by_team_and_month(*, start_at: dt.datetime, end_at: dt.datetime) -> li
     rows = aggregate_slices(slices_in(start_at, end_at), start_at, end_at, ["account", "period"])
     return [
         {"account": v["account"], "month": v["period"].strftime("%Y-%m"), "gpu_hours": _hours(v["sum_gpu_seconds"]),
-         "cost": Decimal(v["sum_cost"] or 0).quantize(Decimal("0.01"))}
+         "cost": money.display(v["sum_cost"] or 0)}
         for v in rows
     ]  # fmt: skip
 
@@ -241,7 +242,7 @@ class TaskUsage:
 
     @property
     def gpu_hours(self) -> Decimal:
-        return Decimal(self.gpu_seconds) / HOUR
+        return money.gpu_hours(self.gpu_seconds)
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ class JobUsage:
 
     @property
     def gpu_hours(self) -> Decimal:
-        return Decimal(self.gpu_seconds) / HOUR
+        return money.gpu_hours(self.gpu_seconds)
 
 
 def jobs_usage(job_uuids) -> dict:

@@ -9,7 +9,7 @@ import datetime as dt
 import json
 import logging
 import urllib.request
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
@@ -21,6 +21,7 @@ from accounting.models import BudgetAlert
 from accounting.selectors.budgets import budget_rows, quotas_effective
 from accounting.services.budget import QUOTA_PAGE
 from accounting.tasks import budget_alert_deliver_task, budget_alert_webhook_task
+from portal import money
 from portal.models import Team
 from portal.outbox import after_commit, publish
 from portal.roles import team_manager_emails
@@ -63,8 +64,7 @@ def budget_alerts_check(*, team: Team | None = None, at: dt.datetime | None = No
     return created
 
 
-def _two_places(value) -> Decimal:
-    return Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP)
+_two_places = money.display  # the alert's figures: hundredths of a GPU-hour, half up
 
 
 def budget_alert_payload(alert) -> dict:

@@ -17,12 +17,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounting import tasks
-from accounting.calendar import HOUR, billing_date, billing_midnight, billing_zone
+from accounting.calendar import billing_date, billing_midnight, billing_zone
 from accounting.charging import bookings_charge_reserved
 from accounting.models import Booking, BookingStatus, Quota, QuotaState, ReservationState
 from accounting.selectors.bookings import booking_load_steps
 from accounting.selectors.budgets import budget_rows, quotas_effective
 from accounting.services.budget import no_quota, no_quota_unlimited, over_budget
+from portal import money
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Cluster, NodeInfo, Team, default_cluster_id
 from portal.outbox import after_commit
@@ -243,7 +244,7 @@ def _booking_budget_check(*, team: Team, gpu_type: str, gpus: int, start: dt.dat
         hi = min(end, billing_midnight(quota.period_end))
         if hi <= lo:
             continue
-        needs = Decimal(gpus * int((hi - lo).total_seconds())) / HOUR
+        needs = money.gpu_hours(gpus * int((hi - lo).total_seconds()))
         if needs > row["remaining"]:
             raise over_budget(row=row, needs=needs, subject="the booking ", measure="The booking needs", span="window",
                               fix={"end": ["Book fewer GPUs or a shorter window."]})  # fmt: skip

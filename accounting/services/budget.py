@@ -23,17 +23,18 @@ import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.urls import reverse_lazy
 from django.utils import timezone
 
-from accounting.calendar import HOUR, billing_midnight, current_month
+from accounting.calendar import billing_midnight, current_month
 from accounting.charging import bookings_charge_reserved
 from accounting.models import BudgetHold, BudgetTotal, UsageRecord
 from accounting.selectors.budgets import budget_rows, budget_total_figures, quotas_effective
+from portal import money
 from portal.exceptions import Conflict
 from portal.models import AuditEvent, Team
 from portal.services import audit_event
@@ -45,7 +46,7 @@ QUOTA_PAGE = reverse_lazy("accounting:quotas")  # the quota request page, for me
 
 def gpu_hours_text(value) -> str:
     """GPU-hours for messages: one decimal place ("16.0", "3.5")."""
-    return f"{Decimal(value).quantize(Decimal('0.1'), ROUND_HALF_UP)}"
+    return f"{money.display(value, places=1)}"
 
 
 def no_quota_unlimited() -> bool:
@@ -101,19 +102,16 @@ class HoldRequest:
         tasks = max(self.tasks, 1)
         seconds = getattr(self.estimate, "gpu_seconds", 0)
         if seconds:
-            return _hours_up(Decimal(seconds) / tasks / HOUR)
+            return _hours_up(money.gpu_hours(Decimal(seconds) / tasks))
         return _hours_up(Decimal(self.estimate.gpu_hours) / tasks)
 
 
-_SIX = Decimal("0.000001")
-
-
-def _hours(value) -> Decimal:
-    return Decimal(value).quantize(_SIX, ROUND_HALF_UP)
+_hours = money.stored  # GPU-hours as the running totals store them: six places, half up
 
 
 def _hours_up(value) -> Decimal:
-    return Decimal(value).quantize(_SIX, ROUND_CEILING)
+    """A hold's GPU-hours: six places, rounded up (never below the charge)."""
+    return money.stored(value, up=True)
 
 
 def _keys(gpu_type: str) -> frozenset[str]:

@@ -5,11 +5,10 @@ for the jobs it saw; reports turn it into busy GPU-hours and the cost of idle on
 from __future__ import annotations
 
 import uuid
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from accounting.models import UsageRecord
-
-SIX_PLACES = Decimal("0.000001")
+from portal import money
 
 
 def usage_busy_record(*, fractions: dict[tuple[uuid.UUID, int], Decimal]) -> int:
@@ -29,7 +28,7 @@ def usage_busy_record(*, fractions: dict[tuple[uuid.UUID, int], Decimal]) -> int
         value = fractions.get((record.portal_job_uuid, record.job_id))
         if value is None:
             continue
-        value = min(max(Decimal(value), Decimal(0)), Decimal(1)).quantize(SIX_PLACES, ROUND_HALF_UP)
+        value = money.stored(min(max(Decimal(value), Decimal(0)), Decimal(1)))
         if record.gpu_busy_fraction != value:
             record.gpu_busy_fraction = value
             changed.append(record)

@@ -18,7 +18,7 @@ import datetime as dt
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -26,11 +26,11 @@ from django.db import transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from accounting.calendar import HOUR
 from accounting.models import Booking, BudgetHold, UsageRecord
 from accounting.rates import RateBook
 from accounting.services.budget import budget_holds_convert
-from accounting.services.repricing import SIX, slices_replace
+from accounting.services.repricing import slices_replace
+from portal import money
 from portal.db import any_of, bulk_upsert_copy
 from portal.models import SyncStatus
 from portal.selectors import team_ids_by_account
@@ -283,8 +283,8 @@ def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluste
             elapsed_seconds=max(r.elapsed_seconds, 0),
             time_limit_minutes=r.time_limit_minutes,
             gpu_seconds=gpu_seconds,
-            gpu_hours=(Decimal(gpu_seconds) / HOUR).quantize(SIX, ROUND_HALF_UP),
-            requested_gpu_hours=(Decimal(requested_seconds) / HOUR).quantize(SIX, ROUND_HALF_UP),
+            gpu_hours=money.stored(money.gpu_hours(gpu_seconds)),
+            requested_gpu_hours=money.stored(money.gpu_hours(requested_seconds)),
             provisional=running,
             known_until=now if running else end,
             first_seen_at=now,
@@ -300,7 +300,7 @@ _PROVISIONAL = RECORD_FIELDS.index("provisional")
 def _comparable(values: tuple) -> tuple:
     """RECORD_FIELDS' values as compared: decimals to six places, and a running record's reading
     time left out (it always moves; its other figures decide)."""
-    out = [value.quantize(SIX) if isinstance(value, Decimal) else value for value in values]
+    out = [money.stored(value) if isinstance(value, Decimal) else value for value in values]
     if values[_PROVISIONAL]:
         del out[_KNOWN_UNTIL]
     return tuple(out)

@@ -10,21 +10,21 @@ task left — the outbox's policy (portal/outbox.py)."""
 from __future__ import annotations
 
 import datetime as dt
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from accounting.calendar import HOUR, billing_midnight, billing_zone, month_starts
+from accounting.calendar import billing_midnight, billing_zone, month_starts
 from accounting.charging import bookings_charge_reserved
 from accounting.models import PendingReprice, UsageRecord, UsageSlice
 from accounting.rates import RateBook
 from accounting.tasks import usage_reprice_task
+from portal import money
 from portal.db import bulk_insert_copy, copied_fields
 from portal.outbox import publish
 
-SIX = Decimal("0.000001")
 BATCH = 2000
 
 
@@ -119,7 +119,7 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
     cuts = sorted(set(month_starts(start, end)) | set(book.change_points(record.gpu_type, record.partition, start, end)))
     bounds = [start, *cuts, end]
     total_seconds = int((end - start).total_seconds())
-    requested_total = int((record.requested_gpu_hours * HOUR).to_integral_value(ROUND_HALF_UP))
+    requested_total = money.gpu_seconds(record.requested_gpu_hours)
     zone = billing_zone()
     slices: list[UsageSlice] = []
     requested_left = requested_total
@@ -135,7 +135,7 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
             requested_left -= requested
         rate = book.rate_at(record.gpu_type, record.partition, a)
         price = rate.price_per_gpu_hour if rate else None
-        cost = (Decimal(gpu_seconds) * price / HOUR).quantize(SIX, ROUND_HALF_UP) if rate else Decimal("0")
+        cost = money.stored(money.cost(gpu_seconds=gpu_seconds, price=price)) if rate else Decimal("0")
         if record.booking_id and bookings_charge_reserved():
             cost = Decimal("0")  # the booking carries the charge (accounting.selectors.booking_charges)
         local = a.astimezone(zone)
