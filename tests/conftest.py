@@ -57,7 +57,7 @@ def pytest_configure(config):
 # the fixtures a test uses and the directory it is in. Every test without one of them is "fast".
 # ``fake`` (the gateway contract on tests/fakes.py) is fast too: it names what the test runs on.
 
-SLOW_MARKERS = ("slurm", "celery", "browser", "faults", "external", "fuzz")
+SLOW_MARKERS = ("slurm", "celery", "browser", "faults", "external", "fuzz", "process")
 _FIXTURE_MARKERS = {
     "cluster": "slurm",
     "jobs_sync_loop": "celery",
@@ -67,6 +67,8 @@ _FIXTURE_MARKERS = {
     "oidc_provider": "external",
     "page": "browser",
     "browser": "browser",
+    "supervised": "process",  # scripts/supervise and the processes it restarts (tests/jobs/test_demo.py)
+    "server_install": "process",  # pip resolving the three distributions (tests/test_packaging.py)
 }
 _DIRECTORY_MARKERS = {"browser": "browser", "faults": "faults", "bench": "slurm", "fuzz": "fuzz"}
 

@@ -49,6 +49,7 @@ def test_the_server_and_the_cli_require_the_parser_by_its_path(server_install):
         assert parser.url == LOCAL["gpuportal-sbatch"].as_uri(), name
 
 
+@pytest.mark.process
 def test_pip_install_cli_alone_takes_the_parser_from_its_path_and_nothing_else(tmp_path):
     """On a login node: ``pip install ./cli`` from the checkout is one step, with no index at all."""
     install = _resolve_with_no_index(ROOT / "cli", tmp_path)

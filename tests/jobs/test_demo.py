@@ -131,6 +131,7 @@ def _web_environ(**extra) -> dict:
 GUNICORN = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "deploy" / "gunicorn.conf.py")]
 
 
+@pytest.mark.process
 def test_gunicorn_config_is_valid_and_its_environment_is_read_strictly():
     ok = subprocess.run([*GUNICORN, "--check-config"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                         env=_web_environ(), check=False)  # fmt: skip
@@ -149,6 +150,7 @@ def _printed_config(environ: dict) -> dict:
     return {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in done.stdout.splitlines()) if v}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
@@ -164,6 +166,7 @@ def test_the_web_servers_settings_come_from_the_environment(environ, expected):
     assert {key: printed.get(key) for key in expected} == expected
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("name", "value", "reason"),
     [
@@ -242,6 +245,7 @@ def _children(pid: int) -> set[int]:
         return set()
 
 
+@pytest.mark.process
 def test_the_web_server_serves_the_api_logs_each_request_and_replaces_a_killed_worker(tmp_path):
     """gunicorn with the demo's configuration, for real: two workers answer the API's JSON errors
     through the application factory (portal.project.serve.wsgi_application), every request is in the access
