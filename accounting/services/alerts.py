@@ -52,7 +52,7 @@ def budget_alerts_check(*, team: Team | None = None, at: dt.datetime | None = No
             try:
                 with transaction.atomic():
                     alert = BudgetAlert.objects.create(
-                        quota=row["quota"], threshold=threshold, consumed_gpu_hours=_two_places(row["consumed"]),
+                        quota=row["quota"], threshold=threshold, consumed_gpu_hours=money.display(row["consumed"]),
                         budget_gpu_hours=budget,
                     )  # fmt: skip
                     audit_record(actor=None, action="quota.alert", target=row["quota"], team=row["team"],
@@ -62,9 +62,6 @@ def budget_alerts_check(*, team: Team | None = None, at: dt.datetime | None = No
             created.append(alert)
             after_commit(budget_alert_deliver_task, alert.pk)
     return created
-
-
-_two_places = money.display  # the alert's figures: hundredths of a GPU-hour, half up
 
 
 def budget_alert_payload(alert) -> dict:

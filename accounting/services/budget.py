@@ -102,16 +102,8 @@ class HoldRequest:
         tasks = max(self.tasks, 1)
         seconds = getattr(self.estimate, "gpu_seconds", 0)
         if seconds:
-            return _hours_up(money.gpu_hours(Decimal(seconds) / tasks))
-        return _hours_up(Decimal(self.estimate.gpu_hours) / tasks)
-
-
-_hours = money.stored  # GPU-hours as the running totals store them: six places, half up
-
-
-def _hours_up(value) -> Decimal:
-    """A hold's GPU-hours: six places, rounded up (never below the charge)."""
-    return money.stored(value, up=True)
+            return money.stored(money.gpu_hours(Decimal(seconds) / tasks), up=True)
+        return money.stored(Decimal(self.estimate.gpu_hours) / tasks, up=True)
 
 
 def _keys(gpu_type: str) -> frozenset[str]:
@@ -173,8 +165,8 @@ def _total_build(*, team: Team, quota, at: dt.datetime, increment: Decimal) -> B
     key = {"team_id": team.pk, "gpu_type": quota.gpu_type, "period_start": quota.period_start, "period_end": quota.period_end}
     used, held = budget_total_figures(team=team, gpu_type=quota.gpu_type, period_start=quota.period_start,
                                       period_end=quota.period_end)  # fmt: skip
-    total = BudgetTotal(**key, ends_at=billing_midnight(quota.period_end), held_gpu_hours=_hours(held),
-                        used_gpu_hours=_hours(used), updated_at=at)  # fmt: skip
+    total = BudgetTotal(**key, ends_at=billing_midnight(quota.period_end), held_gpu_hours=money.stored(held),
+                        used_gpu_hours=money.stored(used), updated_at=at)  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO accounting_budgettotal (team_id, gpu_type, period_start, period_end, ends_at, held_gpu_hours, "
@@ -214,7 +206,7 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
     covered = bookings_charge_reserved()
     rows = []
     for hold in holds:
-        estimate = _hours_up(hold.estimate.gpu_hours)
+        estimate = money.stored(hold.estimate.gpu_hours, up=True)
         cost = getattr(hold.estimate, "cost", None)
         held = Decimal(0) if (hold.booking_id is not None and covered) else estimate
         rows.append((hold.job_uuid, hold.gpu_type, hold.booking_id, estimate, cost, held, at, max(hold.tasks, 1),
@@ -352,7 +344,7 @@ def hold_figure(hold: BudgetHold, records: Sequence[tuple[bool, Decimal, str]], 
         return Decimal(0), False, types
     per_task = Decimal(hold.task_gpu_hours) or Decimal(hold.estimated_gpu_hours) / tasks
     held = unseen * per_task + sum((max(per_task - used, Decimal(0)) for used in running[: tasks - final]), Decimal(0))
-    return _hours_up(min(held, Decimal(hold.estimated_gpu_hours))), False, types
+    return money.stored(min(held, Decimal(hold.estimated_gpu_hours)), up=True), False, types
 
 
 def _holds_refigure(holds: Sequence[BudgetHold], usage: dict, *, at: dt.datetime, save: frozenset = frozenset()) -> list:
@@ -410,7 +402,7 @@ def budget_holds_convert(*, job_uuids: Iterable, team_ids: Iterable[int], since:
         for total in BudgetTotal.objects.filter(team_id__in=team_ids, ends_at__gt=since).select_related("team"):
             figures = budget_total_figures(team=total.team, gpu_type=total.gpu_type, period_start=total.period_start,
                                            period_end=total.period_end, held=False)  # fmt: skip
-            used[total.pk] = _hours(figures[0])
+            used[total.pk] = money.stored(figures[0])
     if deltas or used:
         _totals_apply(deltas=deltas, used=used, team_ids=team_ids if used else (), since=since, at=at)
 
