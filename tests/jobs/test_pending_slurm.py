@@ -94,20 +94,54 @@ def slurm_jobs(cluster):
 
 
 @pytest.fixture
-def capped_team(cluster):
-    """A fresh team (its own Slurm account, alice a member) capped at one GPU: GrpTRES gres/gpu=1."""
+def fresh_teams(cluster):
+    """team(cap=None) -> a fresh team (its own Slurm account, alice a member), capped at ``cap`` GPUs
+    (GrpTRES gres/gpu) when given; its jobs waited for and its account removed afterwards."""
     gateway = get_gateway()
-    account = "p" + uuid.uuid4().hex[:10]
-    team = team_create(name=account, slug=account, slurm_account=account)
-    Membership.objects.create(team=team, user=cluster.alice, role=Role.MEMBER)
-    team_mirror(team=team)
-    gateway.association_limits_set(AssociationLimits(account=account, grp_tres={"gres/gpu": 1}))
+    accounts: list[str] = []
+
+    def team(cap: int | None = None):
+        account = "p" + uuid.uuid4().hex[:10]
+        made = team_create(name=account, slug=account, slurm_account=account)
+        Membership.objects.create(team=made, user=cluster.alice, role=Role.MEMBER)
+        team_mirror(team=made)
+        if cap is not None:
+            gateway.association_limits_set(AssociationLimits(account=account, grp_tres={"gres/gpu": cap}))
+        accounts.append(account)
+        return made
+
     yield team
     with contextlib.suppress(SlurmError):
-        wait_for(lambda: not [e for e in gateway.queue() if e.account == account and e.state in ("PENDING", "RUNNING", "COMPLETING")],
-                 timeout=30, what=f"{account}'s jobs to go")  # fmt: skip
-        gateway.user_remove("alice", account)
-        gateway.account_remove(account)
+        wait_for(lambda: not [e for e in gateway.queue() if e.account in accounts and e.state in ("PENDING", "RUNNING", "COMPLETING")],
+                 timeout=30, what="the fresh accounts' jobs to go")  # fmt: skip
+        for account in accounts:
+            gateway.user_remove("alice", account)
+            gateway.account_remove(account)
+
+
+@pytest.fixture
+def capped_team(fresh_teams):
+    """A fresh team capped at one GPU: GrpTRES gres/gpu=1."""
+    return fresh_teams(cap=1)
+
+
+@pytest.fixture
+def qos_limits(cluster):
+    """qos(account, limit) -> a new QOS with that limit ("MaxTRESPerUser=gres/gpu=1"), allowed to the
+    account (sacctmgr: the gateway manages no QOS); deleted afterwards."""
+    names: list[str] = []
+
+    def qos(account: str, limit: str) -> str:
+        name = "p40" + uuid.uuid4().hex[:8]
+        slurm("sacctmgr", "-i", "add", "qos", name, f"set", limit)
+        names.append(name)
+        slurm("sacctmgr", "-i", "modify", "account", account, "set", f"qos+={name}")
+        return name
+
+    yield qos
+    for name in names:
+        with contextlib.suppress(AssertionError):
+            slurm("sacctmgr", "-i", "delete", "qos", name)
 
 
 @pytest.fixture
@@ -218,3 +252,26 @@ def test_each_pending_reason_slurm_gives_is_stored_and_explained(slurm_target, s
     # a deferred job's expected start is its --begin time, as squeue --start says
     assert synced[later.slurm_job_id].expected_start_at == squeue_start([later.slurm_job_id])[later.slurm_job_id]
     print(f"\n{slurm_target}: {oracle}")
+
+
+def test_the_qos_gpu_limits_are_stored_and_explained(slurm_target, slurm_jobs, fresh_teams, qos_limits):
+    if slurm_target.backend != "cli":
+        pytest.skip("the reasons are Slurm's, not the backend's: the cli backend on each cluster is enough")
+    team = fresh_teams()
+    per_user = qos_limits(team.slurm_account, "MaxTRESPerUser=gres/gpu=1")
+    group = qos_limits(team.slurm_account, "GrpTRES=gres/gpu=1")
+    expected = {}
+    for qos, code in ((per_user, "QOSMaxGRESPerUser"), (group, "QOSGrpGRES")):
+        slurm_jobs(name=f"{code}-1", gpus=1, gpu_type="a100", minutes=5, team=team, directives=[f"--qos={qos}"])
+        expected[slurm_jobs(name=f"{code}-2", gpus=1, gpu_type="a100", minutes=5, team=team, directives=[f"--qos={qos}"])] = code
+    ids = [j.slurm_job_id for j in expected]
+
+    def stored():
+        synced = {j.slurm_job_id: j for j in _synced(list(expected))}
+        oracle = squeue_reasons(ids)
+        same = all(synced[j.slurm_job_id].state_reason == oracle[j.slurm_job_id] and reason_code(oracle[j.slurm_job_id]) == code
+                   for j, code in expected.items())  # fmt: skip
+        return synced if same else None
+
+    synced = wait_for(stored, timeout=60, interval=1, what=f"the reasons {sorted(expected.values())}")
+    assert all(reason_explained(job.state_reason) is not None for job in synced.values())
