@@ -66,8 +66,9 @@ def squeue_reasons(slurm_ids) -> dict[int, str]:
 
 
 @pytest.fixture
-def slurm_jobs(cluster):
-    """submit(...) -> a Job row in PENDING whose Slurm job carries its tag; all cancelled afterwards."""
+def slurm_jobs(cluster, fresh_teams, reservations):
+    """submit(...) -> a Job row in PENDING whose Slurm job carries its tag; all cancelled afterwards,
+    before the fresh teams' accounts and the reservations go (Slurm keeps a reservation a job waits in)."""
     gateway = get_gateway()
     uid, gid = unix_ids("alice")
     submitted: list[int] = []
@@ -214,7 +215,7 @@ def test_expected_start_and_place_are_what_squeue_start_says(slurm_target, slurm
     print(f"\n{slurm_target}: squeue --start {oracle}; h100 line {places}; capped {capped.expected_start_at}")
 
 
-def test_each_pending_reason_slurm_gives_is_stored_and_explained(slurm_target, slurm_jobs, capped_team, reservations):
+def test_each_pending_reason_slurm_gives_is_stored_and_explained(slurm_target, slurm_jobs, capped_team, fresh_teams, reservations):
     if slurm_target.backend != "cli":
         pytest.skip("the reasons are Slurm's, not the backend's: the cli backend on each cluster is enough")
     held_user = slurm_jobs(name="held-user", gpus=1, gpu_type="a100", minutes=5)
@@ -229,9 +230,10 @@ def test_each_pending_reason_slurm_gives_is_stored_and_explained(slurm_target, s
     in_reservation = slurm_jobs(name="reservation", gpus=1, gpu_type="a100", minutes=5, directives=[f"--reservation={booking}"])
     slurm_jobs(name="cap-1", gpus=1, gpu_type="a100", minutes=5, team=capped_team)
     capped = slurm_jobs(name="cap-2", gpus=1, gpu_type="a100", minutes=5, team=capped_team)
-    no_node = slurm_jobs(name="no-node", gpus=1, gpu_type="a100", minutes=5, directives=[f"--begin=now+1hour"])
-    # a node the job asks for that is not available to it: reserved for another account over its run
-    slurm("scontrol", "update", f"jobid={no_node.slurm_job_id}", "ReqNodeList=a100-02", "StartTime=now")
+    # a node the job asks for is reserved for another account (a node that does not exist cannot be
+    # asked for: sbatch -w and scontrol update ReqNodeList refuse it, "Invalid node name specified")
+    reservations("h100-01", timezone.now().replace(microsecond=0), 30, (fresh_teams().slurm_account,))
+    no_node = slurm_jobs(name="no-node", gpus=1, gpu_type="h100", minutes=5, directives=["--nodelist=h100-01"])
     expected = {
         held_user: "JobHeldUser", held_admin: "JobHeldAdmin", later: "BeginTime", dependent: "Dependency",
         in_reservation: "Reservation", capped: "AssocGrpGRES", no_node: "ReqNodeNotAvail",
