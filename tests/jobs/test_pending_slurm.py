@@ -207,6 +207,7 @@ def test_expected_start_and_place_are_what_squeue_start_says(slurm_target, slurm
     assert behind.expected_start_at == ahead.end_time
     assert behind.state_reason == "Resources" and reason_explained(behind.state_reason) is not None
     assert behind.queue_position < second.queue_position  # the older job, same priority, first
+    assert second.state_reason == "Priority" and reason_explained(second.state_reason) is not None  # behind "behind"
     # behind the reservation: not before it ends
     (resv,) = [r for r in get_gateway().reservation_list() if r.name == reserved]
     assert after_reservation.expected_start_at >= resv.end
