@@ -170,6 +170,14 @@ class Job(models.Model):
         return reason_explained(self.state_reason) if self.state_reason else None
 
     @property
+    def expected_start_passed(self) -> bool:
+        """Slurm's planned start is already past (it starts at its next scheduling pass, or the plan
+        is about to move): the page says "any moment" rather than a time gone by."""
+        from django.utils import timezone
+
+        return self.expected_start_at is not None and self.expected_start_at <= timezone.now()
+
+    @property
     def is_waiting(self) -> bool:
         """Pending in Slurm (or requeued): its expected start and place in line apply."""
         return self.state in (JobState.PENDING, JobState.REQUEUED)

@@ -70,6 +70,13 @@ def _local_time(value: Any) -> str:
         return str(value)
 
 
+def _passed(value: Any) -> bool:
+    try:
+        return dt.datetime.fromisoformat(str(value)) <= dt.datetime.now(dt.timezone.utc)
+    except (ValueError, TypeError):
+        return False
+
+
 def _start_line(job: dict) -> str:
     """A pending job's outlook: "2026-12-06 14:05 (moved from 13:20), 2nd in line for a100 in gpu";
     "no estimate yet" when Slurm has none; "" for a job that is not pending."""
@@ -77,6 +84,8 @@ def _start_line(job: dict) -> str:
         return ""
     start = job.get("expected_start_at")
     line = _local_time(start) if start else "no estimate yet"
+    if start and _passed(start):
+        line = f"any moment now (planned for {line})"
     if start and job.get("expected_start_moved_from"):
         line += f" (moved from {_local_time(job['expected_start_moved_from'])})"
     if job.get("queue_position"):

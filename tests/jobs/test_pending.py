@@ -174,6 +174,8 @@ def test_job_page_and_list_show_the_outlook(world, client_for):
     Job.objects.filter(pk=job.pk).update(expected_start_at=T0, expected_start_moved_from=T0 - dt.timedelta(hours=2))
     poll = client.get(reverse("jobs:detail", args=[job.pk]), HTTP_HX_REQUEST="true").content.decode()
     assert "expected start moved from" in poll and "no estimate yet" not in poll
+    Job.objects.filter(pk=job.pk).update(expected_start_at=timezone.now() - dt.timedelta(minutes=1), expected_start_moved_from=None)
+    assert "any moment now" in client.get(reverse("jobs:detail", args=[job.pk])).content.decode()  # a plan already past
     listing = client.get(reverse("jobs:list")).content.decode()
     assert f'id="start-{job.pk}"' in listing and "#3" in listing
 
@@ -203,3 +205,4 @@ def test_cli_lines_for_a_pending_job():
     assert _start_line(job | {"state": "RUNNING"}) == ""
     moved = _start_line(job | {"expected_start_at": "2030-01-01T12:00:00Z", "expected_start_moved_from": "2030-01-01T10:00:00Z"})
     assert "moved from" in moved and moved.startswith("2030-01-01")
+    assert _start_line(job | {"expected_start_at": "2020-01-01T12:00:00Z"}).startswith("any moment now (planned for 2020-01-01")
