@@ -62,17 +62,23 @@ def _when(job: dict) -> str:
 PENDING_STATES = frozenset({"PENDING", "REQUEUED"})
 
 
+def _api_time(value: Any) -> dt.datetime:
+    """An API timestamp (ISO 8601 with its offset; "Z" for UTC, which Python 3.9 does not read)."""
+    text = str(value)
+    return dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+
+
 def _local_time(value: Any) -> str:
-    """An API timestamp (ISO 8601 with its offset) in this machine's local time, to the minute."""
+    """An API timestamp in this machine's local time, to the minute."""
     try:
-        return dt.datetime.fromisoformat(str(value)).astimezone().strftime("%Y-%m-%d %H:%M")
+        return _api_time(value).astimezone().strftime("%Y-%m-%d %H:%M")
     except ValueError:
         return str(value)
 
 
 def _passed(value: Any) -> bool:
     try:
-        return dt.datetime.fromisoformat(str(value)) <= dt.datetime.now(dt.timezone.utc)
+        return _api_time(value) <= dt.datetime.now(dt.timezone.utc)
     except (ValueError, TypeError):
         return False
 
