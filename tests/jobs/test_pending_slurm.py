@@ -247,9 +247,11 @@ def test_each_pending_reason_slurm_gives_is_stored_and_explained(slurm_target, s
         oracle = squeue_reasons(ids)
         codes = {expected_code: reason_code(synced[j.slurm_job_id].state_reason) for j, expected_code in expected.items()}
         same = all(synced[i].state_reason == oracle[i] for i in ids)
+        seen[:] = [oracle]
         return (synced, oracle) if same and all(code == got for code, got in codes.items()) else None
 
-    synced, oracle = wait_for(stored, timeout=60, interval=1, what=f"the reasons {sorted(expected.values())}")
+    seen: list = []
+    synced, oracle = wait_for(stored, timeout=60, interval=1, what=f"the reasons {sorted(expected.values())} (Slurm said {seen})")
     for job_id, job in synced.items():
         explained = reason_explained(job.state_reason)
         assert explained is not None and explained.text, job.state_reason  # every one of them in the table
