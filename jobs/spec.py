@@ -70,7 +70,7 @@ from jobs.spec_fields import (
 )
 from jobs.spec_policy import _check_against, _check_policy, _check_release
 from portal.exceptions import ApplicationError
-from portal.slurm.request import job_request
+from portal.slurm.request import job_request, merged_options
 from portal.slurm.types import JobRequest
 
 # The spec is one module per concern (issue 18): the inventory (jobs.inventory), the fields
@@ -284,7 +284,6 @@ def validate_job_spec(
             else:
                 override(option, value.strip())
 
-    # what the script asks for after the overrides so far (GPUs need the node count)
     def read(effective: list[Directive]) -> ScriptRequest | None:
         try:
             return script_request(effective)
@@ -293,24 +292,8 @@ def validate_job_spec(
             errors.directive(source, exc.message) if source else errors.add("script", str(exc))
             return None
 
-    request = read(apply_overrides(directives, overrides))
-    if request is not None and (gpus_n is not None or gpu_type):
-        # the GPUs given as fields: a total (API) as GPUs per node when it divides evenly
-        script_type = request.gpu_type
-        node_count = request.nodes_max
-        type_ = gpu_type or script_type
-        prefix = f"gpu:{type_}:" if type_ else "gpu:"
-        if gpus_n is not None:
-            if request.nodes_given and gpus_n % node_count:
-                errors.add("gpus", f"{gpus_n} GPUs cannot be spread evenly over {node_count} nodes.")
-            else:
-                override("gres", f"{prefix}{gpus_n // node_count}")
-        elif request.gpu_form:
-            option = {"gres": "gres", "gpus-per-node": "gpus-per-node", "gpus": "gpus", "gpus-per-task": "gpus-per-task"}[request.gpu_form]
-            override(option, f"{prefix}{request.gpu_count}" if option == "gres" else f"{type_}:{request.gpu_count}")
-        else:
-            override("gres", f"{prefix}1")
-        request = read(apply_overrides(directives, overrides))
+    if gpus_n is not None or gpu_type:
+        _gpu_override(read(apply_overrides(directives, overrides)), gpus_n, gpu_type, override, errors)
 
     # where it is submitted from: the field (absolute), else the user's default
     if submit_dir not in (None, ""):
@@ -349,8 +332,8 @@ def validate_job_spec(
     partition = (partition or "").strip()
     if partition:
         override("partition", partition)
-    elif request is not None and request.partition:
-        partition = request.partition
+    elif script_options.get("partition") and script_options["partition"].value:
+        partition = script_options["partition"].value
         if "," in partition:
             errors.directive(script_options.get("partition"), "the portal submits to one partition; name one.")
     capacity = None
@@ -391,6 +374,13 @@ def validate_job_spec(
             if given is not None and given.value != account:
                 errors.directive(given, f"jobs of this team run in Slurm account {account!r}, not {given.value!r}.")
 
+    # what Slurm gets: the script's directives and the command line, merged ONCE (the options that
+    # choose a cluster out: the cluster is the job's, its gateway's)
+    command_line = [(d.option, d.value) for d in overrides]
+    command_line += [("account", account)] if account else []
+    command_line += [("comment", tag)] if tag else []
+    effective = merged_options(directives, command_line)
+    request = read(effective)
     spec = None
     if capacity is not None and request is not None:
         _check_release(directives, capacity, errors)
@@ -405,17 +395,15 @@ def validate_job_spec(
     output, error = output_files(workdir=workdir, array=spec["array"],
                                  output=_absolute(request.output, workdir) if request.output else "",
                                  error=_absolute(request.error, workdir) if request.error else "")  # fmt: skip
-    command_line = [(d.option, d.value) for d in overrides]
-    if not request.output:  # the portal's files where the script names none (sbatch's rules for stderr)
-        command_line.append(("output", output))
-        if error and not request.error:
-            command_line.append(("error", error))
-    command_line += [("account", account)] if account else []
-    command_line += [("comment", tag)] if tag else []
+    if not request.output:  # the portal's files where the script names none (sbatch's rules for stderr);
+        # they replace no directive: added to the command line and to the merged options alike
+        files = [("output", output)] + ([("error", error)] if error and not request.error else [])
+        command_line += files
+        effective += [Directive(option, value, 0, "") for option, value in files]
     slurm_request = job_request(
-        script=script, directives=directives, command_line=command_line, workdir=workdir, submit_dir=submit_dir,
-        submit_dir_default=submit_dir == default_submit_dir, environment=environment_clean, gpus=spec["gpus"],
-        gpu_type=spec["gpu_type"], nodes=spec["nodes"], time_limit_minutes=spec["time_limit_minutes"],
+        script=script, directives=directives, command_line=command_line, effective=effective, workdir=workdir,
+        submit_dir=submit_dir, submit_dir_default=submit_dir == default_submit_dir, environment=environment_clean,
+        gpus=spec["gpus"], gpu_type=spec["gpu_type"], nodes=spec["nodes"], time_limit_minutes=spec["time_limit_minutes"],
         array_tasks=spec["array_tasks"],
     )  # fmt: skip
     spec.update(name=name, script=script, workdir=workdir, environment=environment_clean, submit_dir=submit_dir,
@@ -434,6 +422,26 @@ def output_files(*, workdir: str, array: str = "", output: str = "", error: str 
         if not error and "{stream}" in pattern:
             error = pattern.format(workdir=workdir, slurm_job_id=slurm_id, stream="err")
     return output, error
+
+
+def _gpu_override(request: ScriptRequest | None, gpus: int | None, gpu_type: str, override, errors: _Errors) -> None:
+    """The GPUs given as fields, as a command-line option: a total (API) as GPUs per node when it
+    divides evenly over the nodes; a type alone keeps the script's count and form. ``request``: what
+    the script and the other fields ask for (the node count), None when it cannot be read."""
+    if request is None:
+        return
+    type_ = gpu_type or request.gpu_type
+    prefix = f"gpu:{type_}:" if type_ else "gpu:"
+    if gpus is not None:
+        if request.nodes_given and gpus % request.nodes_max:
+            errors.add("gpus", f"{gpus} GPUs cannot be spread evenly over {request.nodes_max} nodes.")
+        else:
+            override("gres", f"{prefix}{gpus // request.nodes_max}")
+    elif request.gpu_form:
+        option = request.gpu_form
+        override(option, f"{prefix}{request.gpu_count}" if option == "gres" else f"{type_}:{request.gpu_count}")
+    else:
+        override("gres", f"{prefix}1")
 
 
 def overrides_has(overrides: list[Directive], option: str) -> bool:

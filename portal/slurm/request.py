@@ -50,6 +50,7 @@ def job_request(
     workdir: str,
     submit_dir: str,
     directives: Sequence[Directive] | None = None,
+    effective: Sequence[Directive] | None = None,
     submit_dir_default: bool = False,
     environment: Mapping[str, str] | None = None,
     gpus: int = 0,
@@ -59,8 +60,9 @@ def job_request(
     array_tasks: int = 1,
 ) -> JobRequest:
     """The one request for a job: the script's directives (``directives``: the parse the caller has;
-    None: read now) merged with ``command_line`` as sbatch merges them, ONCE. Options that choose a
-    cluster are dropped from both (the module docstring)."""
+    None: read now) merged with ``command_line`` as sbatch merges them (``effective``: that merge,
+    ``merged_options``, when the caller made it). Options that choose a cluster are dropped from
+    both (the module docstring)."""
     if directives is None:
         try:
             directives = parse_directives(script)
@@ -68,7 +70,7 @@ def job_request(
             raise SlurmRejected(f"sbatch: error: {exc}") from None
     directives = list(directives)
     overrides = [Directive(option, value, 0, "") for option, value in command_line if option not in CLUSTER_OPTIONS]
-    effective = [d for d in apply_overrides(directives, overrides) if d.option not in CLUSTER_OPTIONS]
+    effective = merged_options(directives, command_line) if effective is None else list(effective)
     kept = {d.line for d in effective if d.line}
     sent = disable_directives(_without_cluster_options(script, directives), {d.line for d in directives} - kept)
     options = tuple((d.option, d.value) for d in effective)
@@ -80,6 +82,13 @@ def job_request(
         environment=tuple(sorted((environment or {}).items())), gpus=gpus, gpu_type=gpu_type, nodes=nodes,
         time_limit_minutes=time_limit_minutes, array_tasks=array_tasks,
     )  # fmt: skip
+
+
+def merged_options(directives: Sequence[Directive], command_line: Sequence[tuple[str, str | None]]) -> list[Directive]:
+    """Every option Slurm applies, in order: the script's directives the command line does not
+    replace, then the command line (line 0); never one that chooses a cluster."""
+    overrides = [Directive(option, value, 0, "") for option, value in command_line]
+    return [d for d in apply_overrides(list(directives), overrides) if d.option not in CLUSTER_OPTIONS]
 
 
 def _without_cluster_options(script: str, directives: list[Directive]) -> str:

@@ -73,17 +73,23 @@ def test_the_live_estimate_and_read_script_read_it_once(client_for, inventory, p
     assert parses.call_count == 2
 
 
-def test_the_request_is_built_once_per_submission(api_client_for, inventory, relays, builds):
+def test_the_request_is_built_and_merged_once_per_submission(api_client_for, client_for, inventory, relays, builds, parses):
     """The one request (portal.slurm.request.job_request): built once for each job of a submission,
-    by jobs.spec, single or batch."""
+    by jobs.spec, single, batch or form, its directives and command line merged once (the GPUs given
+    as a total are first read against the script's node count: one more merge, of the fields alone)."""
     client = api_client_for("member")
-    response = client.post("/api/v1/jobs/", job_payload(script=SCRIPT, gpus=None, gpu_type=""), format="json")
-    assert response.status_code == 201, response.json()
-    assert builds.call_count == 1
-    body = [job_payload(script=SCRIPT, gpus=None, gpu_type="") for _ in range(3)]  # a batch
-    response = client.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 201, response.json()
-    assert builds.call_count == 1 + 3
+    with mock.patch("portal.slurm.request.apply_overrides", wraps=sbatch_directives.apply_overrides) as merges:
+        response = client.post("/api/v1/jobs/", job_payload(script=SCRIPT, gpus=None, gpu_type=""), format="json")
+        assert response.status_code == 201, response.json()
+        assert (parses.call_count, builds.call_count, merges.call_count) == (1, 1, 1)
+        body = [job_payload(script=SCRIPT, gpus=None, gpu_type="") for _ in range(3)]  # a batch
+        response = client.post("/api/v1/jobs/", body, format="json")
+        assert response.status_code == 201, response.json()
+        assert (builds.call_count, merges.call_count) == (1 + 3, 1 + 3)
+        response = client_for("member").post(reverse("jobs:new"), {"team": "vision", "idempotency_key": "k-merge", "script": SCRIPT,
+                                                                   "time_limit_minutes": "20"})  # fmt: skip
+        assert response.status_code == 302
+        assert (builds.call_count, merges.call_count) == (1 + 3 + 1, 1 + 3 + 1)
 
 
 def test_the_relay_hands_the_stored_request_to_the_gateway_unchanged(api_client_for, inventory, relays, use_gateway, settings):
