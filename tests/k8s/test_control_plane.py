@@ -6,7 +6,6 @@ What is asserted is what Kubernetes itself says: the scheduler's binding and its
 controller's conditions, the ResourceQuota admission's refusal, the pod's log through pods/log (the API
 server asks the agent's kubelet endpoint), and the host's own process table for a cancelled Job."""
 
-import os
 import time
 import uuid
 
@@ -189,7 +188,16 @@ def test_deleting_a_running_job_ends_its_process(apis, k8s_namespace):
     batch.delete_namespaced_job("long", k8s_namespace, propagation_policy="Background")
 
     wait_for("the pod to be removed", lambda: not job_pods(core, k8s_namespace, "long"))
-    assert not os.path.exists(f"/proc/{pid}")
+    wait_for("its process to end", lambda: not process_runs(pid), timeout=10)
+
+
+def process_runs(pid):
+    """The process exists and is not a zombie (ended, not yet reaped by its new parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_kubelet_endpoint_answers_only_the_clusters_certificates(apis):
