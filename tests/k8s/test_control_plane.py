@@ -6,30 +6,19 @@ What is asserted is what Kubernetes itself says: the scheduler's binding and its
 controller's conditions, the ResourceQuota admission's refusal, the pod's log through pods/log (the API
 server asks the agent's kubelet endpoint), and the host's own process table for a cancelled Job."""
 
-import time
 import uuid
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.support import wait_for
+
 pytestmark = pytest.mark.k8s
 
 GPU = "nvidia.com/gpu"
 TYPE_LABEL = "gpuportal.io/gpu-type"
 NOBODY = 65534  # a non-root user the agent runs the pods as (securityContext runAsUser/runAsGroup)
-
-
-def wait_for(what, probe, timeout=60):
-    """Poll ``probe`` until it returns something true; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def gpu_job(name, *, gpus, script, gpu_type=None):
@@ -110,8 +99,8 @@ def test_job_with_two_gpus_for_a100_is_bound_to_the_a100_node_run_and_completed(
     )
 
     job = wait_for(
-        "the Job to complete",
-        lambda: (j := batch.read_namespaced_job(name, k8s_namespace)).status.succeeded and j,
+        what="the Job to complete",
+        predicate=lambda: (j := batch.read_namespaced_job(name, k8s_namespace)).status.succeeded and j,
     )
     assert {c.type: c.status for c in job.status.conditions} == {"Complete": "True"}
     [pod] = job_pods(core, k8s_namespace, name)
@@ -140,7 +129,7 @@ def test_pod_asking_for_five_gpus_stays_pending_with_the_schedulers_reason(apis,
         events = pods and events_of(core, k8s_namespace, "Pod", pods[0].metadata.name)
         return [e for e in events or [] if e.reason == "FailedScheduling"]
 
-    [event, *_] = wait_for("the scheduler's FailedScheduling event", failed_scheduling)
+    [event, *_] = wait_for(what="the scheduler's FailedScheduling event", predicate=failed_scheduling)
     assert "0/2 nodes are available" in event.message
     assert "Insufficient nvidia.com/gpu" in event.message
     [pod] = job_pods(core, k8s_namespace, "too-big")
@@ -154,7 +143,8 @@ def test_resource_quota_refuses_a_pod_over_the_namespace_gpu_cap(apis, k8s_names
     core.create_namespaced_resource_quota(k8s_namespace, quota)
     # admission counts against the quota once the resource-quota controller has computed its status
     wait_for(
-        "the quota's status", lambda: core.read_namespaced_resource_quota("gpus", k8s_namespace).status.hard
+        what="the quota's status",
+        predicate=lambda: core.read_namespaced_resource_quota("gpus", k8s_namespace).status.hard,
     )
 
     batch.create_namespaced_job(k8s_namespace, gpu_job("over-cap", gpus=4, gpu_type="h100", script="true"))
@@ -163,7 +153,7 @@ def test_resource_quota_refuses_a_pod_over_the_namespace_gpu_cap(apis, k8s_names
         events = events_of(core, k8s_namespace, "Job", "over-cap")
         return [e for e in events if e.reason == "FailedCreate" and "exceeded quota" in e.message]
 
-    [event, *_] = wait_for("the Job controller's FailedCreate event", refused)
+    [event, *_] = wait_for(what="the Job controller's FailedCreate event", predicate=refused)
     assert f"requested: requests.{GPU}=4" in event.message
     assert job_pods(core, k8s_namespace, "over-cap") == []
 
@@ -181,14 +171,14 @@ def test_deleting_a_running_job_ends_its_process(apis, k8s_namespace):
         output = core.read_namespaced_pod_log(pods[0].metadata.name, k8s_namespace)
         return "pid=" in output and int(output.split("pid=")[1].split()[0])
 
-    pid = wait_for("the Job's pod to run", running_pid)
+    pid = wait_for(what="the Job's pod to run", predicate=running_pid)
     with open(f"/proc/{pid}/status") as status:
         assert f"Uid:\t{NOBODY}" in status.read()
 
     batch.delete_namespaced_job("long", k8s_namespace, propagation_policy="Background")
 
-    wait_for("the pod to be removed", lambda: not job_pods(core, k8s_namespace, "long"))
-    wait_for("its process to end", lambda: not process_runs(pid), timeout=10)
+    wait_for(what="the pod to be removed", predicate=lambda: not job_pods(core, k8s_namespace, "long"))
+    wait_for(what="its process to end", predicate=lambda: not process_runs(pid), timeout=10)
 
 
 def process_runs(pid):
