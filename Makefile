@@ -89,7 +89,8 @@ stop:
 	@scripts/demo stop
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
-test: install lint-imports pyslurm cluster cluster25 prometheus browser
+# k8s: tests/k8s run against the local Kubernetes cluster (the first run builds it: ~7 min on 2 cores).
+test: install lint-imports pyslurm cluster cluster25 k8s prometheus browser
 	@eval "$$(scripts/services up)" && eval "$$(scripts/services ldap)" && $(PY) -m pytest $(PYTEST_ARGS)
 
 # The dependency contracts of pyproject.toml ([tool.importlinter]); run before the tests
