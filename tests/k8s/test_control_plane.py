@@ -210,3 +210,24 @@ def test_kubelet_endpoint_answers_only_the_clusters_certificates(apis):
         tls.sendall(b"GET /containerLogs/kube-system/x/y HTTP/1.0\r\n\r\n")
         # TLS 1.3: the server's refusal (no client certificate) arrives with the first read
         tls.recv(1024) or pytest.fail("no TLS alert")
+
+
+def test_following_a_pods_log_streams_it_to_the_end(apis, k8s_namespace):
+    """pods/log?follow=true (what `gpuportal logs --follow` will read): the API server streams what the
+    agent's kubelet endpoint sends while the process runs, and the stream ends when the process does."""
+    batch, core = apis
+    script = "for i in 1 2 3; do echo line$i; sleep 0.5; done"
+    batch.create_namespaced_job(k8s_namespace, gpu_job("chatty", gpus=1, script=script))
+
+    def running_pod():
+        pods = job_pods(core, k8s_namespace, "chatty")
+        return pods and pods[0].status.phase in ("Running", "Succeeded") and pods[0].metadata.name
+
+    name = wait_for(what="the Job's pod to start", predicate=running_pod)
+    stream = core.read_namespaced_pod_log(name, k8s_namespace, follow=True, _preload_content=False)
+    try:
+        assert stream.read().decode() == "line1\nline2\nline3\n"
+    finally:
+        stream.release_conn()
+    pod = core.read_namespaced_pod(name, k8s_namespace)
+    assert pod.status.phase == "Succeeded"
