@@ -20,7 +20,7 @@
 
 K8S_DEB_VERSION=${K8S_DEB_VERSION:-1.20.5+really1.20.2-1.1+deb12u1}
 K8S_SRC_CACHE=${K8S_SRC_CACHE:-/var/cache/gpuportal-k8s-src}
-K8S_BUILD_DEPS=(build-essential rsync golang-go dpkg-dev etcd-server openssl)
+K8S_BUILD_DEPS=(build-essential rsync golang-go dpkg-dev etcd-server openssl curl)  # curl: scripts/k8s asks the daemons whether they answer
 K8S_WHAT="cmd/kube-apiserver cmd/kube-scheduler cmd/kube-controller-manager"
 K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager)
 # Patches applied in name order (-p1) after Debian's own: k8s-patches/<major.minor>-*.patch. Each
