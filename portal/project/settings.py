@@ -229,6 +229,14 @@ SLURM_MAX_ARRAY_SIZE = env.int("SLURM_MAX_ARRAY_SIZE", 1001, minimum=1)
 # 30 s) a job ends at most 30 s (slurmctld's time-limit check) + 30 s past its limit.
 SLURM_OVERRUN_SECONDS_UNREAD = env.int("SLURM_OVERRUN_SECONDS_UNREAD", 60, minimum=0)
 
+# Kubernetes (issue 41): the kubeconfig the portal reaches its Kubernetes GPU cluster with — for the local
+# one (scripts/k8s up) its service account's, which holds only the rights the portal needs (RBAC). Not
+# KUBECONFIG: kubectl and the kubernetes client read that one from the user's shell. Empty: none.
+_local_k8s_kubeconfig = Path(env.str("GPUPORTAL_K8S_DIR", "/var/lib/gpuportal-k8s")) / "etc" / "portal.kubeconfig"
+GPUPORTAL_K8S_KUBECONFIG = env.str(
+    "GPUPORTAL_K8S_KUBECONFIG", str(_local_k8s_kubeconfig) if _local_k8s_kubeconfig.exists() else ""
+)
+
 # Jobs
 # Where a job is submitted from when the request names no directory (jobs/workdirs.py): a template
 # with {user} (the cluster user name), {home} (that user's home), {team} (slug), {job} (the job's id);
