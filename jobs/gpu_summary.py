@@ -1,0 +1,144 @@
+"""A job's GPU record as the portal keeps it once the job has ended (JobGpuSummary.data): per GPU its
+summary (the JobGpuUsage figures) and ONE downsampled series — at most GPU_CHART_POINTS points, buckets
+of at least GPU_SERIES_MIN_BUCKET_SECONDS — what the chart shows after Prometheus has forgotten the raw
+points. The raw points are never stored in PostgreSQL: a running job's chart reads them from Prometheus.
+
+One shape, one owner: ``buckets`` is the chart's downsampling (a running job's chart from Prometheus,
+an ended job's stored series, the legacy rows' compaction), ``summary_encode``/``summary_decode`` the
+record's format. The record is zlib-compressed JSON, version 1:
+``{"v": 1, "origin": epoch s, "width": s, "gpus": [{"t", "j", "h", "g", "m", "s", "n", "us", "up",
+"i", "ms", "mn", "mp", "f", "l", "u": [%, …], "mem": [MiB, …]}]}``; utilisation in whole %, memory in
+whole MiB, null where a bucket had no point. bench/bench_gpu_storage.py measures what it costs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import zlib
+
+from django.conf import settings
+
+from jobs.models import JobGpuUsage
+from portal import prometheus
+
+# The chart of a job has at most this many points per GPU (means over equal buckets): 8 GPUs x 72 h
+# at one point a minute are 34 560 points, shown as 8 x 240.
+GPU_CHART_POINTS = 240
+FORMAT_VERSION = 1
+
+
+def chart_frame(rows: list[JobGpuUsage], *, minimum_width: int = 0) -> tuple[int, int, int]:
+    """(origin epoch s, bucket width s, buckets) covering the rows' samples: at most GPU_CHART_POINTS
+    buckets, each at least one step (and ``minimum_width``) wide."""
+    step = max(r.step_seconds for r in rows)
+    start = min(r.first_at for r in rows) - dt.timedelta(seconds=step)
+    end = max(r.last_at for r in rows)
+    span = (end - start).total_seconds()
+    width = max(step, minimum_width, math.ceil(span / GPU_CHART_POINTS))
+    return int(start.timestamp()), width, max(1, math.ceil(span / width))
+
+
+def buckets(points, *, origin: int, width: int, count: int) -> tuple[list, list]:
+    """Means of (time, utilisation %, memory MiB or None) points over ``count`` buckets of ``width``
+    seconds from ``origin`` (a point at t belongs to the bucket ending at or after it): two lists,
+    None where a bucket had no point."""
+    util = [[0.0, 0] for _ in range(count)]
+    mem = [[0.0, 0] for _ in range(count)]
+    for at, u, m in points:
+        b = min(max(math.ceil((at.timestamp() - origin) / width) - 1, 0), count - 1)
+        util[b][0] += u
+        util[b][1] += 1
+        if m is not None:
+            mem[b][0] += m
+            mem[b][1] += 1
+    return ([round(s / n, 1) if n else None for s, n in util], [round(s / n) if n else None for s, n in mem])
+
+
+def chart_labels(*, origin: int, width: int, count: int) -> list[str]:
+    return [dt.datetime.fromtimestamp(origin + width * (b + 1), tz=dt.UTC).isoformat() for b in range(count)]
+
+
+def gpu_label(row: JobGpuUsage) -> str:
+    task = f"task {row.task_index} · " if row.task_index is not None else ""
+    return f"{task}{row.host} GPU {row.gpu}"
+
+
+def chart(rows: list[JobGpuUsage], series: dict[int, tuple[list, list]], *, origin: int, width: int, count: int) -> dict:
+    """The chart the job page and the API show: ``series`` maps a row's position to its two lists."""
+    return {
+        "labels": chart_labels(origin=origin, width=width, count=count),
+        "bucket_seconds": width,
+        "series": [
+            {"label": gpu_label(r), "util": series.get(i, ([None] * count,))[0],
+             "mem_mib": series.get(i, (None, [None] * count))[1]}
+            for i, r in enumerate(rows)
+        ],
+    }  # fmt: skip
+
+
+def series_of_rows(rows: list[JobGpuUsage], series: list[prometheus.GpuSeries]) -> dict[int, list]:
+    """Position in ``rows`` → the points of the series that is that GPU of that job (its cluster's,
+    when GPU_LABEL_CLUSTER is set and the row carries ``cluster_name``), within the row's span."""
+    index = {}
+    for i, r in enumerate(rows):
+        index[(str(r.slurm_job_id), r.host, r.gpu)] = i
+    out: dict[int, list] = {}
+    for s in series:
+        i = index.get((s.job, s.host, s.gpu))
+        if i is None:
+            continue
+        row = rows[i]
+        cluster = getattr(row, "cluster_name", None)
+        if settings.GPU_LABEL_CLUSTER and cluster is not None and s.cluster != cluster:
+            continue
+        low = row.first_at - dt.timedelta(seconds=row.step_seconds)
+        out[i] = [p for p in s.points if low <= p[0] <= row.last_at]
+    return out
+
+
+def _epoch(at: dt.datetime) -> int | float:
+    stamp = at.timestamp()
+    return int(stamp) if stamp.is_integer() else stamp  # the sync's points are on whole seconds
+
+
+def summary_encode(rows: list[JobGpuUsage], points: dict[int, list], *, minimum_width: int) -> bytes:
+    """The record of an ended job: ``rows`` its GPU rows (final figures), ``points`` a row's position →
+    its (time, util, mem) points (at the sync's step, or already bucketed: means of means weigh each
+    stored point once). Utilisation rounded to whole %, memory to whole MiB."""
+    sampled = [r for r in rows if r.samples]
+    origin, width, count = chart_frame(sampled, minimum_width=minimum_width) if sampled else (0, 0, 0)
+    gpus = []
+    for i, r in enumerate(rows):
+        util, mem = buckets(points.get(i, []), origin=origin, width=width, count=count) if count and r.samples else ([], [])
+        gpus.append({
+            "t": r.task_index, "j": r.slurm_job_id, "h": r.host, "g": r.gpu, "m": r.model_name, "s": r.step_seconds,
+            "n": r.samples, "us": r.util_sum, "up": r.util_peak, "i": r.idle_samples, "ms": r.mem_sum,
+            "mn": r.mem_samples, "mp": r.mem_peak, "f": _epoch(r.first_at), "l": _epoch(r.last_at),
+            "u": [None if v is None else round(v) for v in util], "mem": mem,
+        })  # fmt: skip
+    body = {"v": FORMAT_VERSION, "origin": origin, "width": width, "gpus": gpus}
+    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 9)
+
+
+def summary_decode(data: bytes, *, job_id) -> tuple[list[JobGpuUsage], dict | None]:
+    """The rows (unsaved JobGpuUsage, final) and the chart of a stored record, in the rows' order
+    (task, host, GPU)."""
+    body = json.loads(zlib.decompress(bytes(data)))
+    at = lambda s: dt.datetime.fromtimestamp(s, tz=dt.UTC)  # noqa: E731
+    rows, series = [], {}
+    for i, g in enumerate(body["gpus"]):
+        rows.append(JobGpuUsage(
+            job_id=job_id, task_index=g["t"], slurm_job_id=g["j"], host=g["h"], gpu=g["g"], model_name=g["m"],
+            step_seconds=g["s"], samples=g["n"], util_sum=g["us"], util_peak=g["up"], idle_samples=g["i"],
+            mem_sum=g["ms"], mem_samples=g["mn"], mem_peak=g["mp"], first_at=at(g["f"]), last_at=at(g["l"]), final=True,
+        ))  # fmt: skip
+        if g["u"]:
+            series[i] = ([None if v is None else float(v) for v in g["u"]], g["mem"])
+    count = max((len(g["u"]) for g in body["gpus"]), default=0)
+    shown = [i for i, r in enumerate(rows) if r.samples]
+    if not count or not shown:
+        return rows, None
+    picked = [rows[i] for i in shown]
+    return rows, chart(picked, {k: series[i] for k, i in enumerate(shown) if i in series},
+                       origin=body["origin"], width=body["width"], count=count)  # fmt: skip
