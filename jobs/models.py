@@ -133,6 +133,9 @@ class Job(models.Model):
             models.Index(fields=["submitter", "-created_at"], name="job_submitter_created"),
             # look-ups by Slurm id (CLI `gpuportal job 1234`, admin search, accounting joins)
             models.Index(fields=["slurm_job_id"], name="job_slurm_job_id"),
+            # retention (jobs.services.retention): the jobs that ended in a range, oldest first. BRIN:
+            # jobs end in about the order they are created, and it costs kilobytes, not a B-tree's ~90 MB a year
+            BrinIndex(fields=["ended_at"], name="job_ended_brin"),
             # job_end_notify_sweep: ended jobs whose end notice is owed, by end (partial: a handful)
             models.Index(
                 fields=["ended_at"], name="job_end_notice_owed",

@@ -27,7 +27,7 @@ from jobs import gpu_summary
 from accounting.services import usage_busy_record
 from jobs.choices import TERMINAL_STATES
 from jobs.gpu_report import SYNC_KIND
-from jobs.models import Job, JobArrayTask, JobGpuSummary, JobGpuUsage
+from jobs.models import Job, JobArrayTask, JobGpuSample, JobGpuSummary, JobGpuUsage
 from portal import prometheus
 from portal.db import bulk_update_values
 from portal.models import SyncStatus
@@ -238,3 +238,38 @@ def gpu_usage_sync(*, now: dt.datetime | None = None) -> dict:
     sync_record_success(SYNC_KIND, data={"until": end.timestamp(), "duration_ms": stats["duration_ms"]}, at=now)
     return stats
 
+
+
+def gpu_samples_compact_batch(*, jobs: int = 200, rows: int = 10_000) -> dict:
+    """One batch of the legacy rows' compaction (``manage.py gpu_samples_compact``, issue 39): the
+    ended jobs whose rows are frozen but have no JobGpuSummary get one from their JobGpuSample rows
+    (at most ``jobs`` jobs; the same record the finalisation writes); once none is left, ``rows``
+    sample rows are deleted by primary key. Short statements only: a site runs it on a live database
+    (no table lock, no rewrite; VACUUM makes the space reusable, VACUUM FULL or pg_repack gives it
+    back to the disk). Returns figures: summaries, deleted (0 and 0: done)."""
+    job_ids = list(
+        JobGpuUsage.objects.filter(final=True, job__gpu_summary__isnull=True)
+        .order_by("job_id").values_list("job_id", flat=True).distinct()[:jobs]
+    )  # fmt: skip
+    if job_ids:
+        ended = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "ended_at"))
+        usage: dict = {}
+        for row in JobGpuUsage.objects.filter(job_id__in=job_ids).order_by("job_id", "task_index", "host", "gpu"):
+            usage.setdefault(row.job_id, []).append(row)
+        points: dict[int, list] = {}
+        for usage_id, at, util, mem in JobGpuSample.objects.filter(usage__job_id__in=job_ids).values_list(
+            "usage_id", "at", "util", "mem_mib"
+        ).iterator(chunk_size=rows):
+            points.setdefault(usage_id, []).append((at, util, mem))
+        records = [
+            JobGpuSummary(job_id=job_id, ended_at=ended.get(job_id) or max(r.last_at for r in mine),
+                          data=gpu_summary.summary_encode(mine, {i: points.get(r.pk, []) for i, r in enumerate(mine)},
+                                                          minimum_width=settings.GPU_SERIES_MIN_BUCKET_SECONDS))
+            for job_id, mine in usage.items()
+        ]  # fmt: skip
+        JobGpuSummary.objects.bulk_create(records, ignore_conflicts=True)
+        return {"summaries": len(records), "deleted": 0}
+    pks = list(JobGpuSample.objects.order_by().values_list("pk", flat=True)[:rows])
+    if pks:
+        JobGpuSample.objects.filter(pk__in=pks).delete()
+    return {"summaries": 0, "deleted": len(pks)}

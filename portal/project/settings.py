@@ -317,6 +317,9 @@ RETENTION_BATCH = env.int("RETENTION_BATCH", 5000, minimum=100, maximum=100000)
 RETENTION_GPU_ROWS_DAYS = env.int("RETENTION_GPU_ROWS_DAYS", 7, minimum=1, maximum=36500)
 # the job's GPU summary and its downsampled series (the chart after Prometheus forgot)
 RETENTION_GPU_SUMMARY_DAYS = env.int("RETENTION_GPU_SUMMARY_DAYS", 0, minimum=0, maximum=36500)
+if RETENTION_GPU_SUMMARY_DAYS and RETENTION_GPU_SUMMARY_DAYS < RETENTION_GPU_ROWS_DAYS:
+    raise ImproperlyConfigured("Environment variable RETENTION_GPU_SUMMARY_DAYS is shorter than RETENTION_GPU_ROWS_DAYS: "
+                               "the working rows expire only once their job's summary is stored; set it 0 or at least as long.")
 # the job's state history (JobEvent)
 RETENTION_JOB_EVENTS_DAYS = env.int("RETENTION_JOB_EVENTS_DAYS", 0, minimum=0, maximum=36500)
 # the job page's references to its output files (shown no more after this; the files are the user's)
