@@ -5,10 +5,10 @@ points. The raw points are never stored in PostgreSQL: a running job's chart rea
 
 One shape, one owner: ``buckets`` is the chart's downsampling (a running job's chart from Prometheus,
 an ended job's stored series, the legacy rows' compaction), ``summary_encode``/``summary_decode`` the
-record's format. The record is zlib-compressed JSON, version 1:
-``{"v": 1, "origin": epoch s, "width": s, "gpus": [{"t", "j", "h", "g", "m", "s", "n", "us", "up",
-"i", "ms", "mn", "mp", "f", "l", "u": [%, …], "mem": [MiB, …]}]}``; utilisation in whole %, memory in
-whole MiB, null where a bucket had no point. bench/bench_gpu_storage.py measures what it costs."""
+record's format. The record is a version byte (1) then JSON compressed by zlib with a preset
+dictionary: ``{"o": origin epoch s, "w": bucket s, "gpus": [{"t", "j", "h", "g", "m", "s", "n", "us",
+"up", "i", "ms", "mn", "mp", "f", "l", "u": [%, …], "mem": [MiB, …]}]}`` (the JobGpuUsage fields by
+their initials; first and last sample in seconds from the origin); utilisation in whole %, memory to three figures, null where a bucket had no point. bench/bench_gpu_storage.py measures what it costs."""
 
 from __future__ import annotations
 
@@ -102,10 +102,36 @@ def _epoch(at: dt.datetime) -> int | float:
     return int(stamp) if stamp.is_integer() else stamp  # the sync's points are on whole seconds
 
 
+def _short(value: float, places: int) -> float | int:
+    """A sum or peak as stored: ``places`` decimals (utilisation sums to 0.1 %·sample, memory to the
+    MiB·sample: the means shown to 0.1 % and 1 MiB do not move), an int when whole."""
+    rounded = round(value, places)
+    return int(rounded) if float(rounded).is_integer() else rounded
+
+
+def _chart_mib(value: float | None) -> int | None:
+    """Memory for the chart: three significant figures (70 321 MiB → 70 300; 0.1 %, invisible on it)."""
+    if value is None:
+        return None
+    whole = round(value)
+    scale = 10 ** max(0, len(str(abs(whole))) - 3)
+    return round(whole / scale) * scale
+
+
+# zlib's preset dictionary of format 1: what every record repeats, so a one-GPU job's record is a
+# fraction of its JSON (bench/bench_gpu_storage.py). Changing it is a new format version.
+_ZDICT_1 = (
+    b'null,null,null,0,0,0,0,0,100,100,100,95,90,60,30,"NVIDIA H100 80GB HBM3","NVIDIA A100-SXM4-80GB",'
+    b'{"o":1780000000,"w":300,"gpus":[{"t":null,"j":1000000,"h":"gpu-node-","g":"0","m":"NVIDIA A100-SXM4-80GB",'
+    b'"s":60,"n":1,"us":0,"up":0,"i":0,"ms":0,"mn":0,"mp":0,"f":60,"l":300,"u":[0,0],"mem":[0,0]}]}'
+)
+
+
 def summary_encode(rows: list[JobGpuUsage], points: dict[int, list], *, minimum_width: int) -> bytes:
     """The record of an ended job: ``rows`` its GPU rows (final figures), ``points`` a row's position →
     its (time, util, mem) points (at the sync's step, or already bucketed: means of means weigh each
-    stored point once). Utilisation rounded to whole %, memory to whole MiB."""
+    stored point once). The figures' sums to 0.01 (the means are shown to 0.1); the series' utilisation
+    to whole %, memory to three significant figures. One version byte, then zlib with _ZDICT_1."""
     sampled = [r for r in rows if r.samples]
     origin, width, count = chart_frame(sampled, minimum_width=minimum_width) if sampled else (0, 0, 0)
     gpus = []
@@ -113,19 +139,25 @@ def summary_encode(rows: list[JobGpuUsage], points: dict[int, list], *, minimum_
         util, mem = buckets(points.get(i, []), origin=origin, width=width, count=count) if count and r.samples else ([], [])
         gpus.append({
             "t": r.task_index, "j": r.slurm_job_id, "h": r.host, "g": r.gpu, "m": r.model_name, "s": r.step_seconds,
-            "n": r.samples, "us": r.util_sum, "up": r.util_peak, "i": r.idle_samples, "ms": r.mem_sum,
-            "mn": r.mem_samples, "mp": r.mem_peak, "f": _epoch(r.first_at), "l": _epoch(r.last_at),
-            "u": [None if v is None else round(v) for v in util], "mem": mem,
+            "n": r.samples, "us": _short(r.util_sum, 1), "up": _short(r.util_peak, 1), "i": r.idle_samples,
+            "ms": _short(r.mem_sum, 0), "mn": r.mem_samples, "mp": _short(r.mem_peak, 0), "f": _epoch(r.first_at) - origin,
+            "l": _epoch(r.last_at) - origin, "u": [None if v is None else round(v) for v in util], "mem": [_chart_mib(v) for v in mem],
         })  # fmt: skip
-    body = {"v": FORMAT_VERSION, "origin": origin, "width": width, "gpus": gpus}
-    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 9)
+    body = json.dumps({"o": origin, "w": width, "gpus": gpus}, separators=(",", ":")).encode()
+    packer = zlib.compressobj(9, zdict=_ZDICT_1)
+    return bytes([FORMAT_VERSION]) + packer.compress(body) + packer.flush()
 
 
 def summary_decode(data: bytes, *, job_id) -> tuple[list[JobGpuUsage], dict | None]:
     """The rows (unsaved JobGpuUsage, final) and the chart of a stored record, in the rows' order
     (task, host, GPU)."""
-    body = json.loads(zlib.decompress(bytes(data)))
-    at = lambda s: dt.datetime.fromtimestamp(s, tz=dt.UTC)  # noqa: E731
+    data = bytes(data)
+    if data[0] != FORMAT_VERSION:
+        raise ValueError(f"unknown GPU summary format {data[0]}")
+    unpacker = zlib.decompressobj(zdict=_ZDICT_1)
+    body = json.loads(unpacker.decompress(data[1:]) + unpacker.flush())
+    body["origin"], body["width"] = body["o"], body["w"]
+    at = lambda s: dt.datetime.fromtimestamp(body["o"] + s, tz=dt.UTC)  # noqa: E731
     rows, series = [], {}
     for i, g in enumerate(body["gpus"]):
         rows.append(JobGpuUsage(

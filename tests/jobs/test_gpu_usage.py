@@ -328,3 +328,35 @@ def test_an_arrays_tasks_get_rows_of_their_own_by_their_own_slurm_ids(world):
     report = job_gpu_report(job)
     assert [(g["task_index"], g["gpu"], g["util_mean"]) for g in report["gpus"]] == [(0, "0", 80.0), (1, "1", 0.0)]
     assert [s["label"] for s in report["chart"]["series"]] == ["task 0 · a100-01 GPU 0", "task 1 · a100-01 GPU 1"]
+
+
+def _cycle_queries(world, *, jobs: int, first_id: int) -> int:
+    """The queries of one cycle's database part (record, freeze, busy hand-over, alerts) for ``jobs``
+    running jobs of 4 GPUs each, half of which ended long enough ago to be frozen."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.services.gpu_usage import gpu_busy_hand_over
+
+    start = timezone.now() - dt.timedelta(minutes=10)
+    made = [_running_job(world, slurm_job_id=first_id + i) for i in range(jobs)]
+    series = [_series(job, str(g), [50.0] * 5, start=start) for job in made for g in range(4)]
+    gpu_usage_record(series, step=STEP)
+    now = timezone.now()
+    type(made[0]).objects.filter(pk__in=[j.pk for j in made[: jobs // 2]]).update(
+        state=JobState.COMPLETED, ended_at=now - dt.timedelta(minutes=5))  # fmt: skip
+    later = [_series(job, str(g), [60.0], start=now) for job in made for g in range(4)]
+    with CaptureQueriesContext(connection) as queries:
+        gpu_usage_record(later, step=STEP)
+        assert gpu_usage_finalise(now=now, step=STEP) == 4 * (jobs // 2)
+        gpu_busy_hand_over(job_ids=[j.pk for j in made], now=now)
+        gpu_idle_alerts_check(now=now)
+    return len(queries)
+
+
+def test_the_sync_cycles_query_count_does_not_grow_with_the_jobs_and_gpus(world, settings):
+    settings.PROMETHEUS_URL = ""  # the freeze's series are read from the real Prometheus in test_gpu_usage_prometheus.py
+    few = _cycle_queries(world, jobs=2, first_id=100)
+    many = _cycle_queries(world, jobs=40, first_id=1000)
+    assert few == many, (few, many)
+    assert JobGpuSummary.objects.count() == 1 + 20
