@@ -6,7 +6,6 @@ the chart and says so); ``status`` says how fresh the figures are."""
 from __future__ import annotations
 
 import datetime as dt
-
 from decimal import Decimal
 
 from django.conf import settings
@@ -14,9 +13,9 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from accounting.rates import gpu_hour_price
-from jobs.choices import JobState
 from jobs import gpu_summary
-from jobs.gpu_summary import GPU_CHART_POINTS  # noqa: F401 (the chart's bound, named where the chart is read)
+from jobs.choices import JobState
+from jobs.gpu_summary import GPU_CHART_POINTS  # re-exported: the chart's bound, named where the chart is read
 from jobs.models import Job, JobGpuSummary, JobGpuUsage
 from portal import money, prometheus
 from portal.models import NodeInfo, SyncStatus

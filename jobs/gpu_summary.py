@@ -157,7 +157,7 @@ def summary_decode(data: bytes, *, job_id) -> tuple[list[JobGpuUsage], dict | No
     unpacker = zlib.decompressobj(zdict=_ZDICT_1)
     body = json.loads(unpacker.decompress(data[1:]) + unpacker.flush())
     body["origin"], body["width"] = body["o"], body["w"]
-    at = lambda s: dt.datetime.fromtimestamp(body["o"] + s, tz=dt.UTC)  # noqa: E731
+    at = lambda s: dt.datetime.fromtimestamp(body["o"] + s, tz=dt.UTC)
     rows, series = [], {}
     for i, g in enumerate(body["gpus"]):
         rows.append(JobGpuUsage(

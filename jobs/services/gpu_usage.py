@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-
 from decimal import Decimal
 
 from django.conf import settings
@@ -23,8 +22,8 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from accounting.models import UsageRecord
-from jobs import gpu_summary
 from accounting.services import usage_busy_record
+from jobs import gpu_summary
 from jobs.choices import TERMINAL_STATES
 from jobs.gpu_report import SYNC_KIND
 from jobs.models import Job, JobArrayTask, JobGpuSample, JobGpuSummary, JobGpuUsage
