@@ -170,18 +170,16 @@ def gpu_usage_finalise(*, now: dt.datetime, step: int) -> int:
     rows wait for the next cycle. Three queries (the rows, the records, the freeze). Returns the
     number of rows frozen."""
     done = now - dt.timedelta(seconds=step * FINAL_AFTER_STEPS)
-    due = (
+    jobs = (
         JobGpuUsage.objects.filter(final=False, job__state__in=TERMINAL_STATES, job__ended_at__lte=done)
+        .order_by("job_id").values("job_id").distinct()[:FINALISE_JOBS_PER_CYCLE]
+    )  # fmt: skip
+    # every row of each job (an array's tasks too): a job's record is written once, whole
+    rows = list(
+        JobGpuUsage.objects.filter(job_id__in=jobs, final=False)
         .annotate(ended=F("job__ended_at"), cluster_name=F("job__slurm_cluster"))
         .order_by("job_id", "task_index", "host", "gpu")
-    )
-    rows: list[JobGpuUsage] = []
-    jobs: set = set()
-    for row in due[: FINALISE_JOBS_PER_CYCLE * 8]:
-        if row.job_id not in jobs and len(jobs) == FINALISE_JOBS_PER_CYCLE:
-            break
-        jobs.add(row.job_id)
-        rows.append(row)
+    )  # fmt: skip
     if not rows:
         return 0
     points = _ended_series(rows, step=step)

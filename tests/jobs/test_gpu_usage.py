@@ -360,3 +360,19 @@ def test_the_sync_cycles_query_count_does_not_grow_with_the_jobs_and_gpus(world,
     many = _cycle_queries(world, jobs=40, first_id=1000)
     assert few == many, (few, many)
     assert JobGpuSummary.objects.count() == 1 + 20
+
+
+def test_a_cycle_freezes_whole_jobs_at_most_its_share_and_the_rest_the_next(world, settings, monkeypatch):
+    from jobs.services import gpu_usage
+
+    settings.PROMETHEUS_URL = ""
+    monkeypatch.setattr(gpu_usage, "FINALISE_JOBS_PER_CYCLE", 1)
+    start = timezone.now() - dt.timedelta(minutes=10)
+    jobs = [_running_job(world, gpus=4, slurm_job_id=600 + i) for i in range(2)]
+    gpu_usage_record([_series(j, str(g), [30.0] * 3, start=start) for j in jobs for g in range(4)], step=STEP)
+    now = timezone.now()
+    type(jobs[0]).objects.filter(pk__in=[j.pk for j in jobs]).update(state=JobState.COMPLETED, ended_at=now - dt.timedelta(minutes=5))
+    assert gpu_usage_finalise(now=now, step=STEP) == 4  # one job, all of its GPUs
+    assert gpu_usage_finalise(now=now, step=STEP) == 4
+    assert gpu_usage_finalise(now=now, step=STEP) == 0
+    assert sorted(len(job_gpu_report(j)["gpus"]) for j in jobs) == [4, 4] and JobGpuSummary.objects.count() == 2
