@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES
@@ -30,7 +31,7 @@ from portal.models import AuditEvent, SyncStatus
 from portal.services import sync_record_success
 
 MAX_BATCHES = 20
-SYNC_KIND = "retention"  # its SyncStatus row: data.events_done_until, the job events' watermark
+SYNC_KIND = "retention"  # its SyncStatus row: data.events_done_after, the job events' watermark (end, id)
 
 
 def _cut(days: int, now: dt.datetime) -> dt.datetime | None:
@@ -54,26 +55,25 @@ def _delete_in_batches(queryset, *, batch: int) -> int:
 
 
 def _job_events_expire(cut: dt.datetime, *, batch: int) -> int:
-    """Events of jobs ended before ``cut``, walking the jobs by their end from the last run's watermark
-    (the Job BRIN index on ended_at): each run reads only the jobs that ended since."""
+    """Events of jobs ended before ``cut``, walking the jobs by (end, id) from the last run's watermark
+    (keyset; the Job BRIN index on ended_at): each run reads only the jobs that ended since."""
     status = SyncStatus.objects.filter(kind=SYNC_KIND).first()
-    done = status.data.get("events_done_until") if status else None
-    since = dt.datetime.fromtimestamp(done, tz=dt.UTC) if done else dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    mark = (status.data if status else {}).get("events_done_after") or [0, ""]
+    since, since_pk = dt.datetime.fromtimestamp(mark[0], tz=dt.UTC), mark[1]
     deleted = 0
     for _ in range(MAX_BATCHES):
+        after = Q(ended_at__gt=since) | Q(ended_at=since, pk__gt=since_pk) if since_pk else Q(ended_at__gte=since)
         jobs = list(
-            Job.objects.filter(state__in=TERMINAL_STATES, ended_at__gte=since, ended_at__lt=cut)
-            .order_by("ended_at").values_list("pk", "ended_at")[:batch]
+            Job.objects.filter(after, state__in=TERMINAL_STATES, ended_at__lt=cut)
+            .order_by("ended_at", "pk").values_list("pk", "ended_at")[:batch]
         )  # fmt: skip
         if not jobs:
-            since = cut
             break
         deleted += JobEvent.objects.filter(job_id__in=[pk for pk, _ in jobs]).delete()[0]
-        # the last end time may be shared with jobs of the next batch: start there again (no harm twice)
-        since = jobs[-1][1] if len(jobs) == batch else cut
+        since, since_pk = jobs[-1][1], str(jobs[-1][0])
         if len(jobs) < batch:
             break
-    sync_record_success(SYNC_KIND, data={"events_done_until": since.timestamp()})
+    sync_record_success(SYNC_KIND, data={"events_done_after": [since.timestamp(), since_pk]})
     return deleted
 
 
