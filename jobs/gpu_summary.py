@@ -66,15 +66,15 @@ def gpu_label(row: JobGpuUsage) -> str:
 
 def chart(rows: list[JobGpuUsage], series: dict[int, tuple[list, list]], *, origin: int, width: int, count: int) -> dict:
     """The chart the job page and the API show: ``series`` maps a row's position to its two lists."""
+    empty = ([None] * count, [None] * count)
     return {
         "labels": chart_labels(origin=origin, width=width, count=count),
         "bucket_seconds": width,
         "series": [
-            {"label": gpu_label(r), "util": series.get(i, ([None] * count,))[0],
-             "mem_mib": series.get(i, (None, [None] * count))[1]}
+            {"label": gpu_label(r), "util": series.get(i, empty)[0], "mem_mib": series.get(i, empty)[1]}
             for i, r in enumerate(rows)
         ],
-    }  # fmt: skip
+    }
 
 
 def series_of_rows(rows: list[JobGpuUsage], series: list[prometheus.GpuSeries]) -> dict[int, list]:
