@@ -81,6 +81,8 @@ def _live_chart(rows: list[JobGpuUsage], *, cluster: str) -> dict | None:
     for r in rows:
         r.cluster_name = cluster
     points = gpu_summary.series_of_rows(rows, series)
+    if not any(points.values()):
+        return None  # Prometheus no longer (or not yet) has them
     lists = {i: gpu_summary.buckets(p, origin=origin, width=width, count=count) for i, p in points.items()}
     return gpu_summary.chart(rows, lists, origin=origin, width=width, count=count)
 
