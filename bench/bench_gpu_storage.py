@@ -154,6 +154,40 @@ def _mix(section, world, rng, *, name: str, gpu_weights, duration_weights, array
         cursor.execute(f"TRUNCATE {JobGpuSummary._meta.db_table}, {JobGpuUsage._meta.db_table} CASCADE")
 
 
+def _compaction(section, world, rng, *, jobs: int) -> None:
+    """The legacy rows' compaction (manage.py gpu_samples_compact's batches): ``jobs`` ended jobs of
+    2 GPUs x 1 000 one-minute JobGpuSample rows, summarised and deleted; rows a second."""
+    from jobs.models import Job, JobGpuSample, JobGpuSummary, JobGpuUsage
+    from jobs.services import gpu_samples_compact_batch
+
+    common.truncate_jobs()
+    end = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    start = end - dt.timedelta(minutes=1000)
+    common.copy_jobs([common.make_job(world, name="gpu-legacy", gpus=2, slurm_cluster="bench", slurm_job_id=50_000_000 + i,
+                                      started_at=start, ended_at=end) for i in range(jobs)])  # fmt: skip
+    rows = [JobGpuUsage(job_id=job.pk, slurm_job_id=job.slurm_job_id, host="gpu-node-001", gpu=str(g), step_seconds=60,
+                        samples=1000, util_sum=50_000, util_peak=60, first_at=start + dt.timedelta(minutes=1), last_at=end,
+                        final=True) for job in Job.objects.filter(name="gpu-legacy") for g in range(2)]  # fmt: skip
+    JobGpuUsage.objects.bulk_create(rows, batch_size=2000)
+    samples = [JobGpuSample(usage_id=row.pk, at=start + dt.timedelta(minutes=m), util=50 + rng.uniform(-5, 5), mem_mib=9000.0)
+               for row in rows for m in range(1, 1001)]  # fmt: skip
+    JobGpuSample.objects.bulk_create(samples, batch_size=10_000)
+    began = time.perf_counter()
+    batches = 0
+    while True:
+        done = gpu_samples_compact_batch()
+        batches += 1
+        if not done["summaries"] and not done["deleted"]:
+            break
+    seconds = time.perf_counter() - began
+    assert not JobGpuSample.objects.exists() and JobGpuSummary.objects.count() == jobs
+    section.add(f"manage.py gpu_samples_compact: {len(samples)} legacy sample rows of {jobs} jobs summarised and deleted",
+                len(samples) / seconds, "rows/s", "1 run",
+                f"{batches} batches of at most 200 jobs / 10 000 rows, {seconds * 1000 / batches:.0f} ms each on average "
+                "(each its own short statements: no table lock)")  # fmt: skip
+    common.truncate_jobs()
+
+
 def run(*, quick: bool = False) -> common.Section:
     from jobs.models import JobGpuSample
 
@@ -165,6 +199,7 @@ def run(*, quick: bool = False) -> common.Section:
     for name, gpu_weights, duration_weights, arrays in MIXES:
         _mix(section, world, rng, name=name, gpu_weights=gpu_weights, duration_weights=duration_weights, arrays=arrays,
              count=2000 if quick else 10_000)  # fmt: skip
+    _compaction(section, world, rng, jobs=50 if quick else 200)
     raw = GPU_MINUTES_A_YEAR * 126 / GIB  # issue 39: 108-144 bytes a JobGpuSample row with its indexes
     section.note(f"before (one JobGpuSample row per GPU-minute, 108-144 bytes each): ~{raw:.0f} GB a year for the same GPUs")
     return section
