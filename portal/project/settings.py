@@ -292,7 +292,7 @@ GPU_LABEL_MODEL = env.str("GPU_LABEL_MODEL", "modelName")
 # cluster, or job ids that never collide between clusters.
 GPU_LABEL_CLUSTER = env.str("GPU_LABEL_CLUSTER", "cluster")
 # The sync (one range query a cycle for every running job; schedule in portal/project/celery.py): every
-# GPU_USAGE_SYNC_SECONDS, one stored point per GPU and GPU_USAGE_STEP_SECONDS (the mean over it).
+# GPU_USAGE_SYNC_SECONDS, points read a GPU_USAGE_STEP_SECONDS step apart (each the mean over it).
 GPU_USAGE_SYNC_SECONDS = env.int("GPU_USAGE_SYNC_SECONDS", 60, minimum=1)
 GPU_USAGE_STEP_SECONDS = env.int("GPU_USAGE_STEP_SECONDS", 60, minimum=1)
 # After an outage the sync catches up at most this far back (Prometheus keeps the data meanwhile)
