@@ -6,6 +6,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.contrib.postgres.indexes import BrinIndex
 from django.db.models import Q
 
 from portal import models as portal_models
@@ -125,6 +126,9 @@ class Job(models.Model):
             models.Index(fields=["submitter", "-created_at"], name="job_submitter_created"),
             # look-ups by Slurm id (CLI `gpuportal job 1234`, admin search, accounting joins)
             models.Index(fields=["slurm_job_id"], name="job_slurm_job_id"),
+            # retention (jobs.services.retention): the jobs that ended in a range, oldest first. BRIN:
+            # jobs end in about the order they are created, and it costs kilobytes, not a B-tree's ~90 MB a year
+            BrinIndex(fields=["ended_at"], name="job_ended_brin"),
             # job_end_notify_sweep: ended jobs whose end notice is owed, by end (partial: a handful)
             models.Index(
                 fields=["ended_at"], name="job_end_notice_owed",
@@ -301,8 +305,9 @@ class JobGpuUsage(models.Model):
 
 
 class JobGpuSample(models.Model):
-    """One point of a GPU's series (the mean over one step), for the job page's chart; the page
-    reads them averaged into at most GPU_CHART_POINTS buckets (jobs.selectors.job_gpu_report)."""
+    """Legacy (before issue 39): one raw point of a GPU's series per step. Nothing writes these any
+    more (the raw points stay in Prometheus); ``manage.py gpu_samples_compact`` turns a site's existing
+    rows into JobGpuSummary records and deletes them in batches, and the model goes with a later release."""
 
     usage = models.ForeignKey(JobGpuUsage, on_delete=models.CASCADE, related_name="points")
     at = models.DateTimeField()
@@ -313,6 +318,25 @@ class JobGpuSample(models.Model):
         ordering = ["usage", "at"]
         # a job's chart: the points of its GPUs in time order; one point per GPU and step
         constraints = [models.UniqueConstraint(fields=["usage", "at"], name="jobgpusample_unique_at")]
+
+
+class JobGpuSummary(models.Model):
+    """What a job's GPUs did, kept once it has ended (jobs.gpu_summary): per GPU its summary and one
+    downsampled series (at most 240 points), compressed; written by the sync's finalisation (from
+    Prometheus) or by the legacy rows' compaction. About 0.2 kB a job (bench/bench_gpu_storage.py).
+    Expires under RETENTION_GPU_SUMMARY_DAYS (jobs.services.retention_apply)."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="gpu_summary")
+    ended_at = models.DateTimeField()  # the job's end (retention's cut, without a join)
+    data = models.BinaryField()
+
+    class Meta:
+        # retention: the records of jobs ended before a date. BRIN: rows arrive in end order, and a
+        # B-tree would add ~30 bytes a job to a table meant to stay small
+        indexes = [BrinIndex(fields=["ended_at"], name="jobgpusummary_ended")]
+
+    def __str__(self) -> str:
+        return f"GPU summary {self.job_id}"
 
 
 class JobGpuIdleAlert(models.Model):

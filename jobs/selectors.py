@@ -7,12 +7,14 @@ accounting's reports, which aggregate per team/user without scripts.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import stat
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from accounting.selectors import jobs_usage
 from jobs.choices import STREAM_SUFFIX, TERMINAL_STATES, JobState, OutputStream
@@ -164,6 +166,9 @@ def job_output(
     def empty(message: str, size: int = 0) -> OutputChunk:
         return OutputChunk("", offset, offset, size, True, final, message)
 
+    days = settings.RETENTION_JOB_OUTPUT_DAYS
+    if days and job.ended_at and job.ended_at < timezone.now() - dt.timedelta(days=days):
+        return empty(f"The job ended more than {days} days ago: its output is no longer shown here (RETENTION_JOB_OUTPUT_DAYS).")
     task_job_id = None
     if task is not None and job.array:
         task_job_id = job.array_task_rows.filter(index=task).values_list("slurm_job_id", flat=True).first()

@@ -371,18 +371,20 @@ def test_pages_carry_a_content_security_policy_with_a_fresh_nonce(world, client_
 
 
 def test_every_inline_script_carries_the_nonce(world, client_for):
-    """The job page's one inline script (the GPU charts, shown once the job has GPU samples)."""
+    """The job page's one inline script (the GPU charts, shown once the job has a GPU series: here the
+    stored one of an ended job)."""
     import datetime as dt
 
     from django.utils import timezone
 
-    from jobs.models import JobGpuSample, JobGpuUsage
+    from jobs.gpu_summary import summary_encode
+    from jobs.models import JobGpuSummary, JobGpuUsage
 
     job = make_job(world.vision, world.alice)
     now = timezone.now()
     usage = JobGpuUsage.objects.create(job=job, slurm_job_id=1, host="a100-01", gpu="0", step_seconds=15, samples=1,
                                        util_sum=50, util_peak=50, first_at=now - dt.timedelta(seconds=15), last_at=now)  # fmt: skip
-    JobGpuSample.objects.create(usage=usage, at=now, util=50, mem_mib=1024)
+    JobGpuSummary.objects.create(job=job, ended_at=now, data=summary_encode([usage], {0: [(now, 50.0, 1024.0)]}, minimum_width=15))
     response = client_for("member").get(f"/jobs/{job.pk}/")
     nonce = response["Content-Security-Policy"].split("'nonce-", 1)[1].split("'", 1)[0]
     body = response.content.decode()
