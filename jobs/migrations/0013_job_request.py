@@ -72,7 +72,7 @@ def forwards(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0011_job_script_directives'),
+        ('jobs', '0012_gpu_retention'),
     ]
 
     operations = [
