@@ -38,9 +38,8 @@ class Job(models.Model):
     memory_gb = models.PositiveIntegerField(null=True, blank=True, help_text="Per node; empty: partition default.")
     time_limit_minutes = models.PositiveIntegerField()
     workdir = models.CharField(max_length=1024)
-    # where it was submitted from (SLURM_SUBMIT_DIR, the base of relative paths; jobs/workdirs.py);
-    # empty on rows from before it was recorded: the working directory
-    submit_dir = models.CharField(max_length=1024, blank=True)
+    # where it was submitted from (SLURM_SUBMIT_DIR, the base of relative paths; jobs/workdirs.py)
+    submit_dir = models.CharField(max_length=1024)
     environment = models.JSONField(default=dict, blank=True)
     # What the script's #SBATCH lines and the fields asked for (jobs.spec): ``gpus`` is what Slurm
     # allocates to one job (one array task); the estimate is gpus × time limit × array_tasks.
@@ -52,17 +51,11 @@ class Job(models.Model):
     array_throttle = models.PositiveIntegerField(null=True, blank=True)
     qos = models.CharField(max_length=64, blank=True)
     constraint = models.CharField(max_length=1024, blank=True)
-    output_pattern = models.CharField(max_length=1024, blank=True, help_text="The script's --output (absolute); empty: the portal's.")
-    error_pattern = models.CharField(max_length=1024, blank=True, help_text="The script's --error (absolute); empty: the portal's.")
-    # The options the portal puts on sbatch's command line ([[option, value], ...]); the script's
-    # directives they replace are turned into comments by the gateway.
-    overrides = models.JSONField(default=list, blank=True)
-    # The effective options ({option, value, line}; line 0: from a field), shown on the job's page.
-    directives = models.JSONField(default=list, blank=True)
-    # The script's #SBATCH directives as the portal read them at submission ([[option, value, line,
-    # text], ...]): the relay hands them to the gateway, which does not read the script again. Null:
-    # a row from before they were stored (the gateway reads the script).
-    script_directives = models.JSONField(null=True, blank=True)
+    output_pattern = models.CharField(max_length=1024, help_text="Where stdout goes (absolute): the script's --output, else the portal's.")
+    error_pattern = models.CharField(max_length=1024, blank=True, help_text="Where stderr goes (absolute); empty: with stdout.")
+    # What Slurm gets (portal.slurm.types.JobRequest.to_json): built once at submission from the
+    # script and the fields (jobs.spec), handed to the gateway unchanged by the relay.
+    request = models.JSONField(default=dict, blank=True)
     # The booking the job runs in (its Slurm reservation); bookings are never deleted (cancelled).
     booking = models.ForeignKey("accounting.Booking", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
 
@@ -150,6 +143,13 @@ class Job(models.Model):
     def slurm_tag(self) -> str:
         """The comment carried by this job in Slurm."""
         return tags.slurm_tag(self.id)
+
+    @property
+    def directives(self) -> list[dict]:
+        """The options Slurm gets, each with the script's line it comes from (0: the portal's)."""
+        request = self.request or {}
+        return [{"option": option, "value": value, "line": line}
+                for (option, value), line in zip(request.get("options", ()), request.get("lines", ()), strict=True)]  # fmt: skip
 
     @property
     def is_terminal(self) -> bool:

@@ -76,16 +76,13 @@ def job_templates_visible_to(user) -> QuerySet[JobTemplate]:
 
 
 def job_output_path(job: Job, stream: str, *, array_index: int | None = None, task_job_id: int | None = None) -> str | None:
-    """Where Slurm writes the job's stdout/stderr: the script's --output/--error pattern (stderr goes
-    to --output when only that is given, as in sbatch), else JOB_OUTPUT_PATTERN; for an array job,
-    of task ``array_index`` (default: the first). None before the job has an id, or when the pattern
-    needs what is not known yet."""
+    """Where Slurm writes the job's stdout/stderr: the patterns the job was submitted with (jobs.spec:
+    the script's --output/--error, else the portal's; no stderr pattern: with stdout, as in sbatch);
+    for an array job, of task ``array_index`` (default: the first). None before the job has an id,
+    or when the pattern needs what is not known yet."""
     if job.slurm_job_id is None:
         return None
     pattern = job.output_pattern if stream == OutputStream.STDOUT else (job.error_pattern or job.output_pattern)
-    if not pattern:
-        slurm_id = "%A_%a" if job.array else "%j"
-        pattern = settings.JOB_OUTPUT_PATTERN.format(workdir=job.workdir, slurm_job_id=slurm_id, stream=STREAM_SUFFIX[stream])
     if job.array and array_index is None:
         array_index = first_array_index(job.array)
     user = cluster_username(job.submitter)

@@ -3,7 +3,7 @@
 
 - ``submit``     quote, the budget check call, submit and batch submit (exactly once: idempotency key,
                  request fingerprint)
-- ``relay``      relay to Slurm: claim / lease / release, the JobSpec of a stored job, the single and
+- ``relay``      relay to Slurm: claim / lease / release, the stored request of a job as the gateway gets it, the single and
                  the batched relay, the drain (group commit of single-job submits)
 - ``cancel``     cancel in the portal or passed on to Slurm
 - ``sync``       bring live jobs in line with Slurm (plan, then apply in bulk)
@@ -39,7 +39,7 @@ from jobs.services.relay import (
     RELAY_SOFT_TIME_LIMIT,
     _claim,
     _lease_free,
-    _spec_for,
+    _submission_for,
     job_relay_batch_run,
     job_relay_drain_run,
     job_relay_run,
@@ -85,7 +85,7 @@ __all__ = [
     "_lease_free",
     "_may_cancel",
     "_plan_job",
-    "_spec_for",
+    "_submission_for",
     "budget_holds_sweep",
     "gpu_idle_alert_deliver",
     "gpu_idle_alerts_check",

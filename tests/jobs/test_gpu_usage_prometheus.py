@@ -124,6 +124,7 @@ def test_a_job_loading_gpu_0_and_leaving_gpu_1_idle_shows_each_gpu_and_the_teams
     # the share of the rows as they are now (the syncs since added the job's last points)
     rows = list(JobGpuUsage.objects.filter(job=job))
     share = Decimal(sum(r.util_sum for r in rows)) / Decimal(100 * sum(r.samples for r in rows))
+    record.refresh_from_db()  # the syncs since set its share from the rows they completed
     assert record.gpu_busy_fraction == share.quantize(Decimal("0.000001")) and Decimal("0.2") < share < Decimal("0.5")
     day = timezone.localdate()
     [row] = cost_report(start=day, end=day, group_by="team", team=cluster.vision)

@@ -25,10 +25,9 @@ from jobs.choices import JobState
 from jobs.models import Job
 from jobs.selectors import job_output
 from portal.slurm.cli_argv import sbatch_argv
-from portal.slurm.types import JobSpec
 from tests.security.test_security import low_rates  # noqa: F401  (a fixture)
 from tests.security.test_url_matrix import make_job
-from tests.support import job_payload
+from tests.support import job_overrides, job_payload, slurm_job
 
 pytestmark = pytest.mark.django_db
 
@@ -128,7 +127,7 @@ def test_a_line_sbatch_does_not_read_is_not_read_by_the_portal(world, relays, ca
     response = submit(world, script=script)
     assert response.status_code == 201, (case, response.json())
     job = Job.objects.get(pk=response.json()["id"])
-    assert job.script.endswith(script.replace("\r\n", "\n")) and "uid" not in {option for option, _ in job.overrides}
+    assert job.script.endswith(script.replace("\r\n", "\n")) and "uid" not in {option for option, _ in job_overrides(job)}
 
 
 # sbatch translates #PBS and #BSUB lines (walltime, nice, hold, queue, exclusive, output, ...)
@@ -154,7 +153,7 @@ def test_pbs_and_bsub_lines_are_accepted_inert_and_sbatch_is_told_to_ignore_them
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
     assert job.time_limit_minutes == 2 and not job.exclusive
-    argv = sbatch_argv(JobSpec(script=script, account="vision", partition="gpu"))
+    argv = sbatch_argv(slurm_job(script=script, account="vision", partition="gpu"))
     assert "--ignore-pbs" in argv and argv.index("--ignore-pbs") < len(argv)
 
 
