@@ -14,13 +14,14 @@ GPUPORTAL_PROMETHEUS_PORT ?= 9090
 export GPUPORTAL_PROMETHEUS_PORT
 export PROMETHEUS_URL ?= http://127.0.0.1:$(GPUPORTAL_PROMETHEUS_PORT)
 
-.PHONY: demo stop test test-fast lint-imports install pyslurm services cluster cluster25 browser migrate bench clean-run help cli-zipapp prometheus
+.PHONY: demo stop test test-fast lint-imports install pyslurm services cluster cluster25 k8s browser migrate bench clean-run help cli-zipapp prometheus
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
 	@echo "make stop   — stop the demo processes (the cluster keeps running: scripts/cluster down)"
 	@echo "scripts/demo status — the demo's processes, their restarts"
 	@echo "make test   — the whole test suite on PostgreSQL against the local cluster"
+	@echo "make k8s    — the local Kubernetes GPU cluster gpuportal-k8s (scripts/k8s; built once, ~7 min on 2 cores)"
 	@echo "make prometheus — Prometheus + the emulated GPU exporter for the local clusters (part of demo and test)"
 	@echo "make test-fast — the pure and database tests only (no cluster, Celery worker or Chromium)"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
@@ -55,6 +56,13 @@ pyslurm: $(STAMP)
 cluster25:
 	@scripts/cluster up --slurm 25.11 >/dev/null || [ $$? -eq 4 ]
 
+# The local Kubernetes cluster gpuportal-k8s (scripts/k8s): Kubernetes 1.20.2 built from Debian 12's own
+# source package the first time (~7 min on 2 cores; cached in /opt/gpuportal-k8s-<version>-<hash>, keyed
+# by the package, Go and the patches of scripts/lib/k8s-patches), then etcd, the control plane and the
+# emulated node agent of two GPU nodes. The node agent runs with this checkout's virtualenv.
+k8s: install
+	@scripts/k8s up >/dev/null
+
 services:
 	@scripts/services up >/dev/null
 
@@ -81,7 +89,8 @@ stop:
 	@scripts/demo stop
 
 # Tests always run on PostgreSQL: the URL is the one scripts/services prints (it may carry a password).
-test: install lint-imports pyslurm cluster cluster25 prometheus browser
+# k8s: tests/k8s run against the local Kubernetes cluster (the first run builds it: ~7 min on 2 cores).
+test: install lint-imports pyslurm cluster cluster25 k8s prometheus browser
 	@eval "$$(scripts/services up)" && eval "$$(scripts/services ldap)" && $(PY) -m pytest $(PYTEST_ARGS)
 
 # The dependency contracts of pyproject.toml ([tool.importlinter]); run before the tests

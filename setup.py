@@ -37,6 +37,10 @@ setup(
         "gunicorn>=22,<28",
         "whitenoise>=6.6,<7",
         "prometheus-client>=0.20,<1",
+        # the Kubernetes backend and scripts/k8s-node-agent: the official client. Only GA APIs of
+        # Kubernetes 1.20 are used (core/v1, batch/v1, rbac/v1, coordination.k8s.io/v1), which every
+        # client in this range speaks (tests/k8s runs them against the local 1.20.2 control plane).
+        "kubernetes>=31,<38",
         "weasyprint>=66,<71",  # PDF invoices from the HTML invoice; system libraries and fonts: scripts/pdf
     ],
 )

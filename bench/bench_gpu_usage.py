@@ -3,12 +3,12 @@
     eval "$(scripts/services up)" && .venv/bin/python bench/bench_gpu_usage.py [--quick]
 
 The cycle: ``jobs.services.gpu_usage_record`` folding 4 000 series (one per GPU a job holds, as the one
-range query returns them) into the usage rows and samples, timed and its queries counted, for a
+range query returns them) into the usage rows (the raw points stay in Prometheus since issue 39), timed and its queries counted, for a
 first cycle (rows created) and the next ones (rows updated, one new point per GPU). Prometheus's side
 of that one query is timed against the local Prometheus when PROMETHEUS_URL answers (its real
-series: the local clusters' GPUs). The page: a job with 8 GPUs whose 72 h of one-minute points
-(34 560 samples) are stored, its report (jobs.gpu_report.job_gpu_report: server-side means into at
-most 240 points per GPU) and the whole job page rendered through Django's test client."""
+series: the local clusters' GPUs). The page: an ended job with 8 GPUs whose 72 h of one-minute points
+(34 560) are kept as its JobGpuSummary (at most 240 points per GPU), its report (jobs.gpu_report.
+job_gpu_report, no Prometheus call) and the whole job page rendered through Django's test client."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def run(*, quick: bool = False) -> common.Section:
     from django.utils import timezone
 
     from jobs.gpu_report import job_gpu_report
-    from jobs.models import Job, JobGpuSample, JobGpuUsage
+    from jobs.gpu_summary import summary_encode
+    from jobs.models import Job, JobGpuSample, JobGpuSummary, JobGpuUsage
     from jobs.services import gpu_usage_record
     from portal import prometheus
 
@@ -54,6 +55,7 @@ def run(*, quick: bool = False) -> common.Section:
     world = common.begin(section, slurm=False, truncate=True)
     JobGpuSample.objects.all().delete()
     JobGpuUsage.objects.all().delete()
+    JobGpuSummary.objects.all().delete()
     step = 60
     now = timezone.now().replace(microsecond=0)
     count = 200 if quick else 1000
@@ -96,19 +98,24 @@ def run(*, quick: bool = False) -> common.Section:
             section.note(f"Prometheus at {settings.PROMETHEUS_URL} not answering: {exc}")
 
     # The page of an 8-GPU x 72 h job
-    big = common.make_job(world, name="gpu-bench-72h", state="RUNNING", gpus=8, ended_at=None, exit_code=None,
+    big = common.make_job(world, name="gpu-bench-72h", state="COMPLETED", gpus=8, ended_at=now, exit_code=0,
                           slurm_cluster="bench", slurm_job_id=31_000_000, started_at=now - dt.timedelta(hours=72))  # fmt: skip
     common.copy_jobs([big])
     big = Job.objects.get(name="gpu-bench-72h")
     hours = 12 if quick else 72
-    gpu_usage_record(_series([big], start=now - dt.timedelta(hours=hours), points=hours * 60, step=step), step=step)
-    samples = JobGpuSample.objects.filter(usage__job=big).count()
+    series = _series([big], start=now - dt.timedelta(hours=hours), points=hours * 60, step=step)
+    gpu_usage_record(series, step=step)
+    rows = list(JobGpuUsage.objects.filter(job=big).order_by("task_index", "host", "gpu"))
+    by_gpu = {s.gpu: s.points for s in series}
+    JobGpuSummary.objects.create(job=big, ended_at=now, data=summary_encode(
+        rows, {i: by_gpu[r.gpu] for i, r in enumerate(rows)}, minimum_width=settings.GPU_SERIES_MIN_BUCKET_SECONDS))  # fmt: skip
+    samples = sum(len(s.points) for s in series)
     times = []
     for _ in range(5):
         began = time.perf_counter()
         report = job_gpu_report(big)
         times.append((time.perf_counter() - began) * 1000)
-    section.add(f"job_gpu_report: 8 GPUs x {hours} h ({samples} samples -> {len(report['chart']['labels'])} points each)",
+    section.add(f"job_gpu_report: 8 GPUs x {hours} h ({samples} points -> its record, {len(report['chart']['labels'])} points each)",
                 statistics.median(times), "ms", "median of 5")  # fmt: skip
     client = Client()
     client.force_login(world.user)

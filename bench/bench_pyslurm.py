@@ -6,7 +6,7 @@ throughput with each backend, on the same local 25.11 cluster.
 Needs ``scripts/cluster up --slurm 25.11`` and pyslurm in the venv (``scripts/pyslurm``). The portal
 in this process is pointed at the 25.11 cluster (``scripts/cluster env --slurm 25.11``); per backend
 (cli, pyslurm), per run:
-  submit   N × ``gateway.submit`` of the relay's own JobSpec (1 GPU, ``true``, partition debug) one
+  submit   N × ``gateway.submit`` of the relay's own submission (1 GPU, ``true``, partition debug) one
            after the other: per-call median and the loop's jobs/s;
   relay    N ACCEPTED portal jobs relayed by ``jobs.services.job_relay_run`` in this process (claim,
            submit, write): jobs/s;
@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,10 +61,9 @@ def submit_loop(world, n: int) -> list[float]:
     from portal.slurm.tags import slurm_tag
 
     gateway = get_gateway()
-    base = bench_relay.raw_spec(world)
     times = []
     for _ in range(n):
-        spec = replace(base, comment=slurm_tag(uuid.uuid4()))
+        spec = bench_relay.raw_spec(world, slurm_tag(uuid.uuid4()))
         began = time.perf_counter()
         gateway.submit(spec)
         times.append(time.perf_counter() - began)
@@ -97,7 +95,7 @@ def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None
         TITLE,
         method=(
             f"Cluster `{env['SLURM_CLUSTER']}` (Slurm 25.11.7 built from the vendored source, pyslurm 25.11.2). "
-            f"Per backend, {runs} runs of: {n} × `gateway.submit` one after the other (the relay's JobSpec: `true`, "
+            f"Per backend, {runs} runs of: {n} × `gateway.submit` one after the other (the relay's submission: `true`, "
             f"1 GPU, partition debug, --uid/--gid of the bench user); {n} ACCEPTED jobs relayed by `job_relay_run` "
             f"in-process; {n} `job_relay` tasks to one Celery worker (prefork, concurrency 2) running that backend. "
             "The bench account is capped at 2 running GPUs; its jobs are cancelled after every run. Medians over runs."

@@ -44,28 +44,31 @@ def job_body(name: str) -> dict:
             "time_limit_minutes": TIME_LIMIT, "workdir": common.BENCH_WORKDIR}  # fmt: skip
 
 
-def raw_spec(world):
-    """The JobSpec the relay builds for job_body() (jobs.services._spec_for), with a fresh tag."""
+def raw_spec(world, tag: str | None = None):
+    """What the relay hands the gateway for job_body() (the stored request, jobs.spec; the bench
+    user's ids), with a fresh tag: built by the one builder, portal.slurm.request.job_request."""
     from django.conf import settings
 
     from jobs.services import DEFAULT_SHEBANG
-    from portal.slurm import JobSpec
+    from portal.slurm import JobSubmission
+    from portal.slurm.request import job_request
     from portal.slurm.tags import slurm_tag
 
     pattern = settings.JOB_OUTPUT_PATTERN
-    return JobSpec(
-        script=DEFAULT_SHEBANG + SCRIPT, account=common.BENCH_TEAM, partition=PARTITION, name="relay-raw", gpus=1,
-        time_limit_minutes=TIME_LIMIT, workdir=common.BENCH_WORKDIR,
-        stdout=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="out"),
-        stderr=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="err"),
-        comment=slurm_tag(uuid.uuid4()), uid=world.uid, gid=world.gid,
-    )  # fmt: skip
+    workdir = common.BENCH_WORKDIR
+    command_line = [
+        ("job-name", "relay-raw"), ("partition", PARTITION), ("chdir", workdir), ("gres", "gpu:1"),
+        ("time", str(TIME_LIMIT)), ("output", pattern.format(workdir=workdir, slurm_job_id="%j", stream="out")),
+        ("error", pattern.format(workdir=workdir, slurm_job_id="%j", stream="err")), ("account", common.BENCH_TEAM),
+        ("comment", tag or slurm_tag(uuid.uuid4())),
+    ]  # fmt: skip
+    request = job_request(script=DEFAULT_SHEBANG + SCRIPT, command_line=command_line, workdir=workdir, submit_dir=workdir,
+                          gpus=1, time_limit_minutes=TIME_LIMIT)  # fmt: skip
+    return JobSubmission(request, uid=world.uid, gid=world.gid)
 
 
 def raw_round(world, n: int, *, threads: int = 1) -> float:
     """Seconds for n sbatch calls (``threads`` at a time; 1 = a plain loop)."""
-    from dataclasses import replace
-
     from django.conf import settings
 
     from portal.slurm.cli import _clean_env, sbatch_argv
@@ -75,10 +78,10 @@ def raw_round(world, n: int, *, threads: int = 1) -> float:
     env = _clean_env(settings.SLURM_CONF, settings.SLURM_LIB_DIR)
     exe = os.path.join(settings.SLURM_BIN_DIR, "sbatch") if settings.SLURM_BIN_DIR else "sbatch"
     base = raw_spec(world)
-    script = base.script
+    script = base.request.script
     # a plain sbatch loop: --export=NONE, no export file (the portal's own job variables)
     argvs = [["--export=NONE" if a == "--export=SLURM_EXPORT_ENV" else a
-              for a in sbatch_argv(replace(base, comment=slurm_tag(uuid.uuid4())), exe) if not a.startswith("--export-file")]
+              for a in sbatch_argv(raw_spec(world, slurm_tag(uuid.uuid4())), exe) if not a.startswith("--export-file")]
              for _ in range(n)]  # fmt: skip
 
     def one(argv):

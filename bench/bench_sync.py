@@ -29,7 +29,8 @@ def submit_live(world, count: int) -> list:
     from django.utils import timezone
 
     from jobs.choices import JobState
-    from portal.slurm import JobSpec
+    from portal.slurm import JobSubmission
+    from portal.slurm.request import job_request
     from portal.slurm.tags import slurm_tag
 
     gateway = common.gateway()
@@ -37,14 +38,16 @@ def submit_live(world, count: int) -> list:
 
     def one(_):
         job_id = uuid.uuid4()
-        spec = JobSpec(
-            script="#!/bin/bash\nsleep 600\n", account=common.BENCH_TEAM, partition="debug", name="sync-live", gpus=1,
-            time_limit_minutes=15, workdir=common.BENCH_WORKDIR,
-            stdout=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="out"),
-            stderr=pattern.format(workdir=common.BENCH_WORKDIR, slurm_job_id="%j", stream="err"),
-            comment=slurm_tag(job_id), uid=world.uid, gid=world.gid,
-        )  # fmt: skip
-        return job_id, gateway.submit(spec), timezone.now()
+        workdir = common.BENCH_WORKDIR
+        command_line = [
+            ("job-name", "sync-live"), ("partition", "debug"), ("chdir", workdir), ("gres", "gpu:1"), ("time", "15"),
+            ("output", pattern.format(workdir=workdir, slurm_job_id="%j", stream="out")),
+            ("error", pattern.format(workdir=workdir, slurm_job_id="%j", stream="err")),
+            ("account", common.BENCH_TEAM), ("comment", slurm_tag(job_id)),
+        ]  # fmt: skip
+        request = job_request(script="#!/bin/bash\nsleep 600\n", command_line=command_line, workdir=workdir,
+                              submit_dir=workdir, gpus=1, time_limit_minutes=15)  # fmt: skip
+        return job_id, gateway.submit(JobSubmission(request, uid=world.uid, gid=world.gid)), timezone.now()
 
     with ThreadPoolExecutor(4) as pool:
         submitted = list(pool.map(one, range(count)))

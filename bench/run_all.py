@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
-ORDER = ("post_profile", "relay", "demo", "api", "sync", "ingest", "pages", "gpu_usage", "reports")
+ORDER = ("post_profile", "relay", "demo", "api", "sync", "ingest", "pages", "gpu_usage", "gpu_storage", "reports")
 RESULTS = common.RESULTS
 
 
@@ -78,6 +78,7 @@ def main() -> None:
     common.setup(fresh=True)
     import bench_api
     import bench_demo
+    import bench_gpu_storage
     import bench_gpu_usage
     import bench_ingest
     import bench_pages
@@ -99,6 +100,7 @@ def main() -> None:
         "ingest": lambda: bench_ingest.run(quick=args.quick, since=started_at),
         "pages": lambda: bench_pages.run(quick=args.quick),
         "gpu_usage": lambda: bench_gpu_usage.run(quick=args.quick),
+        "gpu_storage": lambda: bench_gpu_storage.run(quick=args.quick),
         "reports": lambda: reports_section(quick=args.quick),
     }
     sections: list[common.Section] = []

@@ -1,27 +1,25 @@
-"""Reads of what a job's GPUs did (the rows jobs.services.gpu_usage writes): the per-GPU summary, the
-one-line verdict and the chart, the same for the job page and GET /api/v1/jobs/{id}/. No Prometheus
-call here: a page never waits for it nor fails with it; ``status`` says how fresh the figures are."""
+"""Reads of what a job's GPUs did (the rows and records jobs.services.gpu_usage writes): the per-GPU
+summary, the one-line verdict and the chart, the same for the job page and GET /api/v1/jobs/{id}/.
+Only a running job's chart asks Prometheus (a short timeout; down, the page shows the figures without
+the chart and says so); ``status`` says how fresh the figures are."""
 
 from __future__ import annotations
 
 import datetime as dt
-import math
-
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Avg, BigIntegerField, Count, ExpressionWrapper, Func, Min, Q
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from accounting.rates import gpu_hour_price
+from jobs import gpu_summary
 from jobs.choices import JobState
-from jobs.models import Job, JobGpuSample, JobGpuUsage
-from portal import money
+from jobs.gpu_summary import GPU_CHART_POINTS  # re-exported: the chart's bound, named where the chart is read
+from jobs.models import Job, JobGpuSummary, JobGpuUsage
+from portal import money, prometheus
 from portal.models import NodeInfo, SyncStatus
 
-# The chart of a job has at most this many points per GPU (server-side means over equal buckets):
-# 8 GPUs x 72 h at one point a minute are 34 560 rows, read as 8 x 240.
-GPU_CHART_POINTS = 240
 # A GPU idle for at least this share of its samples counts as an idle GPU in the verdict
 IDLE_GPU_SHARE = 0.5
 SYNC_KIND = "gpu-usage"  # the SyncStatus row of jobs.services.gpu_usage
@@ -61,57 +59,45 @@ def gpu_verdict(rows: list[JobGpuUsage]) -> str:
     return f"{who} idle for {share} % of the run"
 
 
-class _EpochSeconds(Func):
-    """Whole seconds since 1970 of a timestamp, as bigint: buckets of whole seconds group 3x faster on
-    integers than EXTRACT(EPOCH)'s numeric (PostgreSQL 14+) or a double (bench/bench_gpu_usage.py:
-    34 560 samples, 33 ms against 109 ms and 255 ms on a loaded 2-core machine)."""
-
-    template = "date_part('epoch', %(expressions)s)::bigint"
-    output_field = BigIntegerField()
+# a page waits at most this long for Prometheus (a running job's chart); then shows the figures without it
+CHART_TIMEOUT_SECONDS = 3
 
 
-def _chart(rows: list[JobGpuUsage]) -> dict | None:
+def _live_chart(rows: list[JobGpuUsage], *, cluster: str) -> dict | None:
+    """The chart of a job still growing, from the raw points in Prometheus: one range query for the
+    job's GPUs at the chart's bucket width (each point the mean over its bucket). None when nothing
+    was sampled or Prometheus does not answer (the status says so)."""
     rows = [r for r in rows if r.samples]
-    if not rows:
+    if not rows or not prometheus.enabled():
         return None
-    step = max(r.step_seconds for r in rows)
-    start = min(r.first_at for r in rows) - dt.timedelta(seconds=step)
-    end = max(r.last_at for r in rows)
-    width = max(step, math.ceil((end - start).total_seconds() / GPU_CHART_POINTS))
-    origin = int(start.timestamp())
-    buckets = math.ceil((end - start).total_seconds() / width) or 1
-    points = (
-        JobGpuSample.objects.filter(usage__in=[r.pk for r in rows])
-        .annotate(bucket=ExpressionWrapper((_EpochSeconds("at") - origin) / width, output_field=BigIntegerField()))
-        .values("usage_id", "bucket")
-        .annotate(util=Avg("util"), mem=Avg("mem_mib"))
-        .order_by()
-    )
-    index = {r.pk: i for i, r in enumerate(rows)}
-    util = [[None] * buckets for _ in rows]
-    mem = [[None] * buckets for _ in rows]
-    for p in points:
-        b = min(max(int(p["bucket"]), 0), buckets - 1)
-        util[index[p["usage_id"]]][b] = round(p["util"], 1)
-        mem[index[p["usage_id"]]][b] = None if p["mem"] is None else round(p["mem"])
-    labels = [dt.datetime.fromtimestamp(origin + width * (b + 1), tz=dt.UTC).isoformat() for b in range(buckets)]
-    return {
-        "labels": labels,
-        "bucket_seconds": width,
-        "series": [{"label": _gpu_label(r), "util": util[i], "mem_mib": mem[i]} for i, r in enumerate(rows)],
-    }
-
-
-def _gpu_label(row: JobGpuUsage) -> str:
-    task = f"task {row.task_index} · " if row.task_index is not None else ""
-    return f"{task}{row.host} GPU {row.gpu}"
+    origin, width, count = gpu_summary.chart_frame(rows)
+    start = dt.datetime.fromtimestamp(origin + width, tz=dt.UTC)
+    end = dt.datetime.fromtimestamp(origin + width * count, tz=dt.UTC)
+    timeout = min(settings.PROMETHEUS_TIMEOUT, CHART_TIMEOUT_SECONDS)
+    try:
+        series = prometheus.gpu_series(start, end, width, jobs=[r.slurm_job_id for r in rows], timeout=timeout)
+    except prometheus.PrometheusUnavailable:
+        return None
+    for r in rows:
+        r.cluster_name = cluster
+    points = gpu_summary.series_of_rows(rows, series)
+    if not any(points.values()):
+        return None  # Prometheus no longer (or not yet) has them
+    lists = {i: gpu_summary.buckets(p, origin=origin, width=width, count=count) for i, p in points.items()}
+    return gpu_summary.chart(rows, lists, origin=origin, width=width, count=count)
 
 
 def job_gpu_report(job: Job, *, chart: bool = True) -> dict:
     """The job's GPUs as the sync recorded them: per GPU (array: per task and GPU) mean and peak
-    utilisation and memory, idle share and busy GPU-hours; the verdict; the chart (downsampled);
-    the figures' freshness. Three queries (rows, samples, status)."""
-    rows = list(JobGpuUsage.objects.filter(job=job).order_by("task_index", "host", "gpu"))
+    utilisation and memory, idle share and busy GPU-hours; the verdict; the chart (at most 240 points
+    per GPU); the figures' freshness. An ended job's from its stored record (jobs.gpu_summary, no
+    Prometheus call); a job still growing from its rows, its chart from Prometheus (one range query,
+    CHART_TIMEOUT_SECONDS at most). Three queries (record, rows, status)."""
+    record = JobGpuSummary.objects.filter(job=job).only("data").first()
+    if record is not None:
+        rows, stored_chart = gpu_summary.summary_decode(record.data, job_id=job.pk)
+    else:
+        rows = list(JobGpuUsage.objects.filter(job=job).order_by("task_index", "host", "gpu"))
     gpus = [
         {
             "task_index": r.task_index, "host": r.host, "gpu": r.gpu, "model": r.model_name,
@@ -126,7 +112,7 @@ def job_gpu_report(job: Job, *, chart: bool = True) -> dict:
     return {
         "gpus": gpus,
         "verdict": gpu_verdict(rows),
-        "chart": _chart(rows) if chart else None,
+        "chart": (stored_chart if record is not None else _live_chart(rows, cluster=job.slurm_cluster)) if chart else None,
         "status": gpu_usage_status(),
     }
 

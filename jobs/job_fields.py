@@ -10,9 +10,9 @@ Adding a field: one ``JobField`` here, the column on ``Job`` (and ``JobTemplate`
 What stays explicit, and why: the model columns (Django's migrations are generated from the model
 classes; a test checks that every stored field has its column); the output serializers (they show
 what the portal made of the request, e.g. ``gpus`` per array task, the cluster's name); the job
-page's prose (jobs/job_detail.html: one sentence from several fields); the gateway's typed request
-(portal.slurm.types.JobSpec: a lower layer that may not import jobs; jobs.services.relay fills it
-from the row)."""
+page's prose (jobs/job_detail.html: one sentence from several fields). What Slurm gets is not a
+field list at all: the one request (portal.slurm.types.JobRequest), built by jobs.spec and stored
+with the job."""
 
 from __future__ import annotations
 

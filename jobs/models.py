@@ -6,6 +6,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.contrib.postgres.indexes import BrinIndex
 from django.db.models import Q
 
 from portal import models as portal_models
@@ -37,9 +38,8 @@ class Job(models.Model):
     memory_gb = models.PositiveIntegerField(null=True, blank=True, help_text="Per node; empty: partition default.")
     time_limit_minutes = models.PositiveIntegerField()
     workdir = models.CharField(max_length=1024)
-    # where it was submitted from (SLURM_SUBMIT_DIR, the base of relative paths; jobs/workdirs.py);
-    # empty on rows from before it was recorded: the working directory
-    submit_dir = models.CharField(max_length=1024, blank=True)
+    # where it was submitted from (SLURM_SUBMIT_DIR, the base of relative paths; jobs/workdirs.py)
+    submit_dir = models.CharField(max_length=1024)
     environment = models.JSONField(default=dict, blank=True)
     # What the script's #SBATCH lines and the fields asked for (jobs.spec): ``gpus`` is what Slurm
     # allocates to one job (one array task); the estimate is gpus × time limit × array_tasks.
@@ -51,17 +51,11 @@ class Job(models.Model):
     array_throttle = models.PositiveIntegerField(null=True, blank=True)
     qos = models.CharField(max_length=64, blank=True)
     constraint = models.CharField(max_length=1024, blank=True)
-    output_pattern = models.CharField(max_length=1024, blank=True, help_text="The script's --output (absolute); empty: the portal's.")
-    error_pattern = models.CharField(max_length=1024, blank=True, help_text="The script's --error (absolute); empty: the portal's.")
-    # The options the portal puts on sbatch's command line ([[option, value], ...]); the script's
-    # directives they replace are turned into comments by the gateway.
-    overrides = models.JSONField(default=list, blank=True)
-    # The effective options ({option, value, line}; line 0: from a field), shown on the job's page.
-    directives = models.JSONField(default=list, blank=True)
-    # The script's #SBATCH directives as the portal read them at submission ([[option, value, line,
-    # text], ...]): the relay hands them to the gateway, which does not read the script again. Null:
-    # a row from before they were stored (the gateway reads the script).
-    script_directives = models.JSONField(null=True, blank=True)
+    output_pattern = models.CharField(max_length=1024, help_text="Where stdout goes (absolute): the script's --output, else the portal's.")
+    error_pattern = models.CharField(max_length=1024, blank=True, help_text="Where stderr goes (absolute); empty: with stdout.")
+    # What Slurm gets (portal.slurm.types.JobRequest.to_json): built once at submission from the
+    # script and the fields (jobs.spec), handed to the gateway unchanged by the relay.
+    request = models.JSONField(default=dict, blank=True)
     # The booking the job runs in (its Slurm reservation); bookings are never deleted (cancelled).
     booking = models.ForeignKey("accounting.Booking", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
 
@@ -138,6 +132,9 @@ class Job(models.Model):
             models.Index(fields=["submitter", "-created_at"], name="job_submitter_created"),
             # look-ups by Slurm id (CLI `gpuportal job 1234`, admin search, accounting joins)
             models.Index(fields=["slurm_job_id"], name="job_slurm_job_id"),
+            # retention (jobs.services.retention): the jobs that ended in a range, oldest first. BRIN:
+            # jobs end in about the order they are created, and it costs kilobytes, not a B-tree's ~90 MB a year
+            BrinIndex(fields=["ended_at"], name="job_ended_brin"),
             # job_end_notify_sweep: ended jobs whose end notice is owed, by end (partial: a handful)
             models.Index(
                 fields=["ended_at"], name="job_end_notice_owed",
@@ -152,6 +149,13 @@ class Job(models.Model):
     def slurm_tag(self) -> str:
         """The comment carried by this job in Slurm."""
         return tags.slurm_tag(self.id)
+
+    @property
+    def directives(self) -> list[dict]:
+        """The options Slurm gets, each with the script's line it comes from (0: the portal's)."""
+        request = self.request or {}
+        return [{"option": option, "value": value, "line": line}
+                for (option, value), line in zip(request.get("options", ()), request.get("lines", ()), strict=True)]  # fmt: skip
 
     @property
     def is_terminal(self) -> bool:
@@ -328,8 +332,9 @@ class JobGpuUsage(models.Model):
 
 
 class JobGpuSample(models.Model):
-    """One point of a GPU's series (the mean over one step), for the job page's chart; the page
-    reads them averaged into at most GPU_CHART_POINTS buckets (jobs.selectors.job_gpu_report)."""
+    """Legacy (before issue 39): one raw point of a GPU's series per step. Nothing writes these any
+    more (the raw points stay in Prometheus); ``manage.py gpu_samples_compact`` turns a site's existing
+    rows into JobGpuSummary records and deletes them in batches, and the model goes with a later release."""
 
     usage = models.ForeignKey(JobGpuUsage, on_delete=models.CASCADE, related_name="points")
     at = models.DateTimeField()
@@ -340,6 +345,25 @@ class JobGpuSample(models.Model):
         ordering = ["usage", "at"]
         # a job's chart: the points of its GPUs in time order; one point per GPU and step
         constraints = [models.UniqueConstraint(fields=["usage", "at"], name="jobgpusample_unique_at")]
+
+
+class JobGpuSummary(models.Model):
+    """What a job's GPUs did, kept once it has ended (jobs.gpu_summary): per GPU its summary and one
+    downsampled series (at most 240 points), compressed; written by the sync's finalisation (from
+    Prometheus) or by the legacy rows' compaction. About 0.2 kB a job (bench/bench_gpu_storage.py).
+    Expires under RETENTION_GPU_SUMMARY_DAYS (jobs.services.retention_apply)."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="gpu_summary")
+    ended_at = models.DateTimeField()  # the job's end (retention's cut, without a join)
+    data = models.BinaryField()
+
+    class Meta:
+        # retention: the records of jobs ended before a date. BRIN: rows arrive in end order, and a
+        # B-tree would add ~30 bytes a job to a table meant to stay small
+        indexes = [BrinIndex(fields=["ended_at"], name="jobgpusummary_ended")]
+
+    def __str__(self) -> str:
+        return f"GPU summary {self.job_id}"
 
 
 class JobGpuIdleAlert(models.Model):

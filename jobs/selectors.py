@@ -7,12 +7,14 @@ accounting's reports, which aggregate per team/user without scripts.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import stat
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from accounting.selectors import jobs_usage
 from jobs.choices import STREAM_SUFFIX, TERMINAL_STATES, JobState, OutputStream
@@ -74,16 +76,13 @@ def job_templates_visible_to(user) -> QuerySet[JobTemplate]:
 
 
 def job_output_path(job: Job, stream: str, *, array_index: int | None = None, task_job_id: int | None = None) -> str | None:
-    """Where Slurm writes the job's stdout/stderr: the script's --output/--error pattern (stderr goes
-    to --output when only that is given, as in sbatch), else JOB_OUTPUT_PATTERN; for an array job,
-    of task ``array_index`` (default: the first). None before the job has an id, or when the pattern
-    needs what is not known yet."""
+    """Where Slurm writes the job's stdout/stderr: the patterns the job was submitted with (jobs.spec:
+    the script's --output/--error, else the portal's; no stderr pattern: with stdout, as in sbatch);
+    for an array job, of task ``array_index`` (default: the first). None before the job has an id,
+    or when the pattern needs what is not known yet."""
     if job.slurm_job_id is None:
         return None
     pattern = job.output_pattern if stream == OutputStream.STDOUT else (job.error_pattern or job.output_pattern)
-    if not pattern:
-        slurm_id = "%A_%a" if job.array else "%j"
-        pattern = settings.JOB_OUTPUT_PATTERN.format(workdir=job.workdir, slurm_job_id=slurm_id, stream=STREAM_SUFFIX[stream])
     if job.array and array_index is None:
         array_index = first_array_index(job.array)
     user = cluster_username(job.submitter)
@@ -167,6 +166,9 @@ def job_output(
     def empty(message: str, size: int = 0) -> OutputChunk:
         return OutputChunk("", offset, offset, size, True, final, message)
 
+    days = settings.RETENTION_JOB_OUTPUT_DAYS
+    if days and job.ended_at and job.ended_at < timezone.now() - dt.timedelta(days=days):
+        return empty(f"The job ended more than {days} days ago: its output is no longer shown here (RETENTION_JOB_OUTPUT_DAYS).")
     task_job_id = None
     if task is not None and job.array:
         task_job_id = job.array_task_rows.filter(index=task).values_list("slurm_job_id", flat=True).first()

@@ -3,10 +3,12 @@ the form or the CLI, checked against the synced inventory, as the effective requ
 
 - The script's directives are read by the one parser (``gpuportal_sbatch.directives``), exactly
   as sbatch reads them; what sbatch would refuse is a 400 naming the line.
-- Explicit fields override the script's directives, as sbatch's command line does. The overrides
-  are stored on the job (``Job.overrides``) and become the relay's command line; the gateway turns
-  the script's directives they replace (the same option, or one Slurm holds mutually exclusive with
-  it) into comments, so the argv never carries two options Slurm refuses together.
+- Explicit fields override the script's directives, as sbatch's command line does: they become the
+  request's command line, with the portal's output files, the team's account and the portal's tag;
+  the directives they replace (the same option, or one Slurm holds mutually exclusive with it) are
+  turned into comments, so Slurm never gets two options it refuses together. That request
+  (portal.slurm.types.JobRequest) is built here, once, stored with the job (``Job.request``), and
+  handed by the relay to the gateway unchanged.
 - The cluster: the ``cluster`` field, else the script's ``-M``/``--clusters`` (one name the portal
   serves; several or ``all``, which sbatch would resolve to the one that starts the job soonest, are
   a 400), else the partition's (``Inventory.capacity``). The job goes to that cluster's gateway,
@@ -70,6 +72,8 @@ from jobs.spec_fields import (
 )
 from jobs.spec_policy import _check_against, _check_policy, _check_release
 from portal.exceptions import ApplicationError
+from portal.slurm.request import job_request, merged_options
+from portal.slurm.types import JobRequest
 
 # The spec is one module per concern (issue 18): the inventory (jobs.inventory), the fields
 # (jobs.spec_fields), the partition's and cluster's limits (jobs.spec_policy); their names stay
@@ -77,7 +81,7 @@ from portal.exceptions import ApplicationError
 __all__ = [
     "CONTROL_CHARS_RE", "DEFAULT_JOB_NAME", "DEFAULT_SHEBANG", "ENV_NAME_RE", "FIELD_OF_OPTION", "JOB_NAME_RE",
     "MAX_ENV_ENTRIES", "MAX_ENV_VALUE_BYTES", "MAX_GPUS", "MAX_INT_FIELD", "MAX_SCRIPT_BYTES", "REFUSED_OPTIONS",
-    "ParsedScript", "parse_script",
+    "ParsedScript", "output_files", "parse_script",
     "ClusterChoiceError", "Inventory", "PartitionCapacity", "ValidSpec", "_Errors", "_absolute", "_as_int",
     "_check_against", "_check_policy", "_clean_environment", "_clean_script", "_describe", "_inventory_load",
     "_path_ok", "directives_table", "inventory", "overrides_has", "partition_capacity", "spec_accounts",
@@ -144,11 +148,11 @@ class ValidSpec:
     array_throttle: int | None = None
     qos: str = ""
     constraint: str = ""
-    output: str = ""  # absolute path patterns as sbatch expands them (%j, %A, %a, ...)
+    # where stdout / stderr go: absolute path patterns as sbatch expands them (%j, %A, %a, ...): the
+    # script's, else the portal's (JOB_OUTPUT_PATTERN); no stderr: with stdout, as in sbatch
+    output: str = ""
     error: str = ""
-    overrides: list[list] = field(default_factory=list)  # [[option, value], ...] for the command line
-    directives: list[dict] = field(default_factory=list)  # the effective options, for display
-    script_directives: list[list] = field(default_factory=list)  # the script's, as parsed: [[option, value, line, text], ...]
+    request: JobRequest | None = field(default=None, repr=False)  # what Slurm gets: built once, here
 
     @property
     def total_gpus(self) -> int:
@@ -183,6 +187,7 @@ def validate_job_spec(
     check_script: bool = True,
     cache: dict | None = None,
     parsed: ParsedScript | None = None,
+    tag: str = "",
 ) -> ValidSpec:
     """Check a job spec (script directives + explicit fields) against the rules and the synced
     cluster inventory. Collects every problem and raises one ApplicationError naming the fields
@@ -197,7 +202,9 @@ def validate_job_spec(
     override of --chdir) or the script's --chdir say otherwise; relative paths are resolved against it.
     ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition.
     ``parsed``: the script's parse when the caller has it (jobs.spec_fields.parse_script: read once
-    per request); the spec's ``script_directives`` are that parse, stored for the relay."""
+    per request). ``tag``: the portal's tag of the job (its --comment). The spec's ``request`` is what
+    Slurm gets (portal.slurm.request.job_request: the directives and the command line merged once),
+    stored with the job and handed to the gateway unchanged."""
     cache = {} if cache is None else cache
     errors = _Errors()
 
@@ -279,7 +286,6 @@ def validate_job_spec(
             else:
                 override(option, value.strip())
 
-    # what the script asks for after the overrides so far (GPUs need the node count)
     def read(effective: list[Directive]) -> ScriptRequest | None:
         try:
             return script_request(effective)
@@ -288,24 +294,8 @@ def validate_job_spec(
             errors.directive(source, exc.message) if source else errors.add("script", str(exc))
             return None
 
-    request = read(apply_overrides(directives, overrides))
-    if request is not None and (gpus_n is not None or gpu_type):
-        # the GPUs given as fields: a total (API) as GPUs per node when it divides evenly
-        script_type = request.gpu_type
-        node_count = request.nodes_max
-        type_ = gpu_type or script_type
-        prefix = f"gpu:{type_}:" if type_ else "gpu:"
-        if gpus_n is not None:
-            if request.nodes_given and gpus_n % node_count:
-                errors.add("gpus", f"{gpus_n} GPUs cannot be spread evenly over {node_count} nodes.")
-            else:
-                override("gres", f"{prefix}{gpus_n // node_count}")
-        elif request.gpu_form:
-            option = {"gres": "gres", "gpus-per-node": "gpus-per-node", "gpus": "gpus", "gpus-per-task": "gpus-per-task"}[request.gpu_form]
-            override(option, f"{prefix}{request.gpu_count}" if option == "gres" else f"{type_}:{request.gpu_count}")
-        else:
-            override("gres", f"{prefix}1")
-        request = read(apply_overrides(directives, overrides))
+    if gpus_n is not None or gpu_type:
+        _gpu_override(read(apply_overrides(directives, overrides)), gpus_n, gpu_type, override, errors)
 
     # where it is submitted from: the field (absolute), else the user's default
     if submit_dir not in (None, ""):
@@ -344,8 +334,8 @@ def validate_job_spec(
     partition = (partition or "").strip()
     if partition:
         override("partition", partition)
-    elif request is not None and request.partition:
-        partition = request.partition
+    elif script_options.get("partition") and script_options["partition"].value:
+        partition = script_options["partition"].value
         if "," in partition:
             errors.directive(script_options.get("partition"), "the portal submits to one partition; name one.")
     capacity = None
@@ -386,6 +376,13 @@ def validate_job_spec(
             if given is not None and given.value != account:
                 errors.directive(given, f"jobs of this team run in Slurm account {account!r}, not {given.value!r}.")
 
+    # what Slurm gets: the script's directives and the command line, merged ONCE (the options that
+    # choose a cluster out: the cluster is the job's, its gateway's)
+    command_line = [(d.option, d.value) for d in overrides]
+    command_line += [("account", account)] if account else []
+    command_line += [("comment", tag)] if tag else []
+    effective = merged_options(directives, command_line)
+    request = read(effective)
     spec = None
     if capacity is not None and request is not None:
         _check_release(directives, capacity, errors)
@@ -397,19 +394,56 @@ def validate_job_spec(
         first = next(iter(errors.values()))[0]
         raise ApplicationError(f"The job cannot be submitted: {first}", errors=dict(errors))
 
-    if account:
-        override("account", account)
-    # what Slurm gets: the cluster is the job's (its gateway's), never a directive sbatch would route by
-    effective = [d for d in apply_overrides(directives, overrides) if d.option not in CLUSTER_OPTIONS]
-    spec.update(
-        name=name, script=script, workdir=workdir, environment=environment_clean, submit_dir=submit_dir,
-        output=_absolute(request.output, workdir) if request.output else "",
-        error=_absolute(request.error, workdir) if request.error else "",
-        overrides=[[d.option, d.value] for d in overrides],
-        directives=[{"option": d.option, "value": d.value, "line": d.line} for d in effective],
-        script_directives=[[d.option, d.value, d.line, d.text] for d in directives],
+    output, error = output_files(workdir=workdir, array=spec["array"],
+                                 output=_absolute(request.output, workdir) if request.output else "",
+                                 error=_absolute(request.error, workdir) if request.error else "")  # fmt: skip
+    if not request.output:  # the portal's files where the script names none (sbatch's rules for stderr);
+        # they replace no directive: added to the command line and to the merged options alike
+        files = [("output", output)] + ([("error", error)] if error and not request.error else [])
+        command_line += files
+        effective += [Directive(option, value, 0, "") for option, value in files]
+    slurm_request = job_request(
+        script=script, directives=directives, command_line=command_line, effective=effective, workdir=workdir,
+        submit_dir=submit_dir, submit_dir_default=submit_dir == default_submit_dir, environment=environment_clean,
+        gpus=spec["gpus"], gpu_type=spec["gpu_type"], nodes=spec["nodes"], time_limit_minutes=spec["time_limit_minutes"],
+        array_tasks=spec["array_tasks"],
     )  # fmt: skip
+    spec.update(name=name, script=script, workdir=workdir, environment=environment_clean, submit_dir=submit_dir,
+                output=output, error=error, request=slurm_request)  # fmt: skip
     return ValidSpec(**spec)
+
+
+def output_files(*, workdir: str, array: str = "", output: str = "", error: str = "") -> tuple[str, str]:
+    """Where a job's stdout and stderr go (absolute patterns; stderr "": with stdout, as in sbatch):
+    the script's --output/--error (``output``, ``error``: absolute), else JOB_OUTPUT_PATTERN's in
+    force at submission (with {stream}: a file per stream)."""
+    pattern = settings.JOB_OUTPUT_PATTERN
+    slurm_id = "%A_%a" if array else "%j"
+    if not output:
+        output = pattern.format(workdir=workdir, slurm_job_id=slurm_id, stream="out")
+        if not error and "{stream}" in pattern:
+            error = pattern.format(workdir=workdir, slurm_job_id=slurm_id, stream="err")
+    return output, error
+
+
+def _gpu_override(request: ScriptRequest | None, gpus: int | None, gpu_type: str, override, errors: _Errors) -> None:
+    """The GPUs given as fields, as a command-line option: a total (API) as GPUs per node when it
+    divides evenly over the nodes; a type alone keeps the script's count and form. ``request``: what
+    the script and the other fields ask for (the node count), None when it cannot be read."""
+    if request is None:
+        return
+    type_ = gpu_type or request.gpu_type
+    prefix = f"gpu:{type_}:" if type_ else "gpu:"
+    if gpus is not None:
+        if request.nodes_given and gpus % request.nodes_max:
+            errors.add("gpus", f"{gpus} GPUs cannot be spread evenly over {request.nodes_max} nodes.")
+        else:
+            override("gres", f"{prefix}{gpus // request.nodes_max}")
+    elif request.gpu_form:
+        option = request.gpu_form
+        override(option, f"{prefix}{request.gpu_count}" if option == "gres" else f"{type_}:{request.gpu_count}")
+    else:
+        override("gres", f"{prefix}1")
 
 
 def overrides_has(overrides: list[Directive], option: str) -> bool:

@@ -131,6 +131,26 @@ def gpu_usage_sync_task() -> dict:
         cache.delete("gpu-usage-sync-lock")
 
 
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
+def gpu_idle_alerts_sweep_task() -> dict:
+    """Periodic (portal/project/celery.py, gpu-idle-alert-sweep): the alerts the recorded GPU rows call
+    for, raised even if the sync that should have raised them died; lost deliveries enqueued again."""
+    return services.gpu_idle_alerts_sweep()
+
+
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=900, time_limit=960)
+def retention_task() -> dict:
+    """Periodic (portal/project/celery.py, retention): what is kept how long (services.retention_apply)."""
+    from django.core.cache import cache
+
+    if not cache.add("retention-lock", "1", timeout=960):
+        return {"skipped": "another run is going"}
+    try:
+        return services.retention_apply()
+    finally:
+        cache.delete("retention-lock")
+
+
 @shared_task(bind=True, ignore_result=True, max_retries=6, retry_backoff=30, soft_time_limit=50, time_limit=60)
 def job_gpu_idle_alert_deliver(self, job_id: str) -> dict:
     """E-mail and webhook of one idle-GPU alert, each sent once (services.gpu_idle_alert_deliver)."""

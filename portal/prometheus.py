@@ -40,28 +40,31 @@ def enabled() -> bool:
     return bool(settings.PROMETHEUS_URL)
 
 
-def _selector(metric: str) -> str:
-    return f'{metric}{{{settings.GPU_LABEL_JOB}!=""}}'
+def _selector(metric: str, jobs: list[int] | None) -> str:
+    if jobs is None:
+        return f'{metric}{{{settings.GPU_LABEL_JOB}!=""}}'
+    return f'{metric}{{{settings.GPU_LABEL_JOB}=~"{"|".join(str(int(j)) for j in sorted(set(jobs)))}"}}'
 
 
-def gpu_query(step_seconds: int) -> str:
-    """The PromQL of one range query for every GPU a job holds: each point is the mean over the step
-    before it (avg_over_time), utilisation and memory told apart by a ``portal_metric`` label."""
+def gpu_query(step_seconds: int, *, jobs: list[int] | None = None) -> str:
+    """The PromQL of one range query for every GPU a job holds (``jobs``: only these Slurm ids): each
+    point is the mean over the step before it (avg_over_time), utilisation and memory told apart by
+    a ``portal_metric`` label."""
     window = f"{int(step_seconds)}s"
     parts = []
     for name, metric in (("util", settings.GPU_METRIC_UTIL), ("mem", settings.GPU_METRIC_MEMORY)):
         if metric:
-            parts.append(f'label_replace(avg_over_time({_selector(metric)}[{window}]), "portal_metric", "{name}", "", "")')
+            parts.append(f'label_replace(avg_over_time({_selector(metric, jobs)}[{window}]), "portal_metric", "{name}", "", "")')
     return " or ".join(parts)
 
 
-def _get(path: str, params: dict) -> dict:
+def _get(path: str, params: dict, *, timeout: float | None = None) -> dict:
     url = f"{settings.PROMETHEUS_URL.rstrip('/')}{path}"
     body = urllib.parse.urlencode(params).encode()
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
     try:
-        with urllib.request.urlopen(request, timeout=settings.PROMETHEUS_TIMEOUT) as response:
+        with urllib.request.urlopen(request, timeout=timeout or settings.PROMETHEUS_TIMEOUT) as response:
             payload = json.load(response)
     except urllib.error.HTTPError as exc:
         try:
@@ -76,13 +79,19 @@ def _get(path: str, params: dict) -> dict:
     return payload["data"]
 
 
-def gpu_series(start: dt.datetime, end: dt.datetime, step_seconds: int) -> list[GpuSeries]:
-    """Every GPU a job held between start and end (both included, one point per step), in one range
-    query. Raises PrometheusUnavailable."""
+# Prometheus refuses a range query of more points than this per series
+MAX_POINTS_PER_SERIES = 11_000
+
+
+def gpu_series(
+    start: dt.datetime, end: dt.datetime, step_seconds: int, *, jobs: list[int] | None = None, timeout: float | None = None
+) -> list[GpuSeries]:
+    """Every GPU a job held between start and end (both included, one point per step; ``jobs``: only
+    the GPUs of these Slurm ids), in one range query. Raises PrometheusUnavailable."""
     data = _get("/api/v1/query_range", {
-        "query": gpu_query(step_seconds), "start": f"{start.timestamp():.3f}", "end": f"{end.timestamp():.3f}",
+        "query": gpu_query(step_seconds, jobs=jobs), "start": f"{start.timestamp():.3f}", "end": f"{end.timestamp():.3f}",
         "step": str(int(step_seconds)),
-    })  # fmt: skip
+    }, timeout=timeout)  # fmt: skip
     util_scale, mem_scale = settings.GPU_METRIC_UTIL_SCALE, settings.GPU_METRIC_MEMORY_SCALE
     merged: dict[tuple, dict] = {}
     models: dict[tuple, str] = {}

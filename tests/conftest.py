@@ -57,9 +57,11 @@ def pytest_configure(config):
 # the fixtures a test uses and the directory it is in. Every test without one of them is "fast".
 # ``fake`` (the gateway contract on tests/fakes.py) is fast too: it names what the test runs on.
 
-SLOW_MARKERS = ("slurm", "celery", "browser", "faults", "external", "fuzz", "process")
+SLOW_MARKERS = ("slurm", "k8s", "celery", "browser", "faults", "external", "fuzz", "process")
 _FIXTURE_MARKERS = {
     "cluster": "slurm",
+    "k8s_portal": "k8s",
+    "k8s_namespace": "k8s",
     "jobs_sync_loop": "celery",
     "real_worker": "celery",
     "celery_worker_process": "celery",
@@ -423,6 +425,43 @@ def cluster(request, world):
     team_mirror(team=world.vision)
     team_mirror(team=world.nlp)
     return world
+
+
+# ---------------------------------------------------------------- the local Kubernetes cluster
+
+
+@pytest.fixture(scope="session")
+def k8s_portal():
+    """The kubernetes client as the portal has it: GPUPORTAL_K8S_KUBECONFIG (scripts/k8s up writes the
+    local cluster's, its service account's). Skips (fails under CI) when the cluster does not answer."""
+    from kubernetes import client, config
+
+    path = django_settings.GPUPORTAL_K8S_KUBECONFIG
+    if not path or not Path(path).exists():
+        skip_unless_ci(f"local Kubernetes cluster not set up (scripts/k8s up): no kubeconfig {path!r}")
+    api = config.new_client_from_config(config_file=path)
+    try:
+        client.VersionApi(api).get_code(_request_timeout=5)
+    except Exception as exc:  # noqa: BLE001 — whatever the reason, the test cannot run
+        skip_unless_ci(f"local Kubernetes cluster not answering (scripts/k8s up): {exc}")
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def k8s_namespace(k8s_portal):
+    """A team namespace of this test's own, made as a site's admin makes one (`scripts/k8s namespace`:
+    the portal's service account gets its rights there), deleted afterwards with all it holds."""
+    import uuid
+
+    from kubernetes import client, config
+
+    name = f"gpuportal-test-{uuid.uuid4().hex[:10]}"
+    subprocess.run([str(ROOT / "scripts" / "k8s"), "namespace", name], check=True, capture_output=True, timeout=60)
+    yield name
+    admin_config = Path(django_settings.GPUPORTAL_K8S_KUBECONFIG).with_name("admin.kubeconfig")
+    with config.new_client_from_config(config_file=str(admin_config)) as admin:
+        client.CoreV1Api(admin).delete_namespace(name, propagation_policy="Background")
 
 
 # ---------------------------------------------------------------- a real Celery worker

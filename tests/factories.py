@@ -9,6 +9,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounting.models import Booking
+from jobs.spec import output_files
+from tests.support import stored_request
 from portal.models import Membership, NodeInfo, Profile, Role, Team
 
 
@@ -92,6 +94,7 @@ class JobFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = "jobs.Job"
 
+    id = factory.LazyFunction(uuid.uuid4)
     team = factory.SubFactory(TeamFactory)
     submitter = factory.SubFactory(UserFactory)
     name = factory.Sequence(lambda n: f"job-{n}")
@@ -101,7 +104,13 @@ class JobFactory(factory.django.DjangoModelFactory):
     gpus = 1
     time_limit_minutes = 60
     workdir = "/tmp"
+    array = ""
+    submit_dir = factory.LazyAttribute(lambda o: o.workdir)
+    # where its output goes, as job_submit decides it (jobs.spec.output_files)
+    output_pattern = factory.LazyAttribute(lambda o: output_files(workdir=o.workdir, array=o.array)[0])
+    error_pattern = factory.LazyAttribute(lambda o: output_files(workdir=o.workdir, array=o.array)[1])
     estimated_gpu_hours = factory.LazyAttribute(lambda o: Decimal(o.gpus * o.time_limit_minutes) / 60)
+    request = factory.LazyAttribute(lambda o: stored_request(o))
 
 
 class BookingFactory(factory.django.DjangoModelFactory):

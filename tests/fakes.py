@@ -104,11 +104,11 @@ class FakeGateway(SlurmGateway):
         self._call("ping")
         return True
 
-    def submit(self, spec):
+    def submit(self, submission):
         self._call("submit")
         self.next_id += 1
-        self.submitted.append(spec)
-        self.queue_entries.append(queue_entry(self.next_id, "PENDING", spec.comment))
+        self.submitted.append(submission)
+        self.queue_entries.append(queue_entry(self.next_id, "PENDING", dict(submission.command_line).get("comment", "")))
         return self.next_id
 
     def cancel(self, job_id):

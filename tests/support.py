@@ -94,10 +94,107 @@ def relay_crashed_after_sbatch(job) -> int:
 
     assert services._claim([job.pk])[1] == 1
     row = Job.objects.select_related("team", "submitter__profile").get(pk=job.pk)
-    slurm_id = get_gateway().submit(services._spec_for(row))
+    slurm_id = get_gateway().submit(services._submission_for(row))
     expired = timezone.now() - timezone.timedelta(seconds=services.RELAY_LEASE_SECONDS + 1)
     Job.objects.filter(pk=job.pk).update(relay_started_at=expired)
     return slurm_id
+
+
+def slurm_job(
+    script: str,
+    *,
+    account: str,
+    partition: str = "",
+    name: str = "gpuportal",
+    gpus: int = 1,
+    gpu_type: str = "",
+    nodes: int = 1,
+    cpus_per_gpu: int = 1,
+    memory_mb: int | None = None,
+    time_limit_minutes: int | None = None,
+    workdir: str = "/tmp",
+    submit_dir: str = "",
+    stdout: str = "",
+    stderr: str = "",
+    environment: dict | None = None,
+    comment: str = "",
+    reservation: str = "",
+    uid: int | None = None,
+    gid: int | None = None,
+    options=None,
+    directives=None,
+):
+    """A submission for the gateway tests, built by the one builder (portal.slurm.request.job_request)
+    from a script and either typed fields (what a job of the portal would get on its command line
+    for them) or ``options`` (the command line, account and comment added)."""
+    from portal.slurm import JobSubmission
+    from portal.slurm.request import job_request
+
+    if options is None:
+        options = [("job-name", name), ("partition", partition), ("nodes", str(nodes)), ("chdir", workdir)]
+        if gpus:
+            options.append(("gres", f"gpu:{gpu_type}:{gpus // nodes}" if gpu_type else f"gpu:{gpus // nodes}"))
+            options.append(("cpus-per-gpu", str(cpus_per_gpu)))
+        if memory_mb is not None:
+            options.append(("mem", str(int(memory_mb))))
+        if time_limit_minutes is not None:
+            options.append(("time", str(int(time_limit_minutes))))
+        if stdout:
+            options.append(("output", stdout))
+        if stderr:
+            options.append(("error", stderr))
+    command_line = [*options, ("account", account)] + ([("comment", comment)] if comment else [])
+    request = job_request(script=script, directives=directives, command_line=command_line, workdir=workdir,
+                          submit_dir=submit_dir or workdir, environment=environment, gpus=gpus, gpu_type=gpu_type,
+                          nodes=nodes, time_limit_minutes=time_limit_minutes or 0)  # fmt: skip
+    return JobSubmission(request, reservation=reservation, uid=uid, gid=gid)
+
+
+def output_patterns(workdir: str, array: str = "") -> dict:
+    """A job row's output_pattern and error_pattern as job_submit stores them (jobs.spec.output_files:
+    JOB_OUTPUT_PATTERN in force now, the script naming none)."""
+    from jobs.spec import output_files
+
+    output, error = output_files(workdir=workdir, array=array)
+    return {"output_pattern": output, "error_pattern": error}
+
+
+def stored_request(job) -> dict:
+    """The request job_submit would store for a job row made by a test (``job``: a Job, or a
+    factory's resolver with its attributes): its name, partition, GPUs and time limit on the
+    command line, its output files, its team's account and its tag."""
+    from jobs.spec import output_files
+    from portal.slurm.request import job_request
+    from portal.slurm.tags import slurm_tag
+
+    array = getattr(job, "array", "") or ""
+    output, error = output_files(workdir=job.workdir, array=array)
+    command_line = [("job-name", job.name), ("partition", job.partition), ("chdir", job.workdir),
+                    ("gres", f"gpu:{job.gpu_type}:{job.gpus}" if job.gpu_type else f"gpu:{job.gpus}"),
+                    ("time", str(job.time_limit_minutes)), ("output", output)]  # fmt: skip
+    command_line += [("error", error)] if error else []
+    command_line += [("array", array)] if array else []
+    command_line += [("account", job.team.slurm_account), ("comment", slurm_tag(job.id))]
+    return job_request(script=job.script, command_line=command_line, workdir=job.workdir,
+                       submit_dir=getattr(job, "submit_dir", "") or job.workdir, gpus=job.gpus, gpu_type=job.gpu_type,
+                       time_limit_minutes=job.time_limit_minutes).to_json()  # fmt: skip
+
+
+def job_overrides(job) -> list[list]:
+    """What the fields and the portal's choices put on a stored job's sbatch command line (chdir,
+    partition, account...), without the portal's output files and tag."""
+    return [option for option in job.request["command_line"] if option[0] not in ("output", "error", "comment")]
+
+
+def with_options(submission, *options):
+    """``submission`` with ``options`` ((option, value) pairs, e.g. ("hold", None)) added to the end of
+    its command line, as sbatch's command line would add them (none of them replaces a directive)."""
+    import dataclasses
+
+    request = submission.request
+    request = dataclasses.replace(request, command_line=(*request.command_line, *options), options=(*request.options, *options),
+                                  lines=(*request.lines, *(0 for _ in options)))  # fmt: skip
+    return dataclasses.replace(submission, request=request)
 
 
 def wait_for(predicate, *, timeout: float = 60.0, interval: float = 0.2, what: str = "the condition"):

@@ -3,15 +3,17 @@
 
 - ``submit``     quote, the budget check call, submit and batch submit (exactly once: idempotency key,
                  request fingerprint)
-- ``relay``      relay to Slurm: claim / lease / release, the JobSpec of a stored job, the single and
+- ``relay``      relay to Slurm: claim / lease / release, the stored request of a job as the gateway gets it, the single and
                  the batched relay, the drain (group commit of single-job submits)
 - ``cancel``     cancel in the portal or passed on to Slurm
 - ``sync``       bring live jobs in line with Slurm (plan, then apply in bulk)
 - ``notify``     job-end e-mails (each sent once) and their sweeper
 - ``sweep``      re-enqueue stuck relays and cancels; release budget holds whose usage never comes
 - ``templates``  job templates
-- ``gpu_usage``  what the GPUs did: one Prometheus range query a cycle into per-GPU usage rows
-- ``gpu_alerts`` idle-GPU alerts (once per job: e-mail to the submitter, the team's webhook)
+- ``gpu_usage``  what the GPUs did: one Prometheus range query a cycle into per-GPU usage rows, one
+                 summary a job at its end
+- ``gpu_alerts`` idle-GPU alerts (once per job: e-mail to the submitter, the team's webhook) and their sweeper
+- ``retention``  what is kept how long after a job's end (RETENTION_* settings), in batches
 
 Rules every function here follows:
 - the row is persisted first (state ACCEPTED) and the relay is enqueued with ``on_commit``;
@@ -24,8 +26,9 @@ A test or bench that patches a module attribute (``RELAY_LEASE_SECONDS``, ``_hol
 """
 
 from jobs.services.cancel import _may_cancel, job_cancel, job_cancel_relay_run
-from jobs.services.gpu_alerts import gpu_idle_alert_deliver, gpu_idle_alerts_check
-from jobs.services.gpu_usage import gpu_usage_finalise, gpu_usage_record, gpu_usage_sync
+from jobs.services.gpu_alerts import gpu_idle_alert_deliver, gpu_idle_alerts_check, gpu_idle_alerts_sweep
+from jobs.services.gpu_usage import gpu_samples_compact_batch, gpu_usage_finalise, gpu_usage_record, gpu_usage_sync
+from jobs.services.retention import retention_apply
 from jobs.services.notify import job_end_notify_send, job_end_notify_sweep
 from jobs.services.relay import (
     RELAY_BATCH_SUBMIT_SECONDS,
@@ -36,7 +39,7 @@ from jobs.services.relay import (
     RELAY_SOFT_TIME_LIMIT,
     _claim,
     _lease_free,
-    _spec_for,
+    _submission_for,
     job_relay_batch_run,
     job_relay_drain_run,
     job_relay_run,
@@ -82,10 +85,12 @@ __all__ = [
     "_lease_free",
     "_may_cancel",
     "_plan_job",
-    "_spec_for",
+    "_submission_for",
     "budget_holds_sweep",
     "gpu_idle_alert_deliver",
     "gpu_idle_alerts_check",
+    "gpu_idle_alerts_sweep",
+    "gpu_samples_compact_batch",
     "gpu_usage_finalise",
     "gpu_usage_record",
     "gpu_usage_sync",
@@ -106,4 +111,5 @@ __all__ = [
     "jobs_sync",
     "relay_drain_key",
     "request_fingerprint",
+    "retention_apply",
 ]

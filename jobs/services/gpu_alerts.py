@@ -11,7 +11,7 @@ import datetime as dt
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, F, Max, Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -19,20 +19,21 @@ from accounting.services import webhook_post
 from jobs.choices import JobState
 from jobs.gpu_report import job_cost_so_far
 from jobs.models import Job, JobGpuIdleAlert, JobGpuUsage
-from portal.outbox import after_commit
+from portal.outbox import after_commit, publish
 
 
 def gpu_idle_alerts_check(*, now: dt.datetime | None = None) -> list[JobGpuIdleAlert]:
-    """Record an alert for every running job without one whose every GPU row is idle since at least
-    GPU_IDLE_ALERT_MINUTES ago (one grouped query), and deliver each after commit. Returns the new ones."""
+    """Record an alert for every running job without one whose every GPU row's recorded idle run
+    covers GPU_IDLE_ALERT_MINUTES up to its last sample (one grouped query: what the rows say, not the
+    clock, so the sweeper may run it whenever), and deliver each after commit. Returns the new ones."""
     from jobs.tasks import job_gpu_idle_alert_deliver  # jobs.tasks imports the services
 
     now = now or timezone.now()
-    since = now - dt.timedelta(minutes=settings.GPU_IDLE_ALERT_MINUTES)
+    window = dt.timedelta(minutes=settings.GPU_IDLE_ALERT_MINUTES)
     rows = (
         JobGpuUsage.objects.filter(final=False, job__state=JobState.RUNNING, job__gpu_idle_alert__isnull=True)
         .values("job_id")
-        .annotate(gpus=Count("id"), busy=Count("id", filter=Q(idle_since__isnull=True) | Q(idle_since__gt=since)),
+        .annotate(gpus=Count("id"), busy=Count("id", filter=Q(idle_since__isnull=True) | Q(idle_since__gt=F("last_at") - window)),
                   idle_since=Max("idle_since"))  # fmt: skip
         .filter(busy=0)
     )
@@ -49,6 +50,34 @@ def gpu_idle_alerts_check(*, now: dt.datetime | None = None) -> list[JobGpuIdleA
         created.append(alert)
         after_commit(job_gpu_idle_alert_deliver, str(job.pk))
     return created
+
+
+# a delivery not done this long after the alert was recorded has lost its task (the broker was down)
+DELIVERY_SWEEP_AFTER = dt.timedelta(minutes=5)
+# alerts older than this are not delivered any more (the job they describe is long over)
+DELIVERY_SWEEP_WITHIN = dt.timedelta(days=1)
+
+
+def gpu_idle_alerts_sweep(*, now: dt.datetime | None = None) -> dict:
+    """The idle alerts' sweeper (periodic: portal/project/celery.py, gpu-idle-alert-sweep), for when
+    the GPU sync that raises them died after recording its rows, or the delivery's task was lost:
+    raises the alerts the recorded rows call for (``gpu_idle_alerts_check``) and enqueues again the
+    deliveries owed (an e-mail to a submitter with an address, a webhook of a team with a URL) of
+    alerts recorded DELIVERY_SWEEP_AFTER ago or more. The claims make a repeat send nothing twice.
+    Returns figures: raised, redelivered."""
+    from jobs.tasks import job_gpu_idle_alert_deliver  # jobs.tasks imports the services
+
+    now = now or timezone.now()
+    raised = gpu_idle_alerts_check(now=now)
+    owed = JobGpuIdleAlert.objects.filter(
+        Q(emailed_at__isnull=True) & ~Q(job__submitter__email="")
+        | Q(webhook_delivered_at__isnull=True) & ~Q(job__team__alert_webhook_url=""),
+        created_at__lte=now - DELIVERY_SWEEP_AFTER, created_at__gte=now - DELIVERY_SWEEP_WITHIN,
+    ).values_list("pk", flat=True)[:1000]  # fmt: skip
+    ids = [str(pk) for pk in owed]
+    for job_id in ids:
+        publish(job_gpu_idle_alert_deliver, job_id)
+    return {"raised": len(raised), "redelivered": len(ids)}
 
 
 def _message(alert: JobGpuIdleAlert) -> tuple[str, str]:

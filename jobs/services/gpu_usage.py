@@ -1,6 +1,8 @@
 """What the GPUs did: one Prometheus range query per cycle for every job's GPUs (portal/prometheus.py),
-folded into one JobGpuUsage row per GPU a job holds (running figures) and one JobGpuSample per GPU
-and step (the chart), then the rows of ended jobs frozen and the idle-GPU alerts checked.
+folded into one JobGpuUsage row per GPU a job holds (running figures), then the rows of ended jobs
+frozen into one JobGpuSummary a job (their figures and one downsampled series, read back from
+Prometheus by one more range query for the jobs frozen that cycle), and the idle-GPU alerts checked.
+The raw points stay in Prometheus: a running job's chart reads them there (jobs.gpu_report).
 
 A cycle reads from where the last one ended (SyncStatus "gpu-usage", ``data.until``) to now, aligned
 to GPU_USAGE_STEP_SECONDS, so each step is read once whatever the schedule; after an outage it
@@ -10,20 +12,21 @@ the failure is recorded, nothing changes, the pages say the figures are late (ne
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
-
 from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from accounting.models import UsageRecord
 from accounting.services import usage_busy_record
+from jobs import gpu_summary
 from jobs.choices import TERMINAL_STATES
 from jobs.gpu_report import SYNC_KIND
-from jobs.models import Job, JobArrayTask, JobGpuSample, JobGpuUsage
+from jobs.models import Job, JobArrayTask, JobGpuSample, JobGpuSummary, JobGpuUsage
 from portal import prometheus
 from portal.db import bulk_update_values
 from portal.models import SyncStatus
@@ -32,6 +35,8 @@ from portal.models import SyncStatus
 FIRST_LOOKBACK = dt.timedelta(minutes=10)
 # a job's rows are final this many steps after its end (the exporter's last points are in)
 FINAL_AFTER_STEPS = 2
+# at most this many jobs are frozen a cycle (one range query for all of them; the rest next cycle)
+FINALISE_JOBS_PER_CYCLE = 500
 _USAGE_FIELDS = ["model_name", "samples", "util_sum", "util_peak", "idle_samples", "mem_sum", "mem_samples",
                  "mem_peak", "first_at", "last_at", "idle_since"]  # fmt: skip
 
@@ -67,8 +72,8 @@ def _owner(owners: dict, series: prometheus.GpuSeries):
 
 
 def gpu_usage_record(series: list[prometheus.GpuSeries], *, step: int) -> dict:
-    """Fold the points into the usage rows (one upsert) and store them as samples (one insert; a point
-    already stored is skipped). Returns figures: gpus, points."""
+    """Fold the points into the usage rows (one upsert; a point already counted is skipped; the points
+    themselves stay in Prometheus). Returns figures: gpus, points (counted)."""
     owners = _owners(series)
     threshold = settings.GPU_IDLE_THRESHOLD_PERCENT
     wanted: dict[tuple, tuple[prometheus.GpuSeries, tuple]] = {}
@@ -86,7 +91,7 @@ def gpu_usage_record(series: list[prometheus.GpuSeries], *, step: int) -> dict:
         }
         # frozen already: late points of an ended job are not counted twice
         frozen = set(JobGpuUsage.objects.filter(job_id__in=job_ids, final=True).values_list("job_id", "slurm_job_id", "host", "gpu"))
-        rows, samples = [], []
+        rows, points = [], 0
         for key, (s, (job_pk, task_index)) in wanted.items():
             usage = existing.get(key) or JobGpuUsage(
                 job_id=job_pk, task_index=task_index, slurm_job_id=key[1], host=s.host, gpu=s.gpu, step_seconds=step,
@@ -113,16 +118,11 @@ def gpu_usage_record(series: list[prometheus.GpuSeries], *, step: int) -> dict:
                 usage.last_at = at
             if fresh or usage.pk is None:
                 rows.append(usage)
-                samples.extend((key, at, util, mem) for at, util, mem in fresh)
+                points += len(fresh)
         # the rows locked above: one UPDATE … FROM (VALUES …) a batch; new ones: one INSERT (their ids come back)
         bulk_update_values(JobGpuUsage.objects.filter(final=False), [u for u in rows if u.pk is not None], _USAGE_FIELDS)
         JobGpuUsage.objects.bulk_create([u for u in rows if u.pk is None], batch_size=1000)
-        pks = {(u.job_id, u.slurm_job_id, u.host, u.gpu): u.pk for u in rows}
-        JobGpuSample.objects.bulk_create(
-            [JobGpuSample(usage_id=pks[key], at=at, util=util, mem_mib=mem) for key, at, util, mem in samples],
-            batch_size=5000, ignore_conflicts=True,
-        )  # fmt: skip
-    return {"gpus": len(rows), "points": len(samples)}
+    return {"gpus": len(rows), "points": points}
 
 
 # ended jobs whose usage record has no busy share yet are looked at this long after their end
@@ -146,13 +146,56 @@ def gpu_busy_hand_over(*, job_ids, now: dt.datetime) -> int:
     return usage_busy_record(fractions=fractions)
 
 
+def _ended_series(rows: list[JobGpuUsage], *, step: int) -> dict[int, list] | None:
+    """The points of ``rows`` (GPUs of ended jobs) as Prometheus still has them: one range query at the
+    sync's step (coarser when the span would pass Prometheus's 11 000 points a series). Position in
+    ``rows`` → points; None when Prometheus did not answer."""
+    if not prometheus.enabled():
+        return {}
+    start = min(r.first_at for r in rows) - dt.timedelta(seconds=step)
+    end = max(r.last_at for r in rows)
+    span = (end - start).total_seconds()
+    query_step = step * max(1, math.ceil(span / step / (prometheus.MAX_POINTS_PER_SERIES - 1)))
+    try:
+        series = prometheus.gpu_series(start, end, query_step, jobs=[r.slurm_job_id for r in rows])
+    except prometheus.PrometheusUnavailable:
+        return None
+    return gpu_summary.series_of_rows(rows, series)
+
+
 def gpu_usage_finalise(*, now: dt.datetime, step: int) -> int:
-    """Freeze the rows of jobs that ended FINAL_AFTER_STEPS steps ago or more (their summary is then
-    the portal's for good). Returns the number of rows frozen."""
+    """Freeze the rows of jobs that ended FINAL_AFTER_STEPS steps ago or more (at most
+    FINALISE_JOBS_PER_CYCLE jobs): each job's figures and one downsampled series (from Prometheus,
+    one range query for them all) become its JobGpuSummary, for good. Prometheus not answering: the
+    rows wait for the next cycle. Three queries (the rows, the records, the freeze). Returns the
+    number of rows frozen."""
     done = now - dt.timedelta(seconds=step * FINAL_AFTER_STEPS)
-    return JobGpuUsage.objects.filter(
-        final=False, job__state__in=TERMINAL_STATES, job__ended_at__lte=done
-    ).update(final=True)
+    jobs = (
+        JobGpuUsage.objects.filter(final=False, job__state__in=TERMINAL_STATES, job__ended_at__lte=done)
+        .order_by("job_id").values("job_id").distinct()[:FINALISE_JOBS_PER_CYCLE]
+    )  # fmt: skip
+    # every row of each job (an array's tasks too): a job's record is written once, whole
+    rows = list(
+        JobGpuUsage.objects.filter(job_id__in=jobs, final=False)
+        .annotate(ended=F("job__ended_at"), cluster_name=F("job__slurm_cluster"))
+        .order_by("job_id", "task_index", "host", "gpu")
+    )  # fmt: skip
+    if not rows:
+        return 0
+    points = _ended_series(rows, step=step)
+    if points is None:
+        return 0
+    per_job: dict = {}
+    for i, row in enumerate(rows):
+        per_job.setdefault(row.job_id, []).append((row, points.get(i, [])))
+    records = [
+        JobGpuSummary(job_id=job_id, ended_at=mine[0][0].ended, data=gpu_summary.summary_encode(
+            [r for r, _ in mine], {i: p for i, (_, p) in enumerate(mine)}, minimum_width=settings.GPU_SERIES_MIN_BUCKET_SECONDS))
+        for job_id, mine in per_job.items()
+    ]  # fmt: skip
+    with transaction.atomic():
+        JobGpuSummary.objects.bulk_create(records, ignore_conflicts=True)
+        return JobGpuUsage.objects.filter(pk__in=[r.pk for r in rows], final=False).update(final=True)
 
 
 def gpu_usage_sync(*, now: dt.datetime | None = None) -> dict:
@@ -192,3 +235,38 @@ def gpu_usage_sync(*, now: dt.datetime | None = None) -> dict:
     sync_record_success(SYNC_KIND, data={"until": end.timestamp(), "duration_ms": stats["duration_ms"]}, at=now)
     return stats
 
+
+
+def gpu_samples_compact_batch(*, jobs: int = 200, rows: int = 10_000) -> dict:
+    """One batch of the legacy rows' compaction (``manage.py gpu_samples_compact``, issue 39): the
+    ended jobs whose rows are frozen but have no JobGpuSummary get one from their JobGpuSample rows
+    (at most ``jobs`` jobs; the same record the finalisation writes); once none is left, ``rows``
+    sample rows are deleted by primary key. Short statements only: a site runs it on a live database
+    (no table lock, no rewrite; VACUUM makes the space reusable, VACUUM FULL or pg_repack gives it
+    back to the disk). Returns figures: summaries, deleted (0 and 0: done)."""
+    job_ids = list(
+        JobGpuUsage.objects.filter(final=True, job__gpu_summary__isnull=True)
+        .order_by("job_id").values_list("job_id", flat=True).distinct()[:jobs]
+    )  # fmt: skip
+    if job_ids:
+        ended = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "ended_at"))
+        usage: dict = {}
+        for row in JobGpuUsage.objects.filter(job_id__in=job_ids).order_by("job_id", "task_index", "host", "gpu"):
+            usage.setdefault(row.job_id, []).append(row)
+        points: dict[int, list] = {}
+        for usage_id, at, util, mem in JobGpuSample.objects.filter(usage__job_id__in=job_ids).values_list(
+            "usage_id", "at", "util", "mem_mib"
+        ).iterator(chunk_size=rows):
+            points.setdefault(usage_id, []).append((at, util, mem))
+        records = [
+            JobGpuSummary(job_id=job_id, ended_at=ended.get(job_id) or max(r.last_at for r in mine),
+                          data=gpu_summary.summary_encode(mine, {i: points.get(r.pk, []) for i, r in enumerate(mine)},
+                                                          minimum_width=settings.GPU_SERIES_MIN_BUCKET_SECONDS))
+            for job_id, mine in usage.items()
+        ]  # fmt: skip
+        JobGpuSummary.objects.bulk_create(records, ignore_conflicts=True)
+        return {"summaries": len(records), "deleted": 0}
+    pks = list(JobGpuSample.objects.order_by().values_list("pk", flat=True)[:rows])
+    if pks:
+        JobGpuSample.objects.filter(pk__in=pks).delete()
+    return {"summaries": 0, "deleted": len(pks)}

@@ -1,5 +1,5 @@
 """Relaying ACCEPTED jobs to Slurm, exactly once: claim / lease / release (a conditional update with a
-token), the JobSpec for a stored job, and ONE relay: the batched relay (one job is a batch of one:
+token), the stored request of a job as the gateway gets it, and ONE relay: the batched relay (one job is a batch of one:
 job_relay_run) and the drain (the group commit of submits, on the batched relay's machinery). Slurm
 is called outside any transaction; every state change is a conditional UPDATE on the row."""
 
@@ -21,8 +21,8 @@ from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from portal.db import bulk_update_values
 from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
-from jobs.workdirs import cluster_username, default_submit_dir, submit_dir_ensure
-from portal.slurm import JobSpec, SlurmError, SlurmRejected, SlurmUnavailable, get_gateway
+from jobs.workdirs import cluster_username, submit_dir_ensure
+from portal.slurm import JobRequest, JobSubmission, SlurmError, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +61,14 @@ def _booking_reservation(job: Job) -> str:
     return booking.reservation_name
 
 
-def _spec_for(job: Job, *, ensure_dirs: bool = True) -> JobSpec:
-    """The JobSpec for a stored job. Raises SlurmRejected when the submitter has no Unix account, or
-    when the job's submit directory cannot be used (``ensure_dirs``: the user's default one is
-    created, as the user, when missing: jobs.workdirs)."""
+def _submission_for(job: Job, *, ensure_dirs: bool = True) -> JobSubmission:
+    """The stored request of a job as the gateway gets it, with the booking's reservation and the
+    submitter's Unix ids. Raises SlurmRejected when the submitter has no Unix account, or when the
+    job's submit directory cannot be used (``ensure_dirs``: the user's default one is created, as
+    the user, when missing: jobs.workdirs)."""
     from portal.unix import unix_account_problem, unix_ids
 
+    request = JobRequest.from_json(job.request)
     uid = gid = None
     username = cluster_username(job.submitter)
     if settings.SLURM_SUBMIT_AS_USER:
@@ -74,47 +76,10 @@ def _spec_for(job: Job, *, ensure_dirs: bool = True) -> JobSpec:
         if problem := unix_account_problem(username, ids, getattr(job.submitter, "profile", None)):
             raise SlurmRejected(problem)
         uid, gid = ids
-    submit_dir = job.submit_dir or job.workdir
-    if ensure_dirs:  # the user's default directory is created when missing (as the user)
-        default = submit_dir == default_submit_dir(user=job.submitter, team=job.team, job_id=job.pk)
-        submit_dir_ensure(submit_dir, username=username, ids=(uid, gid) if uid is not None else None, default=default)
-    pattern = settings.JOB_OUTPUT_PATTERN
-    slurm_id = "%A_%a" if job.array else "%j"
-    stdout = job.output_pattern or pattern.format(workdir=job.workdir, slurm_job_id=slurm_id, stream="out")
-    stderr = job.error_pattern or (pattern.format(workdir=job.workdir, slurm_job_id=slurm_id, stream="err")
-                                   if not job.output_pattern and "{stream}" in pattern else "")  # fmt: skip
-    # the command line: the job's overrides (jobs.spec), and the portal's output files where the
-    # script names none (a script's --output alone sends stderr there too, as sbatch does; so does
-    # the portal's pattern without {stream}, as sbatch's default slurm-%j.out)
-    options = [(option, value) for option, value in job.overrides if option != "account"]
-    if not job.output_pattern:
-        options.append(("output", stdout))
-    if not job.output_pattern and not job.error_pattern and stderr:
-        options.append(("error", stderr))
-    return JobSpec(
-        script=job.script,
-        # the team's account on the job's cluster, as the spec put it on the command line
-        account=next((value for option, value in job.overrides if option == "account"), job.team.slurm_account),
-        partition=job.partition,
-        name=job.name,
-        gpus=job.gpus,
-        gpu_type=job.gpu_type,
-        nodes=job.nodes,
-        cpus_per_gpu=job.cpus_per_gpu or 1,
-        memory_mb=job.memory_gb * 1024 if job.memory_gb else None,
-        time_limit_minutes=job.time_limit_minutes,
-        workdir=job.workdir,
-        submit_dir=submit_dir,
-        stdout=stdout,
-        stderr=stderr or stdout,
-        options=tuple(options),
-        directives=None if job.script_directives is None else tuple(map(tuple, job.script_directives)),
-        environment=dict(job.environment),
-        comment=job.slurm_tag,
-        reservation=_booking_reservation(job),
-        uid=uid,
-        gid=gid,
-    )
+    if ensure_dirs:
+        submit_dir_ensure(request.submit_dir, username=username, ids=(uid, gid) if uid is not None else None,
+                          default=request.submit_dir_default)  # fmt: skip
+    return JobSubmission(request, reservation=_booking_reservation(job), uid=uid, gid=gid)
 
 
 def job_relay_run(job_id) -> str:
@@ -187,12 +152,12 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
     todo = []
     for job in jobs:
         try:
-            spec = _spec_for(job)
+            submission = _submission_for(job)
         except SlurmRejected as exc:
             outcomes[job.pk] = ("rejected", exc.message)
             continue
-        job.unix_uid = spec.uid
-        todo.append((job, spec))
+        job.unix_uid = submission.uid
+        todo.append((job, submission))
 
     # Per cluster: set once its Slurm does not answer, so its remaining jobs are not tried (the other
     # clusters' jobs go on).
@@ -230,12 +195,12 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
         return ("submitted", submitted)
 
     def relay_one(item):
-        job, spec = item
+        job, submission = item
         decided = decide(job)
         if decided is not None:
             return job.pk, decided
         try:
-            submitted: int | SlurmError = gateways[job.cluster.name].submit(spec)
+            submitted: int | SlurmError = gateways[job.cluster.name].submit(submission)
         except (SlurmRejected, SlurmUnavailable) as exc:
             submitted = exc
         return job.pk, outcome(job, submitted)

@@ -28,6 +28,7 @@ from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
 from portal.roles import is_member
 from portal.services import audit_record
+from portal.slurm.tags import slurm_tag
 
 
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")  # printable ASCII, no spaces
@@ -104,8 +105,7 @@ def _job_row(spec: ValidSpec, quote: JobQuote, *, team: Team, user, booking_id, 
     return Job(
         id=job_id, team=team, submitter=user, **{name: getattr(spec, name) for name in STORED_FIELDS},
         booking_id=booking_id, state=JobState.ACCEPTED, array_tasks=spec.array_tasks, array_throttle=spec.array_throttle,
-        output_pattern=spec.output, error_pattern=spec.error, overrides=spec.overrides, directives=spec.directives,
-        script_directives=spec.script_directives,
+        output_pattern=spec.output, error_pattern=spec.error, request=spec.request.to_json(),
         estimated_gpu_seconds=quote.gpu_seconds, estimated_gpu_hours=quote.gpu_hours, estimated_cost=quote.cost,
         currency=quote.currency,
         idempotency_key=idempotency_key, request_fingerprint=fingerprint, cluster=spec.capacity.cluster_for_job(),
@@ -270,7 +270,8 @@ def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str 
         job_id = uuid.uuid4()
         try:
             spec = validate_job_spec(**{name: item.get(name) for name in SPEC_FIELD_NAMES}, **accounts, cache=cache,
-                                     parsed=item.get("parsed"), default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))  # fmt: skip
+                                     parsed=item.get("parsed"), tag=slurm_tag(job_id),
+                                     default_submit_dir=default_submit_dir(user=user, team=team, job_id=job_id))  # fmt: skip
             booking_id = _booking_id(item.get("booking"))
             if booking_id is not None:
                 _check_booking(booking_id, team=team, spec=spec)

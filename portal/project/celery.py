@@ -39,6 +39,12 @@ def _beat_schedule() -> dict:
         },
         # what the GPUs did: one Prometheus range query for every job's GPUs (off without PROMETHEUS_URL)
         "gpu-usage-sync": {"task": "jobs.tasks.gpu_usage_sync_task", "schedule": float(settings.GPU_USAGE_SYNC_SECONDS)},
+        # the idle-GPU alerts' sweeper: raised from the recorded rows, lost deliveries re-sent
+        "gpu-idle-alert-sweep": {
+            "task": "jobs.tasks.gpu_idle_alerts_sweep_task", "schedule": float(settings.GPU_IDLE_ALERT_SWEEP_SECONDS),
+        },
+        # what is kept how long (RETENTION_* settings, README "Retention")
+        "retention": {"task": "jobs.tasks.retention_task", "schedule": float(settings.RETENTION_SWEEP_SECONDS)},
         # not an outbox: holds whose job's final usage never came (BUDGET_HOLD_RELEASE_AFTER_HOURS)
         "budget-hold-sweep": {"task": "jobs.tasks.budget_holds_sweep_task", "schedule": float(settings.BUDGET_HOLD_SWEEP_SECONDS)},
     }  # fmt: skip

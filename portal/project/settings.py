@@ -229,6 +229,14 @@ SLURM_MAX_ARRAY_SIZE = env.int("SLURM_MAX_ARRAY_SIZE", 1001, minimum=1)
 # 30 s) a job ends at most 30 s (slurmctld's time-limit check) + 30 s past its limit.
 SLURM_OVERRUN_SECONDS_UNREAD = env.int("SLURM_OVERRUN_SECONDS_UNREAD", 60, minimum=0)
 
+# Kubernetes (issue 41): the kubeconfig the portal reaches its Kubernetes GPU cluster with — for the local
+# one (scripts/k8s up) its service account's, which holds only the rights the portal needs (RBAC). Not
+# KUBECONFIG: kubectl and the kubernetes client read that one from the user's shell. Empty: none.
+_local_k8s_kubeconfig = Path(env.str("GPUPORTAL_K8S_DIR", "/var/lib/gpuportal-k8s")) / "etc" / "portal.kubeconfig"
+GPUPORTAL_K8S_KUBECONFIG = env.str(
+    "GPUPORTAL_K8S_KUBECONFIG", str(_local_k8s_kubeconfig) if _local_k8s_kubeconfig.exists() else ""
+)
+
 # Jobs
 # Where a job is submitted from when the request names no directory (jobs/workdirs.py): a template
 # with {user} (the cluster user name), {home} (that user's home), {team} (slug), {job} (the job's id);
@@ -292,7 +300,7 @@ GPU_LABEL_MODEL = env.str("GPU_LABEL_MODEL", "modelName")
 # cluster, or job ids that never collide between clusters.
 GPU_LABEL_CLUSTER = env.str("GPU_LABEL_CLUSTER", "cluster")
 # The sync (one range query a cycle for every running job; schedule in portal/project/celery.py): every
-# GPU_USAGE_SYNC_SECONDS, one stored point per GPU and GPU_USAGE_STEP_SECONDS (the mean over it).
+# GPU_USAGE_SYNC_SECONDS, points read a GPU_USAGE_STEP_SECONDS step apart (each the mean over it).
 GPU_USAGE_SYNC_SECONDS = env.int("GPU_USAGE_SYNC_SECONDS", 60, minimum=1)
 GPU_USAGE_STEP_SECONDS = env.int("GPU_USAGE_STEP_SECONDS", 60, minimum=1)
 # After an outage the sync catches up at most this far back (Prometheus keeps the data meanwhile)
@@ -304,6 +312,31 @@ GPU_IDLE_ALERT_MINUTES = env.int("GPU_IDLE_ALERT_MINUTES", 30, minimum=1)
 # A pending job's expected start (Slurm's backfill estimate, jobs_sync) that moves by more than this
 # is noted on its page and in its history ("expected start moved from X to Y").
 START_ESTIMATE_MOVE_MINUTES = env.int("START_ESTIMATE_MOVE_MINUTES", 30, minimum=1)
+# The idle alerts' own sweeper (jobs.services.gpu_idle_alerts_sweep): raises the alerts the recorded
+# rows call for and re-sends the deliveries whose task was lost, whatever happened to the sync.
+GPU_IDLE_ALERT_SWEEP_SECONDS = env.int("GPU_IDLE_ALERT_SWEEP_SECONDS", 300, minimum=10)
+# A job's stored GPU series (jobs.gpu_summary, written at its end): at most 240 points per GPU, and
+# buckets of at least this many seconds (the raw points stay in Prometheus).
+GPU_SERIES_MIN_BUCKET_SECONDS = env.int("GPU_SERIES_MIN_BUCKET_SECONDS", 300, minimum=1, maximum=86400)
+
+# Retention (jobs.services.retention_apply, Celery beat "retention"; README "Retention"): how many days
+# after a job's end its detail is kept; 0 keeps it for ever. Never touches what accounting charged
+# (usage records, slices, invoices and reports read those only).
+RETENTION_SWEEP_SECONDS = env.int("RETENTION_SWEEP_SECONDS", 3600, minimum=60)
+RETENTION_BATCH = env.int("RETENTION_BATCH", 5000, minimum=100, maximum=100000)
+# the per-GPU working rows (JobGpuUsage) once the job's summary is stored; and legacy raw points
+RETENTION_GPU_ROWS_DAYS = env.int("RETENTION_GPU_ROWS_DAYS", 7, minimum=1, maximum=36500)
+# the job's GPU summary and its downsampled series (the chart after Prometheus forgot)
+RETENTION_GPU_SUMMARY_DAYS = env.int("RETENTION_GPU_SUMMARY_DAYS", 0, minimum=0, maximum=36500)
+if RETENTION_GPU_SUMMARY_DAYS and RETENTION_GPU_SUMMARY_DAYS < RETENTION_GPU_ROWS_DAYS:
+    raise ImproperlyConfigured("Environment variable RETENTION_GPU_SUMMARY_DAYS is shorter than RETENTION_GPU_ROWS_DAYS: "
+                               "the working rows expire only once their job's summary is stored; set it 0 or at least as long.")
+# the job's state history (JobEvent)
+RETENTION_JOB_EVENTS_DAYS = env.int("RETENTION_JOB_EVENTS_DAYS", 0, minimum=0, maximum=36500)
+# the job page's references to its output files (shown no more after this; the files are the user's)
+RETENTION_JOB_OUTPUT_DAYS = env.int("RETENTION_JOB_OUTPUT_DAYS", 0, minimum=0, maximum=36500)
+# the audit trail (AuditEvent), by its age
+RETENTION_AUDIT_DAYS = env.int("RETENTION_AUDIT_DAYS", 0, minimum=0, maximum=36500)
 
 # Accounting
 DEFAULT_CURRENCY = env.str("DEFAULT_CURRENCY", "CNY")

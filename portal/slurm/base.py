@@ -29,7 +29,7 @@ class SlurmGateway(abc.ABC):
 
     # Jobs
     @abc.abstractmethod
-    def submit(self, spec: t.JobSpec) -> int:
+    def submit(self, submission: t.JobSubmission) -> int:
         """Submit a batch job; returns Slurm's job id."""
 
     @abc.abstractmethod

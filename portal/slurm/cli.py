@@ -59,7 +59,6 @@ from .cli_output import (
     parse_sacct,
 )
 from .parsing import FIELD_SEP
-from .request import spec_script
 
 # Re-exported: the argv builders (portal.slurm.cli_argv) and output parsers (portal.slurm.cli_output)
 # are importable from here as before the split.
@@ -189,31 +188,28 @@ class CliGateway(SlurmGateway):
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    def submit(self, spec: t.JobSpec) -> int:
-        """``sbatch`` with the portal's options and the script on stdin. The relay runs several at once
+    def submit(self, submission: t.JobSubmission) -> int:
+        """``sbatch`` with the request's command line and its script on stdin, run as a submitter's
+        shell would: in the submit directory (sbatch sets SLURM_SUBMIT_DIR from its own cwd), with
+        SLURM_EXPORT_ENV=ALL (cli_argv.STEP_EXPORT) and the job's variables in a memory file passed
+        as ``--export-file=<fd>`` (cli_argv.export_argv). The relay runs several at once
         (jobs.services.relay: RELAY_BATCH_THREADS)."""
-        return self._sbatch(spec)
-
-    def _sbatch_input(self, spec: t.JobSpec, export_fd: int = 3) -> tuple[list[str], str]:
-        """What sbatch is run with for ``spec``: its argv and the script on its stdin (unchanged)."""
-        return sbatch_argv(spec, self._exe("sbatch"), export_fd=export_fd), check_script(spec_script(spec))
-
-    def _sbatch(self, spec: t.JobSpec) -> int:
-        """Run sbatch as a submitter's shell would: in the submit directory (sbatch sets
-        SLURM_SUBMIT_DIR from its own cwd), with SLURM_EXPORT_ENV=ALL (cli_argv.STEP_EXPORT) and the
-        job's variables in a memory file passed as ``--export-file=<fd>`` (cli_argv.export_argv)."""
-        submit_dir = submit_dir_of(spec)
+        submit_dir = submit_dir_of(submission.request)
         # SLURM_TIME_FORMAT is for the gateway's parsers; sbatch would pass it on into the job
         env = {k: v for k, v in self._env.items() if k != "SLURM_TIME_FORMAT"} | STEP_EXPORT
-        variables = export_file_bytes(job_process_environment(spec, submit_dir=submit_dir))
+        variables = export_file_bytes(job_process_environment(submission.request, submit_dir=submit_dir))
         fd = os.memfd_create("gpuportal-job-env", os.MFD_CLOEXEC)
         try:
             os.write(fd, variables)
             os.lseek(fd, 0, os.SEEK_SET)
-            argv, script = self._sbatch_input(spec, export_fd=fd)
+            argv, script = self._sbatch_input(submission, export_fd=fd)
             return parse_job_id(self._run(argv, stdin=script, env=env, cwd=submit_dir, pass_fds=(fd,)))
         finally:
             os.close(fd)
+
+    def _sbatch_input(self, submission: t.JobSubmission, export_fd: int = 3) -> tuple[list[str], str]:
+        """What sbatch is run with: its argv and the request's script on its stdin (unchanged)."""
+        return sbatch_argv(submission, self._exe("sbatch"), export_fd=export_fd), check_script(submission.request.script)
 
     def cancel(self, job_id: int) -> None:
         self._run([self._exe("scancel"), str(int(job_id))], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
@@ -403,10 +399,10 @@ def is_idempotent_success(stdout: str, stderr: str, ok_patterns: tuple[str, ...]
     return parsing.matches_any(stdout, ok_patterns)
 
 
-def submit_dir_of(spec: t.JobSpec) -> str:
-    """Where the job is submitted from (SLURM_SUBMIT_DIR): the spec's submit directory, else its
-    working directory. SlurmRejected when the submit host has no such directory (nothing to retry)."""
-    directory = spec.submit_dir or spec.workdir
+def submit_dir_of(request: t.JobRequest) -> str:
+    """Where the job is submitted from (SLURM_SUBMIT_DIR). SlurmRejected when the submit host has no
+    such directory (nothing to retry)."""
+    directory = request.submit_dir
     if not os.path.isabs(directory) or not os.path.isdir(directory):
         raise t.SlurmRejected(f"The submit directory {directory} does not exist on the submit host.", command="sbatch")
     return directory

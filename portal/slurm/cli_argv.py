@@ -9,8 +9,7 @@ import datetime as dt
 import re
 
 from . import parsing
-from .request import spec_job_name, spec_options
-from .types import JobSpec, SlurmRejected
+from .types import JobRequest, JobSubmission, SlurmRejected
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -49,11 +48,11 @@ def checked_variables(environment: dict[str, str]) -> dict[str, str]:
 STEP_EXPORT = {"SLURM_EXPORT_ENV": "ALL"}
 
 
-def job_process_environment(spec: JobSpec, *, submit_dir: str) -> dict[str, str]:
+def job_process_environment(request: JobRequest, *, submit_dir: str) -> dict[str, str]:
     """The variables the job gets from its submission, as from sbatch run in ``submit_dir`` by a
     login shell: the job's own, PWD (the shell's directory: what a script that is not bash, which
     resets it, reads) and SLURM_JOB_NAME (sbatch leaves it out when it reads an export file)."""
-    return checked_variables(spec.environment) | {"PWD": submit_dir, "SLURM_JOB_NAME": spec_job_name(spec)}
+    return checked_variables(request.variables) | {"PWD": submit_dir, "SLURM_JOB_NAME": request.name}
 
 
 def export_argv(export_fd: int) -> list[str]:
@@ -72,16 +71,16 @@ def export_file_bytes(environment: dict[str, str]) -> bytes:
     return b"".join(f"{name}={value}".encode() + b"\0" for name, value in sorted(environment.items()))
 
 
-def sbatch_argv(spec: JobSpec, sbatch: str = "sbatch", *, export_fd: int = 3) -> list[str]:
-    """sbatch's argv for a job spec (the script, from ``spec_script``, goes to stdin; the job's
-    variables in the file ``export_fd`` names, see export_argv). Pure: unit-tested."""
-    check_text(spec.name, "Job name")
-    check_text(spec.comment, "Job comment")
+def sbatch_argv(submission: JobSubmission, sbatch: str = "sbatch", *, export_fd: int = 3) -> list[str]:
+    """sbatch's argv for a submission: its request's command line and the relay's options (the
+    request's script goes to stdin; the job's variables in the file ``export_fd`` names, see
+    export_argv). Pure: unit-tested."""
+    check_text(submission.request.name, "Job name")
     # --ignore-pbs: sbatch would otherwise translate #PBS and #BSUB lines of the script (walltime,
     # priority, hold, …) that the portal never read (gpuportal_sbatch.directives reads only
     # #SBATCH/#SLURM, as slurmctld's own descriptor paths do): Slurm gets exactly what was validated.
     argv = [sbatch, "--parsable", "--ignore-pbs", *export_argv(export_fd)]
-    for option, value in spec_options(spec):
+    for option, value in submission.command_line:
         if value is None:
             argv.append(f"--{option}")
         else:

@@ -49,7 +49,6 @@ from . import types as t
 from .base import SlurmGateway
 from .cli import CliGateway, check_script, check_text, submit_dir_of
 from .pyslurm_request import NotExpressible, description_kwargs, description_environment
-from .request import spec_script
 
 T = TypeVar("T")
 
@@ -299,24 +298,22 @@ class PyslurmGateway(SlurmGateway):
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    def job_description(self, spec: t.JobSpec, script_path: str) -> Any:
-        """The JobSubmitDescription for a spec's effective request (the script's #SBATCH lines and
-        the portal's options, pyslurm_request); the script is passed as a file path (see submit).
+    def job_description(self, submission: t.JobSubmission, script_path: str) -> Any:
+        """The JobSubmitDescription for a submission's effective request (the script's #SBATCH lines
+        and the portal's options, pyslurm_request); the script is passed as a file path (see submit).
         Raises NotExpressible when pyslurm cannot submit the request as sbatch would."""
-        check_text(spec.name, "Job name")
-        check_text(spec.comment, "Job comment")
-        kwargs = description_kwargs(spec)
-        kwargs |= description_environment(spec, submit_dir=submit_dir_of(spec), slurm_conf=self._slurm_conf,
+        check_text(submission.request.name, "Job name")
+        kwargs = description_kwargs(submission)
+        kwargs |= description_environment(submission, submit_dir=submit_dir_of(submission.request), slurm_conf=self._slurm_conf,
                                           host=socket.gethostname(), umask=_process_umask(),
                                           nice=os.getpriority(os.PRIO_PROCESS, 0))  # fmt: skip
         return self._pyslurm.JobSubmitDescription(script=script_path, **kwargs)
 
-    def submit(self, spec: t.JobSpec) -> int:
-        """pyslurm gets the script as Slurm gets it from sbatch (``spec_script``: the directives the
-        command line replaces commented out; the environment as export lines) and the effective
-        request as attributes. A request pyslurm cannot express is submitted by the cli backend:
+    def submit(self, submission: t.JobSubmission) -> int:
+        """pyslurm gets the script as Slurm gets it from sbatch (the request's ``script``: the
+        directives the command line replaces commented out) and the effective request as attributes. A request pyslurm cannot express is submitted by the cli backend:
         the one place that decides it (pyslurm_request's docstring lists those options)."""
-        script = check_script(spec_script(spec))
+        script = check_script(submission.request.script)
         # pyslurm's `script` is "a path or the script's content": it first tries Path(script).is_file()
         # and reads that file. Passing content would let a job "script" that happens to be a path
         # make the portal read (as root) and submit any file, and long content raises
@@ -325,9 +322,9 @@ class PyslurmGateway(SlurmGateway):
             handle.write(script)
             handle.flush()
             try:
-                desc = self.job_description(spec, handle.name)
+                desc = self.job_description(submission, handle.name)
             except NotExpressible:
-                return self._cli.submit(spec)
+                return self._cli.submit(submission)
             return int(self._call("submit", lambda: _without_process_slurm_env(desc.submit)))
 
     def cancel(self, job_id: int) -> None:

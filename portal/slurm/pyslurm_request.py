@@ -1,10 +1,10 @@
-"""A job's effective request (``request.spec_request``) as pyslurm 25.11's ``JobSubmitDescription``.
+"""A job's effective request (``JobRequest.options`` and the relay's options) as pyslurm 25.11's ``JobSubmitDescription``.
 
 pyslurm submits a description, not a command line: it does not read the script's ``#SBATCH`` lines
 (``JobSubmitDescription.load_sbatch_options`` exists, but its parser is not sbatch's: no
 abbreviations, no quoting, ``--time20``-style splitting at digits, ``--gpus-per-socket`` mapped
 twice, a ``#`` inside a value cuts it). So the portal's own parser (the one ``#SBATCH`` reader,
-``gpuportal_sbatch.directives``) gives the options, ``spec_request`` merges them with the
+``gpuportal_sbatch.directives``) gives the options, ``request.job_request`` merges them with the
 portal's command line exactly as sbatch would, and ``description_kwargs`` maps each one to the
 attribute pyslurm has for it (read against PySlurm/pyslurm 25.11.x:
 pyslurm/core/job/submission.pyx ``_create_job_submit_desc``, sbatch_opts.pyx, utils/cstr.pyx).
@@ -44,8 +44,8 @@ from typing import Any
 from gpuportal_sbatch.directives import DirectiveError, check_mail_type, is_c_digits, parse_time_minutes
 
 from .cli_argv import STEP_EXPORT, job_process_environment
-from .request import STDIN_JOB_NAME, spec_request
-from .types import JobSpec, SlurmRejected
+from .request import STDIN_JOB_NAME
+from .types import JobSubmission, SlurmRejected
 
 
 class NotExpressible(Exception):
@@ -231,9 +231,9 @@ def _implicit_ntasks(kwargs: dict[str, Any], seen: set[str]) -> None:
         kwargs["ntasks"] = tasks
 
 
-def description_kwargs(spec: JobSpec) -> dict[str, Any]:
+def description_kwargs(submission: JobSubmission) -> dict[str, Any]:
     """The JobSubmitDescription keyword arguments for what Slurm would get from sbatch for this
-    spec (the script's directives and the portal's command line), without ``script``.
+    submission (the script's directives and the portal's command line), without ``script``.
 
     Raises NotExpressible for an option pyslurm cannot pass as sbatch would (see the module
     docstring), SlurmRejected for a value sbatch refuses."""
@@ -241,7 +241,7 @@ def description_kwargs(spec: JobSpec) -> dict[str, Any]:
     # stdin, as the cli backend sends it, unless the request names the job
     kwargs: dict[str, Any] = {"name": STDIN_JOB_NAME}
     seen: set[str] = set()
-    for option, value in spec_request(spec):  # in order: a later occurrence wins, as in sbatch
+    for option, value in submission.options:  # in order: a later occurrence wins, as in sbatch
         if option in _CLIENT_ONLY:
             continue
         if option not in _MAPPED:
@@ -275,18 +275,18 @@ _MPI_LAUNCHER = {
 }  # fmt: skip
 
 
-def description_environment(spec: JobSpec, *, submit_dir: str, slurm_conf: str, host: str, umask: str,
+def description_environment(submission: JobSubmission, *, submit_dir: str, slurm_conf: str, host: str, umask: str,
                             nice: int = 0) -> dict[str, Any]:  # fmt: skip
-    """The descriptor's environment attributes for a spec: what sbatch 25.11 run in ``submit_dir``
+    """The descriptor's environment attributes for a submission: what sbatch 25.11 run in ``submit_dir``
     with SLURM_EXPORT_ENV=ALL would send (the module docstring). ``slurm_conf``: the cluster's, so
     that Slurm's commands inside the job talk to it; ``nice``: the submitting process's
     (SLURM_PRIO_PROCESS). ``profile_types``: none, where pyslurm 25.11.2 would send NO_VAL, which
     slurmd reads as every profile (SLURM_PROFILE=Energy,Lustre,Network,Task); sbatch sends none."""
-    options = {option: value for option, value in spec_request(spec)}
+    options = dict(submission.options)
     environment = {
         **_MPI_LAUNCHER,
         **{variable: options[option] or "" for option, variable in _OPTION_VARIABLES.items() if option in options},
-        **job_process_environment(spec, submit_dir=submit_dir), **STEP_EXPORT, "SLURM_SUBMIT_DIR": submit_dir,
+        **job_process_environment(submission.request, submit_dir=submit_dir), **STEP_EXPORT, "SLURM_SUBMIT_DIR": submit_dir,
         "SLURM_SUBMIT_HOST": host, "SLURM_UMASK": umask, "SLURM_PRIO_PROCESS": str(nice),
     }  # fmt: skip
     if slurm_conf:

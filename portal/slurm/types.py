@@ -27,37 +27,91 @@ class SlurmRejected(SlurmError):
     """Slurm refused the request; ``message`` is Slurm's own words. Never retried."""
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """What the portal asks Slurm to run. Times in minutes, memory in MiB."""
+Option = tuple[str, "str | None"]  # (long option, value or None), as sbatch's command line has it
 
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the portal asks a scheduler to run: ONE value, built once when the job is submitted
+    (``portal.slurm.request.job_request``), stored with the job, handed to the gateway unchanged.
+    Each backend only translates it (the cli backend: sbatch's argv and stdin; pyslurm: a
+    ``JobSubmitDescription``). Times in minutes."""
+
+    # The script exactly as Slurm gets it: the directives the command line replaces (the same option,
+    # or one Slurm holds mutually exclusive with it) and those that choose a cluster turned into comments.
     script: str
-    account: str
-    partition: str
-    name: str = "gpuportal"
-    gpus: int = 1
-    gpu_type: str = ""  # "" = any type
+    # sbatch's command line, in order: the given fields, the portal's output files where the script
+    # names none, the team's account and the portal's tag (--comment). Never a cluster option.
+    command_line: tuple[Option, ...]
+    # Every option Slurm applies, in order: the script's directives the command line leaves, then the
+    # command line (what a backend that does not read #SBATCH lines submits).
+    options: tuple[Option, ...]
+    lines: tuple[int, ...]  # the script's line of each option (0: the command line), for display
+    name: str  # the job's name as Slurm holds it (the last --job-name; sbatch's own for none)
+    workdir: str  # where the job starts
+    submit_dir: str  # where it is submitted from (SLURM_SUBMIT_DIR; sbatch's cwd)
+    submit_dir_default: bool = False  # the user's default directory: created, as the user, when missing
+    environment: tuple[tuple[str, str], ...] = ()  # the job's own variables (NAME, value), sorted
+    # The GPU shape (the estimate and the budget hold count it): GPUs Slurm allocates to one job (one
+    # array task), their type ("" any), nodes, the time limit and the array's tasks.
+    gpus: int = 0
+    gpu_type: str = ""
     nodes: int = 1
-    cpus_per_gpu: int = 1
-    memory_mb: int | None = None  # per node; None = partition default
-    time_limit_minutes: int | None = None
-    workdir: str = "/tmp"  # the job's working directory (--chdir)
-    submit_dir: str = ""  # where it is submitted from (SLURM_SUBMIT_DIR; sbatch's cwd); "" = workdir
-    stdout: str = ""  # path pattern as sbatch understands it ("%j" = job id); "" = Slurm default
-    stderr: str = ""
-    environment: dict[str, str] = field(default_factory=dict)
-    comment: str = ""  # the portal's tag, e.g. "gpuportal:<uuid>"; Slurm keeps it in queue and accounting
+    time_limit_minutes: int = 0
+    array_tasks: int = 1
+
+    @property
+    def variables(self) -> dict[str, str]:
+        return dict(self.environment)
+
+    def to_json(self) -> dict:
+        """What is stored with the job (Job.request)."""
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["command_line"] = [list(option) for option in self.command_line]
+        data["options"] = [list(option) for option in self.options]
+        data["lines"] = list(self.lines)
+        data["environment"] = dict(self.environment)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "JobRequest":
+        return cls(**{
+            **data,
+            "command_line": tuple((option, value) for option, value in data["command_line"]),
+            "options": tuple((option, value) for option, value in data["options"]),
+            "lines": tuple(data["lines"]),
+            "environment": tuple(sorted(data.get("environment", {}).items())),
+        })  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JobSubmission:
+    """A stored request as the relay hands it to a gateway, with what only the relay knows: the
+    booking's reservation (checked when the job is sent) and the Unix ids it runs as (the submitter
+    must be root to pass them)."""
+
+    request: JobRequest
     reservation: str = ""
-    uid: int | None = None  # run as this Unix user (submitter must be root)
+    uid: int | None = None
     gid: int | None = None
-    # The command-line options, as (long option, value or None), that override the script's
-    # #SBATCH lines (portal.slurm.request). None: built from the typed fields above (name,
-    # partition, nodes, workdir, gpus, cpus_per_gpu, memory, time, stdout, stderr).
-    options: tuple[tuple[str, str | None], ...] | None = None
-    # The script's #SBATCH directives as the portal read them at submission, as (long option, value
-    # or None, line, words as written); None: the gateway reads them from the script
-    # (portal.slurm.request). Given, the relay does not parse the script again.
-    directives: tuple[tuple[str, str | None, int, str], ...] | None = None
+
+    @property
+    def relay_options(self) -> list[Option]:
+        """The options the relay adds after the request's command line."""
+        options: list[Option] = [("reservation", self.reservation)] if self.reservation else []
+        if self.uid is not None:
+            options.append(("uid", str(int(self.uid))))
+        if self.gid is not None:
+            options.append(("gid", str(int(self.gid))))
+        return options
+
+    @property
+    def command_line(self) -> list[Option]:
+        return [*self.request.command_line, *self.relay_options]
+
+    @property
+    def options(self) -> list[Option]:
+        return [*self.request.options, *self.relay_options]
 
 
 @dataclass(frozen=True)

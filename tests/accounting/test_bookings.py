@@ -299,9 +299,9 @@ def test_job_submit_checks_the_booking(world, inventory_whole_nodes, reserve_cal
         job_submit(**{**common, "user": world.carol, "team": world.nlp}, gpu_type="h100", time_limit_minutes=10, booking=booking.pk)
     job, created = job_submit(**common, gpu_type="h100", time_limit_minutes=10, booking=booking.pk)
     assert created and job.booking_id == booking.pk
-    from jobs.services import _spec_for
+    from jobs.services import _submission_for
 
-    assert _spec_for(job).reservation == booking.reservation_name
+    assert _submission_for(job).reservation == booking.reservation_name
 
 
 # ---------------------------------------------------------------- several clusters

@@ -15,10 +15,10 @@ from django.conf import settings
 from accounting import services
 from portal.models import Membership, Role
 from portal.services import team_create, team_mirror
-from portal.slurm import JobSpec, SlurmError, get_gateway, reset_gateway
+from portal.slurm import SlurmError, get_gateway, reset_gateway
 from portal.unix import unix_user_ensure
 from tests.factories import UserFactory
-from tests.support import skip_unless_ci, wait_for
+from tests.support import skip_unless_ci, slurm_job, wait_for
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slurm]
 
@@ -87,7 +87,7 @@ def test_direct_sbatch_beyond_the_gpu_cap_pends_with_AssocGrpGRES(fresh_team, dj
         services.quota_approve(quota=quota, user=admin)
     uid, gid = unix_ids(manager.username)
     for n in range(2):
-        job_ids.append(gateway.submit(JobSpec(script="#!/bin/bash\nsleep 60\n", account=team.slurm_account, partition="gpu",
+        job_ids.append(gateway.submit(slurm_job(script="#!/bin/bash\nsleep 60\n", account=team.slurm_account, partition="gpu",
                                               name=f"cap-{n}", gpus=1, time_limit_minutes=5, uid=uid, gid=gid)))  # fmt: skip
 
     def states():

@@ -30,8 +30,8 @@ from django.utils import timezone
 from accounting.models import UsageRecord
 from accounting.selectors import billing_date, month_start
 from accounting.services import rolled_up_to, usage_ingest, usage_reconcile
-from portal.slurm import JobSpec, get_gateway
-from tests.support import slurm_command, wait_for
+from portal.slurm import get_gateway
+from tests.support import slurm_command, slurm_job, wait_for
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -84,11 +84,11 @@ def test_ingest_matches_sacct_and_sreport(cluster, world):
     began = timezone.now()
     spec = dict(account=ACCOUNT, partition="gpu", gpu_type="a100", time_limit_minutes=5, uid=uid, gid=gid, workdir="/tmp")
     jobs = {
-        "completed": gateway.submit(JobSpec(script="#!/bin/bash\nsleep 4\n", comment=f"gpuportal:{uuid.uuid4()}", **spec)),
-        "failed": gateway.submit(JobSpec(script="#!/bin/bash\nsleep 2\nexit 3\n", gpus=2, **spec)),
-        "cancelled": gateway.submit(JobSpec(script="#!/bin/bash\nsleep 300\n", **spec)),
-        "multinode": gateway.submit(JobSpec(script="#!/bin/bash\nsleep 3\n", nodes=2, gpus=2, **spec)),
-        "direct": gateway.submit(JobSpec(script="#!/bin/bash\nsleep 2\n", name="not-from-portal", **spec)),
+        "completed": gateway.submit(slurm_job(script="#!/bin/bash\nsleep 4\n", comment=f"gpuportal:{uuid.uuid4()}", **spec)),
+        "failed": gateway.submit(slurm_job(script="#!/bin/bash\nsleep 2\nexit 3\n", gpus=2, **spec)),
+        "cancelled": gateway.submit(slurm_job(script="#!/bin/bash\nsleep 300\n", **spec)),
+        "multinode": gateway.submit(slurm_job(script="#!/bin/bash\nsleep 3\n", nodes=2, gpus=2, **spec)),
+        "direct": gateway.submit(slurm_job(script="#!/bin/bash\nsleep 2\n", name="not-from-portal", **spec)),
     }
 
     def ran_three_seconds(job_id):  # by Slurm's own start time: the cancelled job has usage to account

@@ -14,6 +14,8 @@ from jobs.models import Job
 from jobs.spec import validate_job_spec
 from tests.browser.helpers import log_in, screenshot
 
+from tests.support import job_overrides
+
 pytestmark = [pytest.mark.browser, pytest.mark.slurm, pytest.mark.celery]
 
 expect = pytest.importorskip("playwright.sync_api").expect
@@ -55,7 +57,7 @@ def test_member_uploads_a_script_sees_the_fields_filled_changes_the_time_and_sub
         memory_gb=None, time_limit_minutes=None, workdir=job.workdir, environment={}, account=world.vision.slurm_account,
     )  # fmt: skip
     # the only override the user made is the time; the rest is what the portal adds to any script
-    assert sorted(job.overrides) == sorted(alone.overrides + [["time", "10"]])
+    assert sorted(job_overrides(job)) == sorted(job_overrides(alone) + [["time", "10"]])
     assert (job.gpus, job.gpu_type, job.time_limit_minutes, job.script) == (2, "a100", 10, SCRIPT.read_text())
     browsing.assert_clean()
 

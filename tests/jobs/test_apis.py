@@ -8,7 +8,7 @@ import pytest
 
 from jobs.choices import JobState, TemplateScope
 from jobs.models import Job, JobTemplate
-from tests.support import job_payload
+from tests.support import job_payload, output_patterns
 
 pytestmark = pytest.mark.django_db
 ROLES = ("anonymous", "outsider", "member", "manager", "admin", "finance")
@@ -18,7 +18,7 @@ def make_job(world, *, submitter=None, team=None, state=JobState.PENDING, slurm_
     return Job.objects.create(
         team=team or world.vision, submitter=submitter or world.alice, name="j", script="#!/bin/bash\ntrue\n",
         partition="gpu", gpus=1, time_limit_minutes=5, workdir=workdir, state=state, slurm_job_id=slurm_job_id,
-        estimated_gpu_hours=1, unix_uid=os.getuid(),
+        estimated_gpu_hours=1, unix_uid=os.getuid(), **output_patterns(workdir),
     )  # fmt: skip
 
 

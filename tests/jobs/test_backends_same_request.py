@@ -1,7 +1,7 @@
 """Both gateway backends submit the same effective request (issue 13, item 8).
 
 Every script of tests/jobs/sbatch_corpus/ that sbatch accepts (``NN-*``) goes through the portal
-(``job_submit`` → the relay's JobSpec, with ``--hold`` added) and is then submitted held twice to
+(``job_submit`` → the relay's submission (the job's stored request), with ``--hold`` added) and is then submitted held twice to
 the local Slurm 25.11 cluster: by the cli backend (sbatch reads the script's ``#SBATCH`` lines) and
 by the pyslurm backend (which builds its JobSubmitDescription from the portal's parse of them,
 portal.slurm.pyslurm_request). Slurm's own view of both (``scontrol show job -o``) must agree on
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from portal.slurm.cli import CliGateway, _clean_env
 from portal.slurm.pyslurm import PyslurmGateway
 from portal.slurm.pyslurm_request import NotExpressible, description_kwargs
 from tests.jobs.test_sbatch_oracle import COMPARED
-from tests.support import use_slurm_target
+from tests.support import use_slurm_target, with_options
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
@@ -112,8 +111,8 @@ def _normalise(record: dict[str, str], job_id: int) -> None:
 def test_cli_and_pyslurm_ask_slurm_for_the_same(cluster25, relays, backends, held, path):
     cli, pyslurm, env, scontrol = backends
     job, _ = job_submit(user=cluster25.alice, team=cluster25.vision, script=path.read_text())
-    spec = services._spec_for(job)
-    spec = replace(spec, options=(*spec.options, ("hold", None)))
+    spec = services._submission_for(job)
+    spec = with_options(spec, ("hold", None))
 
     if path.stem in FALLBACK:
         with pytest.raises(NotExpressible) as refused:
@@ -134,7 +133,7 @@ def test_cli_and_pyslurm_ask_slurm_for_the_same(cluster25, relays, backends, hel
         _normalise(record, job_id)
     differences = {key: (direct.get(key), indirect.get(key)) for key in FIELDS if direct.get(key) != indirect.get(key)}
     assert not differences, f"{path.name}: cli vs pyslurm {differences}"
-    assert direct["Comment"] == spec.comment
+    assert direct["Comment"] == dict(spec.request.command_line)["comment"]
 
 
 def test_every_option_form_of_the_corpus_is_compared():

@@ -157,9 +157,11 @@ def test_batched_relay_submits_each_job_exactly_once(cluster, batch_relays):
 def test_batched_relay_records_a_rejection_for_that_job_only(cluster, batch_relays):
     jobs = _accepted(cluster, 4)
     bad = jobs[2]
-    # Slurm refuses this one (the relay's command line comes from the job's overrides)
-    overrides = [[o, "no-such-partition" if o == "partition" else v] for o, v in Job.objects.get(pk=bad.pk).overrides]
-    Job.objects.filter(pk=bad.pk).update(partition="no-such-partition", overrides=overrides)
+    # Slurm refuses this one (the relay sends the job's stored request)
+    request = Job.objects.get(pk=bad.pk).request
+    for key in ("command_line", "options"):
+        request[key] = [[o, "no-such-partition" if o == "partition" else v] for o, v in request[key]]
+    Job.objects.filter(pk=bad.pk).update(partition="no-such-partition", request=request)
     with _relayed(jobs) as result:
         assert (result["submitted"], result["submit_failed"]) == (3, 1)
         bad.refresh_from_db()

@@ -18,7 +18,7 @@ from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, jobs_
 from portal.models import NodeInfo, PartitionInfo, TeamClusterAccount
 from portal.services import cluster_row, clusters_record, team_mirror
 from portal.slurm import ClusterConfig, configured_clusters, get_gateway
-from tests.support import CountingGateway, cluster_env, job_payload, skip_unless_ci, wait_for
+from tests.support import job_overrides, CountingGateway, cluster_env, job_payload, skip_unless_ci, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -57,11 +57,11 @@ def test_a_partition_only_one_cluster_has_picks_that_cluster_and_the_teams_accou
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
     assert (job.cluster_id, response.json()["cluster"]) == (east.pk, "east")
-    assert ["account", "vision-east"] in job.overrides
+    assert ["account", "vision-east"] in job_overrides(job)
     response = _submit(world.alice, partition="debug")
     assert response.status_code == 201, response.json()
     assert Job.objects.get(pk=response.json()["id"]).cluster_id == main.pk
-    assert ["account", "vision"] in Job.objects.get(pk=response.json()["id"]).overrides
+    assert ["account", "vision"] in job_overrides(Job.objects.get(pk=response.json()["id"]))
 
 
 def _third_cluster_sharing(name: str):

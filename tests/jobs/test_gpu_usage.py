@@ -21,7 +21,8 @@ from rest_framework.test import APIClient
 
 from jobs.choices import JobState
 from jobs.gpu_report import GPU_CHART_POINTS, job_gpu_report
-from jobs.models import JobGpuIdleAlert, JobGpuSample, JobGpuUsage
+from jobs.gpu_summary import summary_encode
+from jobs.models import JobGpuIdleAlert, JobGpuSample, JobGpuSummary, JobGpuUsage
 from jobs.services import gpu_idle_alerts_check, gpu_usage_finalise, gpu_usage_record, gpu_usage_sync
 from portal import prometheus
 from portal.models import SyncStatus
@@ -56,7 +57,7 @@ def test_points_fold_into_one_row_per_gpu_and_a_repeat_counts_nothing_twice(worl
     assert (busy.samples, busy.util_mean, busy.util_peak, busy.mem_peak, busy.idle_samples) == (4, 90, 100, 1000, 0)
     assert (idle.samples, idle.util_peak, idle.idle_samples, idle.mem_samples) == (4, 1, 4, 0)
     assert idle.idle_since == start - dt.timedelta(seconds=STEP) and busy.idle_since is None
-    assert JobGpuSample.objects.filter(usage__job=job).count() == 8
+    assert not JobGpuSample.objects.exists()  # the raw points stay in Prometheus
 
     report = job_gpu_report(job)
     assert report["verdict"] == "1 of 2 GPUs idle for 100 % of the run"
@@ -82,20 +83,48 @@ def test_the_verdict_names_the_busy_case_and_the_all_idle_case(world):
     assert job_gpu_report(idle_job)["verdict"] == "All 1 GPU idle for 75 % of the run"
 
 
-def test_the_chart_of_8_gpus_over_72_hours_is_downsampled_to_at_most_240_points_each(world):
+def _store_summary(job, series, *, minimum_width=300):
+    """What the finalisation stores for an ended job, from the points Prometheus would give back."""
+    rows = list(JobGpuUsage.objects.filter(job=job).order_by("task_index", "host", "gpu"))
+    by_key = {(s.job, s.host, s.gpu): s.points for s in series}
+    points = {i: by_key[(str(r.slurm_job_id), r.host, r.gpu)] for i, r in enumerate(rows)}
+    JobGpuSummary.objects.create(job=job, ended_at=timezone.now(), data=summary_encode(rows, points, minimum_width=minimum_width))
+    return rows
+
+
+def test_the_stored_chart_of_8_gpus_over_72_hours_has_at_most_240_points_each_and_the_same_figures(world, django_assert_num_queries):
     job = _running_job(world, gpus=8, minutes_ago=72 * 60)
     start = timezone.now() - dt.timedelta(hours=72)
     points = 72 * 60  # one a minute
     series = [_series(job, str(g), [float(g * 10)] * points, start=start) for g in range(8)]
     gpu_usage_record(series, step=STEP)
-    assert JobGpuSample.objects.filter(usage__job=job).count() == 8 * points
-    chart = job_gpu_report(job)["chart"]
-    assert len(chart["labels"]) <= GPU_CHART_POINTS and len(chart["series"]) == 8
+    before = job_gpu_report(job, chart=False)
+    rows = _store_summary(job, series)
+    JobGpuUsage.objects.filter(job=job).delete()  # retention took the working rows: the record is enough
+    with django_assert_num_queries(2):  # the record, the status: no Prometheus call for an ended job
+        report = job_gpu_report(job)
+    chart = report["chart"]
+    assert len(chart["labels"]) <= GPU_CHART_POINTS and len(chart["series"]) == 8 and len(rows) == 8
     assert all(len(s["util"]) == len(chart["labels"]) for s in chart["series"])
     assert {v for v in chart["series"][3]["util"] if v is not None} == {30.0}  # means of equal values
+    assert {v for v in chart["series"][3]["mem_mib"] if v is not None} == {1000}
+    unfrozen = lambda gpus: [g | {"final": None} for g in gpus]  # noqa: E731
+    assert unfrozen(report["gpus"]) == unfrozen(before["gpus"]) and report["verdict"] == before["verdict"]
+    assert len(JobGpuSummary.objects.get(job=job).data) < 2000  # 34 560 points kept as one small record
 
 
-def test_rows_of_an_ended_job_are_frozen_after_its_last_points(world):
+def test_a_short_jobs_stored_series_has_buckets_of_at_least_the_minimum_width(world):
+    job = _running_job(world, gpus=1, minutes_ago=20)
+    series = [_series(job, "0", [10.0] * 10 + [90.0] * 10, start=timezone.now() - dt.timedelta(minutes=20))]
+    gpu_usage_record(series, step=STEP)
+    _store_summary(job, series, minimum_width=300)
+    chart = job_gpu_report(job)["chart"]
+    assert chart["bucket_seconds"] == 300 and len(chart["labels"]) == 4  # 20 one-minute points
+    assert chart["series"][0]["util"][0] == 10.0 and chart["series"][0]["util"][-1] == 90.0
+
+
+def test_rows_of_an_ended_job_are_frozen_after_its_last_points_into_its_summary(world, settings):
+    settings.PROMETHEUS_URL = ""  # the series is read from the real one in test_gpu_usage_prometheus.py
     job = _running_job(world)
     start = timezone.now() - dt.timedelta(minutes=10)
     gpu_usage_record([_series(job, "0", [40, 40], start=start)], step=STEP)
@@ -106,6 +135,9 @@ def test_rows_of_an_ended_job_are_frozen_after_its_last_points(world):
     late = _series(job, "0", [100], start=timezone.now())
     assert gpu_usage_record([late], step=STEP) == {"gpus": 0, "points": 0}
     assert JobGpuUsage.objects.get(job=job).samples == 2
+    [row] = job_gpu_report(job)["gpus"]  # from the record
+    assert (row["samples"], row["util_mean"], row["final"]) == (2, 40.0, True)
+    assert JobGpuSummary.objects.get(job=job).ended_at == now - dt.timedelta(seconds=STEP)
 
 
 def _closed_port() -> int:
@@ -292,4 +324,55 @@ def test_an_arrays_tasks_get_rows_of_their_own_by_their_own_slurm_ids(world):
     assert gpu_usage_record(series, step=STEP)["gpus"] == 2
     report = job_gpu_report(job)
     assert [(g["task_index"], g["gpu"], g["util_mean"]) for g in report["gpus"]] == [(0, "0", 80.0), (1, "1", 0.0)]
+    _store_summary(job, series)
+    report = job_gpu_report(job)
+    assert [(g["task_index"], g["gpu"], g["util_mean"]) for g in report["gpus"]] == [(0, "0", 80.0), (1, "1", 0.0)]
     assert [s["label"] for s in report["chart"]["series"]] == ["task 0 · a100-01 GPU 0", "task 1 · a100-01 GPU 1"]
+
+
+def _cycle_queries(world, *, jobs: int, first_id: int) -> int:
+    """The queries of one cycle's database part (record, freeze, busy hand-over, alerts) for ``jobs``
+    running jobs of 4 GPUs each, half of which ended long enough ago to be frozen."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.services.gpu_usage import gpu_busy_hand_over
+
+    start = timezone.now() - dt.timedelta(minutes=10)
+    made = [_running_job(world, slurm_job_id=first_id + i) for i in range(jobs)]
+    series = [_series(job, str(g), [50.0] * 5, start=start) for job in made for g in range(4)]
+    gpu_usage_record(series, step=STEP)
+    now = timezone.now()
+    type(made[0]).objects.filter(pk__in=[j.pk for j in made[: jobs // 2]]).update(
+        state=JobState.COMPLETED, ended_at=now - dt.timedelta(minutes=5))  # fmt: skip
+    later = [_series(job, str(g), [60.0], start=now) for job in made for g in range(4)]
+    with CaptureQueriesContext(connection) as queries:
+        gpu_usage_record(later, step=STEP)
+        assert gpu_usage_finalise(now=now, step=STEP) == 4 * (jobs // 2)
+        gpu_busy_hand_over(job_ids=[j.pk for j in made], now=now)
+        gpu_idle_alerts_check(now=now)
+    return len(queries)
+
+
+def test_the_sync_cycles_query_count_does_not_grow_with_the_jobs_and_gpus(world, settings):
+    settings.PROMETHEUS_URL = ""  # the freeze's series are read from the real Prometheus in test_gpu_usage_prometheus.py
+    few = _cycle_queries(world, jobs=2, first_id=100)
+    many = _cycle_queries(world, jobs=40, first_id=1000)
+    assert few == many, (few, many)
+    assert JobGpuSummary.objects.count() == 1 + 20
+
+
+def test_a_cycle_freezes_whole_jobs_at_most_its_share_and_the_rest_the_next(world, settings, monkeypatch):
+    from jobs.services import gpu_usage
+
+    settings.PROMETHEUS_URL = ""
+    monkeypatch.setattr(gpu_usage, "FINALISE_JOBS_PER_CYCLE", 1)
+    start = timezone.now() - dt.timedelta(minutes=10)
+    jobs = [_running_job(world, gpus=4, slurm_job_id=600 + i) for i in range(2)]
+    gpu_usage_record([_series(j, str(g), [30.0] * 3, start=start) for j in jobs for g in range(4)], step=STEP)
+    now = timezone.now()
+    type(jobs[0]).objects.filter(pk__in=[j.pk for j in jobs]).update(state=JobState.COMPLETED, ended_at=now - dt.timedelta(minutes=5))
+    assert gpu_usage_finalise(now=now, step=STEP) == 4  # one job, all of its GPUs
+    assert gpu_usage_finalise(now=now, step=STEP) == 4
+    assert gpu_usage_finalise(now=now, step=STEP) == 0
+    assert sorted(len(job_gpu_report(j)["gpus"]) for j in jobs) == [4, 4] and JobGpuSummary.objects.count() == 2

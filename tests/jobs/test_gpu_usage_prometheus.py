@@ -21,7 +21,8 @@ from accounting.models import Rate, UsageRecord
 from accounting.selectors import cost_report
 from accounting.services import usage_ingest
 from jobs.choices import TERMINAL_STATES, JobState
-from jobs.models import Job, JobGpuIdleAlert, JobGpuUsage
+from jobs.gpu_report import job_gpu_report
+from jobs.models import Job, JobGpuIdleAlert, JobGpuSample, JobGpuSummary, JobGpuUsage
 from jobs.services import gpu_usage_sync, job_relay_run, jobs_sync
 from portal import prometheus
 from tests.support import job_payload, skip_unless_ci, slurm_cancel_tagged, wait_for
@@ -45,6 +46,7 @@ def real_prometheus(settings):
         skip_unless_ci("PROMETHEUS_URL not set: run scripts/prometheus up (make test does)")
     settings.PROMETHEUS_URL = url
     settings.GPU_USAGE_STEP_SECONDS = 2
+    settings.GPU_SERIES_MIN_BUCKET_SECONDS = 2  # a job of a minute keeps a series of several points
     try:
         prometheus.gpu_series(*_window(), 2)
     except prometheus.PrometheusUnavailable as exc:
@@ -97,6 +99,10 @@ def test_a_job_loading_gpu_0_and_leaving_gpu_1_idle_shows_each_gpu_and_the_teams
     assert body["verdict"] == "1 of 2 GPUs idle for 100 % of the run"
     assert [g["util_peak"] for g in body["gpus"]] == [90, 0]
     assert len(body["chart"]["series"]) == 2 and body["status"]["failing_since"] is None
+    # a running job's chart: the raw points read from Prometheus at the chart's resolution
+    live_busy, live_idle = ([v for v in s["util"] if v is not None] for s in body["chart"]["series"])
+    assert max(live_busy) > 60 and live_idle and max(live_idle) == 0
+    assert not JobGpuSample.objects.exists()  # nothing raw in PostgreSQL
 
     # the team's report: the usage accounting ingests from slurmdbd, with the GPUs' busy share
     wait_for(lambda: (jobs_sync(), Job.objects.get(pk=job.pk).state in TERMINAL_STATES)[1], timeout=60, what="the job ended")
@@ -108,9 +114,17 @@ def test_a_job_loading_gpu_0_and_leaving_gpu_1_idle_shows_each_gpu_and_the_teams
         return UsageRecord.objects.filter(portal_job_uuid=job.pk, gpu_busy_fraction__isnull=False).first()
 
     record = wait_for(ingested, timeout=60, interval=2.0, what="the usage record with its busy share")
+    # frozen: its figures and one downsampled series (from Prometheus) kept as its summary
+    _sync_until(lambda: JobGpuSummary.objects.filter(job=job).exists())
+    stored = job_gpu_report(Job.objects.get(pk=job.pk))
+    kept_busy, kept_idle = ([v for v in s["util"] if v is not None] for s in stored["chart"]["series"])
+    assert len(stored["chart"]["labels"]) >= 3 and max(kept_busy) > 60 and kept_idle and max(kept_idle) == 0
+    assert [g["util_mean"] for g in stored["gpus"]] == [round(r.util_mean, 1) for r in sorted(
+        JobGpuUsage.objects.filter(job=job), key=lambda r: int(r.gpu))]  # fmt: skip
     # the share of the rows as they are now (the syncs since added the job's last points)
     rows = list(JobGpuUsage.objects.filter(job=job))
     share = Decimal(sum(r.util_sum for r in rows)) / Decimal(100 * sum(r.samples for r in rows))
+    record.refresh_from_db()  # the syncs since set its share from the rows they completed
     assert record.gpu_busy_fraction == share.quantize(Decimal("0.000001")) and Decimal("0.2") < share < Decimal("0.5")
     day = timezone.localdate()
     [row] = cost_report(start=day, end=day, group_by="team", team=cluster.vision)
@@ -137,3 +151,36 @@ def test_a_job_whose_gpus_all_idle_alerts_its_submitter_once(cluster, real_prome
     mine = [m for m in mail.outbox if str(job.pk) in m.body]
     assert len(mine) == 1 and mine[0].to == ["alice@example.org"]
     assert "idle" in mine[0].subject and f"/jobs/{job.pk}/" in mine[0].body
+
+
+def test_the_sync_cycles_query_count_is_the_same_for_2_and_40_ended_jobs_against_the_real_prometheus(
+    world, real_prometheus, settings
+):
+    """The whole cycle (gpu_usage_sync: the range query, the freeze with its own range query to the
+    real Prometheus, the busy hand-over, the alerts): as many database queries whatever it freezes.
+    The shared clusters' jobs come and go in the local Prometheus, so the cycles ask it for a metric
+    no exporter prints: both range queries are real and answer nothing (the folding of points is
+    counted with points in test_gpu_usage.py)."""
+    settings.GPU_METRIC_UTIL, settings.GPU_METRIC_MEMORY = "gpuportal_test_no_such_metric", ""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.services import gpu_usage_record
+    from tests.factories import JobFactory
+
+    def cycle(jobs: int, first_id: int) -> int:
+        now = timezone.now()
+        made = [JobFactory(team=world.vision, submitter=world.alice, gpus=2, state=JobState.RUNNING, slurm_cluster="gpuportal",
+                           slurm_job_id=first_id + i, started_at=now - dt.timedelta(minutes=5)) for i in range(jobs)]  # fmt: skip
+        gpu_usage_record([prometheus.GpuSeries(cluster="gpuportal", job=str(j.slurm_job_id), host="a100-01", gpu=str(g), model="",
+                                               points=[(now - dt.timedelta(seconds=10), 50.0, None)])
+                          for j in made for g in range(2)], step=2)  # fmt: skip
+        Job.objects.filter(pk__in=[j.pk for j in made]).update(state=JobState.COMPLETED, ended_at=now - dt.timedelta(minutes=1))
+        with CaptureQueriesContext(connection) as queries:
+            stats = gpu_usage_sync()
+        assert "error" not in stats and stats["final"] == 2 * jobs, stats
+        return len(queries)
+
+    gpu_usage_sync()  # the first cycle ever creates its status row
+    assert cycle(2, 900_000) == cycle(40, 910_000)
+    assert JobGpuSummary.objects.count() == 42

@@ -147,7 +147,7 @@ def _submit_direct(world, n: int) -> list[Job]:
     gateway = get_gateway()
     now = timezone.now()
     for job in Job.objects.select_related("team", "submitter__profile").filter(pk__in=[j.pk for j in jobs]):
-        slurm_id = gateway.submit(services._spec_for(job))
+        slurm_id = gateway.submit(services._submission_for(job))
         Job.objects.filter(pk=job.pk).update(slurm_job_id=slurm_id, slurm_cluster=settings.SLURM_CLUSTER,
                                              state=JobState.PENDING, submitted_at=now)  # fmt: skip
     return jobs

@@ -29,7 +29,7 @@ from jobs.spec import validate_job_spec
 # what the views and services add around a job's fields (not fields of the job itself)
 SUBMIT_EXTRAS = {"team", "booking"}
 FORM_EXTRAS = {"team", "booking", "script_file", "script", "idempotency_key"}
-SPEC_ARGUMENTS = {"default_submit_dir", "account", "accounts", "check_script", "cache", "parsed"}
+SPEC_ARGUMENTS = {"default_submit_dir", "account", "accounts", "check_script", "cache", "parsed", "tag"}
 
 
 def test_the_api_inputs_are_the_declared_fields():

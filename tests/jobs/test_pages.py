@@ -11,6 +11,7 @@ from django.urls import reverse
 from jobs.choices import JobState, TemplateScope
 from jobs.models import Job, JobEvent, JobTemplate
 from jobs.services import job_template_create
+from tests.support import output_patterns
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +25,7 @@ def _job(world, *, team=None, user=None, state=JobState.ACCEPTED, name="train", 
     job = Job.objects.create(
         team=team, submitter=user, name=name, script="#!/bin/bash\necho hi\n", partition="gpu", gpu_type="a100",
         gpus=1, time_limit_minutes=30, workdir="/tmp", state=state, estimated_gpu_hours="0.50",
-        estimated_cost="5.00", currency="CNY", **extra,
+        estimated_cost="5.00", currency="CNY", **output_patterns("/tmp", extra.get("array", "")), **extra,
     )  # fmt: skip
     JobEvent.objects.create(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at)
     return job

@@ -1,10 +1,10 @@
-"""Issue 29: a request reads a script's #SBATCH directives once (jobs.spec_fields.parse_script is
-the one caller of the parser in jobs), and the parse travels with the job to the relay, which hands
-it to the gateway: the worker does not read the script again."""
+"""Issues 29 and 38: a submission reads a script's #SBATCH directives once (jobs.spec_fields.parse_script
+is the one caller of the parser in jobs) and builds the one request once per job (the directives and
+the fields merged, portal.slurm.request.job_request); the request is stored with the job and the
+relay hands it to the gateway unchanged: the worker neither reads the script nor merges again."""
 
 from __future__ import annotations
 
-import dataclasses
 from unittest import mock
 
 import pytest
@@ -12,12 +12,20 @@ from django.urls import reverse
 
 from gpuportal_sbatch import directives as sbatch_directives
 from jobs.models import Job
+from portal.slurm import JobRequest
 from portal.slurm import request as slurm_request
 from tests.support import job_payload
 
 pytestmark = pytest.mark.django_db
 
 SCRIPT = "#SBATCH --job-name=p1\n#SBATCH --gres=gpu:a100:1\n#SBATCH -t 10\n#SBATCH -o out-%j.txt\nsrun true\n"  # no shebang
+
+
+@pytest.fixture
+def builds():
+    """The request builder's calls (portal.slurm.request.job_request, jobs.spec's one call site)."""
+    with mock.patch("jobs.spec.job_request", wraps=slurm_request.job_request) as builder:
+        yield builder
 
 
 @pytest.fixture
@@ -65,19 +73,43 @@ def test_the_live_estimate_and_read_script_read_it_once(client_for, inventory, p
     assert parses.call_count == 2
 
 
-def test_the_relay_hands_the_stored_parse_to_the_gateway(api_client_for, inventory, relays, unix_users):
-    """The job stores the parse (lines of the script as stored: the portal's shebang first); the
-    gateway builds from it exactly what it builds from reading the script, without reading it."""
-    from jobs.services import _spec_for
+def test_the_request_is_built_and_merged_once_per_submission(api_client_for, client_for, inventory, relays, builds, parses):
+    """The one request (portal.slurm.request.job_request): built once for each job of a submission,
+    by jobs.spec, single, batch or form, its directives and command line merged once (the GPUs given
+    as a total are first read against the script's node count: one more merge, of the fields alone)."""
+    client = api_client_for("member")
+    with mock.patch("portal.slurm.request.apply_overrides", wraps=sbatch_directives.apply_overrides) as merges:
+        response = client.post("/api/v1/jobs/", job_payload(script=SCRIPT, gpus=None, gpu_type=""), format="json")
+        assert response.status_code == 201, response.json()
+        assert (parses.call_count, builds.call_count, merges.call_count) == (1, 1, 1)
+        body = [job_payload(script=SCRIPT, gpus=None, gpu_type="") for _ in range(3)]  # a batch
+        response = client.post("/api/v1/jobs/", body, format="json")
+        assert response.status_code == 201, response.json()
+        assert (builds.call_count, merges.call_count) == (1 + 3, 1 + 3)
+        response = client_for("member").post(reverse("jobs:new"), {"team": "vision", "idempotency_key": "k-merge", "script": SCRIPT,
+                                                                   "time_limit_minutes": "20"})  # fmt: skip
+        assert response.status_code == 302
+        assert (builds.call_count, merges.call_count) == (1 + 3 + 1, 1 + 3 + 1)
 
+
+def test_the_relay_hands_the_stored_request_to_the_gateway_unchanged(api_client_for, inventory, relays, use_gateway, settings):
+    """The relay reads the job's stored request and passes it on as it is: no parse of the script, no
+    merge of the options, no second build; the gateway gets exactly what the submission built."""
+    from jobs.services import job_relay_run
+    from tests.fakes import FakeGateway
+
+    settings.SLURM_SUBMIT_AS_USER = False  # no Unix accounts needed for the fake
+    fake = use_gateway(FakeGateway())
     response = api_client_for("member").post("/api/v1/jobs/", job_payload(script=SCRIPT + "#SBATCH --late\n"), format="json")
-    job = Job.objects.select_related("team", "submitter__profile", "cluster").get(pk=response.json()["id"])
-    assert job.script.startswith("#!") and job.script_directives[0] == ["job-name", "p1", 2, "--job-name=p1"]
-    spec = _spec_for(job, ensure_dirs=False)
-    assert spec.directives is not None
-    with mock.patch.object(slurm_request, "parse_directives", wraps=sbatch_directives.parse_directives) as parser:
-        built = (slurm_request.spec_script(spec), slurm_request.spec_request(spec), slurm_request.spec_job_name(spec))
-    assert parser.call_count == 0
-    assert built == tuple(f(dataclasses.replace(spec, directives=None)) for f in
-                          (slurm_request.spec_script, slurm_request.spec_request, slurm_request.spec_job_name))  # fmt: skip
-    assert "#SBATCH --job-name=p1" not in built[0]  # the overridden directive is commented out, on its own line
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.script.startswith("#!")  # the portal's shebang first: the script's lines as stored
+    assert {"option": "output", "value": "out-%j.txt", "line": 5} in job.directives
+    with mock.patch("gpuportal_sbatch.directives.parse_directives", side_effect=AssertionError("parsed")), \
+         mock.patch("portal.slurm.request.parse_directives", side_effect=AssertionError("parsed")), \
+         mock.patch("portal.slurm.request.apply_overrides", side_effect=AssertionError("merged")), \
+         mock.patch("portal.slurm.request.job_request", side_effect=AssertionError("built")):  # fmt: skip
+        assert job_relay_run(job.pk) == "submitted"
+    (submission,) = fake.submitted
+    assert submission.request == JobRequest.from_json(job.request)
+    assert submission.request.script.splitlines()[1] == "# [gpuportal: replaced] SBATCH --job-name=p1"
+    assert ("job-name", job.name) in submission.request.command_line  # the field that replaced it

@@ -24,12 +24,12 @@ from jobs.pending import reason_code, reason_explained
 from jobs.services import jobs_sync
 from portal.models import Membership, Role
 from portal.services import team_create, team_mirror
-from portal.slurm import JobSpec, SlurmError, get_gateway
+from portal.slurm import SlurmError, get_gateway
 from portal.slurm import parsing
 from portal.slurm.cli import _clean_env
 from portal.slurm.types import AssociationLimits, ReservationSpec
 from portal.unix import unix_ids
-from tests.support import wait_for
+from tests.support import wait_for, slurm_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
@@ -80,7 +80,7 @@ def slurm_jobs(cluster, fresh_teams, reservations):
             team=team, submitter=cluster.alice, name=name, script=script, partition=partition, gpu_type=gpu_type,
             gpus=gpus, time_limit_minutes=minutes, workdir="/tmp", state=JobState.PENDING, estimated_gpu_hours=1,
         )  # fmt: skip
-        spec = JobSpec(script=script, account=team.slurm_account, partition=partition, name=name, gpus=gpus,
+        spec = slurm_job(script, account=team.slurm_account, partition=partition, name=name, gpus=gpus,
                        gpu_type=gpu_type, time_limit_minutes=minutes, comment=job.slurm_tag, uid=uid, gid=gid)  # fmt: skip
         slurm_id = gateway.submit(spec)
         submitted.append(slurm_id)

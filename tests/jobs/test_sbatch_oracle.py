@@ -2,7 +2,7 @@
 
 Every script of tests/jobs/sbatch_corpus/ is submitted held (``--hold``) twice to the local cluster:
 directly with sbatch (as alice, in account vision, from her default directory (JOB_DEFAULT_WORKDIR), the
-script on stdin) and through the portal (``job_submit`` → the relay's JobSpec → the gateway, with
+script on stdin) and through the portal (``job_submit`` → the relay's submission (the job's stored request) → the gateway, with
 ``--hold`` added). Slurm's own view of both (``scontrol show job``) must agree on what is asked:
 ReqTRES, time limit, node and task counts, array range, memory, CPUs per task, partition, QOS, …
 Both are cancelled at the end (other engineers share the cluster; every job is tagged).
@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from jobs.services import job_submit
 from portal.exceptions import ApplicationError
 from portal.slurm import SlurmRejected, get_gateway
 from portal.slurm.cli import _clean_env
+from tests.support import with_options
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
@@ -73,13 +73,13 @@ def _oracle(script: str) -> tuple[int | None, str]:
 
 
 def _through_portal(cluster, script: str) -> tuple[int | None, str, object]:
-    """job_submit, then the relay's JobSpec with --hold through the gateway: (job id, message, job)."""
+    """job_submit, then the relay's submission (the job's stored request) with --hold through the gateway: (job id, message, job)."""
     try:
         job, _ = job_submit(user=cluster.alice, team=cluster.vision, script=script)
     except ApplicationError as exc:
         return None, f"400 {exc.errors}", None
-    spec = services._spec_for(job)
-    spec = replace(spec, options=tuple(spec.options) + (("hold", None),))
+    spec = services._submission_for(job)
+    spec = with_options(spec, ("hold", None))
     try:
         return get_gateway().submit(spec), "", job
     except SlurmRejected as exc:

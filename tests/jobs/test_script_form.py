@@ -18,6 +18,8 @@ from jobs.spec import parse_script
 from jobs.spec import MAX_SCRIPT_BYTES, validate_job_spec
 from portal.selectors import cluster_summary
 
+from tests.support import job_overrides
+
 pytestmark = pytest.mark.django_db
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -161,7 +163,7 @@ def test_a_changed_field_is_the_only_override(world, client_for, inventory, rela
     response = client.post(reverse("jobs:new"), posted)
     assert response.status_code == 302
     job = Job.objects.exclude(pk=alone.pk).get()
-    assert sorted(job.overrides) == sorted(alone.overrides + [["time", "10"]])
+    assert sorted(job_overrides(job)) == sorted(job_overrides(alone) + [["time", "10"]])
     assert (job.gpus, job.gpu_type, job.time_limit_minutes) == (2, "a100", 10)
 
 

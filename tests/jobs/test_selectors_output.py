@@ -9,6 +9,7 @@ import pytest
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.selectors import OUTPUT_MAX_LENGTH, job_output
+from tests.support import output_patterns
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +19,7 @@ def job(world, tmp_path):
     return Job.objects.create(
         team=world.vision, submitter=world.alice, name="o", script="#!/bin/bash\n", partition="gpu", gpus=1,
         time_limit_minutes=5, workdir=str(tmp_path), state=JobState.RUNNING, slurm_job_id=321,
-        unix_uid=os.getuid(), estimated_gpu_hours=1,
+        unix_uid=os.getuid(), estimated_gpu_hours=1, **output_patterns(str(tmp_path)),
     )  # fmt: skip
 
 
@@ -36,6 +37,9 @@ def test_stderr_is_in_the_out_file_as_under_sbatch_and_in_its_own_with_a_stream_
     assert job_output(job=job, stream="stderr").data == "both"  # sbatch's default: one file
     settings.JOB_OUTPUT_PATTERN = "{workdir}/gpuportal-{slurm_job_id}.{stream}"
     (tmp_path / "gpuportal-321.err").write_text("oops")
+    assert job_output(job=job, stream="stderr").data == "both"  # where it was submitted to write, not today's setting
+    Job.objects.filter(pk=job.pk).update(**output_patterns(str(tmp_path)))  # a job submitted under the new setting
+    job.refresh_from_db()
     assert job_output(job=job, stream="stderr").data == "oops"
 
 

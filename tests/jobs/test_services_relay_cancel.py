@@ -12,7 +12,7 @@ from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, job_submit, jobs_sweep
 from portal.exceptions import ApplicationError, Conflict
-from portal.slurm import SlurmUnavailable
+from portal.slurm import JobRequest, SlurmUnavailable
 from tests.fakes import FakeGateway, queue_entry
 
 pytestmark = pytest.mark.django_db
@@ -41,9 +41,11 @@ def test_relay_submits_once_and_records_the_slurm_id(job, fake):
     assert (job.state, job.slurm_job_id, job.relay_attempts) == (JobState.PENDING, 1001, 1)
     assert job.submitted_at is not None
     assert fake.calls["submit"] == 1 and fake.calls["find_by_comments"] == 0
-    spec = fake.submitted[0]
-    assert spec.comment == f"gpuportal:{job.pk}" and spec.account == "vision"
-    assert spec.stdout == spec.stderr == f"{job.workdir}/slurm-%j.out"  # sbatch's default, in the user's directory
+    submission = fake.submitted[0]
+    command_line = dict(submission.command_line)
+    assert submission.request == JobRequest.from_json(job.request)  # the stored request, unchanged
+    assert command_line["comment"] == f"gpuportal:{job.pk}" and command_line["account"] == "vision"
+    assert command_line["output"] == f"{job.workdir}/slurm-%j.out" and "error" not in command_line  # sbatch's default, in the user's directory
     assert list(job.events.values_list("state", flat=True)) == [JobState.ACCEPTED, JobState.PENDING]
 
 

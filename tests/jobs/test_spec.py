@@ -13,7 +13,9 @@ from jobs import services
 from jobs.models import Job
 from jobs.selectors import job_output_path
 from portal.slurm.cli import sbatch_argv
-from portal.slurm.request import spec_request, spec_script
+
+
+from tests.support import job_overrides
 
 URL = "/api/v1/jobs/"
 pytestmark = pytest.mark.django_db
@@ -34,19 +36,19 @@ def test_team_and_script_alone_are_enough(api_client_for, inventory, relays, uni
     assert (job.estimated_gpu_seconds, job.estimated_gpu_hours) == (600, Decimal("0.166667"))
     assert response.json()["estimated_gpu_hours"] == "0.17"
     # the relay's command line: no --cpus-per-gpu next to the script's --cpus-per-task
-    argv = sbatch_argv(services._spec_for(job))
+    argv = sbatch_argv(services._submission_for(job))
     assert not any(a.startswith("--cpus-per-gpu") for a in argv)
-    assert ("cpus-per-task", "4") in spec_request(services._spec_for(job))
+    assert ("cpus-per-task", "4") in services._submission_for(job).options
 
 
 def test_a_field_replaces_the_scripts_mutually_exclusive_directive(api_client_for, inventory, relays, unix_users):
     response = post(api_client_for, script=DDP, cpus_per_gpu=3)
     assert response.status_code == 201, response.json()
-    spec = services._spec_for(Job.objects.get(pk=response.json()["id"]))
+    spec = services._submission_for(Job.objects.get(pk=response.json()["id"]))
     assert "--cpus-per-gpu=3" in sbatch_argv(spec)
-    script = spec_script(spec)
+    script = spec.request.script
     assert "#SBATCH --cpus-per-task=4" not in script and "# [gpuportal: replaced] SBATCH --cpus-per-task=4" in script
-    options = dict(spec_request(spec))
+    options = dict(spec.options)
     assert "cpus-per-task" not in options and options["cpus-per-gpu"] == "3" and options["gres"] == "gpu:a100:2"
 
 
@@ -98,6 +100,12 @@ def test_refusals_before_slurm_name_the_directive_and_line(api_client_for, inven
     assert Job.objects.count() == 0 and relays["drain"] == []
 
 
+def test_gpus_that_cannot_be_spread_over_the_nodes_are_refused_naming_the_field(api_client_for, inventory, relays):
+    response = post(api_client_for, script="#!/bin/bash\ntrue\n", gpus=3, nodes=2)
+    assert response.status_code == 400 and "spread evenly over 2 nodes" in response.json()["errors"]["gpus"][0], response.json()
+    assert not Job.objects.exists()
+
+
 def test_the_teams_own_account_in_the_script_is_accepted(api_client_for, inventory, relays):
     response = post(api_client_for, script="#!/bin/bash\n#SBATCH -A vision --gres=gpu:1\ntrue\n")
     assert response.status_code == 201, response.json()
@@ -119,7 +127,7 @@ def test_output_files_where_the_script_put_them(api_client_for, inventory, relay
     assert job_output_path(job, "stderr", array_index=5) == "/o/77_0005.err"
     plain = post(api_client_for, script="#!/bin/bash\n#SBATCH --gres=gpu:1 -a 0-1\ntrue\n")
     job = Job.objects.get(pk=plain.json()["id"])
-    spec = services._spec_for(job, ensure_dirs=False)
+    spec = services._submission_for(job, ensure_dirs=False)
     assert ("output", f"{job.workdir}/slurm-%A_%a.out") in spec.options  # sbatch's default name, in the job's directory
     assert not any(option == "error" for option, _ in spec.options)  # stderr in the same file, as sbatch
 
@@ -147,7 +155,7 @@ def test_a_script_only_form_submission_is_accepted(client_for, inventory, relays
     response = client_for("member").post(reverse("jobs:new"), {"team": "vision", "script": DDP, "idempotency_key": "k1"})
     assert response.status_code == 302, response.content.decode()[:2000]
     job = Job.objects.get()
-    assert (job.gpus, job.cpus_per_task, job.cpus_per_gpu, job.overrides[0]) == (2, 4, None, ["chdir", job.submit_dir])
+    assert (job.gpus, job.cpus_per_task, job.cpus_per_gpu, job_overrides(job)[0]) == (2, 4, None, ["chdir", job.submit_dir])
     assert job.submit_dir == settings.JOB_DEFAULT_WORKDIR.format(user="alice")  # the user's default directory
     page = client_for("member").get(reverse("jobs:detail", args=[job.pk])).content.decode()
     assert "What Slurm gets" in page and "script line 3" in page

@@ -17,9 +17,8 @@ from jobs.spec import directives_table, parse_script
 from portal.models import TeamClusterAccount
 from portal.slurm import get_gateway
 from portal.slurm.cli import sbatch_argv
-from portal.slurm.request import spec_request, spec_script
 from tests.jobs.test_clusters_jobs import both_clusters, two_inventories  # noqa: F401  (fixtures)
-from tests.support import job_payload
+from tests.support import job_overrides, job_payload
 
 pytestmark = pytest.mark.django_db
 
@@ -49,11 +48,11 @@ def test_a_scripts_cluster_directive_picks_that_cluster_and_the_teams_account_th
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
     assert (job.cluster_id, response.json()["cluster"], job.partition) == (east.pk, "east", "gpu")
-    assert ["account", "vision-east"] in job.overrides
+    assert ["account", "vision-east"] in job_overrides(job)
     # what Slurm gets: neither the directive nor a --clusters option (the gateway is east's own)
-    spec = services._spec_for(job)
-    assert not any(d.option in CLUSTER_OPTIONS for d in parse_directives(spec_script(spec)))
-    assert not any(option in CLUSTER_OPTIONS for option, _ in spec_request(spec))
+    spec = services._submission_for(job)
+    assert not any(d.option in CLUSTER_OPTIONS for d in parse_directives(spec.request.script))
+    assert not any(option in CLUSTER_OPTIONS for option, _ in spec.options)
     assert not any(arg.startswith(("--clusters", "--cluster", "-M")) for arg in sbatch_argv(spec))
     assert not any(d["option"] in CLUSTER_OPTIONS for d in job.directives)  # the options Slurm gets, as shown
 

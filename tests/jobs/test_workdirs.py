@@ -53,10 +53,10 @@ def test_the_relay_creates_the_default_directory_as_the_user_and_sends_it(api_cl
                                                                           unix_users, _test_homes):  # fmt: skip
     settings.JOB_DEFAULT_WORKDIR = os.path.join(_test_homes, "{user}", "gpuportal", "{job}")
     job = _submit(api_client_for("member"))
-    spec = services._spec_for(Job.objects.select_related("team", "submitter__profile").get(pk=job.pk))
+    spec = services._submission_for(Job.objects.select_related("team", "submitter__profile").get(pk=job.pk))
     info = os.lstat(job.submit_dir)
     assert info.st_uid == unix_users["alice"][0] and oct(info.st_mode & 0o777) == "0o700"
-    assert (spec.submit_dir, spec.workdir) == (job.submit_dir, f"{job.submit_dir}/run1")
+    assert (spec.request.submit_dir, spec.request.workdir) == (job.submit_dir, f"{job.submit_dir}/run1")
 
 
 def test_a_default_directory_another_user_made_first_is_refused(world, unix_users, _test_homes, settings):

@@ -399,7 +399,7 @@ class _CancelledWhileSubmitting(FakeGateway):
     """sbatch answers after the user asked to cancel: the request lands between submit and record."""
 
     def submit(self, spec):
-        Job.objects.filter(pk=spec.comment.removeprefix("gpuportal:")).update(cancel_requested_at=timezone.now())
+        Job.objects.filter(pk=dict(spec.command_line)["comment"].removeprefix("gpuportal:")).update(cancel_requested_at=timezone.now())
         return super().submit(spec)
 
 

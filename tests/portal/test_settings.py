@@ -220,3 +220,18 @@ def test_slurm_clusters_in_the_env_file_is_refused_too(tmp_path):
     (tmp_path / "env").write_text("SLURM_CLUSTERS=name=gpuportal\n")
     result = _settings_values("from django.conf import settings; print(settings.DEBUG)", GPUPORTAL_ENV_FILE=str(tmp_path / "env"))
     assert result.returncode != 0 and "reads GPUPORTAL_CLUSTERS" in result.stderr
+
+
+def test_the_kubeconfig_is_gpuportal_k8s_kubeconfig_never_kubectls_own(tmp_path):
+    """KUBECONFIG is kubectl's and the kubernetes client's: the portal reads GPUPORTAL_K8S_KUBECONFIG, and
+    without it the local cluster's (GPUPORTAL_K8S_DIR/etc/portal.kubeconfig) when scripts/k8s wrote one."""
+    code = "from django.conf import settings; print(repr(settings.GPUPORTAL_K8S_KUBECONFIG))"
+    drop = ("GPUPORTAL_K8S_KUBECONFIG",)
+    named = _settings_values(code, drop=drop, KUBECONFIG="/root/.kube/config", GPUPORTAL_K8S_KUBECONFIG="/srv/k8s.conf")
+    assert named.stdout.strip() == "'/srv/k8s.conf'", named.stderr
+    unset = _settings_values(code, drop=drop, KUBECONFIG="/root/.kube/config", GPUPORTAL_K8S_DIR=str(tmp_path))
+    assert unset.stdout.strip() == "''", unset.stderr
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "portal.kubeconfig").write_text("apiVersion: v1\n")
+    local = _settings_values(code, drop=drop, KUBECONFIG="/root/.kube/config", GPUPORTAL_K8S_DIR=str(tmp_path))
+    assert local.stdout.strip() == repr(str(tmp_path / "etc" / "portal.kubeconfig")), local.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.services import _spec_for
+from jobs.services import _submission_for
 from portal.models import IdentitySource, Profile
 from portal.slurm import SlurmRejected
 from portal.unix import unix_account_problem, unix_ids
@@ -36,4 +36,4 @@ def test_the_relay_refuses_a_job_of_a_mismatched_directory_user(world, settings)
     job = make_job(world.vision, world.alice)
     job.submitter.refresh_from_db()
     with pytest.raises(SlurmRejected, match="24001 in the directory"):
-        _spec_for(job)
+        _submission_for(job)

@@ -25,10 +25,9 @@ from jobs.choices import JobState
 from jobs.models import Job
 from jobs.selectors import job_output
 from portal.slurm.cli_argv import sbatch_argv
-from portal.slurm.types import JobSpec
 from tests.security.test_security import low_rates  # noqa: F401  (a fixture)
 from tests.security.test_url_matrix import make_job
-from tests.support import job_payload
+from tests.support import job_overrides, job_payload, slurm_job
 
 pytestmark = pytest.mark.django_db
 
@@ -128,7 +127,7 @@ def test_a_line_sbatch_does_not_read_is_not_read_by_the_portal(world, relays, ca
     response = submit(world, script=script)
     assert response.status_code == 201, (case, response.json())
     job = Job.objects.get(pk=response.json()["id"])
-    assert job.script.endswith(script.replace("\r\n", "\n")) and "uid" not in {option for option, _ in job.overrides}
+    assert job.script.endswith(script.replace("\r\n", "\n")) and "uid" not in {option for option, _ in job_overrides(job)}
 
 
 # sbatch translates #PBS and #BSUB lines (walltime, nice, hold, queue, exclusive, output, ...)
@@ -154,7 +153,7 @@ def test_pbs_and_bsub_lines_are_accepted_inert_and_sbatch_is_told_to_ignore_them
     assert response.status_code == 201, response.json()
     job = Job.objects.get(pk=response.json()["id"])
     assert job.time_limit_minutes == 2 and not job.exclusive
-    argv = sbatch_argv(JobSpec(script=script, account="vision", partition="gpu"))
+    argv = sbatch_argv(slurm_job(script=script, account="vision", partition="gpu"))
     assert "--ignore-pbs" in argv and argv.index("--ignore-pbs") < len(argv)
 
 
@@ -379,14 +378,15 @@ def test_every_inline_script_carries_the_nonce(world, client_for, settings):
 
     from django.utils import timezone
 
-    from jobs.models import JobGpuSample, JobGpuUsage
+    from jobs.gpu_summary import summary_encode
+    from jobs.models import JobGpuSummary, JobGpuUsage
 
     settings.PROMETHEUS_URL = "http://127.0.0.1:9"  # GPU monitoring on: the section shows its charts
     job = make_job(world.vision, world.alice)
     now = timezone.now()
     usage = JobGpuUsage.objects.create(job=job, slurm_job_id=1, host="a100-01", gpu="0", step_seconds=15, samples=1,
                                        util_sum=50, util_peak=50, first_at=now - dt.timedelta(seconds=15), last_at=now)  # fmt: skip
-    JobGpuSample.objects.create(usage=usage, at=now, util=50, mem_mib=1024)
+    JobGpuSummary.objects.create(job=job, ended_at=now, data=summary_encode([usage], {0: [(now, 50.0, 1024.0)]}, minimum_width=15))
     response = client_for("member").get(f"/jobs/{job.pk}/")
     nonce = response["Content-Security-Policy"].split("'nonce-", 1)[1].split("'", 1)[0]
     body = response.content.decode()

@@ -17,6 +17,8 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
+from jobs.spec import output_files
+from tests.support import stored_request
 from jobs.models import Job, JobTemplate
 from portal.services import api_token_create, sync_record_success
 from tests.conftest import ROLES
@@ -68,7 +70,14 @@ def make_job(team, user, **overrides) -> Job:
         "gpus": 1, "time_limit_minutes": 10, "workdir": "/tmp", "estimated_gpu_hours": Decimal("0.17"),
     }  # fmt: skip
     values.update(overrides)
-    return Job.objects.create(**values)
+    values.setdefault("submit_dir", values["workdir"])
+    output, error = output_files(workdir=values["workdir"], array=values.get("array", ""))
+    values.setdefault("output_pattern", output)
+    values.setdefault("error_pattern", error)
+    job = Job(**values)
+    job.request = job.request or stored_request(job)
+    job.save(force_insert=True)
+    return job
 
 
 ALL_200 = (200, 200, 200, 200, 200, 200)

@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 
 from tests import support
-from tests.support import skip_unless_ci
+from tests.support import skip_unless_ci, slurm_job
 
 import portal.slurm as slurm
-from portal.slurm import AssociationLimits, JobSpec, ReservationSpec, SlurmRejected, SlurmUnavailable
+from portal.slurm import AssociationLimits, JobSubmission, ReservationSpec, SlurmRejected, SlurmUnavailable
 from portal.slurm.types import PartitionLimits
 
 pytestmark = pytest.mark.slurm
@@ -98,7 +98,7 @@ def _tag() -> str:
     return f"gpuportal-ci:{uuid.uuid4()}"
 
 
-def _job(account, ci_user, job_dir, *, script, **overrides) -> JobSpec:
+def _job(account, ci_user, job_dir, *, script, **overrides) -> JobSubmission:
     values = {
         "script": script,
         "account": account,
@@ -114,7 +114,7 @@ def _job(account, ci_user, job_dir, *, script, **overrides) -> JobSpec:
         "gid": ci_user.pw_gid,
     }
     values.update(overrides)
-    return JobSpec(**values)
+    return slurm_job(**values)
 
 
 def _queue_entry(gateway, job_id):
@@ -183,13 +183,21 @@ def test_partition_limits_come_with_the_partitions_as_scontrol_shows_them(gatewa
     assert limits["gpu"] == limits["debug"] == PartitionLimits()
 
 
-def test_account_gpu_minutes_is_sreports_answer(gateway):
+@pytest.fixture
+def accounts_ever():
+    """Every account slurmdbd has held, deleted ones too (sacctmgr's ``withdeleted``): sreport keeps
+    the usage of an account deleted since."""
+    listed = support.slurm_command("sacctmgr", "-n", "-P", "show", "account", "withdeleted", "format=account").stdout
+    return set(listed.split())
+
+
+def test_account_gpu_minutes_is_sreports_answer(gateway, accounts_ever):
     """sreport accepts the gateway's argv (a wrong one exits nonzero: SlurmRejected) and answers
-    whole GPU-minutes per known account; a window in the future has no usage."""
+    whole GPU-minutes per account slurmdbd knows (sreport keeps the usage of an account deleted
+    since, as sacctmgr's ``withdeleted`` lists it); a window in the future has no usage."""
     now = dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0)
     month = gateway.account_gpu_minutes(now - dt.timedelta(days=30), now)
-    accounts = {a.account for a in gateway.associations()}
-    assert set(month) <= accounts
+    assert set(month) <= accounts_ever | {a.account for a in gateway.associations()}
     assert all(isinstance(minutes, int) and minutes >= 0 for minutes in month.values())
     assert gateway.account_gpu_minutes(now + dt.timedelta(days=1), now + dt.timedelta(days=2)) == {}
 
@@ -256,19 +264,20 @@ def test_typed_gpu_job_queue_find_and_accounting(gateway, ci_association, ci_use
         environment={"GREETING": "it's $(id) `x`"},
     )  # fmt: skip
     job_id = gateway.submit(spec)
+    tag = dict(spec.command_line)["comment"]
     cleanup_jobs.append(job_id)
 
     entry = _queue_entry(gateway, job_id)
     assert entry is not None, "a just-submitted job is in the queue (MinJobAge keeps finished ones)"
-    assert entry.comment == spec.comment and entry.name == spec.name
+    assert entry.comment == tag and entry.name == spec.request.name
     assert entry.user == CI_USER and entry.account == ci_association and entry.partition == "gpu"
     assert entry.tres_per_node == "gres:gpu:a100:1"
     assert entry.time_limit_minutes == 10
     assert entry.submit_time is not None and entry.submit_time.tzinfo is not None
     assert abs(entry.submit_time - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=2)
-    assert gateway.find_by_comment(spec.comment) == job_id
+    assert gateway.find_by_comment(tag) == job_id
     assert gateway.find_by_comment(_tag()) is None
-    assert gateway.find_by_comments([spec.comment, _tag(), ""]) == {spec.comment: job_id}
+    assert gateway.find_by_comments([tag, _tag(), ""]) == {tag: job_id}
 
     wait_for(lambda: (e := _queue_entry(gateway, job_id)) is None or e.state == "COMPLETED", what="job completion")
     record = wait_for(
@@ -277,11 +286,11 @@ def test_typed_gpu_job_queue_find_and_accounting(gateway, ci_association, ci_use
     )
     assert record.state == "COMPLETED" and record.exit_code == 0
     assert record.gpus == 1 and record.gpu_type == "a100"
-    assert record.comment == spec.comment and record.name == spec.name
+    assert record.comment == tag and record.name == spec.request.name
     assert record.user == CI_USER and record.nodes.startswith("a100-")
     assert record.alloc_tres["mem"] > 0
     by_id = gateway.accounting(since, dt.datetime.now(dt.UTC), job_ids={job_id})
-    assert [r.job_id for r in by_id] == [job_id] and by_id[0].comment == spec.comment
+    assert [r.job_id for r in by_id] == [job_id] and by_id[0].comment == tag
     assert gateway.accounting(since, dt.datetime.now(dt.UTC), job_ids=set()) == []
 
     output = wait_for(lambda: (job_dir / f"job-{job_id}.out").exists() and (job_dir / f"job-{job_id}.out").read_text(),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from portal.slurm.types import JobSpec, SlurmRejected, SlurmUnavailable
+from tests.support import slurm_job
+from portal.slurm.types import JobSubmission, SlurmRejected, SlurmUnavailable
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def gateway(fake_pyslurm):
 
 def _spec(**overrides):
     base = {"script": "#!/bin/bash\necho hi\n", "account": "vision", "partition": "gpu"}
-    return JobSpec(**{**base, **overrides})
+    return slurm_job(**{**base, **overrides})
 
 
 def test_submit_rejection(gateway, fake_pyslurm):
@@ -46,7 +47,7 @@ def test_submit_rejection(gateway, fake_pyslurm):
 
 def test_what_pyslurm_cannot_express_is_submitted_by_the_cli(gateway, monkeypatch):
     """pyslurm_request.NotExpressible (here --hint): the cli backend submits the job, nothing else does."""
-    by_cli: list[JobSpec] = []
+    by_cli: list[JobSubmission] = []
     monkeypatch.setattr(gateway._cli, "submit", lambda spec: by_cli.append(spec) or 42)
     hinted = _spec(script="#!/bin/bash\n#SBATCH --hint=nomultithread\necho hi\n")
     assert gateway.submit(hinted) == 42 and by_cli == [hinted]

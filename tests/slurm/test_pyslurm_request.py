@@ -5,18 +5,18 @@ Slurm 25.11 cluster by tests/jobs/test_backends_same_request.py (cli and pyslurm
 from __future__ import annotations
 
 import signal
-from dataclasses import replace
 
 import pytest
 
 from portal.slurm.pyslurm_request import NotExpressible, description_kwargs
-from portal.slurm.types import JobSpec, SlurmRejected
+from portal.slurm.types import JobSubmission, SlurmRejected
+from tests.support import slurm_job
 
 
-def _spec(directives: str, *options: tuple[str, str | None], **fields) -> JobSpec:
+def _spec(directives: str, *options: tuple[str, str | None], **fields) -> JobSubmission:
     script = "#!/bin/bash\n" + "".join(f"#SBATCH {line}\n" for line in directives.splitlines() if line) + "srun true\n"
-    values = {"script": script, "account": "vision", "partition": "gpu", "options": (("partition", "gpu"), *options)}
-    return JobSpec(**{**values, **fields})
+    values = {"script": script, "account": "vision", "partition": "gpu", "options": [("partition", "gpu"), *options]}
+    return slurm_job(**{**values, **fields})
 
 
 def test_the_scripts_directives_reach_pyslurm():
@@ -65,7 +65,7 @@ def test_portal_only_options():
 
 
 def test_typed_specs_map_as_before():
-    spec = JobSpec(script="#!/bin/bash\ntrue\n", account="vision", partition="gpu", gpus=4, gpu_type="a100", nodes=2,
+    spec = slurm_job(script="#!/bin/bash\ntrue\n", account="vision", partition="gpu", gpus=4, gpu_type="a100", nodes=2,
                    cpus_per_gpu=2, memory_mb=8192, time_limit_minutes=10, stdout="/tmp/o-%j")  # fmt: skip
     kwargs = description_kwargs(spec)
     assert kwargs["gres_per_node"] == "gpu:a100:2" and kwargs["cpus_per_gpu"] == 2 and kwargs["nodes"] == "2"
@@ -101,7 +101,7 @@ def test_values_sbatch_refuses_are_rejected():
 def test_the_descriptor_environment_is_what_sbatch_would_send_from_the_submit_directory():
     from portal.slurm.pyslurm_request import description_environment
 
-    spec = JobSpec(script="#!/usr/bin/env python3\n#SBATCH -J py\n", account="vision", partition="gpu",
+    spec = slurm_job(script="#!/usr/bin/env python3\n#SBATCH -J py\n", account="vision", partition="gpu",
                    environment={"DATASET": "a,b 'c'"}, workdir="/home/alice/run", submit_dir="/home/alice")  # fmt: skip
     kwargs = description_environment(spec, submit_dir="/home/alice", slurm_conf="/x/slurm.conf", host="login1", umask="0022")
     assert kwargs["get_user_environment"] is True  # the login environment, read on the node
@@ -113,11 +113,11 @@ def test_the_descriptor_environment_is_what_sbatch_would_send_from_the_submit_di
         "SLURM_CONF": "/x/slurm.conf", "SLURM_PRIO_PROCESS": "0", "SLURM_CPUS_PER_GPU": "1",  # as sbatch's --cpus-per-gpu
     }  # fmt: skip
     assert environment["OMPI_MCA_plm_slurm_args"] == "--external-launcher"  # mpirun in the job starts ranks with srun
-    per_node = replace(spec, script="#!/bin/bash\n#SBATCH --ntasks-per-node=2 --gpus-per-node=a100:2\n", options=())
+    per_node = slurm_job("#!/bin/bash\n#SBATCH --ntasks-per-node=2 --gpus-per-node=a100:2\n", account="vision", options=[])
     variables = description_environment(per_node, submit_dir="/", slurm_conf="", host="h", umask="0022")["environment"]
     assert (variables["SLURM_NTASKS_PER_NODE"], variables["SLURM_GPUS_PER_NODE"]) == ("2", "a100:2")
     # sbatch's set_envs (src/sbatch/opt.c): srun steps read their CPUs per task from SLURM_CPUS_PER_TASK
-    per_task = replace(spec, script="#!/bin/bash\n#SBATCH --ntasks=1 --gpus-per-task=2 --cpus-per-task=2 -m block\n", options=())
+    per_task = slurm_job("#!/bin/bash\n#SBATCH --ntasks=1 --gpus-per-task=2 --cpus-per-task=2 -m block\n", account="vision", options=[])
     variables = description_environment(per_task, submit_dir="/", slurm_conf="", host="h", umask="0022")["environment"]
     assert (variables["SLURM_CPUS_PER_TASK"], variables["SLURM_DISTRIBUTION"]) == ("2", "block")
 

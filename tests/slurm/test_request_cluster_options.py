@@ -15,16 +15,32 @@ from gpuportal_sbatch.directives import CLUSTER_OPTIONS, parse_directives
 from portal.slurm import get_gateway
 from portal.slurm.cli_argv import sbatch_argv
 from portal.slurm.pyslurm_request import description_kwargs
-from portal.slurm.request import spec_options, spec_request, spec_script
-from portal.slurm.types import JobSpec, SlurmRejected
+from portal.slurm.types import JobSubmission, SlurmRejected
+from tests.support import slurm_job
+
+WRITTEN: dict = {}  # request -> the script as written
 
 
-def _spec(*lines: str, options: tuple = (("partition", "gpu"),)) -> JobSpec:
+def _spec(*lines: str, options: tuple = (("partition", "gpu"),)) -> JobSubmission:
     script = "#!/bin/bash\n" + "".join(f"{line}\n" for line in lines) + "srun true\n"
-    return JobSpec(script=script, account="vision", partition="gpu", options=options)
+    submission = slurm_job(script, account="vision", partition="gpu", options=list(options))
+    WRITTEN[submission.request] = script
+    return submission
 
 
-def _kept(spec: JobSpec) -> list[tuple[str, str | None, int]]:
+def spec_script(spec: JobSubmission) -> str:
+    return spec.request.script
+
+
+def spec_request(spec: JobSubmission) -> list:
+    return spec.options
+
+
+def spec_options(spec: JobSubmission) -> list:
+    return spec.command_line
+
+
+def _kept(spec: JobSubmission) -> list[tuple[str, str | None, int]]:
     return [(d.option, d.value, d.line) for d in parse_directives(spec_script(spec))]
 
 
@@ -45,7 +61,7 @@ def test_a_line_with_other_options_keeps_them_quoted_as_sbatch_reads_them():
     assert _kept(spec) == [
         ("gres", "gpu:1", 2), ("job-name", "two words", 2), ("comment", "it's #1", 2), ("exclusive", None, 2), ("time", "5", 3),
     ]  # fmt: skip
-    assert len(script.splitlines()) == len(spec.script.splitlines())  # line numbers stay
+    assert len(script.splitlines()) == len(WRITTEN[spec.request].splitlines())  # line numbers stay
 
 
 def test_a_value_on_the_next_line_goes_with_its_option_and_other_lines_keep_their_options():
@@ -54,7 +70,7 @@ def test_a_value_on_the_next_line_goes_with_its_option_and_other_lines_keep_thei
     assert _kept(spec) == [("time", "5", 3), ("nodes", "1", 4), ("job-name", "a b", 5)]
     assert script.splitlines()[1] == "# [gpuportal: replaced] SBATCH -M"
     assert script.splitlines()[6] == "# [gpuportal: replaced] SBATCH east"
-    assert len(script.splitlines()) == len(spec.script.splitlines())
+    assert len(script.splitlines()) == len(WRITTEN[spec.request].splitlines())
 
 
 def test_a_portal_option_that_replaces_a_directive_on_that_line_still_wins():
@@ -74,7 +90,7 @@ def test_cluster_options_are_never_on_the_command_line_nor_in_pyslurms_request()
 
 def test_a_script_without_cluster_options_is_sent_as_before():
     spec = _spec("#SBATCH --gres=gpu:1 -t 5")
-    assert spec_script(spec) == spec.script
+    assert spec_script(spec) == WRITTEN[spec.request]
 
 
 # ---------------------------------------------------------------- real sbatch
@@ -94,7 +110,7 @@ def test_a_cluster_name_slurmdbd_does_not_know_still_submits_to_the_gateways_own
     with pytest.raises(SlurmRejected, match="known by database"):  # what sbatch does with the directive
         cli = getattr(real, "_cli", real)  # the pyslurm gateway's cli backend runs sbatch
         cli._run([cli._exe("sbatch"), "--parsable", "--hold", "-A", "root", "-p", "gpu"], stdin=script)
-    spec = JobSpec(script=script, account="root", partition="gpu", comment=tag, options=(("partition", "gpu"), ("hold", None)))
+    spec = slurm_job(script, account="root", partition="gpu", comment=tag, options=[("partition", "gpu"), ("hold", None)])
     job_id = gateway.submit(spec)
     try:
         assert real.find_by_comment(tag) == job_id

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0011_job_script_directives'),
+        ('jobs', '0013_job_request'),
     ]
 
     operations = [
