@@ -135,7 +135,18 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     constraint = serializers.CharField()
     booking = serializers.UUIDField(source="booking_id", allow_null=True)
     state = serializers.ChoiceField(choices=JobState.choices)
-    state_reason = serializers.CharField()
+    state_reason = serializers.CharField(help_text="Slurm's reason code (and details) as it gives them.")
+    state_reason_text = serializers.SerializerMethodField(help_text="The reason in words; empty when the portal does "
+                                                          "not know the code (state_reason then says it).")  # fmt: skip
+    state_reason_advice = serializers.SerializerMethodField(help_text="What the submitter can change about the reason; "
+                                                            "empty: nothing but waiting.")  # fmt: skip
+    expected_start_at = serializers.DateTimeField(allow_null=True, help_text="While pending: when Slurm's scheduler "
+                                                  "expects it to start (squeue --start); null: no estimate yet.")  # fmt: skip
+    queue_position = serializers.IntegerField(allow_null=True, help_text="While pending: its place (1 = next) among the "
+                                              "pending jobs of its partition wanting the same GPU type, in Slurm's "
+                                              "priority order; null: not pending.")  # fmt: skip
+    expected_start_moved_from = serializers.DateTimeField(allow_null=True, help_text="The estimate before it last moved "
+                                                          "by more than the portal's threshold; null: it has not.")  # fmt: skip
     cancel_requested = serializers.BooleanField()
     slurm_job_id = serializers.IntegerField(allow_null=True)
     exit_code = serializers.IntegerField(allow_null=True)
@@ -157,6 +168,14 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
                                                     "Slurm has charged it); null: none recorded yet.")  # fmt: skip
     currency = serializers.CharField()
     links = serializers.SerializerMethodField()
+
+    def get_state_reason_text(self, job) -> str:
+        explained = job.reason_explained
+        return explained.text if explained else ""
+
+    def get_state_reason_advice(self, job) -> str:
+        explained = job.reason_explained
+        return explained.advice if explained else ""
 
     def get_submit_dir(self, job) -> str:
         return job.submit_dir or job.workdir

@@ -64,6 +64,12 @@ class Job(models.Model):
     state_reason = models.CharField(max_length=1024, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_sent_at = models.DateTimeField(null=True, blank=True)  # scancel succeeded (sweeper re-sends otherwise)
+    # While pending (jobs_sync, from its one queue read; jobs.pending): the scheduler's expected start
+    # (null: no estimate yet), the place among the pending jobs of its partition wanting the same GPU
+    # type (1 = next), and the estimate before the last move of more than START_ESTIMATE_MOVE_MINUTES.
+    expected_start_at = models.DateTimeField(null=True, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    expected_start_moved_from = models.DateTimeField(null=True, blank=True)
     slurm_cluster = models.CharField(max_length=64, blank=True)
     slurm_job_id = models.PositiveBigIntegerField(null=True, blank=True)
     unix_uid = models.IntegerField(null=True, blank=True)  # the Unix user the job runs as (output owner check)
@@ -158,6 +164,27 @@ class Job(models.Model):
     @property
     def cancel_requested(self) -> bool:
         return self.cancel_requested_at is not None
+
+    @property
+    def reason_explained(self):
+        """Slurm's reason in words and what the submitter can change (jobs.pending's table); None
+        when there is no reason or its code is not in the table."""
+        from jobs.pending import reason_explained
+
+        return reason_explained(self.state_reason) if self.state_reason else None
+
+    @property
+    def expected_start_passed(self) -> bool:
+        """Slurm's planned start is already past (it starts at its next scheduling pass, or the plan
+        is about to move): the page says "any moment" rather than a time gone by."""
+        from django.utils import timezone
+
+        return self.expected_start_at is not None and self.expected_start_at <= timezone.now()
+
+    @property
+    def is_waiting(self) -> bool:
+        """Pending in Slurm (or requeued): its expected start and place in line apply."""
+        return self.state in (JobState.PENDING, JobState.REQUEUED)
 
 
 class JobEvent(models.Model):

@@ -3,10 +3,12 @@ the form or the CLI, checked against the synced inventory, as the effective requ
 
 - The script's directives are read by the one parser (``gpuportal_sbatch.directives``), exactly
   as sbatch reads them; what sbatch would refuse is a 400 naming the line.
-- Explicit fields override the script's directives, as sbatch's command line does. The overrides
-  are stored on the job (``Job.overrides``) and become the relay's command line; the gateway turns
-  the script's directives they replace (the same option, or one Slurm holds mutually exclusive with
-  it) into comments, so the argv never carries two options Slurm refuses together.
+- Explicit fields override the script's directives, as sbatch's command line does: they become the
+  request's command line, with the portal's output files, the team's account and the portal's tag;
+  the directives they replace (the same option, or one Slurm holds mutually exclusive with it) are
+  turned into comments, so Slurm never gets two options it refuses together. That request
+  (portal.slurm.types.JobRequest) is built here, once, stored with the job (``Job.request``), and
+  handed by the relay to the gateway unchanged.
 - The cluster: the ``cluster`` field, else the script's ``-M``/``--clusters`` (one name the portal
   serves; several or ``all``, which sbatch would resolve to the one that starts the job soonest, are
   a 400), else the partition's (``Inventory.capacity``). The job goes to that cluster's gateway,

@@ -15,6 +15,7 @@ urlpatterns = [
     path("templates/<int:pk>/delete/", views.template_delete, name="template-delete"),
     path("<uuid:job_id>/", views.job_detail, name="detail"),
     path("<uuid:job_id>/output/", views.job_output_partial, name="output"),
+    path("<uuid:job_id>/gpu/", views.job_gpu_usage_partial, name="gpu-usage"),
     path("<uuid:job_id>/cancel/", views.job_cancel_view, name="cancel"),
     path("<uuid:job_id>/save-template/", views.template_create_from_job, name="save-template"),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -89,7 +90,7 @@ def job_live_states(request):
             ids.append(uuid.UUID(value))
         except ValueError:
             continue
-    jobs = list(jobs_visible_to(request.user).filter(pk__in=ids).select_related(None).only("id", "state", "state_reason")) if ids else []
+    jobs = list(jobs_visible_to(request.user).filter(pk__in=ids).select_related(None).only("id", "state", "state_reason", "expected_start_at", "queue_position")) if ids else []
     live_ids = [str(job.pk) for job in jobs if job.state in LIVE_STATES]
     return render(
         request,
@@ -158,8 +159,26 @@ def job_detail(request, job_id):
         return render(request, "partials/job_status_poll.html", _detail_context(request, job))
     context = _detail_context(request, job) | _output_context(job, _stream(request), _task(request, job))
     context["template_form"] = TemplateSaveForm(user=request.user, initial={"template_name": job.name})
-    context["gpu"] = job_gpu_report(job)
+    context |= _gpu_context(job)
     return render(request, "jobs/job_detail.html", context)
+
+
+def _gpu_context(job: Job) -> dict:
+    """The GPU section (partials/job_gpu_usage.html) and how often it re-reads itself: while the job
+    runs, every GPU_USAGE_SYNC_SECONDS (the sync's cycle: nothing new can appear sooner); 0: no poll."""
+    live = job.state in LIVE_STATES and job.started_at is not None
+    return {"job": job, "gpu": job_gpu_report(job), "gpu_poll_seconds": max(settings.GPU_USAGE_SYNC_SECONDS, DETAIL_POLL_SECONDS) if live else 0}
+
+
+@login_required
+@require_GET
+def job_gpu_usage_partial(request, job_id):
+    """The job page's GPU section with its chart data, for all of the job's GPUs in one answer (the
+    page's poll while the job runs: the chart moves without a reload)."""
+    job = _visible_job(request, job_id)
+    if not request.htmx:
+        return redirect(reverse("jobs:detail", args=[job.pk]) + "#gpu-usage")
+    return render(request, "partials/job_gpu_usage.html", _gpu_context(job))
 
 
 @login_required
@@ -456,7 +475,7 @@ def template_create_from_job(request, job_id):
     context = _detail_context(request, job) | _output_context(job, OutputStream.STDOUT)
     context["template_form"] = form
     context["template_open"] = True
-    context["gpu"] = job_gpu_report(job)
+    context |= _gpu_context(job)
     return render(request, "jobs/job_detail.html", context, status=400)
 
 

@@ -25,11 +25,12 @@ from portal.slurm.types import ClusterPolicy
 CLUSTER = "fake"
 
 
-def queue_entry(job_id: int, state: str, comment: str, *, reason: str = "None", start=None, end=None) -> QueueEntry:
+def queue_entry(job_id: int, state: str, comment: str, *, reason: str = "None", start=None, end=None, priority=None,
+                partition: str = "gpu", tres_per_node: str = "gres:gpu:a100:1") -> QueueEntry:  # fmt: skip
     return QueueEntry(
-        job_id=job_id, name="j", user="alice", account="vision", partition="gpu", state=state, reason=reason,
+        job_id=job_id, name="j", user="alice", account="vision", partition=partition, state=state, reason=reason,
         comment=comment, nodes="", num_nodes=1, submit_time=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
-        start_time=start, end_time=end, time_limit_minutes=30, tres_per_node="gres:gpu:a100:1",
+        start_time=start, end_time=end, time_limit_minutes=30, tres_per_node=tres_per_node, priority=priority,
     )  # fmt: skip
 
 

@@ -18,6 +18,9 @@ from gpuportal_cli.output import (
     _json_or_empty,
     _money,
     _out,
+    _reason_line,
+    _start_cell,
+    _start_line,
     _table,
     _team_label,
     _used_line,
@@ -57,7 +60,7 @@ def cmd_status(args) -> int:
             return EXIT_OK
         fields = [
             ("Job", job.get("id")), ("Name", job.get("name")), ("Team", _team_label(job)),
-            ("State", job.get("state")), ("Reason", job.get("state_reason") or ""),
+            ("State", job.get("state")), ("Reason", _reason_line(job)), ("Start", _start_line(job)),
             ("Slurm job", job.get("slurm_job_id") or "—"), ("Exit code", job.get("exit_code", "")),
             ("Partition", job.get("partition")),
             ("GPUs", f"{job.get('gpus')} x {job.get('gpu_type') or 'any'} on {job.get('nodes', 1)} node(s)"),
@@ -86,10 +89,11 @@ def cmd_status(args) -> int:
             str(j.get("slurm_job_id") or "—"), f"{j.get('gpus', '')}{(' ' + j['gpu_type']) if j.get('gpu_type') else ''}",
             _when(j), _money(j.get("estimated_cost"), j.get("currency", "")),
             _money(j.get("cost"), j.get("currency", "")) + ("" if j.get("usage_final") or j.get("cost") is None else " so far"),
+            _start_cell(j),
         ]
         for j in jobs
     ]
-    _out(_table(rows, ["ID", "NAME", "TEAM", "STATE", "SLURM", "GPUS", "SUBMITTED", "ESTIMATE", "COST"]))
+    _out(_table(rows, ["ID", "NAME", "TEAM", "STATE", "SLURM", "GPUS", "SUBMITTED", "ESTIMATE", "COST", "START"]))
     return EXIT_OK
 
 

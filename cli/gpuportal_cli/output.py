@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 import time
@@ -56,6 +57,64 @@ def _when(job: dict) -> str:
         if value:
             return str(value).replace("T", " ")[:16]
     return ""
+
+
+PENDING_STATES = frozenset({"PENDING", "REQUEUED"})
+
+
+def _api_time(value: Any) -> dt.datetime:
+    """An API timestamp (ISO 8601 with its offset; "Z" for UTC, which Python 3.9 does not read)."""
+    text = str(value)
+    return dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+
+
+def _local_time(value: Any) -> str:
+    """An API timestamp in this machine's local time, to the minute."""
+    try:
+        return _api_time(value).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return str(value)
+
+
+def _passed(value: Any) -> bool:
+    try:
+        return _api_time(value) <= dt.datetime.now(dt.timezone.utc)
+    except (ValueError, TypeError):
+        return False
+
+
+def _start_line(job: dict) -> str:
+    """A pending job's outlook: "2026-12-06 14:05 (moved from 13:20), 2nd in line for a100 in gpu";
+    "no estimate yet" when Slurm has none; "" for a job that is not pending."""
+    if job.get("state") not in PENDING_STATES:
+        return ""
+    start = job.get("expected_start_at")
+    line = _local_time(start) if start else "no estimate yet"
+    if start and _passed(start):
+        line = f"any moment now (planned for {line})"
+    if start and job.get("expected_start_moved_from"):
+        line += f" (moved from {_local_time(job['expected_start_moved_from'])})"
+    if job.get("queue_position"):
+        line += f"; #{job['queue_position']} in line for {job.get('gpu_type') or 'any GPU'} in {job.get('partition')}"
+    return line
+
+
+def _start_cell(job: dict) -> str:
+    """The job list's START column: "2026-12-06 14:05 #2", "no estimate #2"; "" unless pending."""
+    if job.get("state") not in PENDING_STATES:
+        return ""
+    start = _local_time(job["expected_start_at"]) if job.get("expected_start_at") else "no estimate"
+    return f"{start} #{job['queue_position']}" if job.get("queue_position") else start
+
+
+def _reason_line(job: dict) -> str:
+    """Slurm's reason, in words with what to change where the portal knows the code."""
+    reason = job.get("state_reason") or ""
+    if reason in ("", "None") and not job.get("state_reason_text"):
+        return ""
+    text = job.get("state_reason_text") or ""
+    advice = job.get("state_reason_advice") or ""
+    return " ".join(part for part in (f"{reason}:" if text else reason, text, advice) if part)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:

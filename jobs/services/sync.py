@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -17,6 +18,7 @@ from accounting.services import budget_holds_identify, budget_holds_release, bud
 from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array, tasks_without_exit_code
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
 from jobs.models import Job, JobEvent
+from jobs.pending import Outlook, estimate_moved, queue_outlook
 from portal.db import bulk_update_values
 from portal.outbox import after_commit
 from portal.models import SyncStatus
@@ -28,7 +30,7 @@ from portal.unix import unix_ids
 # Fields the sync reads and may write.
 _SYNC_FIELDS = [
     "id", "state", "state_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
-    "exit_code", "created_at", "array", "array_tasks",
+    "exit_code", "created_at", "array", "array_tasks", "expected_start_at", "queue_position", "expected_start_moved_from",
 ]  # fmt: skip
 # A job that ended in the queue but is not in accounting yet (slurmdbd lags a little) is left
 # live for this long, so its final state and exit code come from accounting next cycle.
@@ -71,6 +73,7 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     in_queue = {e.job_id: e for e in queue if e.array_job_id is None}
     in_arrays = group_by_array(queue)  # array jobs: their rows folded into one (jobs.arrays)
     tagged = {e.comment: e for e in queue if e.comment.startswith(SLURM_TAG_PREFIX)}
+    outlook = queue_outlook(queue)  # pending jobs' expected start and place: the same read, no squeue --start
     array_tasks: dict[uuid.UUID, dict] = {}
     array_ended = ended_tasks([j.id for j in followed if j.array and j.slurm_job_id is not None])
 
@@ -133,7 +136,9 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
         record = records.get(job.slurm_job_id) if job.slurm_job_id is not None else None
         if record is not None and record.comment not in (job.slurm_tag, ""):
             record = None
-        values = _plan_job(job, entries.get(job.id), record, now, accounting_ok=accounting_ok)
+        entry = entries.get(job.id)
+        job_outlook = outlook.get(entry.job_id) if entry is not None else None
+        values = _plan_job(job, entry, record, now, accounting_ok=accounting_ok, outlook=job_outlook)
         if values:
             planned[job.id] = values
 
@@ -176,9 +181,10 @@ def _clean_reason(reason: str | None) -> str:
     return "" if reason in ("None", "(null)") else reason[:1024]
 
 
-def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool) -> dict:
+def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool, outlook: Outlook | None = None) -> dict:
     """The field values to write for one job, from its queue entry and/or accounting record
-    (empty dict: nothing changes). Accounting wins once the job has ended (final state, exit code)."""
+    (empty dict: nothing changes). Accounting wins once the job has ended (final state, exit code).
+    ``outlook``: its expected start and place while pending (jobs.pending.queue_outlook)."""
     entry_state = state_from_slurm(entry.state) if entry is not None else None
     if record is not None and (entry is None or entry_state in TERMINAL_STATES):
         source, new_state = record, state_from_slurm(record.state)
@@ -207,6 +213,7 @@ def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool)
         reason = _clean_reason(entry.reason) if source is entry and state in (JobState.PENDING, JobState.REQUEUED, JobState.SUSPENDED) else ""
         if reason != job.state_reason:
             values["state_reason"] = reason
+    values |= _plan_outlook(job, outlook if source is entry and state in (JobState.PENDING, JobState.REQUEUED) else None)
     # a job cancelled while pending has a start time that is not one: squeue's expected start (after
     # its end: a --begin in the future), or sacct's Start = End — it never ran, and holds nothing more.
     # Start = End for a job that ended otherwise is one that ran for less than sacct's second.
@@ -223,6 +230,30 @@ def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool)
         if exit_code is not None and job.exit_code != exit_code:
             values["exit_code"] = exit_code
     return values
+
+
+def _plan_outlook(job: Job, outlook: Outlook | None) -> dict:
+    """The expected start, place and last move to write (none once the job is no longer pending).
+    A move of more than START_ESTIMATE_MOVE_MINUTES keeps the estimate it moved from."""
+    start, position = (outlook.expected_start, outlook.position) if outlook is not None else (None, None)
+    values: dict[str, Any] = {}
+    if start != job.expected_start_at:
+        values["expected_start_at"] = start
+        if estimate_moved(job.expected_start_at, start, threshold_minutes=settings.START_ESTIMATE_MOVE_MINUTES):
+            values["expected_start_moved_from"] = job.expected_start_at
+    if position != job.queue_position:
+        values["queue_position"] = position
+    if outlook is None and job.expected_start_moved_from is not None:
+        values["expected_start_moved_from"] = None
+    return values
+
+
+def _moved_note(previous: dt.datetime, current: dt.datetime) -> str:
+    """The history's words for a moved estimate (no clock times: the page shows them in local time)."""
+    minutes = round(abs((current - previous).total_seconds()) / 60)
+    hours, minutes = divmod(minutes, 60)
+    amount = f"{hours} h {minutes} min" if hours else f"{minutes} min"
+    return f"Expected start moved {'later' if current > previous else 'earlier'} by {amount}"
 
 
 def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: str | None = None) -> int:
@@ -258,6 +289,9 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
             if ("started_at" in values or "slurm_job_id" in values) and current.slurm_job_id is not None:
                 seen_in_slurm.append((job_id, current.slurm_cluster or cluster or cluster_config().name, current.slurm_job_id))
             to_update.append(current)
+            if values.get("expected_start_moved_from") is not None and current.expected_start_at is not None:
+                note = _moved_note(values["expected_start_moved_from"], current.expected_start_at)
+                events.append(JobEvent(job_id=job_id, state=current.state, reason=note, at=now))
             if "state" in values:
                 events.append(JobEvent(job_id=job_id, state=values["state"], reason=values.get("state_reason", ""), at=now))
                 if values["state"] in TERMINAL_STATES:

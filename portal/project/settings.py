@@ -309,6 +309,9 @@ GPU_USAGE_MAX_CATCHUP_HOURS = env.int("GPU_USAGE_MAX_CATCHUP_HOURS", 6, minimum=
 # its submitter once (e-mail, the team's webhook): the window must be full, so no job alerts in its first minutes.
 GPU_IDLE_THRESHOLD_PERCENT = env.float("GPU_IDLE_THRESHOLD_PERCENT", 5.0, minimum=0)
 GPU_IDLE_ALERT_MINUTES = env.int("GPU_IDLE_ALERT_MINUTES", 30, minimum=1)
+# A pending job's expected start (Slurm's backfill estimate, jobs_sync) that moves by more than this
+# is noted on its page and in its history ("expected start moved from X to Y").
+START_ESTIMATE_MOVE_MINUTES = env.int("START_ESTIMATE_MOVE_MINUTES", 30, minimum=1)
 # The idle alerts' own sweeper (jobs.services.gpu_idle_alerts_sweep): raises the alerts the recorded
 # rows call for and re-sends the deliveries whose task was lost, whatever happened to the sync.
 GPU_IDLE_ALERT_SWEEP_SECONDS = env.int("GPU_IDLE_ALERT_SWEEP_SECONDS", 300, minimum=10)

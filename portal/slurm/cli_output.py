@@ -15,8 +15,11 @@ from .parsing import FIELD_SEP
 logger = logging.getLogger(__name__)
 
 # squeue -o: comment (%k) is last so that, in theory, a separator inside it cannot shift fields.
-# %A: the job's own id (an array task's too), %F: its array's id, %K: the array index(es) of the row
-QUEUE_FIELDS = ("%i", "%u", "%a", "%P", "%T", "%r", "%N", "%D", "%V", "%S", "%e", "%l", "%b", "%v", "%A", "%F", "%K", "%j", "%k")
+# %A: the job's own id (an array task's too), %F: its array's id, %K: the array index(es) of the row.
+# %S of a pending job is the backfill scheduler's expected start (``squeue --start`` prints this field)
+# and %Q its priority: the one queue read carries both, no second squeue per cycle.
+QUEUE_FIELDS = ("%i", "%u", "%a", "%P", "%T", "%r", "%N", "%D", "%V", "%S", "%e", "%l", "%b", "%v", "%A", "%F", "%K", "%Q",
+                "%j", "%k")  # fmt: skip
 QUEUE_FORMAT = FIELD_SEP.join(QUEUE_FIELDS)
 
 # sacct -o: free-text fields (JobName, Comment) last, Comment very last.
@@ -75,7 +78,7 @@ def parse_queue(stdout: str) -> list[t.QueueEntry]:
     entries = []
     for fields in _rows(stdout, QUEUE_FIELDS, "squeue"):
         (job_id, user, account, partition, state, reason, nodes, num_nodes, submit, start, end,
-         limit, tres, reservation, own_id, array_id, array_index, name, comment) = fields  # fmt: skip
+         limit, tres, reservation, own_id, array_id, array_index, priority, name, comment) = fields  # fmt: skip
         job_id_int = parsing.parse_int(own_id, None)
         if job_id_int is None:
             job_id_int = parsing.parse_int(job_id, None)
@@ -93,6 +96,7 @@ def parse_queue(stdout: str) -> list[t.QueueEntry]:
                 time_limit_minutes=parsing.parse_duration_minutes(limit),
                 tres_per_node=parsing.tres_per_node(tres),
                 reservation=parsing.null_to_empty(reservation),
+                priority=parsing.parse_int(priority, None),
             )
         )
     return entries

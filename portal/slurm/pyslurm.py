@@ -363,6 +363,7 @@ class PyslurmGateway(SlurmGateway):
                     time_limit_minutes=_minutes(job.time_limit),
                     tres_per_node=_gres_to_tres_per_node(job.gres_per_node),
                     reservation=job.reservation or "",
+                    priority=job.priority,
                 )
             )
         return out

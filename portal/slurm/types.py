@@ -136,6 +136,19 @@ class QueueEntry:
     reservation: str = ""
     array_job_id: int | None = None  # the array's id (squeue %F) for a row of an array job
     array_tasks: str = ""  # the row's array index ("4") or pending indexes ("5-9", "1,3"); "" if no array
+    # The scheduler's priority (squeue %Q): pending jobs are planned highest first. None: not given.
+    # A pending job's start_time is the backfill scheduler's expected start (what ``squeue --start``
+    # prints: the same %S field), None until it has planned the job.
+    priority: int | None = None
+
+    @property
+    def gpu_type(self) -> str:
+        """The GPU type the job asks for per node ("a100"); "" for any type or no GPUs."""
+        for item in self.tres_per_node.split(","):
+            parts = item.split(":")  # gres:gpu:a100:2, gres:gpu:2
+            if len(parts) >= 3 and parts[1] == "gpu" and not parts[2].isdigit():
+                return parts[2]
+        return ""
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ MATRIX: dict[str, list[Req]] = {
     ],
     "jobs:detail": [Req("GET", lambda o: f"/jobs/{o.job.pk}/", (302, 404, 200, 200, 200, 404))],
     "jobs:output": [Req("GET", lambda o: f"/jobs/{o.job.pk}/output/", (302, 404, 302, 302, 302, 404))],
+    "jobs:gpu-usage": [Req("GET", lambda o: f"/jobs/{o.job.pk}/gpu/", (302, 404, 302, 302, 302, 404))],
     "jobs:cancel": [Req("POST", lambda o: f"/jobs/{o.job.pk}/cancel/", (302, 404, 302, 302, 302, 404))],
     "jobs:save-template": [Req("POST", lambda o: f"/jobs/{o.job.pk}/save-template/", (302, 404, 400, 400, 400, 404))],
     # API

@@ -18,14 +18,14 @@ def _captured(*lines: str) -> str:
     return "\n".join(line.replace("^_", US) for line in lines)
 
 
-# squeue -h -a -t all -o '%i^_%u^_%a^_%P^_%T^_%r^_%N^_%D^_%V^_%S^_%e^_%l^_%b^_%v^_%j^_%k'
+# squeue -h -a -t all -o <cli.QUEUE_FORMAT> (%Q, the priority, before %j)
 SQUEUE_SAMPLE = _captured(
-    "6^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_None^_h100-01^_1^_2026-11-30T11:11:39^_2026-11-30T11:11:40^_2026-11-30T11:11:40^_1:00:00^_gres:gpu:h100:1^_(null)^_6^_6^_N/A^_sbatch^_(null)",
-    "13^_root^_zzprobe^_gpu^_PENDING^_Resources^_^_2^_2026-11-30T11:11:49^_2026-11-30T12:11:49^_2026-11-30T13:11:49^_1:00:00^_gres:gpu:a100:2^_(null)^_13^_13^_N/A^_sbatch^_two",
-    "11^_zzslurmtest^_zztestacct^_gpu^_PENDING^_AssocGrpGRES^_^_1^_2026-11-30T11:11:49^_N/A^_N/A^_1:00:00^_gres:gpu:1^_(null)^_11^_11^_N/A^_sbatch^_(null)",
-    "12^_root^_zzprobe^_gpu^_RUNNING^_None^_a100-02^_1^_2026-11-30T11:11:49^_2026-11-30T11:11:50^_2026-11-30T11:16:50^_5:00^_gres:gpu:a100:1^_(null)^_12^_12^_N/A^_x;rm -rf /|$(id)^_gpuportal:abc|def",
-    "3^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_None^_a100-01^_1^_2026-11-30T11:11:18^_2026-11-30T11:11:19^_2026-11-30T11:11:19^_3-00:00:00^_N/A^_resv1^_3^_3^_N/A^_sbatch^_(null)",
-    "20_[1-4]^_root^_zzprobe^_gpu^_PENDING^_None^_^_1^_2026-11-30T11:11:49^_N/A^_N/A^_UNLIMITED^_N/A^_(null)^_20^_20^_1-4^_arr^_(null)",
+    "6^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_None^_h100-01^_1^_2026-11-30T11:11:39^_2026-11-30T11:11:40^_2026-11-30T11:11:40^_1:00:00^_gres:gpu:h100:1^_(null)^_6^_6^_N/A^_0^_sbatch^_(null)",
+    "13^_root^_zzprobe^_gpu^_PENDING^_Resources^_^_2^_2026-11-30T11:11:49^_2026-11-30T12:11:49^_2026-11-30T13:11:49^_1:00:00^_gres:gpu:a100:2^_(null)^_13^_13^_N/A^_4294901755^_sbatch^_two",
+    "11^_zzslurmtest^_zztestacct^_gpu^_PENDING^_AssocGrpGRES^_^_1^_2026-11-30T11:11:49^_N/A^_N/A^_1:00:00^_gres:gpu:1^_(null)^_11^_11^_N/A^_4294901757^_sbatch^_(null)",
+    "12^_root^_zzprobe^_gpu^_RUNNING^_None^_a100-02^_1^_2026-11-30T11:11:49^_2026-11-30T11:11:50^_2026-11-30T11:16:50^_5:00^_gres:gpu:a100:1^_(null)^_12^_12^_N/A^_0^_x;rm -rf /|$(id)^_gpuportal:abc|def",
+    "3^_zzslurmtest^_zztestacct^_gpu^_COMPLETED^_None^_a100-01^_1^_2026-11-30T11:11:18^_2026-11-30T11:11:19^_2026-11-30T11:11:19^_3-00:00:00^_N/A^_resv1^_3^_3^_N/A^_0^_sbatch^_(null)",
+    "20_[1-4]^_root^_zzprobe^_gpu^_PENDING^_None^_^_1^_2026-11-30T11:11:49^_N/A^_N/A^_UNLIMITED^_N/A^_(null)^_20^_20^_1-4^_4294901750^_arr^_(null)",
 )
 
 # sacct -X -a --parsable2 --noheader --delimiter=$'\x1f' -o <cli.SACCT_FIELDS>
@@ -159,6 +159,9 @@ def test_parse_queue_sample():
     assert pending.start_time is None and pending.end_time is None
     assert pending.comment == ""
     assert entries[13].num_nodes == 2
+    # a pending job's %S is the scheduler's expected start (squeue --start's column), %Q its priority
+    assert entries[13].start_time.isoformat() == "2026-11-30T12:11:49+00:00" and entries[13].priority == 4294901755
+    assert (entries[13].gpu_type, entries[11].gpu_type, entries[3].gpu_type) == ("a100", "", "")
     assert entries[3].reservation == "resv1"
     assert entries[3].time_limit_minutes == 4320
     assert entries[6].reservation == ""
