@@ -181,9 +181,11 @@ def stored_request(job) -> dict:
 
 
 def job_overrides(job) -> list[list]:
-    """What the fields and the portal's choices put on a stored job's sbatch command line (chdir,
+    """What the fields and the portal's choices put on a stored job's (or a checked spec's) sbatch command line (chdir,
     partition, account...), without the portal's output files and tag."""
-    return [option for option in job.request["command_line"] if option[0] not in ("output", "error", "comment")]
+    request = job.request  # a stored job's (JSON), or a checked spec's (jobs.spec.ValidSpec: the JobRequest)
+    command_line = request["command_line"] if isinstance(request, dict) else request.command_line
+    return [list(option) for option in command_line if option[0] not in ("output", "error", "comment")]
 
 
 def with_options(submission, *options):
