@@ -83,6 +83,8 @@ def _input_field(field: JobField, *, script_required: bool, empty: Any) -> seria
         return serializers.BooleanField(allow_null=empty is None, default=empty, **common)
     if field.kind == "dict":
         return serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False), default=dict, **common)
+    if field.kind == "ids":
+        return serializers.ListField(child=serializers.UUIDField(), default=list, max_length=field.max_length, **common)
     if field.max_length:
         common["max_length"] = field.max_length
     return serializers.CharField(allow_blank=True, allow_null=empty is None, default=empty, **common)
@@ -134,6 +136,8 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     qos = serializers.CharField()
     constraint = serializers.CharField()
     booking = serializers.UUIDField(source="booking_id", allow_null=True)
+    depends_on = serializers.ListField(child=serializers.UUIDField(), source="depends_on_ids",
+                                       help_text="The portal jobs it waits for (sent to Slurm as --dependency=afterok).")  # fmt: skip
     state = serializers.ChoiceField(choices=JobState.choices)
     state_reason = serializers.CharField(help_text="Slurm's reason code (and details) as it gives them.")
     state_reason_text = serializers.SerializerMethodField(help_text="The reason in words; empty when the portal does "

@@ -58,6 +58,30 @@ class EnvironmentField(forms.CharField):
         return value
 
 
+class JobIdsField(forms.CharField):
+    """Portal job ids separated by commas or spaces → a list of UUIDs, in order, each once (the
+    service checks that each names a job the user may see)."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        ids: list[uuid.UUID] = []
+        for word in re.split(r"[\s,]+", value or ""):
+            if not word:
+                continue
+            try:
+                job_id = uuid.UUID(word)
+            except ValueError:
+                raise forms.ValidationError(f"{word!r} is not a job id.") from None
+            if job_id not in ids:
+                ids.append(job_id)
+        return ids
+
+    def prepare_value(self, value):
+        if isinstance(value, (list, tuple)):
+            return ", ".join(str(v) for v in value)
+        return value
+
+
 def format_minutes(minutes: int | None) -> str:
     """Minutes as the form shows them back: ``90`` → ``1:30:00``, ``2880`` → ``2-00:00:00``."""
     if not minutes:
@@ -88,6 +112,8 @@ def _form_field(field: JobField, *, lenient: bool = False) -> forms.Field:
         return TimeLimitField(required=False, **shown)
     if field.kind == "dict":
         return EnvironmentField(required=False, **shown)
+    if field.kind == "ids":
+        return JobIdsField(required=False, **shown)
     if field.kind == "script":
         return forms.CharField(required=False, strip=False)
     if field.kind == "choice" and not lenient:

@@ -3,7 +3,8 @@ booking. The submission's and the quote's API input serializers (jobs.apis), the
 quote forms and ``initial_from_spec`` (jobs.forms), the service's spec types (``JobShape``,
 ``JobSpecFields``: jobs.services.submit), the job row (``_job_row``), the fields a script fills
 (jobs.script_fields), the fields a template keeps (jobs.views, jobs.services.templates) and which
-API field an sbatch option is reported under (``FIELD_OF_OPTION``) are all derived from ``JOB_FIELDS``.
+API field an sbatch option is reported under (``FIELD_OF_OPTION``) and the option a field is sent as
+(``OPTION_OF_FIELD``: the one table, both directions) are all derived from ``JOB_FIELDS``.
 Adding a field: one ``JobField`` here, the column on ``Job`` (and ``JobTemplate`` when
 ``template``) with its migration, and its rule in ``jobs.spec.validate_job_spec``.
 
@@ -25,7 +26,8 @@ class JobField:
 
     ``kind``: ``int`` (a whole number ≥ 1), ``str``, ``bool``, ``dict`` (NAME: value), ``script``
     (the batch script), ``time`` (minutes; the form takes Slurm's notations), ``choice`` (a string
-    the form offers from the inventory). ``options``: the sbatch options it overrides (its errors
+    the form offers from the inventory), ``ids`` (portal job ids; the form takes them separated by
+    commas or spaces). ``options``: the sbatch options it overrides (its errors
     name the field). ``sizes``: the quote takes it (``JobShape``). ``script_fills``: "Read script"
     fills it from the script's directives. ``form``: on the submission form. ``template``: a job
     template keeps it (``JobTemplate`` has the column). ``stored``: ``Job`` has a column of this
@@ -43,7 +45,7 @@ class JobField:
     label: str = ""  # the form's label ("": Django's, from the name)
     help: str = ""  # the form's help text
     api_help: str = ""  # the API's (OpenAPI) description
-    max_length: int | None = None  # the form's and the API's
+    max_length: int | None = None  # the form's and the API's (``ids``: how many)
 
     @property
     def python_type(self) -> type:
@@ -87,6 +89,11 @@ JOB_FIELDS: tuple[JobField, ...] = (
              api_help="Where the job is submitted from, as sbatch's own directory (SLURM_SUBMIT_DIR; the job starts there "
              "without --chdir; relative paths are resolved against it); empty: your default directory."),
     JobField("environment", "dict", template=True, help="One NAME=value per line."),
+    JobField("depends_on", "ids", ("dependency",), stored=False, empty=(), label="After jobs", max_length=100,
+             help="Job ids (from this portal), separated by commas or spaces: the job starts once each has completed "
+             "successfully. Empty: the script's --dependency.",
+             api_help="Portal job ids this job waits for: it is sent to Slurm with --dependency=afterok on their Slurm "
+             "ids once each has one, and fails if one of them cannot succeed. Overrides the script's --dependency."),
     JobField("qos", "str", ("qos",), form=False),
     JobField("constraint", "str", ("constraint",), form=False),
 )  # fmt: skip
@@ -100,6 +107,8 @@ FORM_FIELDS = tuple(f.name for f in JOB_FIELDS if f.form)  # the submission form
 STORED_FIELDS = tuple(f.name for f in JOB_FIELDS if f.stored)  # Job columns filled from the checked spec
 # an sbatch option -> the field that overrides it (errors are named after the field the caller used)
 FIELD_OF_OPTION = {option: f.name for f in JOB_FIELDS for option in f.options}
+# a field -> the sbatch option it is given to Slurm as (its first; ``gpus`` is the GPU directive jobs.spec builds)
+OPTION_OF_FIELD = {f.name: f.options[0] for f in JOB_FIELDS if f.options}
 
 
 def given_fields(names: tuple[str, ...], values: dict, *, what: str) -> dict:

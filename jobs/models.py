@@ -7,7 +7,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.contrib.postgres.indexes import BrinIndex
-from django.db.models import Q
+from django.db.models import F, Q
 
 from portal import models as portal_models
 from portal.slurm import tags
@@ -56,6 +56,9 @@ class Job(models.Model):
     # What Slurm gets (portal.slurm.types.JobRequest.to_json): built once at submission from the
     # script and the fields (jobs.spec), handed to the gateway unchanged by the relay.
     request = models.JSONField(default=dict, blank=True)
+    # the jobs it waits for (the ``depends_on`` field): sent to Slurm as --dependency=afterok on their
+    # Slurm ids once each has one (jobs.dependencies)
+    depends_on = models.ManyToManyField("self", symmetrical=False, through="JobDependency", related_name="dependents", blank=True)
     # The booking the job runs in (its Slurm reservation); bookings are never deleted (cancelled).
     booking = models.ForeignKey("accounting.Booking", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
 
@@ -158,6 +161,11 @@ class Job(models.Model):
                 for (option, value), line in zip(request.get("options", ()), request.get("lines", ()), strict=True)]  # fmt: skip
 
     @property
+    def depends_on_ids(self) -> list[str]:
+        """The portal jobs it waits for, as its request keeps them (no query; JobDependency has the rows)."""
+        return list((self.request or {}).get("depends_on", ()))
+
+    @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
@@ -185,6 +193,25 @@ class Job(models.Model):
     def is_waiting(self) -> bool:
         """Pending in Slurm (or requeued): its expected start and place in line apply."""
         return self.state in (JobState.PENDING, JobState.REQUEUED)
+
+
+class JobDependency(models.Model):
+    """``job`` waits for ``parent`` to complete successfully (afterok). Written with the job, never
+    changed (jobs.dependencies)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+")
+    parent = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "parent"], name="jobdependency_unique"),
+            models.CheckConstraint(condition=~Q(job=F("parent")), name="jobdependency_not_self"),
+        ]
+        # the relay's claim (jobs.dependencies.relay_ready: "a parent of this job still waits for
+        # its Slurm id") reads by job: the unique constraint's index; by parent: the FK's own index
+
+    def __str__(self) -> str:
+        return f"{self.job_id} after {self.parent_id}"
 
 
 class JobEvent(models.Model):

@@ -11,7 +11,7 @@ total from the one on the screen)."""
 from __future__ import annotations
 
 from django import forms
-from gpuportal_sbatch.directives import DirectiveError, script_request
+from gpuportal_sbatch.directives import DirectiveError, memory_gb_exact, script_request
 
 from jobs.job_fields import SCRIPT_FIELDS  # the form fields a script fills (its directive's value, else empty)
 from jobs.spec import MAX_SCRIPT_BYTES, ParsedScript
@@ -69,8 +69,8 @@ def fields_from_script(parsed: ParsedScript) -> dict:
         values["cpus_per_task"] = request.cpus_per_task
     if request.cpus_per_gpu is not None:
         values["cpus_per_gpu"] = request.cpus_per_gpu
-    if request.mem_mb and request.mem_mb % 1024 == 0:
-        values["memory_gb"] = request.mem_mb // 1024
+    if request.mem_mb and memory_gb_exact(request.mem_mb):
+        values["memory_gb"] = memory_gb_exact(request.mem_mb)
     if request.time_limit_minutes:
         values["time_limit_minutes"] = request.time_limit_minutes
     if request.array:

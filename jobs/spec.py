@@ -39,6 +39,7 @@ from gpuportal_sbatch.directives import (
     check_mail_type,
     script_request,
 )
+from jobs.dependencies import depends_on_clean
 from jobs.inventory import (
     ClusterChoiceError,
     Inventory,
@@ -48,6 +49,7 @@ from jobs.inventory import (
     partition_capacity,
     spec_accounts,
 )
+from jobs.job_fields import OPTION_OF_FIELD
 from jobs.spec_fields import (
     CONTROL_CHARS_RE,
     DEFAULT_JOB_NAME,
@@ -184,6 +186,7 @@ def validate_job_spec(
     array: str | None = None,
     qos: str | None = None,
     constraint: str | None = None,
+    depends_on: Any = None,
     check_script: bool = True,
     cache: dict | None = None,
     parsed: ParsedScript | None = None,
@@ -202,7 +205,8 @@ def validate_job_spec(
     override of --chdir) or the script's --chdir say otherwise; relative paths are resolved against it.
     ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition.
     ``parsed``: the script's parse when the caller has it (jobs.spec_fields.parse_script: read once
-    per request). ``tag``: the portal's tag of the job (its --comment). The spec's ``request`` is what
+    per request). ``depends_on``: portal job ids the job waits for (jobs.dependencies: the relay sends
+    them as --dependency, replacing the script's). ``tag``: the portal's tag of the job (its --comment). The spec's ``request`` is what
     Slurm gets (portal.slurm.request.job_request: the directives and the command line merged once),
     stored with the job and handed to the gateway unchanged."""
     cache = {} if cache is None else cache
@@ -246,7 +250,7 @@ def validate_job_spec(
         if name is None or not JOB_NAME_RE.match(name):
             errors.add("name", "Use 1–128 letters, digits, '.', '_' or '-' (no spaces).")
         else:
-            override("job-name", name)
+            override(OPTION_OF_FIELD["name"], name)
     elif "job-name" in script_options:
         name = (script_options["job-name"].value or "").strip()
         if not name or len(name) > 128 or CONTROL_CHARS_RE.search(name):
@@ -265,26 +269,20 @@ def validate_job_spec(
     ntasks_n = _as_int(ntasks, "ntasks", errors, required=False)
     cpus_task_n = _as_int(cpus_per_task, "cpus_per_task", errors, required=False)
     gpu_type = (gpu_type or "").strip()
-    if nodes_n is not None:
-        override("nodes", str(nodes_n))
-    if ntasks_n is not None:
-        override("ntasks", str(ntasks_n))
-    if cpus_task_n is not None:
-        override("cpus-per-task", str(cpus_task_n))
-    if cpus_n is not None:
-        override("cpus-per-gpu", str(cpus_n))
-    if memory_n is not None:
-        override("mem", f"{memory_n}G")
-    if time_n is not None:
-        override("time", str(time_n))
+    # each given field as the sbatch option it overrides (jobs.job_fields: the one field <-> option table)
+    numbers = {"nodes": nodes_n, "ntasks": ntasks_n, "cpus_per_task": cpus_task_n, "cpus_per_gpu": cpus_n,
+               "memory_gb": None if memory_n is None else f"{memory_n}G", "time_limit_minutes": time_n}  # fmt: skip
+    for field_name, value in numbers.items():
+        if value is not None:
+            override(OPTION_OF_FIELD[field_name], str(value))
     if exclusive:
-        override("exclusive", None)
-    for option, value in (("array", array), ("qos", qos), ("constraint", constraint)):
+        override(OPTION_OF_FIELD["exclusive"], None)
+    for field_name, value in (("array", array), ("qos", qos), ("constraint", constraint)):
         if value not in (None, ""):
             if not isinstance(value, str) or CONTROL_CHARS_RE.search(value) or len(value) > 1024:
-                errors.add(FIELD_OF_OPTION[option], "At most 1024 characters, without control characters.")
+                errors.add(field_name, "At most 1024 characters, without control characters.")
             else:
-                override(option, value.strip())
+                override(OPTION_OF_FIELD[field_name], value.strip())
 
     def read(effective: list[Directive]) -> ScriptRequest | None:
         try:
@@ -317,7 +315,7 @@ def validate_job_spec(
             errors.add("workdir", "At most 1024 characters, without control characters or '%'.")
         else:
             workdir = os.path.normpath(workdir)
-            override("chdir", workdir)
+            override(OPTION_OF_FIELD["workdir"], workdir)
     elif "chdir" in script_options:
         chdir = script_options["chdir"]
         if not _path_ok(chdir.value or "") or "%" in (chdir.value or ""):
@@ -329,11 +327,12 @@ def validate_job_spec(
         workdir = submit_dir
         override("chdir", workdir)
     environment_clean = _clean_environment(environment, errors)
+    parents = depends_on_clean(depends_on, errors)
 
     # the inventory
     partition = (partition or "").strip()
     if partition:
-        override("partition", partition)
+        override(OPTION_OF_FIELD["partition"], partition)
     elif script_options.get("partition") and script_options["partition"].value:
         partition = script_options["partition"].value
         if "," in partition:
@@ -381,7 +380,7 @@ def validate_job_spec(
     command_line = [(d.option, d.value) for d in overrides]
     command_line += [("account", account)] if account else []
     command_line += [("comment", tag)] if tag else []
-    effective = merged_options(directives, command_line)
+    effective = merged_options(directives, command_line, relay_sets=("dependency",) if parents else ())
     request = read(effective)
     spec = None
     if capacity is not None and request is not None:
@@ -406,7 +405,7 @@ def validate_job_spec(
         script=script, directives=directives, command_line=command_line, effective=effective, workdir=workdir,
         submit_dir=submit_dir, submit_dir_default=submit_dir == default_submit_dir, environment=environment_clean,
         gpus=spec["gpus"], gpu_type=spec["gpu_type"], nodes=spec["nodes"], time_limit_minutes=spec["time_limit_minutes"],
-        array_tasks=spec["array_tasks"],
+        array_tasks=spec["array_tasks"], depends_on=parents,
     )  # fmt: skip
     spec.update(name=name, script=script, workdir=workdir, environment=environment_clean, submit_dir=submit_dir,
                 output=output, error=error, request=slurm_request)  # fmt: skip

@@ -9,6 +9,7 @@ import dataclasses
 from django.conf import settings
 
 from gpuportal_sbatch.directives import Directive, ScriptRequest, release_problems
+from gpuportal_sbatch.directives import memory_gb as memory_gb_of
 from jobs.constraints import unmatched
 from jobs.inventory import PartitionCapacity
 from jobs.spec_fields import _Errors
@@ -103,7 +104,7 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
         source = opt("cpus-per-gpu") or opt("cpus-per-task") or opt("ntasks") or opt("ntasks-per-node")
         errors.directive(source, f"{cpus_needed} CPUs per node requested; the nodes of partition {capacity.name} have {cpus_per_node}.", fallback="cpus_per_gpu")
     if request.mem_mb and mem_per_node_mb and request.mem_mb > mem_per_node_mb:
-        errors.directive(opt("mem"), f"at most {mem_per_node_mb // 1024} GB per node in partition {capacity.name}.", fallback="memory_gb")
+        errors.directive(opt("mem"), f"at most {memory_gb_of(mem_per_node_mb, up=False)} GB per node in partition {capacity.name}.", fallback="memory_gb")
     if request.mem_per_cpu_mb and mem_per_node_mb and request.mem_per_cpu_mb * max(cpus_needed, 1) > mem_per_node_mb:
         errors.directive(opt("mem-per-cpu"), f"{request.mem_per_cpu_mb} MB per CPU × {cpus_needed} CPUs exceeds a node's {mem_per_node_mb} MB.")
     if request.mem_per_gpu_mb and mem_per_node_mb and request.mem_per_gpu_mb * -(-gpus // nodes) > mem_per_node_mb:
@@ -133,9 +134,7 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
         errors.directive(opt("time"), f"at most {capacity.max_time_minutes} minutes in partition {capacity.name}.", fallback="time_limit_minutes")
     if errors:
         return None
-    memory_gb = None
-    if request.mem_mb:
-        memory_gb = -(-request.mem_mb // 1024)
+    memory_gb = memory_gb_of(request.mem_mb) if request.mem_mb else None
     return {
         "partition": capacity.name, "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes,
         "cpus_per_gpu": request.cpus_per_gpu, "memory_gb": memory_gb, "time_limit_minutes": time_n,

@@ -4,10 +4,9 @@ too). No I/O, no network: unit-tested directly."""
 
 from __future__ import annotations
 
-import math
 import re
 
-from gpuportal_sbatch.directives import parse_time_limit_minutes
+from gpuportal_sbatch.directives import DirectiveError, memory_gb, parse_memory_mb, parse_time_limit_minutes
 
 __all__ = ["parse_memory_gb", "parse_time_minutes", "gpu_request"]
 
@@ -15,21 +14,16 @@ __all__ = ["parse_memory_gb", "parse_time_minutes", "gpu_request"]
 parse_time_minutes = parse_time_limit_minutes
 
 
-_MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?$")
-_MEM_FACTOR_MB = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
-
-
 def parse_memory_gb(value: str) -> int:
-    """sbatch ``--mem`` (per node) in whole GiB, rounded up. A bare number is MiB, as in Slurm."""
-    text = (value or "").strip().lower()
-    match = _MEM_RE.match(text)
-    if not match:
-        raise ValueError(f"memory {value!r}: use e.g. 32G, 64000M or 512 (MiB)")
-    number, unit = float(match.group(1)), match.group(2)
-    megabytes = number * _MEM_FACTOR_MB[unit]
+    """``--mem`` (per node) as sbatch reads it (a bare number is MiB; K/M/G/T), in whole GiB rounded
+    up: the parser package's converters, the server's own."""
+    try:
+        megabytes = parse_memory_mb(value or "")
+    except DirectiveError as exc:
+        raise ValueError(f"memory {value!r}: use e.g. 32G, 64000M or 512 (MiB), as sbatch ({exc.message})") from None
     if megabytes <= 0:
         raise ValueError(f"memory {value!r}: give a positive size (--mem=0, 'all memory', is not supported)")
-    return max(1, math.ceil(megabytes / 1024))
+    return memory_gb(megabytes)
 
 
 def gpu_request(value: str) -> tuple[str, int]:

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from accounting.services import budget_holds_release
 from jobs.choices import JobState
+from jobs.dependencies import dependency_option, parents_of, relay_ready
 from jobs.models import Job, JobEvent
 from portal.db import bulk_update_values
 from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
@@ -40,11 +41,11 @@ def _lease_free() -> Q:
 
 def _claim(job_ids: list) -> tuple[uuid.UUID, int]:
     """Claim for one relay run, with one token, every job among ``job_ids`` that is ACCEPTED, has no
-    Slurm id and no live lease (ONE conditional update: two runs cannot both win a job; relay_attempts
+    Slurm id, no live lease and no parent still waiting for its Slurm id (jobs.dependencies) (ONE conditional update: two runs cannot both win a job; relay_attempts
     + 1). Returns (the token, how many were claimed)."""
     token = uuid.uuid4()
     claimed = Job.objects.filter(
-        _lease_free(), pk__in=list(job_ids), state=JobState.ACCEPTED, slurm_job_id__isnull=True
+        _lease_free(), relay_ready(), pk__in=list(job_ids), state=JobState.ACCEPTED, slurm_job_id__isnull=True
     ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
     return token, claimed
 
@@ -61,11 +62,12 @@ def _booking_reservation(job: Job) -> str:
     return booking.reservation_name
 
 
-def _submission_for(job: Job, *, ensure_dirs: bool = True) -> JobSubmission:
-    """The stored request of a job as the gateway gets it, with the booking's reservation and the
-    submitter's Unix ids. Raises SlurmRejected when the submitter has no Unix account, or when the
-    job's submit directory cannot be used (``ensure_dirs``: the user's default one is created, as
-    the user, when missing: jobs.workdirs)."""
+def _submission_for(job: Job, *, ensure_dirs: bool = True, parents: list | None = None) -> JobSubmission:
+    """The stored request of a job as the gateway gets it, with the booking's reservation, the
+    submitter's Unix ids and the dependency on its parents (``parents``: jobs.dependencies.parents_of).
+    Raises SlurmRejected when the submitter has no Unix account, when the job's submit directory
+    cannot be used (``ensure_dirs``: the user's default one is created, as the user, when missing:
+    jobs.workdirs), or when a parent ended without success."""
     from portal.unix import unix_account_problem, unix_ids
 
     request = JobRequest.from_json(job.request)
@@ -79,7 +81,8 @@ def _submission_for(job: Job, *, ensure_dirs: bool = True) -> JobSubmission:
     if ensure_dirs:
         submit_dir_ensure(request.submit_dir, username=username, ids=(uid, gid) if uid is not None else None,
                           default=request.submit_dir_default)  # fmt: skip
-    return JobSubmission(request, reservation=_booking_reservation(job), uid=uid, gid=gid)
+    dependency = dependency_option(parents or []) if request.depends_on else ""
+    return JobSubmission(request, reservation=_booking_reservation(job), uid=uid, gid=gid, dependency=dependency)
 
 
 def job_relay_run(job_id) -> str:
@@ -150,9 +153,11 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
     # Specs in this thread (a booked job's reservation is a query); Slurm calls in the pool.
     outcomes: dict[Any, tuple[str, Any]] = {}  # job pk -> (kind, slurm id or message)
     todo = []
+    waiting = [job.pk for job in jobs if job.request.get("depends_on")]
+    parents = parents_of(waiting) if waiting else {}  # one query, for the jobs that wait for others
     for job in jobs:
         try:
-            submission = _submission_for(job)
+            submission = _submission_for(job, parents=parents.get(job.pk))
         except SlurmRejected as exc:
             outcomes[job.pk] = ("rejected", exc.message)
             continue
@@ -329,7 +334,7 @@ def _claim_waiting(limit: int) -> tuple[uuid.UUID, int]:
     one it has claimed no longer matches (its lease is live)."""
     token = uuid.uuid4()
     waiting = (
-        Job.objects.filter(_lease_free(), state=JobState.ACCEPTED, slurm_job_id__isnull=True)
+        Job.objects.filter(_lease_free(), relay_ready(), state=JobState.ACCEPTED, slurm_job_id__isnull=True)
         .order_by("created_at")  # the partial index job_live_state
         .select_for_update(skip_locked=True)
         .values("pk")[:limit]

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from accounting.services import HoldRequest, budget_holds_place
 from jobs.choices import JobState
+from jobs.dependencies import dependencies_record, parents_check, script_dependency_check
 from jobs.estimate import JobQuote, quote_for
 from jobs.job_fields import SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, STORED_FIELDS, given_fields
 from jobs.models import Job, JobEvent
@@ -86,6 +87,15 @@ def _check_booking(booking_id: uuid.UUID, *, team: Team, spec: ValidSpec) -> Non
 
     booking_check_for_job(booking_id=booking_id, team=team, gpu_type=spec.gpu_type, gpus=spec.total_gpus,
                           time_limit_minutes=spec.time_limit_minutes, cluster=spec.capacity.cluster)  # fmt: skip
+
+
+def _check_parents(user, spec: ValidSpec) -> list[Job]:
+    """The jobs the job waits for, and a script's own --dependency, checked for ``user`` on the
+    job's cluster (jobs.dependencies; no query for a job that names none)."""
+    cluster_id = spec.capacity.cluster_id
+    if any(option == "dependency" for option, _value in spec.request.options):
+        script_dependency_check(user=user, request=spec.request, cluster_id=cluster_id)
+    return parents_check(user=user, ids=spec.request.depends_on, cluster_id=cluster_id)
 
 
 def _booking_id(booking: Any) -> uuid.UUID | None:
@@ -178,8 +188,8 @@ def job_submit(
     script's parse when the caller has it (jobs.spec_fields.parse_script: once per request)."""
     fields = given_fields(SPEC_FIELD_NAMES, {"script": script, **spec_fields}, what="job_submit")
     if fingerprint is None:
-        # no cluster, no submit_dir: as before they existed (keys stored by then still replay)
-        given = {name: value for name, value in fields.items() if name not in ("cluster", "submit_dir") or value}
+        # no cluster, submit_dir or depends_on: as before they existed (keys stored by then still replay)
+        given = {name: value for name, value in fields.items() if name not in ("cluster", "submit_dir", "depends_on") or value}
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, **given, "booking": str(getattr(booking, "pk", booking) or "")}
         )
@@ -264,6 +274,7 @@ def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str 
     errors: dict[str, dict] = {}
     prepared = []
     cache: dict = {}  # inventory and prices, read once for the whole batch
+    parents: dict[uuid.UUID, list[Job]] = {}  # the jobs each waits for (jobs.dependencies)
     at = timezone.now()
     accounts = spec_accounts(team)
     for index, item in enumerate(items):
@@ -275,6 +286,7 @@ def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str 
             booking_id = _booking_id(item.get("booking"))
             if booking_id is not None:
                 _check_booking(booking_id, team=team, spec=spec)
+            parents[job_id] = _check_parents(user, spec)
         except ApplicationError as exc:
             if single:
                 raise
@@ -306,6 +318,7 @@ def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str 
         # the jobs, their first events and the audit event, before the budget lock (the new rows are
         # this transaction's own; nobody waits for them)
         Job.objects.bulk_create(rows)
+        dependencies_record(jobs=rows, parents=parents)
         JobEvent.objects.bulk_create(
             [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
         )

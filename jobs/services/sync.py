@@ -17,6 +17,7 @@ from django.utils import timezone
 from accounting.services import budget_holds_identify, budget_holds_release, budget_holds_tasks_settle
 from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array, tasks_without_exit_code
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
+from jobs.dependencies import NEVER_SATISFIED, never_satisfied_cancel
 from jobs.models import Job, JobEvent
 from jobs.pending import Outlook, estimate_moved, queue_outlook
 from portal.db import bulk_update_values
@@ -147,6 +148,9 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     ended_arrays = [job_id for job_id, values in planned.items() if job_id in array_tasks and values.get("state") in TERMINAL_STATES]
     if ended_arrays:
         _array_holds_settle(ended_arrays, now)
+    # jobs Slurm will never start (a job they wait for failed): cancelled, with why (jobs.dependencies)
+    never = [job_id for job_id, entry in entries.items() if entry.reason == NEVER_SATISFIED]
+    stats["dependency_cancelled"] = never_satisfied_cancel(job_ids=never, now=now) if never else 0
     stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
     if "accounting_error" in stats:

@@ -58,6 +58,7 @@ def job_request(
     nodes: int = 1,
     time_limit_minutes: int = 0,
     array_tasks: int = 1,
+    depends_on: Sequence[str] = (),
 ) -> JobRequest:
     """The one request for a job: the script's directives (``directives``: the parse the caller has;
     None: read now) merged with ``command_line`` as sbatch merges them (``effective``: that merge,
@@ -80,15 +81,20 @@ def job_request(
         name=next((value or "" for option, value in reversed(options) if option == "job-name"), STDIN_JOB_NAME),
         workdir=workdir, submit_dir=submit_dir, submit_dir_default=submit_dir_default,
         environment=tuple(sorted((environment or {}).items())), gpus=gpus, gpu_type=gpu_type, nodes=nodes,
-        time_limit_minutes=time_limit_minutes, array_tasks=array_tasks,
+        time_limit_minutes=time_limit_minutes, array_tasks=array_tasks, depends_on=tuple(depends_on),
     )  # fmt: skip
 
 
-def merged_options(directives: Sequence[Directive], command_line: Sequence[tuple[str, str | None]]) -> list[Directive]:
+def merged_options(directives: Sequence[Directive], command_line: Sequence[tuple[str, str | None]],
+                   *, relay_sets: Sequence[str] = ()) -> list[Directive]:  # fmt: skip
     """Every option Slurm applies, in order: the script's directives the command line does not
-    replace, then the command line (line 0); never one that chooses a cluster."""
+    replace, then the command line (line 0); never one that chooses a cluster. ``relay_sets``: options
+    the relay adds when it sends the job (``--dependency``: its parents' Slurm ids are known only
+    then, JobSubmission.dependency): they replace the script's directives too, but are not here."""
     overrides = [Directive(option, value, 0, "") for option, value in command_line]
-    return [d for d in apply_overrides(list(directives), overrides) if d.option not in CLUSTER_OPTIONS]
+    overrides += [Directive(option, None, 0, "") for option in relay_sets]
+    return [d for d in apply_overrides(list(directives), overrides)
+            if d.option not in CLUSTER_OPTIONS and (d.line or d.option not in relay_sets)]  # fmt: skip
 
 
 def _without_cluster_options(script: str, directives: list[Directive]) -> str:

@@ -59,6 +59,9 @@ class JobRequest:
     nodes: int = 1
     time_limit_minutes: int = 0
     array_tasks: int = 1
+    # the portal jobs it waits for (their ids): the relay sends it once each has a Slurm id, as
+    # --dependency=afterok on them (JobSubmission.dependency); a script's own --dependency is in ``options``
+    depends_on: tuple[str, ...] = ()
 
     @property
     def variables(self) -> dict[str, str]:
@@ -71,6 +74,7 @@ class JobRequest:
         data["options"] = [list(option) for option in self.options]
         data["lines"] = list(self.lines)
         data["environment"] = dict(self.environment)
+        data["depends_on"] = list(self.depends_on)
         return data
 
     @classmethod
@@ -81,6 +85,7 @@ class JobRequest:
             "options": tuple((option, value) for option, value in data["options"]),
             "lines": tuple(data["lines"]),
             "environment": tuple(sorted(data.get("environment", {}).items())),
+            "depends_on": tuple(data.get("depends_on", ())),
         })  # fmt: skip
 
 
@@ -88,17 +93,19 @@ class JobRequest:
 class JobSubmission:
     """A stored request as the relay hands it to a gateway, with what only the relay knows: the
     booking's reservation (checked when the job is sent) and the Unix ids it runs as (the submitter
-    must be root to pass them)."""
+    must be root to pass them), the dependency on its parents' Slurm ids (known once each has one)."""
 
     request: JobRequest
     reservation: str = ""
     uid: int | None = None
     gid: int | None = None
+    dependency: str = ""  # afterok:<Slurm ids> of the request's depends_on not yet COMPLETED
 
     @property
     def relay_options(self) -> list[Option]:
         """The options the relay adds after the request's command line."""
-        options: list[Option] = [("reservation", self.reservation)] if self.reservation else []
+        options: list[Option] = [("dependency", self.dependency)] if self.dependency else []
+        options += [("reservation", self.reservation)] if self.reservation else []
         if self.uid is not None:
             options.append(("uid", str(int(self.uid))))
         if self.gid is not None:

@@ -47,6 +47,9 @@ __all__ = [
     "parse_directives",
     "parse_gpu_count",
     "parse_memory_mb",
+    "MIB_PER_GIB",
+    "memory_gb",
+    "memory_gb_exact",
     "parse_time_minutes",
     "parse_time_limit_minutes",
     "option_table",
@@ -443,7 +446,20 @@ def parse_time_limit_minutes(value: str) -> int:
 
 
 _MEM_RE = re.compile(r"([0-9]+)([KMGTkmgt]?)[Bb]?")
-_MEM_FACTOR = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+# Memory: Slurm counts MiB; the portal's ``memory_gb`` is whole GiB. The one converter between them.
+MIB_PER_GIB = 1024
+_MEM_FACTOR = {"": 1, "k": 1 / MIB_PER_GIB, "m": 1, "g": MIB_PER_GIB, "t": MIB_PER_GIB * MIB_PER_GIB}
+
+
+def memory_gb(mb: int, *, up: bool = True) -> int:
+    """MiB as whole GiB: rounded up (what a job of ``mb`` uses, as the estimate and the checks count
+    it), or down (``up=False``: the most that fits under a limit of ``mb``)."""
+    return -(-mb // MIB_PER_GIB) if up else mb // MIB_PER_GIB
+
+
+def memory_gb_exact(mb: int) -> Optional[int]:
+    """MiB as whole GiB when it is a whole number of them (what a form field can show back), else None."""
+    return mb // MIB_PER_GIB if mb % MIB_PER_GIB == 0 else None
 
 
 def parse_memory_mb(value: str, *, line: int = 0, option: str = "mem") -> int:

@@ -102,6 +102,26 @@ def test_submit_with_M_runs_the_job_on_that_cluster_over_the_scripts(world, two_
     assert Job.objects.count() == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_submit_after_makes_the_job_wait_for_the_named_jobs(world, inventory_small, relays, live_server, alice_key,
+                                                           cli_env, monkeypatch, tmp_path, capsys):  # fmt: skip
+    monkeypatch.setenv("GPUPORTAL_URL", live_server.url)
+    monkeypatch.setenv("GPUPORTAL_TOKEN", alice_key)
+    script = tmp_path / "step.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --gres=gpu:1 -t 10\necho hi\n")
+    assert main(["submit", str(script), "--team", "vision", "--json"]) == 0
+    first = Job.objects.get()
+    assert main(["submit", str(script), "--team", "vision", "--json", "--after", str(first.pk)]) == 0
+    second = Job.objects.exclude(pk=first.pk).get()
+    assert main(["submit", str(script), "--team", "vision", "--after", f"{first.pk},{second.pk}"]) == 0
+    third = Job.objects.exclude(pk__in=[first.pk, second.pk]).get()
+    assert [list(job.depends_on.order_by("created_at")) for job in (first, second, third)] == [[], [first], [first, second]]
+    capsys.readouterr()
+    assert main(["submit", str(script), "--team", "vision", "--after", "12345"]) == 65
+    assert "depends_on" in capsys.readouterr().err
+    assert Job.objects.count() == 3
+
+
 @pytest.fixture(scope="module")
 def zipapp(tmp_path_factory) -> Path:
     return build_pyz.build(tmp_path_factory.mktemp("pyz") / "gpuportal.pyz")

@@ -416,3 +416,19 @@ def test_resubmit_prefills_from_a_job(world, client_for, inventory):
     form = client_for("member").get(reverse("jobs:new"), {"from": str(job.pk)}).context["form"]
     assert form.initial["name"] == "first-run" and form.initial["team"] == "vision"
     assert client_for("outsider").get(reverse("jobs:new"), {"from": str(job.pk)}).status_code == 404
+
+
+def test_the_form_takes_the_jobs_to_wait_for_and_the_page_shows_them(world, inventory, relays, client_for):
+    from jobs.services import job_submit
+
+    parent, _ = job_submit(user=world.alice, team=world.vision, name="first-step", script="#!/bin/bash\ntrue\n",
+                           partition="gpu", gpus=1, time_limit_minutes=5)  # fmt: skip
+    client = client_for("member")
+    response = client.post(reverse("jobs:new"), form_data(depends_on=f"{parent.pk}", idempotency_key="k-dep"))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    child = Job.objects.exclude(pk=parent.pk).get()
+    assert list(child.depends_on.all()) == [parent]
+    page = client.get(reverse("jobs:detail", args=[child.pk])).content.decode()
+    assert "Waits for" in page and "first-step" in page
+    response = client.post(reverse("jobs:new"), form_data(depends_on="nonsense", idempotency_key="k-dep2"))
+    assert response.status_code == 400 and "is not a job id" in response.content.decode()

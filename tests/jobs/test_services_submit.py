@@ -277,7 +277,7 @@ def test_the_default_fingerprint_is_the_arguments_as_given_so_a_stored_key_still
         "qos": None, "constraint": None,
     }  # fmt: skip
     assert job.request_fingerprint == request_fingerprint(before)
-    assert set(before) == {*SPEC_FIELD_NAMES, "team", "booking"} - {"cluster", "submit_dir"}
+    assert set(before) == {*SPEC_FIELD_NAMES, "team", "booking"} - {"cluster", "submit_dir", "depends_on"}
     again, created = job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **given)
     assert (again.pk, created) == (job.pk, False)
     with pytest.raises(Conflict):
