@@ -211,187 +211,38 @@ def validate_job_spec(
     stored with the job and handed to the gateway unchanged."""
     cache = {} if cache is None else cache
     errors = _Errors()
-
-    given = script
-    script = _clean_script(script, errors) if check_script else (script or "")
-    directives: list[Directive] = []
-    if script:
-        # parsed as given; its lines as in the script as stored (a shebang the portal put first)
-        read = parse_script(given, parsed)
-        read = read.shifted(script.count("\n") - read.text.count("\n"))
-        directives = list(read.directives)
-        if read.error is not None:
-            errors.add("script", str(read.error))
-    for directive in directives:
-        if directive.option in REFUSED_OPTIONS:
-            errors.directive(directive, f"the portal does not accept --{directive.option}: {REFUSED_OPTIONS[directive.option]}.")
-        elif directive.option == "nice" and (directive.value or "").strip().startswith("-"):
-            errors.directive(directive, "a negative --nice needs Slurm administrator rights.")
-        elif directive.option == "begin":
-            _check_begin(directive, errors)
-        elif directive.option == "mail-type":
-            try:
-                check_mail_type(directive.value or "", line=directive.line)
-            except DirectiveError as exc:
-                errors.directive(directive, exc.message)
-        elif directive.option == "account" and account and accounts is None and directive.value != account:
-            errors.directive(directive, f"jobs of this team run in Slurm account {account!r}, not {directive.value!r}.")
+    script, directives = _read_script(script, parsed=parsed, check=check_script, errors=errors)
+    _check_directives(directives, account="" if accounts is not None else account, errors=errors)
     script_options = {d.option: d for d in directives}
-
-    # explicit fields -> command-line overrides
-    overrides: list[Directive] = []
-
-    def override(option: str, value: str | None) -> None:
-        overrides.append(Directive(option, value, 0, f"--{option}" + ("" if value is None else f"={value}")))
-
-    name_given = name is not None and name != ""
-    if name_given:
-        name = name.strip() if isinstance(name, str) else None
-        if name is None or not JOB_NAME_RE.match(name):
-            errors.add("name", "Use 1–128 letters, digits, '.', '_' or '-' (no spaces).")
-        else:
-            override(OPTION_OF_FIELD["name"], name)
-    elif "job-name" in script_options:
-        name = (script_options["job-name"].value or "").strip()
-        if not name or len(name) > 128 or CONTROL_CHARS_RE.search(name):
-            errors.directive(script_options["job-name"], "a job name of 1–128 characters without control characters.")
-    else:
-        name = DEFAULT_JOB_NAME
-
-    gpus_n = _as_int(gpus, "gpus", errors, required=False)
-    if gpus_n is not None and gpus_n > MAX_GPUS:
-        errors["gpus"] = [f"At most {MAX_GPUS}."]
-        gpus_n = None
-    nodes_n = _as_int(nodes, "nodes", errors, required=False)
-    cpus_n = _as_int(cpus_per_gpu, "cpus_per_gpu", errors, required=False)
-    memory_n = _as_int(memory_gb, "memory_gb", errors, required=False)
-    time_n = _as_int(time_limit_minutes, "time_limit_minutes", errors, required=False)
-    ntasks_n = _as_int(ntasks, "ntasks", errors, required=False)
-    cpus_task_n = _as_int(cpus_per_task, "cpus_per_task", errors, required=False)
+    line = _CommandLine()
+    name = _job_name(name, script_options, line, errors)
+    gpus_n = _field_overrides(dict(nodes=nodes, ntasks=ntasks, cpus_per_task=cpus_per_task, cpus_per_gpu=cpus_per_gpu,
+                                   memory_gb=memory_gb, time_limit_minutes=time_limit_minutes, exclusive=exclusive,
+                                   array=array, qos=qos, constraint=constraint, gpus=gpus), line, errors)  # fmt: skip
     gpu_type = (gpu_type or "").strip()
-    # each given field as the sbatch option it overrides (jobs.job_fields: the one field <-> option table)
-    numbers = {"nodes": nodes_n, "ntasks": ntasks_n, "cpus_per_task": cpus_task_n, "cpus_per_gpu": cpus_n,
-               "memory_gb": None if memory_n is None else f"{memory_n}G", "time_limit_minutes": time_n}  # fmt: skip
-    for field_name, value in numbers.items():
-        if value is not None:
-            override(OPTION_OF_FIELD[field_name], str(value))
-    if exclusive:
-        override(OPTION_OF_FIELD["exclusive"], None)
-    for field_name, value in (("array", array), ("qos", qos), ("constraint", constraint)):
-        if value not in (None, ""):
-            if not isinstance(value, str) or CONTROL_CHARS_RE.search(value) or len(value) > 1024:
-                errors.add(field_name, "At most 1024 characters, without control characters.")
-            else:
-                override(OPTION_OF_FIELD[field_name], value.strip())
-
-    def read(effective: list[Directive]) -> ScriptRequest | None:
-        try:
-            return script_request(effective)
-        except DirectiveError as exc:
-            source = next((d for d in effective if d.option == exc.option and d.line == exc.line), None)
-            errors.directive(source, exc.message) if source else errors.add("script", str(exc))
-            return None
-
     if gpus_n is not None or gpu_type:
-        _gpu_override(read(apply_overrides(directives, overrides)), gpus_n, gpu_type, override, errors)
-
-    # where it is submitted from: the field (absolute), else the user's default
-    if submit_dir not in (None, ""):
-        if not isinstance(submit_dir, str) or not os.path.isabs(submit_dir):
-            errors.add("submit_dir", "Give an absolute path (starting with /).")
-            submit_dir = default_submit_dir
-        elif not _path_ok(submit_dir) or "%" in submit_dir:
-            errors.add("submit_dir", "At most 1024 characters, without control characters or '%'.")
-            submit_dir = default_submit_dir
-        else:
-            submit_dir = os.path.normpath(submit_dir)
-    else:
-        submit_dir = default_submit_dir
-    # workdir: the field, else the script's --chdir (relative: against the submit directory), else that
-    if workdir not in (None, ""):
-        if not isinstance(workdir, str) or not os.path.isabs(workdir):
-            errors.add("workdir", "Give an absolute path (starting with /).")
-        elif not _path_ok(workdir) or "%" in workdir:
-            errors.add("workdir", "At most 1024 characters, without control characters or '%'.")
-        else:
-            workdir = os.path.normpath(workdir)
-            override(OPTION_OF_FIELD["workdir"], workdir)
-    elif "chdir" in script_options:
-        chdir = script_options["chdir"]
-        if not _path_ok(chdir.value or "") or "%" in (chdir.value or ""):
-            errors.directive(chdir, "a directory of at most 1024 characters, without control characters or '%'.")
-        workdir = _absolute(chdir.value or ".", submit_dir)
-        if not (chdir.value or "").startswith("/"):
-            override("chdir", workdir)  # sbatch resolves it against its own directory: the submit directory
-    else:
-        workdir = submit_dir
-        override("chdir", workdir)
+        _gpu_override(_read_request(apply_overrides(directives, line.directives), errors), gpus_n, gpu_type, line.add, errors)
+    submit_dir, workdir = _directories(submit_dir, workdir, default_submit_dir, script_options, line, errors)
     environment_clean = _clean_environment(environment, errors)
     parents = depends_on_clean(depends_on, errors)
-
-    # the inventory
-    partition = (partition or "").strip()
-    if partition:
-        override(OPTION_OF_FIELD["partition"], partition)
-    elif script_options.get("partition") and script_options["partition"].value:
-        partition = script_options["partition"].value
-        if "," in partition:
-            errors.directive(script_options.get("partition"), "the portal submits to one partition; name one.")
-    capacity = None
-    chosen_by: Directive | None = None  # the script's -M/--clusters, when it chose the cluster
-    if "inventory" not in cache:
-        cache["inventory"] = inventory()
-    if not cache["inventory"].partitions:
-        errors.add("partition", "The cluster inventory has not been read yet; try again in a minute.")
-    else:
-        # the cluster: the field, else the script's -M/--clusters (as sbatch's command line overrides it)
-        cluster = (cluster or "").strip() if isinstance(cluster, str) else ""
-        chosen_by = None if cluster else next((d for d in reversed(directives) if d.option in CLUSTER_OPTIONS), None)
-        if chosen_by is not None:
-            cluster = _script_cluster(chosen_by, cache["inventory"], errors)
-        if cluster is not None:  # None: the script's choice is refused (above)
-            key = ("partition", partition, cluster)
-            if key not in cache:
-                try:
-                    cache[key] = cache["inventory"].capacity(partition, cluster)
-                except ClusterChoiceError as exc:
-                    cache[key] = exc
-            capacity = cache[key]
-            if isinstance(capacity, ClusterChoiceError):
-                errors.directive(chosen_by, _lower_first(str(capacity)), fallback="cluster")
-                capacity = None
-            elif capacity is None:
-                message = f"No such partition: {partition!r}." if partition else "The cluster has no default partition."
-                errors.directive(script_options.get("partition") if not overrides_has(overrides, "partition") else None, message, fallback="partition")
-            elif not partition:
-                override("partition", capacity.name)
+    capacity, chosen_by = _placement(partition, cluster, directives, script_options, line, cache, errors)
     if capacity is not None and accounts is not None:
-        account = accounts.get(capacity.cluster, "")
-        if not account:
-            errors.directive(chosen_by, f"this team has no Slurm account on cluster {capacity.cluster!r}.", fallback="cluster")
-            capacity = None
-        else:
-            given = script_options.get("account")
-            if given is not None and given.value != account:
-                errors.directive(given, f"jobs of this team run in Slurm account {account!r}, not {given.value!r}.")
+        capacity, account = _team_account(capacity, accounts, chosen_by, script_options, errors)
 
     # what Slurm gets: the script's directives and the command line, merged ONCE (the options that
     # choose a cluster out: the cluster is the job's, its gateway's)
-    command_line = [(d.option, d.value) for d in overrides]
+    command_line = [(d.option, d.value) for d in line.directives]
     command_line += [("account", account)] if account else []
     command_line += [("comment", tag)] if tag else []
     effective = merged_options(directives, command_line, relay_sets=("dependency",) if parents else ())
-    request = read(effective)
+    request = _read_request(effective, errors)
     spec = None
     if capacity is not None and request is not None:
         _check_release(directives, capacity, errors)
         _check_policy(cache["inventory"].policy(capacity), capacity, request, errors, account)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:
-        if not errors:
-            errors.add("script", "The job cannot be submitted.")
-        first = next(iter(errors.values()))[0]
-        raise ApplicationError(f"The job cannot be submitted: {first}", errors=dict(errors))
+        _raise(errors)
 
     output, error = output_files(workdir=workdir, array=spec["array"],
                                  output=_absolute(request.output, workdir) if request.output else "",
@@ -410,6 +261,205 @@ def validate_job_spec(
     spec.update(name=name, script=script, workdir=workdir, environment=environment_clean, submit_dir=submit_dir,
                 output=output, error=error, request=slurm_request)  # fmt: skip
     return ValidSpec(**spec)
+
+
+# ---------------------------------------------------------------- validate_job_spec's steps
+
+
+class _CommandLine:
+    """The options the given fields put on sbatch's command line, in order (each overrides the
+    script's directive for it, as sbatch's command line does)."""
+
+    def __init__(self) -> None:
+        self.directives: list[Directive] = []
+
+    def add(self, option: str, value: str | None) -> None:
+        self.directives.append(Directive(option, value, 0, f"--{option}" + ("" if value is None else f"={value}")))
+
+    def has(self, option: str) -> bool:
+        return overrides_has(self.directives, option)
+
+
+def _raise(errors: _Errors) -> None:
+    """The one ApplicationError of a spec that cannot be submitted, naming every field."""
+    if not errors:
+        errors.add("script", "The job cannot be submitted.")
+    first = next(iter(errors.values()))[0]
+    raise ApplicationError(f"The job cannot be submitted: {first}", errors=dict(errors))
+
+
+def _read_script(script, *, parsed: ParsedScript | None, check: bool, errors: _Errors) -> tuple[str, list[Directive]]:
+    """The script as stored (``check``: cleaned, a shebang put first) and its directives, read once
+    (``parsed``: the caller's parse), with their lines as in the stored script."""
+    given = script
+    script = _clean_script(script, errors) if check else (script or "")
+    if not script:
+        return script, []
+    read = parse_script(given, parsed)
+    read = read.shifted(script.count("\n") - read.text.count("\n"))
+    if read.error is not None:
+        errors.add("script", str(read.error))
+    return script, list(read.directives)
+
+
+def _check_directives(directives: list[Directive], *, account: str, errors: _Errors) -> None:
+    """What the portal refuses in a script, each naming its line. ``account``: the team's one Slurm
+    account a --account must name ("": checked per cluster, _team_account)."""
+    for directive in directives:
+        if directive.option in REFUSED_OPTIONS:
+            errors.directive(directive, f"the portal does not accept --{directive.option}: {REFUSED_OPTIONS[directive.option]}.")
+        elif directive.option == "nice" and (directive.value or "").strip().startswith("-"):
+            errors.directive(directive, "a negative --nice needs Slurm administrator rights.")
+        elif directive.option == "begin":
+            _check_begin(directive, errors)
+        elif directive.option == "mail-type":
+            try:
+                check_mail_type(directive.value or "", line=directive.line)
+            except DirectiveError as exc:
+                errors.directive(directive, exc.message)
+        elif directive.option == "account" and account and directive.value != account:
+            errors.directive(directive, f"jobs of this team run in Slurm account {account!r}, not {directive.value!r}.")
+
+
+def _read_request(effective: list[Directive], errors: _Errors) -> ScriptRequest | None:
+    """What merged options ask Slurm for; None after an error naming the line (or the field)."""
+    try:
+        return script_request(effective)
+    except DirectiveError as exc:
+        source = next((d for d in effective if d.option == exc.option and d.line == exc.line), None)
+        errors.directive(source, exc.message) if source else errors.add("script", str(exc))
+        return None
+
+
+def _job_name(name, script_options: dict, line: _CommandLine, errors: _Errors) -> str | None:
+    """The job's name: the field (an override), else the script's --job-name, else the default."""
+    if name is not None and name != "":
+        name = name.strip() if isinstance(name, str) else None
+        if name is None or not JOB_NAME_RE.match(name):
+            errors.add("name", "Use 1–128 letters, digits, '.', '_' or '-' (no spaces).")
+        else:
+            line.add(OPTION_OF_FIELD["name"], name)
+        return name
+    if "job-name" in script_options:
+        name = (script_options["job-name"].value or "").strip()
+        if not name or len(name) > 128 or CONTROL_CHARS_RE.search(name):
+            errors.directive(script_options["job-name"], "a job name of 1–128 characters without control characters.")
+        return name
+    return DEFAULT_JOB_NAME
+
+
+def _field_overrides(given: dict, line: _CommandLine, errors: _Errors) -> int | None:
+    """Each given field as the sbatch option it overrides (jobs.job_fields: the one field <-> option
+    table), checked. Returns the GPUs given (None: the script decides; _gpu_override sends them)."""
+    gpus = _as_int(given.pop("gpus"), "gpus", errors, required=False)
+    if gpus is not None and gpus > MAX_GPUS:
+        errors["gpus"] = [f"At most {MAX_GPUS}."]
+        gpus = None
+    for field_name in ("nodes", "ntasks", "cpus_per_task", "cpus_per_gpu", "memory_gb", "time_limit_minutes"):
+        value = _as_int(given[field_name], field_name, errors, required=False)
+        if value is not None:
+            line.add(OPTION_OF_FIELD[field_name], f"{value}G" if field_name == "memory_gb" else str(value))
+    if given["exclusive"]:
+        line.add(OPTION_OF_FIELD["exclusive"], None)
+    for field_name in ("array", "qos", "constraint"):
+        value = given[field_name]
+        if value not in (None, ""):
+            if not isinstance(value, str) or CONTROL_CHARS_RE.search(value) or len(value) > 1024:
+                errors.add(field_name, "At most 1024 characters, without control characters.")
+            else:
+                line.add(OPTION_OF_FIELD[field_name], value.strip())
+    return gpus
+
+
+def _directories(submit_dir, workdir, default_submit_dir: str, script_options: dict, line: _CommandLine,
+                 errors: _Errors) -> tuple[str, str]:  # fmt: skip
+    """(where the job is submitted from: the field, absolute, else the user's default; where it
+    starts: the field, else the script's --chdir resolved against the submit directory, else that)."""
+    if submit_dir not in (None, ""):
+        if not isinstance(submit_dir, str) or not os.path.isabs(submit_dir):
+            errors.add("submit_dir", "Give an absolute path (starting with /).")
+            submit_dir = default_submit_dir
+        elif not _path_ok(submit_dir) or "%" in submit_dir:
+            errors.add("submit_dir", "At most 1024 characters, without control characters or '%'.")
+            submit_dir = default_submit_dir
+        else:
+            submit_dir = os.path.normpath(submit_dir)
+    else:
+        submit_dir = default_submit_dir
+    if workdir not in (None, ""):
+        if not isinstance(workdir, str) or not os.path.isabs(workdir):
+            errors.add("workdir", "Give an absolute path (starting with /).")
+        elif not _path_ok(workdir) or "%" in workdir:
+            errors.add("workdir", "At most 1024 characters, without control characters or '%'.")
+        else:
+            workdir = os.path.normpath(workdir)
+            line.add(OPTION_OF_FIELD["workdir"], workdir)
+    elif "chdir" in script_options:
+        chdir = script_options["chdir"]
+        if not _path_ok(chdir.value or "") or "%" in (chdir.value or ""):
+            errors.directive(chdir, "a directory of at most 1024 characters, without control characters or '%'.")
+        workdir = _absolute(chdir.value or ".", submit_dir)
+        if not (chdir.value or "").startswith("/"):
+            line.add("chdir", workdir)  # sbatch resolves it against its own directory: the submit directory
+    else:
+        workdir = submit_dir
+        line.add("chdir", workdir)
+    return submit_dir, workdir
+
+
+def _placement(partition, cluster, directives: list[Directive], script_options: dict, line: _CommandLine, cache: dict,
+               errors: _Errors) -> tuple[PartitionCapacity | None, Directive | None]:  # fmt: skip
+    """The partition and cluster the job goes to, read from the inventory (once per batch: ``cache``):
+    (its capacity, or None after an error; the script's -M/--clusters when it chose the cluster)."""
+    partition = (partition or "").strip()
+    if partition:
+        line.add(OPTION_OF_FIELD["partition"], partition)
+    elif script_options.get("partition") and script_options["partition"].value:
+        partition = script_options["partition"].value
+        if "," in partition:
+            errors.directive(script_options.get("partition"), "the portal submits to one partition; name one.")
+    if "inventory" not in cache:
+        cache["inventory"] = inventory()
+    if not cache["inventory"].partitions:
+        errors.add("partition", "The cluster inventory has not been read yet; try again in a minute.")
+        return None, None
+    # the cluster: the field, else the script's -M/--clusters (as sbatch's command line overrides it)
+    cluster = (cluster or "").strip() if isinstance(cluster, str) else ""
+    chosen_by = None if cluster else next((d for d in reversed(directives) if d.option in CLUSTER_OPTIONS), None)
+    if chosen_by is not None:
+        cluster = _script_cluster(chosen_by, cache["inventory"], errors)
+    if cluster is None:  # the script's choice is refused (above)
+        return None, chosen_by
+    key = ("partition", partition, cluster)
+    if key not in cache:
+        try:
+            cache[key] = cache["inventory"].capacity(partition, cluster)
+        except ClusterChoiceError as exc:
+            cache[key] = exc
+    capacity = cache[key]
+    if isinstance(capacity, ClusterChoiceError):
+        errors.directive(chosen_by, _lower_first(str(capacity)), fallback="cluster")
+        return None, chosen_by
+    if capacity is None:
+        message = f"No such partition: {partition!r}." if partition else "The cluster has no default partition."
+        errors.directive(script_options.get("partition") if not line.has("partition") else None, message, fallback="partition")
+    elif not partition:
+        line.add("partition", capacity.name)
+    return capacity, chosen_by
+
+
+def _team_account(capacity: PartitionCapacity, accounts: Mapping[str, str], chosen_by: Directive | None,
+                  script_options: dict, errors: _Errors) -> tuple[PartitionCapacity | None, str]:  # fmt: skip
+    """The team's Slurm account on the job's cluster (a script's --account must name it); (None, "")
+    when the team has none there."""
+    account = accounts.get(capacity.cluster, "")
+    if not account:
+        errors.directive(chosen_by, f"this team has no Slurm account on cluster {capacity.cluster!r}.", fallback="cluster")
+        return None, ""
+    given = script_options.get("account")
+    if given is not None and given.value != account:
+        errors.directive(given, f"jobs of this team run in Slurm account {account!r}, not {given.value!r}.")
+    return capacity, account
 
 
 def output_files(*, workdir: str, array: str = "", output: str = "", error: str = "") -> tuple[str, str]:
