@@ -23,7 +23,7 @@ from jobs.models import Job, JobEvent
 from portal.db import bulk_update_values
 from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
 from jobs.workdirs import cluster_username, submit_dir_ensure
-from portal.slurm import JobRequest, JobSubmission, SlurmError, SlurmRejected, SlurmUnavailable, get_gateway
+from portal.slurm import JobRequest, JobSubmission, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
 
@@ -144,155 +144,176 @@ def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: fl
     (RELAY_LEASE_SECONDS, less one SLURM_TIMEOUT and a margin): the jobs not started are released (``result["out_of_time"]``). Raises
     SlurmUnavailable after recording the others when Slurm did not answer for some (their claims
     released)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     deadline = min(deadline, time.monotonic() + RELAY_LEASE_SECONDS - settings.SLURM_TIMEOUT - 2)
-    jobs = list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile", "cluster"))
-    gateways = {job.cluster.name: get_gateway(job.cluster.name) for job in jobs}  # each job to its cluster
+    run = _RelayRound(list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile", "cluster")),
+                      deadline=deadline)  # fmt: skip
+    todo = run.submissions()
+    run.look_up_repeats(todo)
+    run.submit_all(todo, threads=threads)
+    updates, held, released = _record_outcomes(token, run, result)
+    _after_recording(run, updates, held)
+    if run.unavailable:
+        raise SlurmUnavailable(f"{len(released)} of {len(run.jobs)} jobs not relayed: {run.unavailable[0]}")
 
-    # Specs in this thread (a booked job's reservation is a query); Slurm calls in the pool.
-    outcomes: dict[Any, tuple[str, Any]] = {}  # job pk -> (kind, slurm id or message)
-    todo = []
-    waiting = [job.pk for job in jobs if job.request.get("depends_on")]
-    parents = parents_of(waiting) if waiting else {}  # one query, for the jobs that wait for others
-    for job in jobs:
-        try:
-            submission = _submission_for(job, parents=parents.get(job.pk))
-        except SlurmRejected as exc:
-            outcomes[job.pk] = ("rejected", exc.message)
-            continue
-        job.unix_uid = submission.uid
-        todo.append((job, submission))
 
-    # Per cluster: set once its Slurm does not answer, so its remaining jobs are not tried (the other
-    # clusters' jobs go on).
-    down: dict[str, list[str]] = {name: [] for name in gateways}
-    # A job claimed before may have reached Slurm in a run that died after sbatch: its tag says so
-    # (one look-up per cluster that has such jobs).
-    in_slurm: dict[str, int] = {}
-    for name, gateway in gateways.items():
-        repeats = [job.slurm_tag for job, _ in todo if job.relay_attempts > 1 and job.cluster.name == name]
-        try:
-            in_slurm |= gateway.find_by_comments(repeats) if repeats else {}
-        except SlurmUnavailable as exc:
-            down[name].append(exc.message)
+class _RelayRound:
+    """One relay run's claimed jobs on their way to Slurm: each job's submission, the look-up of
+    those claimed before, the submits, and what happened to each (``outcomes``: job pk -> (kind,
+    Slurm id or message); kinds: submitted, adopted, rejected, cancel, unavailable, out_of_time)."""
 
-    def decide(job) -> tuple[str, Any] | None:
+    def __init__(self, jobs: list[Job], *, deadline: float):
+        self.jobs, self.deadline = jobs, deadline
+        self.gateways = {job.cluster.name: get_gateway(job.cluster.name) for job in jobs}  # each job to its cluster
+        self.outcomes: dict[Any, tuple[str, Any]] = {}
+        # per cluster: set once its Slurm does not answer, so its remaining jobs are not tried
+        self.down: dict[str, list[str]] = {name: [] for name in self.gateways}
+        self.in_slurm: dict[str, int] = {}  # tag -> Slurm id of the repeats found there
+
+    @property
+    def unavailable(self) -> list[str]:
+        return [message for messages in self.down.values() for message in messages[:1]]
+
+    def submissions(self) -> list[tuple[Job, JobSubmission]]:
+        """Each job's submission (in this thread: a booked job's reservation and the parents are
+        queries); a job that cannot be sent is recorded as rejected."""
+        waiting = [job.pk for job in self.jobs if job.request.get("depends_on")]
+        parents = parents_of(waiting) if waiting else {}  # one query, for the jobs that wait for others
+        todo = []
+        for job in self.jobs:
+            try:
+                submission = _submission_for(job, parents=parents.get(job.pk))
+            except SlurmRejected as exc:
+                self.outcomes[job.pk] = ("rejected", exc.message)
+                continue
+            job.unix_uid = submission.uid
+            todo.append((job, submission))
+        return todo
+
+    def look_up_repeats(self, todo) -> None:
+        """A job claimed before may have reached Slurm in a run that died after sbatch: its tag says
+        so (one look-up per cluster that has such jobs)."""
+        for name, gateway in self.gateways.items():
+            repeats = [job.slurm_tag for job, _ in todo if job.relay_attempts > 1 and job.cluster.name == name]
+            try:
+                self.in_slurm |= gateway.find_by_comments(repeats) if repeats else {}
+            except SlurmUnavailable as exc:
+                self.down[name].append(exc.message)
+
+    def _decide(self, job) -> tuple[str, Any] | None:
         """What happens to a job without a submit (None: it is submitted)."""
-        unavailable = down[job.cluster.name]
-        if unavailable:
-            return ("unavailable", unavailable[0])
-        if time.monotonic() > deadline:
+        if self.down[job.cluster.name]:
+            return ("unavailable", self.down[job.cluster.name][0])
+        if time.monotonic() > self.deadline:
             return ("out_of_time", None)
-        existing = in_slurm.get(job.slurm_tag) if job.relay_attempts > 1 else None
+        existing = self.in_slurm.get(job.slurm_tag) if job.relay_attempts > 1 else None
         if existing is not None:
             return ("adopted", existing)
         if job.cancel_requested_at is not None:
             return ("cancel", None)
         return None
 
-    def outcome(job, submitted: int | SlurmError) -> tuple[str, Any]:
-        if isinstance(submitted, SlurmRejected):
-            return ("rejected", submitted.message)
-        if isinstance(submitted, SlurmUnavailable):
-            down[job.cluster.name].append(submitted.message)
-            return ("unavailable", submitted.message)
-        return ("submitted", submitted)
-
-    def relay_one(item):
+    def _relay_one(self, item) -> tuple[Any, tuple[str, Any]]:
         job, submission = item
-        decided = decide(job)
+        decided = self._decide(job)
         if decided is not None:
             return job.pk, decided
         try:
-            submitted: int | SlurmError = gateways[job.cluster.name].submit(submission)
-        except (SlurmRejected, SlurmUnavailable) as exc:
-            submitted = exc
-        return job.pk, outcome(job, submitted)
+            return job.pk, ("submitted", self.gateways[job.cluster.name].submit(submission))
+        except SlurmRejected as exc:
+            return job.pk, ("rejected", exc.message)
+        except SlurmUnavailable as exc:
+            self.down[job.cluster.name].append(exc.message)
+            return job.pk, ("unavailable", exc.message)
 
-    if min(threads, len(todo)) <= 1:  # one at a time: in this thread
-        outcomes.update(map(relay_one, todo))
-    else:
-        with ThreadPoolExecutor(min(threads, len(todo))) as pool:
-            outcomes.update(pool.map(relay_one, todo))
+    def submit_all(self, todo, *, threads: int) -> None:
+        """The submits, ``threads`` at a time (Slurm is called outside any transaction)."""
+        from concurrent.futures import ThreadPoolExecutor
 
+        if min(threads, len(todo)) <= 1:  # one at a time: in this thread
+            self.outcomes.update(map(self._relay_one, todo))
+        else:
+            with ThreadPoolExecutor(min(threads, len(todo))) as pool:
+                self.outcomes.update(pool.map(self._relay_one, todo))
+
+
+_RECORDED_FIELDS = ["slurm_job_id", "slurm_cluster", "state", "submitted_at", "relay_token", "relay_started_at",
+                    "last_relay_error", "unix_uid", "state_reason", "ended_at"]  # fmt: skip
+
+
+def _outcome_applied(job: Job, kind: str, value, now) -> str:
+    """The job row as an outcome leaves it (not saved); returns its event's reason."""
+    job.relay_token = job.relay_started_at = None
+    if kind in ("submitted", "adopted"):
+        job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = value, job.cluster.name, JobState.PENDING, now
+        job.last_relay_error = ""
+        return "Submitted to Slurm" if kind == "submitted" else "Found in Slurm by its tag after an interrupted relay"
+    if kind == "rejected":
+        job.state, job.state_reason, job.last_relay_error, job.ended_at = JobState.SUBMIT_FAILED, value[:1024], value[:4000], now
+        return value[:1024]
+    # cancel requested and Slurm never saw the job
+    job.state, job.state_reason, job.ended_at = JobState.CANCELLED, "Cancelled before it reached Slurm", now
+    return "Cancelled before it reached Slurm"
+
+
+def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[list[Job], set, list]:
+    """ONE transaction: the still-claimed rows locked (conditional on the token, ACCEPTED, no Slurm
+    id), ONE bulk UPDATE of their outcomes, ONE bulk INSERT of their events, the holds of those that
+    never ran released; then the claims of the jobs not sent released (one UPDATE). Returns (the
+    rows written, the pks still held, the pks released)."""
     now = timezone.now()
-    by_pk = {job.pk: job for job in jobs}
-    events, updates, slurm_ids = [], [], {}
-    released = [pk for pk, (kind, _) in outcomes.items() if kind in ("unavailable", "out_of_time")]
-    unavailable = [message for messages in down.values() for message in messages[:1]]
+    by_pk = {job.pk: job for job in run.jobs}
+    events, updates = [], []
+    released = [pk for pk, (kind, _) in run.outcomes.items() if kind in ("unavailable", "out_of_time")]
+    counted = {"submitted": "submitted", "adopted": "adopted", "rejected": "submit_failed", "cancel": "cancelled"}
     with transaction.atomic():
         held = set(
             Job.objects.select_for_update()
-            .filter(pk__in=[pk for pk in outcomes if pk not in released], relay_token=token,
+            .filter(pk__in=[pk for pk in run.outcomes if pk not in released], relay_token=token,
                     state=JobState.ACCEPTED, slurm_job_id__isnull=True)
             .values_list("pk", flat=True)
         )  # fmt: skip
-        for pk, (kind, value) in outcomes.items():
+        for pk, (kind, value) in run.outcomes.items():
             if kind in ("unavailable", "out_of_time"):
                 continue
-            if kind in ("submitted", "adopted"):
-                slurm_ids[pk] = value
             if pk not in held:
-                if kind in ("submitted", "adopted"):
-                    result["already_recorded"] += 1
+                result["already_recorded"] += kind in ("submitted", "adopted")
                 continue
-            job = by_pk[pk]
-            job.relay_token = job.relay_started_at = None
-            if kind in ("submitted", "adopted"):
-                job.slurm_job_id, job.slurm_cluster, job.state, job.submitted_at = value, job.cluster.name, JobState.PENDING, now
-                job.last_relay_error = ""
-                reason = "Submitted to Slurm" if kind == "submitted" else "Found in Slurm by its tag after an interrupted relay"
-                result[kind] += 1
-            elif kind == "rejected":
-                job.state, job.state_reason, job.last_relay_error, job.ended_at = (
-                    JobState.SUBMIT_FAILED, value[:1024], value[:4000], now
-                )
-                reason = value[:1024]
-                result["submit_failed"] += 1
-            else:  # cancel requested and Slurm never saw the job
-                job.state, job.state_reason, job.ended_at = JobState.CANCELLED, "Cancelled before it reached Slurm", now
-                reason = "Cancelled before it reached Slurm"
-                result["cancelled"] += 1
-            updates.append(job)
-            events.append(JobEvent(job=job, state=job.state, reason=reason, at=now))
+            reason = _outcome_applied(by_pk[pk], kind, value, now)
+            result[counted[kind]] += 1
+            updates.append(by_pk[pk])
+            events.append(JobEvent(job=by_pk[pk], state=by_pk[pk].state, reason=reason, at=now))
         if updates:
-            bulk_update_values(
-                Job.objects.filter(relay_token=token, state=JobState.ACCEPTED),
-                updates,
-                ["slurm_job_id", "slurm_cluster", "state", "submitted_at", "relay_token", "relay_started_at",
-                 "last_relay_error", "unix_uid", "state_reason", "ended_at"],
-            )  # fmt: skip
+            bulk_update_values(Job.objects.filter(relay_token=token, state=JobState.ACCEPTED), updates, _RECORDED_FIELDS)
             JobEvent.objects.bulk_create(events)
             # refused by Slurm or cancelled before it: never ran, holds nothing
             budget_holds_release(job_uuids=[job.pk for job in updates if job.state != JobState.PENDING], at=now)
     if released:
+        unavailable = run.unavailable
         Job.objects.filter(pk__in=released, relay_token=token).update(
             relay_token=None, relay_started_at=None,
             last_relay_error=(f"Slurm unavailable: {unavailable[0]}" if unavailable else "Relay time budget spent")[:4000],
         )  # fmt: skip
-        if unavailable:
-            result["unavailable"] += len(released)
-        else:
-            result["out_of_time"] += len(released)
+        result["unavailable" if unavailable else "out_of_time"] += len(released)
+    return updates, held, released
 
-    # Submitted but recorded by someone else (the sync adopting it by its tag): a different id there
-    # would be a duplicate (never expected) and is cancelled, as job_relay_run does.
-    lost = {pk: sid for pk, sid in slurm_ids.items() if pk not in held}
+
+def _after_recording(run: _RelayRound, updates: list[Job], held: set) -> None:
+    """Submitted but recorded by someone else (the sync adopting it by its tag): a different id there
+    would be a duplicate (never expected) and is cancelled. Cancels asked while we were submitting:
+    passed on now."""
+    lost = {pk: value for pk, (kind, value) in run.outcomes.items() if kind in ("submitted", "adopted") and pk not in held}
     if lost:
+        by_pk = {job.pk: job for job in run.jobs}
         for pk, recorded in Job.objects.filter(pk__in=list(lost)).values_list("pk", "slurm_job_id"):
             if recorded not in (None, lost[pk]):
                 logger.error("job %s: duplicate Slurm job %s cancelled (kept %s)", pk, lost[pk], recorded)
-                gateways[by_pk[pk].cluster.name].cancel(lost[pk])
-    # Cancels asked while we were submitting: pass them on now.
+                run.gateways[by_pk[pk].cluster.name].cancel(lost[pk])
     recorded_ids = [job.pk for job in updates if job.state == JobState.PENDING]
     if recorded_ids:
         from jobs.tasks import job_cancel_relay
 
         for pk in Job.objects.filter(pk__in=recorded_ids, cancel_requested_at__isnull=False).values_list("pk", flat=True):
             publish(job_cancel_relay, str(pk))  # lost: jobs_sweep sends it
-    if unavailable:
-        raise SlurmUnavailable(f"{len(released)} of {len(jobs)} jobs not relayed: {unavailable[0]}")
 
 
 # ---------------------------------------------------------------- the relay drain (group commit)
