@@ -20,7 +20,7 @@ from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.arrays import array_task_counts, job_array_task_cancel
+from jobs.arrays import array_task_counts
 from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.gpu_report import job_gpu_report
@@ -38,6 +38,7 @@ from jobs.selectors import (
 from jobs.services import (
     IDEMPOTENCY_KEY_RE,
     MAX_BATCH_JOBS,
+    job_array_task_cancel,
     job_cancel,
     job_quote,
     job_submit,

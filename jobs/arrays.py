@@ -197,33 +197,3 @@ def array_task_table(
                 usage=per_task.get(task.slurm_job_id) if task is not None and task.slurm_job_id else None,
             ))  # fmt: skip
     return rows, counts
-
-
-def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
-    """Cancel one task of a live array job (``scancel <array>_<index>``), for whoever may cancel the
-    job. Not an array / not in Slurm yet / unknown index: 400; ended: 409. The sync then sees the
-    task CANCELLED; the other tasks go on. Slurm is called here, outside any transaction."""
-    from jobs.services import _may_cancel
-    from portal.exceptions import ApplicationError, Conflict
-    from portal.services import audit_record
-    from portal.slurm import SlurmRejected, get_gateway
-
-    if not _may_cancel(user, job):
-        raise ApplicationError("Only the submitter, a team manager or an admin may cancel this job.", status_code=403)
-    if not job.array:
-        raise ApplicationError("Not an array job.", errors={"task": ["This job has no array tasks; cancel the job."]})
-    if job.state in TERMINAL_STATES:
-        raise Conflict(f"Job already ended ({job.state}).", errors={"state": [f"Job already ended ({job.state})."]})
-    if job.slurm_job_id is None:
-        raise ApplicationError("The job has not reached Slurm yet.", errors={"task": ["Cancel the whole job until it reaches Slurm."]})
-    if index not in parse_array(job.array)[0]:
-        raise ApplicationError(f"No task {index}.", errors={"task": [f"The array is {job.array}."]})
-    try:
-        get_gateway(job.cluster.name).cancel_array_task(job.slurm_job_id, index)  # the job's cluster
-    except SlurmRejected as exc:
-        raise ApplicationError(exc.message, errors={"task": [exc.message]}) from None
-    # Slurm took it: the task is cancelled (a pending one may never show as a row of its own)
-    JobArrayTask.objects.update_or_create(job=job, index=index, defaults={"state": JobState.CANCELLED})
-    audit_record(actor=user, action="job.cancel_task", target=job, team=job.team, request=request,
-                 data={"slurm_job_id": job.slurm_job_id, "index": index})  # fmt: skip
-    return job

@@ -166,8 +166,6 @@ def dependency_option(parents: list) -> str:
 def never_satisfied_cancel(*, job_ids: list, now: dt.datetime) -> int:
     """Cancel, through the relay, the live jobs among ``job_ids`` that Slurm says can never start
     (reason DependencyNeverSatisfied), recording why in their history. Returns how many."""
-    from jobs.tasks import job_cancel_relay  # jobs.tasks imports the services
-
     with transaction.atomic():
         ids = list(
             Job.objects.select_for_update()
@@ -187,7 +185,7 @@ def never_satisfied_cancel(*, job_ids: list, now: dt.datetime) -> int:
             for pk in ids
         ])  # fmt: skip
         for pk in ids:
-            after_commit(job_cancel_relay, str(pk))
+            after_commit("jobs.tasks.job_cancel_relay", str(pk))
     return len(ids)
 
 

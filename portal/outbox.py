@@ -36,8 +36,21 @@ from redis.exceptions import RedisError
 logger = logging.getLogger(__name__)
 
 
+def task_named(task):
+    """A task given as itself or by its name (``"jobs.tasks.job_cancel_relay"``), as Celery's task
+    registry (``app.tasks``) holds it. Services name the tasks they enqueue: a tasks module imports
+    its app's services, never the other way (one direction; tests/portal/test_layers.py)."""
+    if isinstance(task, str):
+        from celery import current_app
+
+        return current_app.tasks[task]
+    return task
+
+
 def publish(task, *args) -> bool:
-    """``task.delay(*args)`` now; False (logged) when the broker does not answer."""
+    """``task.delay(*args)`` now (``task``: a task or its name); False (logged) when the broker does
+    not answer."""
+    task = task_named(task)
     try:
         task.delay(*args)
     except BrokerError as exc:
@@ -72,6 +85,7 @@ def _flags() -> redis.Redis | None:
 def coalesced_signal(task, *, key: str, ttl: float) -> bool:
     """``task.delay()`` now unless a run is already pending or running (``key`` held); True when
     this call published. See the module docstring."""
+    task = task_named(task)
     flags = _flags()
     try:
         if flags is not None and not flags.set(key, "1", nx=True, ex=max(1, round(ttl))):

@@ -21,7 +21,6 @@ from portal.models import (
 from portal.outbox import after_commit
 from portal.proxies import client_address
 from portal.slurm import Association, SlurmError, cluster_config, configured_clusters, get_gateway, relay_backend
-from portal.tasks import team_mirror_to_slurm
 
 logger = logging.getLogger(__name__)
 User = get_user_model()
@@ -39,7 +38,7 @@ def team_create(
     team.save()
     audit_record(actor=actor, action="team.create", target=team, team=team, request=request,
                  data={"slug": slug, "slurm_account": slurm_account})
-    after_commit(team_mirror_to_slurm, team.pk)
+    after_commit("portal.tasks.team_mirror_to_slurm", team.pk)
     return team
 
 
@@ -48,7 +47,7 @@ def team_set_active(*, team: Team, active: bool, actor=None, request=None) -> Te
     Team.objects.filter(pk=team.pk).update(active=active)
     team.refresh_from_db()
     audit_record(actor=actor, action="team.set_active", target=team, team=team, request=request, data={"active": active})
-    after_commit(team_mirror_to_slurm, team.pk)
+    after_commit("portal.tasks.team_mirror_to_slurm", team.pk)
     return team
 
 
@@ -62,7 +61,7 @@ def membership_set(*, team: Team, user, role: str = Role.MEMBER, actor=None, req
     audit_record(actor=actor, action="team.member_set", target=team, team=team, request=request,
                  data={"user": user.username, "role": role, "added": created})
     if created:
-        after_commit(team_mirror_to_slurm, team.pk)
+        after_commit("portal.tasks.team_mirror_to_slurm", team.pk)
     return membership
 
 
@@ -73,7 +72,7 @@ def membership_remove(*, team: Team, user, actor=None, request=None) -> None:
         raise ApplicationError("Not a member.", errors={"user": f"{user} is not a member of {team}."}, status_code=404)
     audit_record(actor=actor, action="team.member_remove", target=team, team=team, request=request,
                  data={"user": user.username})
-    after_commit(team_mirror_to_slurm, team.pk)
+    after_commit("portal.tasks.team_mirror_to_slurm", team.pk)
 
 
 def profile_ensure(*, user) -> Profile:
@@ -331,7 +330,7 @@ def team_cluster_account_set(*, team: Team, cluster: str, slurm_account: str = "
     account = slurm_account or team.slurm_account
     with transaction.atomic():
         link, _ = TeamClusterAccount.objects.update_or_create(team=team, cluster=row, defaults={"slurm_account": account})
-        after_commit(team_mirror_to_slurm, team.pk)
+        after_commit("portal.tasks.team_mirror_to_slurm", team.pk)
     return link
 
 

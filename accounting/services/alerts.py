@@ -20,7 +20,6 @@ from django.utils import timezone
 from accounting.models import BudgetAlert
 from accounting.selectors.budgets import budget_rows, quotas_effective
 from accounting.services.budget import QUOTA_PAGE
-from accounting.tasks import budget_alert_deliver_task, budget_alert_webhook_task
 from portal import money
 from portal.models import Team
 from portal.outbox import after_commit, publish
@@ -60,7 +59,7 @@ def budget_alerts_check(*, team: Team | None = None, at: dt.datetime | None = No
             except IntegrityError:
                 continue  # another check recorded it first
             created.append(alert)
-            after_commit(budget_alert_deliver_task, alert.pk)
+            after_commit("accounting.tasks.budget_alert_deliver_task", alert.pk)
     return created
 
 
@@ -95,7 +94,7 @@ def budget_alert_sweep(*, now: dt.datetime | None = None) -> list[int]:
         ).values_list("pk", flat=True)[:1000]
     )
     for alert_id in ids:
-        publish(budget_alert_deliver_task, alert_id)
+        publish("accounting.tasks.budget_alert_deliver_task", alert_id)
     return ids
 
 
@@ -183,5 +182,5 @@ def budget_alert_webhook_sweep(*, now: dt.datetime | None = None) -> list[int]:
         .values_list("pk", flat=True)[:1000]
     )
     for alert_id in ids:
-        publish(budget_alert_webhook_task, alert_id)
+        publish("accounting.tasks.budget_alert_webhook_task", alert_id)
     return ids

@@ -16,7 +16,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from accounting import tasks
 from accounting.calendar import billing_date, billing_midnight, billing_zone
 from accounting.charging import bookings_charge_reserved
 from accounting.models import Booking, BookingStatus, Quota, QuotaState, ReservationState
@@ -252,7 +251,7 @@ def _booking_budget_check(*, team: Team, gpu_type: str, gpus: int, start: dt.dat
 
 def enqueue_booking_task(task_name: str, booking_id) -> None:
     """Enqueue a reservation task after commit (the outbox; booking_cleanup_task is its sweeper)."""
-    after_commit(getattr(tasks, task_name), str(booking_id))
+    after_commit(f"accounting.tasks.{task_name}", str(booking_id))
 
 
 def bookable_cluster(name: str | None) -> Cluster:

@@ -19,7 +19,6 @@ from django.utils import timezone
 
 from accounting.calendar import current_month, next_month
 from accounting.models import Quota, QuotaState
-from accounting.tasks import quota_mirror_task
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import NodeInfo, Team
 from portal.outbox import after_commit
@@ -125,7 +124,7 @@ def quota_approve(*, quota, user, comment: str = "", request=None):
         data={"comment": comment or "", "gpu_hours": str(quota.gpu_hours), "gpu_type": quota.gpu_type,
               "period": quota.period_label, "max_gpus": quota.max_gpus, "superseded": [o.pk for o in older]},
     )  # fmt: skip
-    after_commit(quota_mirror_task, quota.team_id)
+    after_commit("accounting.tasks.quota_mirror_task", quota.team_id)
     return quota
 
 
@@ -171,6 +170,6 @@ def quota_cancel(*, quota, user, request=None, withdraw: bool = False):
     quota.refresh_from_db()
     audit_record(actor=user, action="quota.cancel", target=quota, team=quota.team, request=request, data={"was": was})
     if was == QuotaState.APPROVED:
-        after_commit(quota_mirror_task, quota.team_id)
+        after_commit("accounting.tasks.quota_mirror_task", quota.team_id)
     return quota
 

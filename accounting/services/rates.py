@@ -12,7 +12,6 @@ from django.db import transaction
 
 from accounting.models import Rate
 from accounting.services.repricing import usage_reprice_owed
-from accounting.tasks import usage_reprice_task
 from portal.exceptions import ApplicationError, Conflict
 from portal.outbox import after_commit
 from portal.roles import is_admin
@@ -63,5 +62,5 @@ def rate_create(
     rate.full_clean()
     rate.save()
     usage_reprice_owed(gpu_type=gpu_type, since=effective_from)
-    after_commit(usage_reprice_task, gpu_type, effective_from.isoformat())
+    after_commit("accounting.tasks.usage_reprice_task", gpu_type, effective_from.isoformat())
     return rate

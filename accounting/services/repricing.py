@@ -20,7 +20,6 @@ from accounting.calendar import billing_midnight, billing_zone, month_starts
 from accounting.charging import bookings_charge_reserved
 from accounting.models import PendingReprice, UsageRecord, UsageSlice
 from accounting.rates import RateBook
-from accounting.tasks import usage_reprice_task
 from portal import money
 from portal.db import bulk_insert_copy, copied_fields
 from portal.outbox import publish
@@ -102,7 +101,7 @@ def usage_reprice_sweep(*, now: dt.datetime | None = None) -> list[tuple[str, st
     )
     owed = [(row["gpu_type"], row["first"].isoformat()) for row in rows]
     for gpu_type, since in owed:
-        publish(usage_reprice_task, gpu_type, since)
+        publish("accounting.tasks.usage_reprice_task", gpu_type, since)
     return owed
 
 

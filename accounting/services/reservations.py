@@ -12,7 +12,6 @@ from django.utils import timezone
 
 from accounting.models import Booking, BookingStatus, ReservationState
 from accounting.services.bookings import enqueue_booking_task
-from accounting.tasks import booking_reserve_task
 from portal.outbox import publish
 from portal.services import audit_record
 from portal.selectors import team_cluster_accounts
@@ -141,6 +140,6 @@ def booking_cleanup(*, now: dt.datetime | None = None) -> dict:
         Q(reservation_state=ReservationState.PENDING) | Q(reservation_state=ReservationState.CREATING, reservation_updated_at__lt=now - RESERVE_LEASE),
         status=BookingStatus.APPROVED, end__gt=now,
     ).filter(Q(reservation_updated_at__isnull=True) | Q(reservation_updated_at__lt=stale)).values_list("pk", flat=True):  # fmt: skip
-        done["requeued"] += publish(booking_reserve_task, str(booking_id))  # not published: the next cleanup
+        done["requeued"] += publish("accounting.tasks.booking_reserve_task", str(booking_id))  # not published: the next cleanup
     return done
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
+from gpuportal_sbatch.directives import parse_array
 
 from accounting.services import budget_holds_release
-from jobs.choices import LIVE_STATES, JobState
-from jobs.models import Job, JobEvent
+from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
+from jobs.models import Job, JobArrayTask, JobEvent
 from jobs.services.relay import job_relay_run
 from portal.exceptions import ApplicationError, Conflict
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
-from portal.slurm import get_gateway
+from portal.slurm import SlurmRejected, get_gateway
 
 
 def _may_cancel(user, job: Job) -> bool:
@@ -49,9 +50,7 @@ def job_cancel(*, user, job: Job, request=None) -> Job:
             if not requested:
                 job.refresh_from_db(fields=["state"])
                 raise Conflict(f"Job already ended ({job.state}).", errors={"state": [f"Job already ended ({job.state})."]})
-            from jobs.tasks import job_cancel_relay  # jobs.tasks imports this module
-
-            after_commit(job_cancel_relay, str(job.pk))
+            after_commit("jobs.tasks.job_cancel_relay", str(job.pk))
         audit_record(
             actor=user, action="job.cancel", target=job, team=job.team, request=request,
             data={"state": job.state, "slurm_job_id": job.slurm_job_id, "before_slurm": bool(done)},
@@ -77,3 +76,28 @@ def job_cancel_relay_run(job_id) -> str:
     gateway.cancel(job.slurm_job_id)
     Job.objects.filter(pk=job.pk).update(cancel_sent_at=timezone.now())
     return "sent"
+
+
+def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
+    """Cancel one task of a live array job (``scancel <array>_<index>``), for whoever may cancel the
+    job. Not an array / not in Slurm yet / unknown index: 400; ended: 409. The sync then sees the
+    task CANCELLED; the other tasks go on. Slurm is called here, outside any transaction."""
+    if not _may_cancel(user, job):
+        raise ApplicationError("Only the submitter, a team manager or an admin may cancel this job.", status_code=403)
+    if not job.array:
+        raise ApplicationError("Not an array job.", errors={"task": ["This job has no array tasks; cancel the job."]})
+    if job.state in TERMINAL_STATES:
+        raise Conflict(f"Job already ended ({job.state}).", errors={"state": [f"Job already ended ({job.state})."]})
+    if job.slurm_job_id is None:
+        raise ApplicationError("The job has not reached Slurm yet.", errors={"task": ["Cancel the whole job until it reaches Slurm."]})
+    if index not in parse_array(job.array)[0]:
+        raise ApplicationError(f"No task {index}.", errors={"task": [f"The array is {job.array}."]})
+    try:
+        get_gateway(job.cluster.name).cancel_array_task(job.slurm_job_id, index)  # the job's cluster
+    except SlurmRejected as exc:
+        raise ApplicationError(exc.message, errors={"task": [exc.message]}) from None
+    # Slurm took it: the task is cancelled (a pending one may never show as a row of its own)
+    JobArrayTask.objects.update_or_create(job=job, index=index, defaults={"state": JobState.CANCELLED})
+    audit_record(actor=user, action="job.cancel_task", target=job, team=job.team, request=request,
+                 data={"slurm_job_id": job.slurm_job_id, "index": index})  # fmt: skip
+    return job

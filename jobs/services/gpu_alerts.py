@@ -26,8 +26,6 @@ def gpu_idle_alerts_check(*, now: dt.datetime | None = None) -> list[JobGpuIdleA
     """Record an alert for every running job without one whose every GPU row's recorded idle run
     covers GPU_IDLE_ALERT_MINUTES up to its last sample (one grouped query: what the rows say, not the
     clock, so the sweeper may run it whenever), and deliver each after commit. Returns the new ones."""
-    from jobs.tasks import job_gpu_idle_alert_deliver  # jobs.tasks imports the services
-
     now = now or timezone.now()
     window = dt.timedelta(minutes=settings.GPU_IDLE_ALERT_MINUTES)
     rows = (
@@ -48,7 +46,7 @@ def gpu_idle_alerts_check(*, now: dt.datetime | None = None) -> list[JobGpuIdleA
         except IntegrityError:
             continue  # another check recorded it first
         created.append(alert)
-        after_commit(job_gpu_idle_alert_deliver, str(job.pk))
+        after_commit("jobs.tasks.job_gpu_idle_alert_deliver", str(job.pk))
     return created
 
 
@@ -65,8 +63,6 @@ def gpu_idle_alerts_sweep(*, now: dt.datetime | None = None) -> dict:
     deliveries owed (an e-mail to a submitter with an address, a webhook of a team with a URL) of
     alerts recorded DELIVERY_SWEEP_AFTER ago or more. The claims make a repeat send nothing twice.
     Returns figures: raised, redelivered."""
-    from jobs.tasks import job_gpu_idle_alert_deliver  # jobs.tasks imports the services
-
     now = now or timezone.now()
     raised = gpu_idle_alerts_check(now=now)
     owed = JobGpuIdleAlert.objects.filter(
@@ -76,7 +72,7 @@ def gpu_idle_alerts_sweep(*, now: dt.datetime | None = None) -> dict:
     ).values_list("pk", flat=True)[:1000]  # fmt: skip
     ids = [str(pk) for pk in owed]
     for job_id in ids:
-        publish(job_gpu_idle_alert_deliver, job_id)
+        publish("jobs.tasks.job_gpu_idle_alert_deliver", job_id)
     return {"raised": len(raised), "redelivered": len(ids)}
 
 

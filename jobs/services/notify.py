@@ -94,8 +94,6 @@ def job_end_notify_sweep(*, now: dt.datetime | None = None) -> list[str]:
     the sync's commit) are enqueued again, NOTIFY_SWEEP_BATCH a task. The claim makes a repeat send
     nothing twice. Jobs that never reached Slurm (cancelled before, refused) get no notice, as from
     the sync. Returns the ids enqueued."""
-    from jobs.tasks import job_end_notify  # jobs.tasks imports this module
-
     now = now or timezone.now()
     ids = [
         str(pk)
@@ -105,5 +103,5 @@ def job_end_notify_sweep(*, now: dt.datetime | None = None) -> list[str]:
         ).order_by("ended_at").values_list("pk", flat=True)[: NOTIFY_SWEEP_BATCH * 10]
     ]  # fmt: skip
     for start in range(0, len(ids), NOTIFY_SWEEP_BATCH):
-        publish(job_end_notify, ids[start : start + NOTIFY_SWEEP_BATCH])
+        publish("jobs.tasks.job_end_notify", ids[start : start + NOTIFY_SWEEP_BATCH])
     return ids

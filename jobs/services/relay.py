@@ -310,10 +310,8 @@ def _after_recording(run: _RelayRound, updates: list[Job], held: set) -> None:
                 run.gateways[by_pk[pk].cluster.name].cancel(lost[pk])
     recorded_ids = [job.pk for job in updates if job.state == JobState.PENDING]
     if recorded_ids:
-        from jobs.tasks import job_cancel_relay
-
         for pk in Job.objects.filter(pk__in=recorded_ids, cancel_requested_at__isnull=False).values_list("pk", flat=True):
-            publish(job_cancel_relay, str(pk))  # lost: jobs_sweep sends it
+            publish("jobs.tasks.job_cancel_relay", str(pk))  # lost: jobs_sweep sends it
 
 
 # ---------------------------------------------------------------- the relay drain (group commit)
@@ -343,9 +341,7 @@ def relay_drain_key() -> str:
 def relay_drain_after_commit() -> None:
     """What a single-job submit enqueues: the drain, once its transaction commits, unless a drain is
     already pending or running (it looks again before it ends, so it takes this job)."""
-    from jobs.tasks import job_relay_drain  # jobs.tasks imports this module
-
-    after_commit_coalesced(job_relay_drain, key=relay_drain_key(), ttl=RELAY_DRAIN_SIGNAL_SECONDS)
+    after_commit_coalesced("jobs.tasks.job_relay_drain", key=relay_drain_key(), ttl=RELAY_DRAIN_SIGNAL_SECONDS)
 
 
 def _claim_waiting(limit: int) -> tuple[uuid.UUID, int]:
@@ -385,8 +381,6 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
     Bounded in time: after RELAY_BATCH_SUBMIT_SECONDS it publishes a fresh drain for what is left and
     returns. SlurmUnavailable: the round's other outcomes are recorded, its unsent claims released,
     the flag cleared, and it is raised for the task to retry. Returns counts (summed over rounds)."""
-    from jobs.tasks import job_relay_drain  # jobs.tasks imports this module
-
     limit = limit or settings.JOB_RELAY_DRAIN_BATCH
     key = relay_drain_key()
     deadline = time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS
@@ -418,7 +412,7 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
             if result["out_of_time"] == claimed and time.monotonic() < deadline:  # none fitted in the lease: back off
                 raise SlurmUnavailable(f"{claimed} jobs not relayed: no time left within the claim's lease")
             if time.monotonic() >= deadline:
-                if publish(job_relay_drain):  # the flag stays up: the fresh drain owns it
+                if publish("jobs.tasks.job_relay_drain"):  # the flag stays up: the fresh drain owns it
                     totals["handed_over"] = 1
                 else:
                     coalesced_done(key)

@@ -24,8 +24,6 @@ def jobs_sweep() -> dict:
     cancels requested but not yet passed on to Slurm. Two queries, then ONE relay drain (it claims
     every waiting job, these among them; published even while a drain's coalescing flag is up: its
     holder may be dead) and one cancel relay per job."""
-    from jobs.tasks import job_cancel_relay, job_relay_drain
-
     now = timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS)
     relay_ids = list(
@@ -38,9 +36,9 @@ def jobs_sweep() -> dict:
         .values_list("pk", flat=True)[:1000]
     )
     if relay_ids:
-        publish(job_relay_drain)
+        publish("jobs.tasks.job_relay_drain")
     for job_id in cancel_ids:
-        publish(job_cancel_relay, str(job_id))
+        publish("jobs.tasks.job_cancel_relay", str(job_id))
     return {"relays": len(relay_ids), "cancels": len(cancel_ids)}
 
 

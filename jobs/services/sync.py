@@ -310,7 +310,6 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
             # running usage comes without the job's tag (sacct fills Comment at the end): match it by id
             budget_holds_identify(jobs=seen_in_slurm)
         if ended:
-            from jobs.tasks import job_end_notify  # jobs.tasks imports this module
 
-            after_commit(job_end_notify, ended)
+            after_commit("jobs.tasks.job_end_notify", ended)
     return len(to_update)
