@@ -8,7 +8,7 @@ import secrets
 
 from django.conf import settings
 from django.core.validators import RegexValidator
-from django.db import models
+from django.db import models, transaction
 
 from portal.snapshots import INVENTORY, ROLES, SnapshotManager
 
@@ -182,6 +182,28 @@ class Cluster(models.Model):
         return self.name
 
 
+def clusters_record() -> list[Cluster]:
+    """Record the configured clusters (settings.GPUPORTAL_CLUSTERS) as Cluster rows: new ones added, the
+    others updated, those no longer configured marked inactive (their rows stay). Idempotent; run
+    after every migrate (portal/apps.py) and by ``manage.py record_clusters``. Here, not in
+    portal.services, because a row's default cluster (default_cluster_id) may need it first."""
+    from portal.slurm import configured_clusters
+
+    configs = configured_clusters()
+    with transaction.atomic():
+        Cluster.objects.exclude(name=configs[0].name).filter(is_default=True).update(is_default=False)
+        Cluster.objects.exclude(name__in=[c.name for c in configs]).update(active=False)
+        rows = []
+        for index, config in enumerate(configs):
+            row, _ = Cluster.objects.update_or_create(
+                name=config.name,
+                defaults={"backend": config.backend, "slurm_conf": config.slurm_conf, "bin_dir": config.bin_dir,
+                          "lib_dir": config.lib_dir, "is_default": index == 0, "active": True},
+            )  # fmt: skip
+            rows.append(row)
+    return rows
+
+
 def user_reference() -> models.ForeignKey:
     """A row's reference to the user who did something (created, decided, cancelled it): optional,
     set to NULL when the user is deleted (the row stays), no reverse accessor on the user."""
@@ -196,8 +218,6 @@ def default_cluster_id() -> int:
     name = cluster_config().name
     pk = Cluster.objects.filter(name=name).values_list("pk", flat=True).first()
     if pk is None:
-        from portal.services import clusters_record
-
         clusters_record()
         pk = Cluster.objects.get(name=name).pk
     return pk

@@ -26,6 +26,7 @@ run too many is harmless, one too few waits for the sweeper)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import redis
@@ -43,6 +44,7 @@ def task_named(task):
     if isinstance(task, str):
         from celery import current_app
 
+        importlib.import_module(task.rpartition(".")[0])  # its module registers it (at once when imported already)
         return current_app.tasks[task]
     return task
 

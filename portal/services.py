@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from portal.db import copied_fields
 from portal.exceptions import ApplicationError, Conflict
+from portal.models import clusters_record  # noqa: F401  (recorded by the model layer: default_cluster_id needs it)
 from portal.models import (
     ApiToken, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team,
     TeamClusterAccount,
@@ -287,25 +288,6 @@ def sync_record_failure(kind: str, *, error: str) -> None:
 
 
 # ---------------------------------------------------------------- cluster inventory
-
-
-def clusters_record() -> list[Cluster]:
-    """Record the configured clusters (settings.GPUPORTAL_CLUSTERS) as Cluster rows: new ones added, the
-    others updated, those no longer configured marked inactive (their rows stay). Idempotent; run
-    after every migrate (portal/apps.py) and by ``manage.py record_clusters``."""
-    configs = configured_clusters()
-    with transaction.atomic():
-        Cluster.objects.exclude(name=configs[0].name).filter(is_default=True).update(is_default=False)
-        Cluster.objects.exclude(name__in=[c.name for c in configs]).update(active=False)
-        rows = []
-        for index, config in enumerate(configs):
-            row, _ = Cluster.objects.update_or_create(
-                name=config.name,
-                defaults={"backend": config.backend, "slurm_conf": config.slurm_conf, "bin_dir": config.bin_dir,
-                          "lib_dir": config.lib_dir, "is_default": index == 0, "active": True},
-            )  # fmt: skip
-            rows.append(row)
-    return rows
 
 
 def cluster_row(name: str | None = None) -> Cluster:
