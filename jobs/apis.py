@@ -128,7 +128,7 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     cluster = serializers.CharField(source="cluster.name", help_text="The cluster it runs on.")
     time_limit_minutes = serializers.IntegerField()
     workdir = serializers.CharField(help_text="The directory the job runs in (--chdir).")
-    submit_dir = serializers.SerializerMethodField(help_text="Where it was submitted from (SLURM_SUBMIT_DIR).")
+    submit_dir = serializers.CharField(help_text="Where it was submitted from (SLURM_SUBMIT_DIR).")
     ntasks = serializers.IntegerField()
     cpus_per_task = serializers.IntegerField(allow_null=True)
     exclusive = serializers.BooleanField()
@@ -181,9 +181,6 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     def get_state_reason_advice(self, job) -> str:
         explained = job.reason_explained
         return explained.advice if explained else ""
-
-    def get_submit_dir(self, job) -> str:
-        return job.submit_dir or job.workdir
 
     def get_gpu_seconds(self, job) -> int | None:
         usage = getattr(job, "usage", None)

@@ -71,67 +71,19 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
         sync_record_failure(kind, error=f"squeue: {exc}")
         return stats | {"error": str(exc)}
     stats["queue_calls"] = 1 if followed else 0
-    in_queue = {e.job_id: e for e in queue if e.array_job_id is None}
-    in_arrays = group_by_array(queue)  # array jobs: their rows folded into one (jobs.arrays)
-    tagged = {e.comment: e for e in queue if e.comment.startswith(SLURM_TAG_PREFIX)}
-    outlook = queue_outlook(queue)  # pending jobs' expected start and place: the same read, no squeue --start
-    array_tasks: dict[uuid.UUID, dict] = {}
     array_ended = ended_tasks([j.id for j in followed if j.array and j.slurm_job_id is not None])
-
-    # Pair each live job with its queue entry.
-    entries: dict[uuid.UUID, Any] = {}
-    need_accounting: list[Job] = []
-    for job in followed:
-        tag = job.slurm_tag
-        if job.slurm_job_id is None:
-            entry = tagged.get(tag)  # ACCEPTED, relay crashed after sbatch: adopt the id
-            if entry is not None and entry.array_job_id is not None:
-                entry = dataclasses.replace(entry, job_id=entry.array_job_id)
-        else:
-            tasks_missing = False
-            if job.array:
-                rows = [r for r in in_arrays.get(job.slurm_job_id, []) if r.comment in (tag, "")]
-                entry, array_tasks[job.id] = array_view(job, rows, kind="queue", known=array_ended.get(job.id))
-                # tasks the queue no longer shows (cancelled while pending, or ended long ago): accounting has them
-                tasks_missing = len(set(array_tasks[job.id]) | set(array_ended.get(job.id, {}))) < job.array_tasks
-            else:
-                entry = in_queue.get(job.slurm_job_id)
-            if entry is not None and entry.comment not in (tag, ""):
-                entry = None  # a reused id (cluster reset): not ours
-            if entry is None or tasks_missing or state_from_slurm(entry.state) in TERMINAL_STATES:
-                need_accounting.append(job)
-        if entry is not None:
-            entries[job.id] = entry
-
-    records: dict[int, Any] = {}
-    accounting_ok = False
+    entries, array_tasks, need_accounting = _pair_with_queue(followed, queue, array_ended)
+    records, accounting_ok = {}, False
     if need_accounting:
-        start = min((j.submitted_at or j.created_at) for j in need_accounting) - dt.timedelta(minutes=5)
-        ids = {j.slurm_job_id for j in need_accounting if j.slurm_job_id is not None}
         stats["accounting_calls"] = 1
         try:
-            # these jobs only (sacct -j), unless so many that the window read is the cheaper one
-            by_id = ids if len(ids) <= ACCOUNTING_BY_ID_MAX else None
-            rows = gateway.accounting(start, timezone.now(), job_ids=by_id)
-            records = {r.job_id: r for r in rows if r.array_job_id is None}
-            for job in need_accounting:
-                if job.array and job.slurm_job_id is not None:
-                    array_rows = group_by_array(rows).get(job.slurm_job_id, [])
-                    # tasks ended by the queue's word count as ended here too (slurmdbd may not have them yet)
-                    queue_ended = {i: v for i, v in array_tasks.get(job.id, {}).items() if v["state"] in TERMINAL_STATES}
-                    known = {**array_ended.get(job.id, {}), **queue_ended}
-                    record, done = array_view(job, array_rows, kind="accounting", known=known)
-                    array_tasks.setdefault(job.id, {}).update(done)
-                    # one task's raw row is not the array's; the array has ended once every task has
-                    records.pop(job.slurm_job_id, None)
-                    if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
-                        if _array_final(record, {**known, **array_tasks[job.id]}):
-                            records[job.slurm_job_id] = record
+            records = _accounting_records(gateway, need_accounting, array_tasks, array_ended)
             accounting_ok = True
         except SlurmUnavailable as exc:  # slurmdbd down: apply what the queue says, record the rest later
             stats["accounting_error"] = str(exc)
 
     now = timezone.now()
+    outlook = queue_outlook(queue)  # pending jobs' expected start and place: the same read, no squeue --start
     planned: dict[uuid.UUID, dict] = {}
     for job in followed:
         record = records.get(job.slurm_job_id) if job.slurm_job_id is not None else None
@@ -158,6 +110,67 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     else:
         sync_record_success(kind, data=data)
     return stats
+
+
+def _pair_with_queue(followed: list[Job], queue, array_ended: dict) -> tuple[dict, dict, list[Job]]:
+    """Each followed job's queue entry (by Slurm id, checked against the tag so a reused id after a
+    cluster reset is not taken for ours; an ACCEPTED job whose relay crashed after sbatch: by its
+    tag, the id adopted; an array job: its rows folded into one, jobs.arrays). Returns (entries by
+    job id, the array tasks seen by job id, the jobs that need accounting: gone from the queue,
+    ended there, or array tasks the queue no longer shows)."""
+    in_queue = {e.job_id: e for e in queue if e.array_job_id is None}
+    in_arrays = group_by_array(queue)
+    tagged = {e.comment: e for e in queue if e.comment.startswith(SLURM_TAG_PREFIX)}
+    entries: dict[uuid.UUID, Any] = {}
+    array_tasks: dict[uuid.UUID, dict] = {}
+    need_accounting: list[Job] = []
+    for job in followed:
+        tag = job.slurm_tag
+        if job.slurm_job_id is None:
+            entry = tagged.get(tag)  # ACCEPTED, relay crashed after sbatch: adopt the id
+            if entry is not None and entry.array_job_id is not None:
+                entry = dataclasses.replace(entry, job_id=entry.array_job_id)
+        else:
+            tasks_missing = False
+            if job.array:
+                rows = [r for r in in_arrays.get(job.slurm_job_id, []) if r.comment in (tag, "")]
+                entry, array_tasks[job.id] = array_view(job, rows, kind="queue", known=array_ended.get(job.id))
+                # tasks the queue no longer shows (cancelled while pending, or ended long ago): accounting has them
+                tasks_missing = len(set(array_tasks[job.id]) | set(array_ended.get(job.id, {}))) < job.array_tasks
+            else:
+                entry = in_queue.get(job.slurm_job_id)
+            if entry is not None and entry.comment not in (tag, ""):
+                entry = None  # a reused id (cluster reset): not ours
+            if entry is None or tasks_missing or state_from_slurm(entry.state) in TERMINAL_STATES:
+                need_accounting.append(job)
+        if entry is not None:
+            entries[job.id] = entry
+    return entries, array_tasks, need_accounting
+
+
+def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, array_ended: dict) -> dict[int, Any]:
+    """ONE accounting read for the jobs that need it (sacct -j those jobs, unless so many that the
+    window read is the cheaper one; window = the earliest submission among them .. now): each job's
+    final record by Slurm id, an array's folded from its tasks once every task has ended (its tasks
+    added to ``array_tasks``). Raises SlurmUnavailable (slurmdbd down)."""
+    start = min((j.submitted_at or j.created_at) for j in need_accounting) - dt.timedelta(minutes=5)
+    ids = {j.slurm_job_id for j in need_accounting if j.slurm_job_id is not None}
+    rows = gateway.accounting(start, timezone.now(), job_ids=ids if len(ids) <= ACCOUNTING_BY_ID_MAX else None)
+    records = {r.job_id: r for r in rows if r.array_job_id is None}
+    for job in need_accounting:
+        if job.array and job.slurm_job_id is not None:
+            array_rows = group_by_array(rows).get(job.slurm_job_id, [])
+            # tasks ended by the queue's word count as ended here too (slurmdbd may not have them yet)
+            queue_ended = {i: v for i, v in array_tasks.get(job.id, {}).items() if v["state"] in TERMINAL_STATES}
+            known = {**array_ended.get(job.id, {}), **queue_ended}
+            record, done = array_view(job, array_rows, kind="accounting", known=known)
+            array_tasks.setdefault(job.id, {}).update(done)
+            # one task's raw row is not the array's; the array has ended once every task has
+            records.pop(job.slurm_job_id, None)
+            if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
+                if _array_final(record, {**known, **array_tasks[job.id]}):
+                    records[job.slurm_job_id] = record
+    return records
 
 
 def _array_holds_settle(job_ids: list, now: dt.datetime) -> None:
