@@ -258,19 +258,10 @@ def job_submit_batch(
                    request=request, single=False)  # fmt: skip
 
 
-def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str | None, fingerprint: str, request,
-            single: bool) -> tuple[list[Job], bool]:  # fmt: skip
-    """The one write path of job_submit (``single``: a batch of one, its errors by field and audited as
-    ``job.submit``) and job_submit_batch (errors by index, ``job.submit_batch``): replay, checks,
-    then one transaction that bulk-inserts the jobs, their ACCEPTED events and the audit event and
-    places their budget holds; the relay drain (group commit) is enqueued on commit."""
-    _check_idempotency_key(idempotency_key)
-    find = functools.partial(_idempotent_replay, count=len(items))
-    replay = _replay(find, user=user, key=idempotency_key, fingerprint=fingerprint)
-    if replay is not None:
-        return replay, False
-
-    team = _team_for_submit(user=user, team=team)
+def _checked(items: list[dict], *, user, team: Team, single: bool) -> tuple[list[tuple], dict]:
+    """Every item validated (jobs.spec, one inventory and price read for the batch), its booking and
+    the jobs it waits for checked, its estimate made: ([(spec, booking id, quote, job id)], {job id:
+    its parents}). ``single``: the first error is raised as it is; else all of them, keyed by index."""
     errors: dict[str, dict] = {}
     prepared = []
     cache: dict = {}  # inventory and prices, read once for the whole batch
@@ -299,6 +290,24 @@ def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str 
         exc = ApplicationError(f"Job {first_index} of the batch cannot be submitted: {first}")
         exc.errors = errors  # keyed by index: {"3": {"gpus": [...]}}
         raise exc
+
+    return prepared, parents
+
+
+def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str | None, fingerprint: str, request,
+            single: bool) -> tuple[list[Job], bool]:  # fmt: skip
+    """The one write path of job_submit (``single``: a batch of one, its errors by field and audited as
+    ``job.submit``) and job_submit_batch (errors by index, ``job.submit_batch``): replay, checks,
+    then one transaction that bulk-inserts the jobs, their ACCEPTED events and the audit event and
+    places their budget holds; the relay drain (group commit) is enqueued on commit."""
+    _check_idempotency_key(idempotency_key)
+    find = functools.partial(_idempotent_replay, count=len(items))
+    replay = _replay(find, user=user, key=idempotency_key, fingerprint=fingerprint)
+    if replay is not None:
+        return replay, False
+
+    team = _team_for_submit(user=user, team=team)
+    prepared, parents = _checked(items, user=user, team=team, single=single)
 
     rows = [
         _job_row(spec, quote, team=team, user=user, booking_id=booking_id, job_id=job_id, fingerprint=fingerprint,
