@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.generics import ListAPIView
@@ -148,20 +148,26 @@ class TeamDetailApi(APIView):
         return Response(self.TeamDetailOutputSerializer(team, context={"request": request}).data)
 
 
+class IdlePolicyValuesSerializer(serializers.Serializer):
+    """A team's idle-GPU policy as it applies now (clamped into the bounds)."""
+
+    threshold_percent = serializers.FloatField()
+    warn_minutes = serializers.FloatField()
+    cancel_minutes = serializers.FloatField()
+
+
+class IdlePolicyBoundsSerializer(serializers.Serializer):
+    """The admin's bounds on the teams' idle-GPU policies (settings GPU_IDLE_POLICY_*)."""
+
+    max_threshold_percent = serializers.DecimalField(max_digits=5, decimal_places=2, coerce_to_string=True)
+    min_warn_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
+    min_cancel_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
+    max_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
+
+
 class TeamIdlePolicyApi(APIView):
     """The team's idle-GPU policy (README "Idle-GPU policy"): read by its members, set by its managers
     within the admin's bounds (settings GPU_IDLE_POLICY_*)."""
-
-    class IdlePolicyValuesSerializer(serializers.Serializer):
-        threshold_percent = serializers.FloatField()
-        warn_minutes = serializers.FloatField()
-        cancel_minutes = serializers.FloatField()
-
-    class IdlePolicyBoundsSerializer(serializers.Serializer):
-        max_threshold_percent = serializers.DecimalField(max_digits=5, decimal_places=2, coerce_to_string=True)
-        min_warn_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
-        min_cancel_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
-        max_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
 
     class IdlePolicyInputSerializer(serializers.Serializer):
         enabled = serializers.BooleanField()
@@ -182,11 +188,13 @@ class TeamIdlePolicyApi(APIView):
         updated_at = serializers.DateTimeField(allow_null=True)
         updated_by = serializers.CharField()
 
-        def get_effective(self, policy) -> TeamIdlePolicyApi.IdlePolicyValuesSerializer:
-            return TeamIdlePolicyApi.IdlePolicyValuesSerializer(policy["effective"]).data
+        @extend_schema_field(IdlePolicyValuesSerializer)
+        def get_effective(self, policy) -> dict:
+            return IdlePolicyValuesSerializer(policy["effective"]).data
 
-        def get_bounds(self, policy) -> TeamIdlePolicyApi.IdlePolicyBoundsSerializer:
-            return TeamIdlePolicyApi.IdlePolicyBoundsSerializer(policy["bounds"]).data
+        @extend_schema_field(IdlePolicyBoundsSerializer)
+        def get_bounds(self, policy) -> dict:
+            return IdlePolicyBoundsSerializer(policy["bounds"]).data
 
     @extend_schema(responses=IdlePolicyOutputSerializer, summary="The team's idle-GPU policy and the site's bounds")
     def get(self, request, slug: str):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from decimal import Decimal
 
 from django.conf import settings
 

@@ -69,7 +69,7 @@ def test_only_the_teams_managers_and_admins_set_the_policy(world, api_client_for
     stored = TeamIdlePolicy.objects.filter(team=world.vision).first()
     if status == 200:
         assert (stored.enabled, stored.threshold_percent, stored.warn_minutes, stored.cancel_minutes) == (
-            True, Decimal("8"), Decimal("20"), Decimal("30"))  # fmt: skip
+            True, Decimal(8), Decimal(20), Decimal(30))  # fmt: skip
         assert response.json()["effective"] == {"threshold_percent": 8.0, "warn_minutes": 20.0, "cancel_minutes": 30.0}
         assert AuditEvent.objects.filter(action="team.idle_policy_set", target_id=str(world.vision.pk)).count() == 1
     else:
@@ -105,7 +105,7 @@ def test_the_team_page_form_sets_it_for_managers_and_refuses_members(world, clie
     refused = client_for("manager").post("/teams/vision/", dict(form, warn_minutes="3"))
     assert refused.status_code == 400 and "At least 15" in refused.content.decode()
     assert client_for("manager").post("/teams/vision/", form).status_code == 302
-    assert TeamIdlePolicy.objects.get(team=world.vision).warn_minutes == Decimal("16")
+    assert TeamIdlePolicy.objects.get(team=world.vision).warn_minutes == Decimal(16)
     member_page = client_for("member").get("/teams/vision/").content.decode()
     assert "idle for" not in member_page and "16 min warns its submitter" in member_page and "Save policy" not in member_page
 
@@ -212,7 +212,7 @@ def test_gpus_busy_again_after_the_warning_call_the_cancel_off_and_a_new_idle_ru
 
 
 def test_the_gpu_hours_saved_show_in_the_report_and_on_the_dashboard(world, relays, client_for):
-    Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal("8"), effective_from=timezone.localdate() - dt.timedelta(days=1))
+    Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal(8), effective_from=timezone.localdate() - dt.timedelta(days=1))
     _policy(world.vision, warn="15", cancel="10")
     now = timezone.now().replace(microsecond=0)
     t0 = now - dt.timedelta(minutes=26)
