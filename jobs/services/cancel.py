@@ -4,6 +4,7 @@ passed on to Slurm by the ``job_cancel_relay`` task."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections import Counter
 
 from django.db import transaction
@@ -17,7 +18,9 @@ from portal.exceptions import ApplicationError, Conflict
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
-from portal.slurm import get_gateway
+from portal.slurm import SlurmRejected, get_gateway
+
+logger = logging.getLogger(__name__)
 
 
 def _may_cancel(user, job: Job) -> bool:
@@ -78,8 +81,12 @@ def job_cancel_relay_run(job_id) -> str:
             return outcome
         return "relayed-then-cancel"  # job_relay_run enqueued the cancel for the recorded id
     if job.cancel_reason:
-        # the portal's own cancel (the idle-GPU policy): its reason in Slurm's record first
-        gateway.admin_comment_set(job.slurm_job_id, job.cancel_reason)
+        # the portal's own cancel (the idle-GPU policy): its reason in Slurm's record first; Slurm
+        # refusing it (the portal not root nor SlurmUser) must not keep the job from being cancelled
+        try:
+            gateway.admin_comment_set(job.slurm_job_id, job.cancel_reason)
+        except SlurmRejected as exc:
+            logger.warning("AdminComment of Slurm job %s refused: %s", job.slurm_job_id, exc)
     gateway.cancel(job.slurm_job_id)
     Job.objects.filter(pk=job.pk).update(cancel_sent_at=timezone.now())
     return "sent"

@@ -272,3 +272,17 @@ def test_the_sync_folds_a_policy_jobs_points_with_its_teams_threshold(world):
     assert JobGpuUsage.objects.get(job=other).idle_samples == 0  # not under the site's 5 %
 
 
+
+
+def test_slurm_refusing_the_admin_comment_does_not_keep_the_job_from_being_cancelled(world, use_gateway):
+    from portal.slurm import SlurmRejected
+
+    class Refusing(FakeGateway):
+        def admin_comment_set(self, job_id, text):
+            raise SlurmRejected("Access/permission denied", command="scontrol")
+
+    job = _running(world, slurm_job_id=29, started=timezone.now() - dt.timedelta(minutes=5))
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now(), cancel_reason=f"{IDLE_CANCEL_REASON} (test)")
+    gateway = use_gateway(Refusing())
+    assert job_cancel_relay_run(str(job.pk)) == "sent"
+    assert gateway.cancelled == [29] and Job.objects.get(pk=job.pk).cancel_sent_at is not None
