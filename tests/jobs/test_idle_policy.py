@@ -232,6 +232,8 @@ def test_the_gpu_hours_saved_show_in_the_report_and_on_the_dashboard(world, rela
     assert f"idle-GPU policy saved {row['gpu_hours']} GPU-hours this month" in dashboard
     assert f"{row['gpu_hours']} GPU-hours" in client_for("manager").get("/teams/vision/").content.decode()
     assert "idle-GPU policy saved" not in client_for("outsider").get("/").content.decode()
+    usage_page = client_for("member").get("/accounting/usage/?team=vision").content.decode()
+    assert f"<strong>{row['gpu_hours']} GPU-hours</strong> (1 idle job cancelled" in usage_page
 
 
 # ---------------------------------------------------------------- the exemption at submission
