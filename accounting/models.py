@@ -496,3 +496,28 @@ class BudgetTotal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team_id} {self.gpu_type or 'any'} {self.period_start}–{self.period_end}: held {self.held_gpu_hours}, used {self.used_gpu_hours}"
+
+
+class IdleCancelSaving(models.Model):
+    """What a cancel by the team's idle-GPU policy saved (issue 40 item 3): the job's GPUs × the time
+    it would still have held them until its time limit, counted from the moment the portal decided to
+    cancel it. Exact GPU-seconds (a whole number); money only when a report prices them (the rate
+    book at the cancel's time). Written by jobs.services.cancel.job_idle_cancel through
+    accounting.services.idle_saving_record, one row per job (no FK: it outlives a deleted job, as
+    UsageRecord.portal_job_uuid)."""
+
+    portal_job_uuid = models.UUIDField(unique=True)
+    team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="+")
+    cluster = models.CharField(max_length=64, blank=True)
+    gpu_type = models.CharField(max_length=32, blank=True)
+    gpus = models.PositiveIntegerField()
+    gpu_seconds = models.PositiveBigIntegerField()
+    idle_since = models.DateTimeField()
+    cancelled_at = models.DateTimeField()
+
+    class Meta:
+        # the report and the dashboard: a team's savings in a period
+        indexes = [models.Index(fields=["team", "cancelled_at"], name="idlesaving_team_at")]
+
+    def __str__(self) -> str:
+        return f"idle cancel {self.portal_job_uuid}: {self.gpu_seconds} GPU-s"

@@ -12,7 +12,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from accounting.selectors import cost_report, usage_by_team_and_month
+from accounting.selectors import cost_report, idle_savings_by_team, usage_by_team_and_month
 from portal import money
 from portal.models import NodeInfo
 
@@ -111,8 +111,8 @@ def cloud_comparison(*, start_at: dt.datetime, end_at: dt.datetime, by_type: lis
 
 def report_page_data(*, start_at: dt.datetime, end_at: dt.datetime) -> dict:
     """Everything the report page shows over [start_at, end_at) (any range: one hour is prorated to
-    the second, as the API's ``cost_report``): five aggregate queries and one inventory read (two
-    more, by cluster, when the portal serves several)."""
+    the second, as the API's ``cost_report``): five aggregate queries, one inventory read and the idle
+    policies' savings (two more, by cluster, when the portal serves several)."""
     from portal.slurm import configured_clusters
 
     span = {"start_at": start_at, "end_at": end_at}
@@ -139,13 +139,20 @@ def report_page_data(*, start_at: dt.datetime, end_at: dt.datetime) -> dict:
         "labels": [row["gpu_type"] for row in util],
         "data": [round(row["utilisation"] * 100, 2) if row["utilisation"] is not None else 0 for row in util],
     }
+    # what the teams' idle-GPU policies saved in the range (GPU-hours their cancels freed before the time limits)
+    savings = sorted(idle_savings_by_team(**span).values(), key=lambda r: (-r["gpu_seconds"], r["team_name"]))
+    saved_by_slug = {r["team_slug"]: r for r in savings}
+    for row in by_team:
+        row["idle_saved"] = saved_by_slug.get(row.get("team_slug"))
     totals = {
+        "idle_saved_gpu_hours": money.display(money.gpu_hours(sum(r["gpu_seconds"] for r in savings))),
         "gpu_hours": sum((r["gpu_hours"] for r in by_team), Decimal(0)),
         "requested_gpu_hours": sum((r["requested_gpu_hours"] for r in by_team), Decimal(0)),
         "cost": sum((r["cost"] for r in by_team), Decimal(0)),
     }
     return {
         "by_team": by_team,
+        "idle_savings": savings,
         "by_user": by_user,
         "by_type": by_type,
         "by_month": by_month,

@@ -22,7 +22,9 @@ from accounting.selectors import (
     billing_date,
     can_read_invoice,
     can_see_user_breakdown,
+    billing_midnight,
     cost_report,
+    idle_savings_by_team,
     month_start,
     rates_current,
     usage_teams_visible_to,
@@ -109,11 +111,14 @@ def team_usage(request):
     start, end = form.cleaned_data["start"], form.cleaned_data["end"]
     months = cost_report(start=start, end=end, group_by="month", team=team)
     users = cost_report(start=start, end=end, group_by="user", team=team) if can_see_user_breakdown(request.user, team) else None
+    # what the team's idle-GPU policy saved in the range (its cancels: GPU-hours left to the time limits)
+    saved = idle_savings_by_team(start_at=billing_midnight(start), end_at=billing_midnight(end + dt.timedelta(days=1)), team_ids=[team.pk])
     return render(
         request,
         "accounting/usage.html",
         {"form": form, "teams": teams, "team": team, "months": months, "users": users, "start": start, "end": end,
-         "can_read_invoice": can_read_invoice(request.user, team), "currency": settings.DEFAULT_CURRENCY},
+         "can_read_invoice": can_read_invoice(request.user, team), "currency": settings.DEFAULT_CURRENCY,
+         "idle_saved": saved.get(team.pk)},
     )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from django.db.models import prefetch_related_objects
 from django.http import Http404
 from django.urls import get_script_prefix, reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
@@ -25,7 +25,7 @@ from jobs.choices import JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.gpu_report import job_gpu_report
 from jobs.job_fields import FIELDS, SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, TEMPLATE_FIELDS, JobField
-from jobs.models import Job, JobTemplate
+from jobs.models import Job, JobGpuIdleAlert, JobTemplate
 from jobs.selectors import (
     OUTPUT_DEFAULT_LENGTH,
     OUTPUT_MAX_LENGTH,
@@ -139,6 +139,7 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     booking = serializers.UUIDField(source="booking_id", allow_null=True)
     depends_on = serializers.ListField(child=serializers.UUIDField(), source="depends_on_ids",
                                        help_text="The portal jobs it waits for (sent to Slurm as --dependency=afterok).")  # fmt: skip
+    idle_exempt = serializers.BooleanField(help_text="Exempt from the team's idle-GPU policy (chosen at submission).")
     state = serializers.ChoiceField(choices=JobState.choices)
     state_reason = serializers.CharField(help_text="Slurm's reason code (and details) as it gives them.")
     state_reason_text = serializers.SerializerMethodField(help_text="The reason in words; empty when the portal does "
@@ -153,6 +154,8 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     expected_start_moved_from = serializers.DateTimeField(allow_null=True, help_text="The estimate before it last moved "
                                                           "by more than the portal's threshold; null: it has not.")  # fmt: skip
     cancel_requested = serializers.BooleanField()
+    cancel_reason = serializers.CharField(help_text="Why the portal itself cancelled it (idle GPUs, its team's policy); "
+                                          "empty: cancelled by a person, or not cancelled.")  # fmt: skip
     slurm_job_id = serializers.IntegerField(allow_null=True)
     exit_code = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()
@@ -280,6 +283,15 @@ class JobGpuUsageOutputSerializer(serializers.Serializer):
         return super().to_representation(job_gpu_report(job))
 
 
+class JobIdleWarningOutputSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(source="created_at")
+    idle_since = serializers.DateTimeField()
+    gpus = serializers.IntegerField()
+    threshold_percent = serializers.FloatField(allow_null=True, help_text="The team policy's (null: the site's).")
+    cancel_at = serializers.DateTimeField(allow_null=True, help_text="Under the team's policy: when it is cancelled if its "
+                                          "GPUs stay idle; null: an alert only.")  # fmt: skip
+
+
 class JobDetailOutputSerializer(JobSummaryOutputSerializer):
     script = serializers.CharField()
     directives = JobDirectiveOutputSerializer(many=True, help_text="The options Slurm gets, as the portal read them.")
@@ -293,8 +305,17 @@ class JobDetailOutputSerializer(JobSummaryOutputSerializer):
         "per GPU); status.as_of: figures up to then, status.failing_since: Prometheus not answering."
     )
 
+    idle_warning = serializers.SerializerMethodField(help_text="The idle-GPU alert of the job (null: none): since when "
+                                                     "its GPUs idled, and under its team's policy when it is cancelled "
+                                                     "(cancel_at) unless a GPU gets busy.")  # fmt: skip
+
     def get_task_counts(self, job) -> dict[str, int]:
         return array_task_counts(job) if job.array else {}
+
+    @extend_schema_field(JobIdleWarningOutputSerializer(allow_null=True))
+    def get_idle_warning(self, job) -> dict | None:
+        alert = JobGpuIdleAlert.objects.filter(job=job).first()
+        return JobIdleWarningOutputSerializer(alert).data if alert is not None else None
     environment = serializers.DictField(child=serializers.CharField())
     relay_attempts = serializers.IntegerField()
     last_relay_error = serializers.CharField()
@@ -322,7 +343,10 @@ class JobCollectionApi(ListAPIView):
 
     JobSubmitInputSerializer = job_input_serializer(
         "JobSubmitInputSerializer", SPEC_FIELD_NAMES, before={"team": lambda: serializers.CharField(help_text="Team slug.")},
-        after={"booking": lambda: serializers.UUIDField(required=False, allow_null=True, default=None)},
+        after={"booking": lambda: serializers.UUIDField(required=False, allow_null=True, default=None),
+               "idle_exempt": lambda: serializers.BooleanField(required=False, default=False, help_text=(
+                   "Exempt from the team's idle-GPU policy (a debugger session): never warned for it nor cancelled; "
+                   "the team's managers see it."))},  # fmt: skip
     )
 
     def get_queryset(self):
@@ -368,6 +392,8 @@ class JobCollectionApi(ListAPIView):
         data = dict(serializer.validated_data)
         if not data.get("cluster"):
             data.pop("cluster", None)  # not given: the fingerprint of a one-cluster body stays what it was
+        if not data.get("idle_exempt"):
+            data.pop("idle_exempt", None)  # likewise: bodies without it keep their fingerprint
         fingerprint = request_fingerprint(data)  # the body as understood, key order irrelevant
         job, created = job_submit(
             user=request.user,
@@ -396,7 +422,7 @@ class JobCollectionApi(ListAPIView):
         items, errors = [], {}
         for index, item in enumerate(body):
             try:
-                items.append({k: v for k, v in item_serializer.run_validation(item).items() if k != "cluster" or v})
+                items.append({k: v for k, v in item_serializer.run_validation(item).items() if k not in ("cluster", "idle_exempt") or v})
             except serializers.ValidationError as exc:
                 detail = serializers.as_serializer_error(exc)
                 errors[str(index)] = {k: [str(m) for m in v] if isinstance(v, list) else [str(v)] for k, v in detail.items()}

@@ -143,6 +143,11 @@ class JobForm(_job_fields_form("JobFieldsForm", FORM_FIELDS)):
         help_text="A booking of the team (approved, not ended): the job runs in its Slurm reservation. "
         "Use the booking's GPU type and end before the booking does.",
     )  # fmt: skip
+    idle_exempt = forms.BooleanField(
+        required=False, label="Exempt from the idle-GPU policy",
+        help_text="For a debugger or interactive session whose GPUs may idle: the team's idle-GPU policy never "
+        "cancels it. The team's managers see the exemption.",
+    )  # fmt: skip
 
     def __init__(self, *args, user, summary: dict, **kwargs):
         super().__init__(*args, **kwargs)

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounting.rates import gpu_hour_price
 from jobs import gpu_summary
-from jobs.choices import JobState
+from jobs.choices import LIVE_STATES, JobState
 from jobs.gpu_summary import GPU_CHART_POINTS  # re-exported: the chart's bound, named where the chart is read
 from jobs.models import Job, JobGpuSummary, JobGpuUsage
 from portal import money, prometheus
@@ -150,3 +150,9 @@ def team_idle_allocations(team, *, now: dt.datetime | None = None) -> list[dict]
         out.append({"job": job, "gpus": row["gpus"], "idle_gpus": row["idle"], "idle_since": row["idle_since"],
                     "cost_so_far": cost, "currency": currency})  # fmt: skip
     return sorted(out, key=lambda r: (-r["idle_gpus"], r["idle_since"]))
+
+
+def team_idle_exempt_jobs(team) -> list[Job]:
+    """The team's live jobs submitted exempt from its idle-GPU policy, newest first (its managers' view
+    on the team page). One query (the live-state index)."""
+    return list(Job.objects.filter(team=team, idle_exempt=True, state__in=sorted(LIVE_STATES)).select_related("submitter").order_by("-created_at")[:200])

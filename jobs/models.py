@@ -67,6 +67,11 @@ class Job(models.Model):
     state_reason = models.CharField(max_length=1024, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_sent_at = models.DateTimeField(null=True, blank=True)  # scancel succeeded (sweeper re-sends otherwise)
+    # why the portal itself cancels it (the idle-GPU policy): put into Slurm's AdminComment before the
+    # scancel, and the reason of its CANCELLED event; empty: a person's cancel
+    cancel_reason = models.CharField(max_length=255, blank=True)
+    # exempt from its team's idle-GPU policy (a debugger session), chosen at submission; its managers see it
+    idle_exempt = models.BooleanField(default=False)
     # While pending (jobs_sync, from its one queue read; jobs.pending): the scheduler's expected start
     # (null: no estimate yet), the place among the pending jobs of its partition wanting the same GPU
     # type (1 = next), and the estimate before the last move of more than START_ESTIMATE_MOVE_MINUTES.
@@ -407,6 +412,10 @@ class JobGpuIdleAlert(models.Model):
     emailed_at = models.DateTimeField(null=True, blank=True)
     webhook_delivered_at = models.DateTimeField(null=True, blank=True)
     webhook_error = models.TextField(blank=True)
+    # the team's idle-GPU policy applied: the threshold it used and when the job is cancelled if its
+    # GPUs stay idle (null: the site's informative alert, no cancel). A new idle run re-arms the warning.
+    threshold_percent = models.FloatField(null=True, blank=True)
+    cancel_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"idle GPUs: {self.job_id}"

@@ -23,7 +23,7 @@ from jobs.choices import LIVE_STATES, JobState, OutputStream, TemplateScope
 from jobs.filters import JobFilter
 from jobs.forms import JobForm, QuoteForm, TemplateSaveForm, format_minutes, initial_from_spec
 from jobs.gpu_report import job_gpu_report
-from jobs.models import Job
+from jobs.models import Job, JobGpuIdleAlert
 from jobs.selectors import first_array_index, job_output, job_templates_visible_to, jobs_visible_to, jobs_with_usage
 from jobs.services import job_cancel, job_quote, job_submit, job_template_create, job_template_delete
 from jobs.arrays import array_task_table
@@ -114,6 +114,8 @@ def _detail_context(request, job: Job) -> dict:
         "array_rows": array_rows,
         "streams": OutputStream.choices,
         "several_clusters": several_clusters(),
+        # a warning of the team's idle-GPU policy with its deadline (while it runs: one query)
+        "idle_warning": JobGpuIdleAlert.objects.filter(job=job, cancel_at__isnull=False).first() if job.state == JobState.RUNNING else None,
     }
 
 
@@ -264,6 +266,7 @@ def job_new(request):
                     idempotency_key=form.cleaned_data["idempotency_key"],
                     request=request,
                     booking=form.cleaned_data.get("booking") or None,
+                    idle_exempt=bool(form.cleaned_data.get("idle_exempt")),
                     **form.job_kwargs(),
                 )
             except ApplicationError as exc:

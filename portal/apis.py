@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.generics import ListAPIView
 from rest_framework.views import APIView
 
 from portal.roles import is_admin
-from portal.selectors import cluster_summary, clusters_status, teams_visible_to
+from portal.selectors import cluster_summary, clusters_status, team_idle_policy, teams_visible_to
+from portal.services import team_idle_policy_set
 
 
 class ClusterApi(APIView):
@@ -145,3 +146,69 @@ class TeamDetailApi(APIView):
     def get(self, request, slug: str):
         team = get_object_or_404(teams_visible_to(request.user), slug=slug)
         return Response(self.TeamDetailOutputSerializer(team, context={"request": request}).data)
+
+
+class IdlePolicyValuesSerializer(serializers.Serializer):
+    """A team's idle-GPU policy as it applies now (clamped into the bounds)."""
+
+    threshold_percent = serializers.FloatField()
+    warn_minutes = serializers.FloatField()
+    cancel_minutes = serializers.FloatField()
+
+
+class IdlePolicyBoundsSerializer(serializers.Serializer):
+    """The admin's bounds on the teams' idle-GPU policies (settings GPU_IDLE_POLICY_*)."""
+
+    max_threshold_percent = serializers.DecimalField(max_digits=5, decimal_places=2, coerce_to_string=True)
+    min_warn_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
+    min_cancel_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
+    max_minutes = serializers.DecimalField(max_digits=10, decimal_places=2, coerce_to_string=True)
+
+
+class TeamIdlePolicyApi(APIView):
+    """The team's idle-GPU policy (README "Idle-GPU policy"): read by its members, set by its managers
+    within the admin's bounds (settings GPU_IDLE_POLICY_*)."""
+
+    class IdlePolicyInputSerializer(serializers.Serializer):
+        enabled = serializers.BooleanField()
+        threshold_percent = serializers.DecimalField(max_digits=5, decimal_places=2,
+                                                     help_text="A GPU under this utilisation (%) is idle.")  # fmt: skip
+        warn_minutes = serializers.DecimalField(max_digits=8, decimal_places=2,
+                                                help_text="All of a job's GPUs idle this long: its submitter is warned.")  # fmt: skip
+        cancel_minutes = serializers.DecimalField(max_digits=8, decimal_places=2,
+                                                  help_text="This long after the warning, still idle: the job is cancelled.")  # fmt: skip
+
+    class IdlePolicyOutputSerializer(serializers.Serializer):
+        enabled = serializers.BooleanField(help_text="Off by default: no job of the team is warned or cancelled by it.")
+        threshold_percent = serializers.DecimalField(max_digits=5, decimal_places=2, coerce_to_string=True)
+        warn_minutes = serializers.DecimalField(max_digits=8, decimal_places=2, coerce_to_string=True)
+        cancel_minutes = serializers.DecimalField(max_digits=8, decimal_places=2, coerce_to_string=True)
+        effective = serializers.SerializerMethodField(help_text="What applies now: the values clamped into the bounds in force.")
+        bounds = serializers.SerializerMethodField(help_text="The admin's limits.")
+        updated_at = serializers.DateTimeField(allow_null=True)
+        updated_by = serializers.CharField()
+
+        @extend_schema_field(IdlePolicyValuesSerializer)
+        def get_effective(self, policy) -> dict:
+            return IdlePolicyValuesSerializer(policy["effective"]).data
+
+        @extend_schema_field(IdlePolicyBoundsSerializer)
+        def get_bounds(self, policy) -> dict:
+            return IdlePolicyBoundsSerializer(policy["bounds"]).data
+
+    @extend_schema(responses=IdlePolicyOutputSerializer, summary="The team's idle-GPU policy and the site's bounds")
+    def get(self, request, slug: str):
+        team = get_object_or_404(teams_visible_to(request.user), slug=slug)
+        return Response(self.IdlePolicyOutputSerializer(team_idle_policy(team)).data)
+
+    @extend_schema(
+        request=IdlePolicyInputSerializer, responses=IdlePolicyOutputSerializer,
+        summary="Set the team's idle-GPU policy (its managers)",
+        description="A value outside the admin's bounds answers 400 naming the field; a member who is not a manager, 403.",
+    )  # fmt: skip
+    def put(self, request, slug: str):
+        team = get_object_or_404(teams_visible_to(request.user), slug=slug)
+        serializer = self.IdlePolicyInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        team_idle_policy_set(team=team, actor=request.user, request=request, **serializer.validated_data)
+        return Response(self.IdlePolicyOutputSerializer(team_idle_policy(team)).data)

@@ -9,6 +9,7 @@ import secrets
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models, transaction
+from django.db.models import Q
 
 from portal.snapshots import INVENTORY, ROLES, SnapshotManager
 
@@ -48,6 +49,31 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class TeamIdlePolicy(models.Model):
+    """A team's idle-GPU policy (issue 40 item 3), set by its managers within the site's bounds
+    (settings GPU_IDLE_POLICY_*; portal.services.team_idle_policy_set): a running job whose GPUs all
+    stayed under ``threshold_percent`` for ``warn_minutes`` warns its submitter, and ``cancel_minutes``
+    after the warning the portal cancels it (jobs.services.gpu_alerts). No row, or ``enabled`` off: no
+    policy (the default). Minutes may have a fraction (two places)."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, primary_key=True, related_name="idle_policy")
+    enabled = models.BooleanField(default=False)
+    threshold_percent = models.DecimalField(max_digits=5, decimal_places=2)
+    warn_minutes = models.DecimalField(max_digits=8, decimal_places=2)
+    cancel_minutes = models.DecimalField(max_digits=8, decimal_places=2)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(threshold_percent__gt=0) & Q(threshold_percent__lte=100), name="teamidlepolicy_threshold"),
+            models.CheckConstraint(condition=Q(warn_minutes__gt=0) & Q(cancel_minutes__gt=0), name="teamidlepolicy_minutes"),
+        ]
+
+    def __str__(self) -> str:
+        return f"idle-GPU policy of {self.team_id}"
 
 
 class TeamClusterAccount(models.Model):

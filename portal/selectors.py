@@ -213,3 +213,38 @@ def clusters_status() -> list[dict]:
             "max_array_size": policies.get(cluster.pk),
         })  # fmt: skip
     return out
+
+
+def team_idle_policy(team: Team) -> dict:
+    """The team's idle-GPU policy as its page and the API show it: the stored values (no row: off, with
+    the values a manager starts from: the site's idle threshold and alert delay within the bounds, the
+    shortest cancel delay), the ``effective`` ones (clamped into the bounds in force: what the GPU check
+    applies while ``enabled``) and the admin's ``bounds``. One query."""
+    from decimal import Decimal
+
+    from django.conf import settings
+
+    from portal.idle_policy import IdlePolicy, IdlePolicyBounds
+    from portal.models import TeamIdlePolicy
+
+    bounds = IdlePolicyBounds.current()
+    row = TeamIdlePolicy.objects.filter(team=team).first()
+    if row is None:
+        values = {
+            "enabled": False,
+            "threshold_percent": min(Decimal(str(settings.GPU_IDLE_THRESHOLD_PERCENT)), bounds.max_threshold_percent),
+            "warn_minutes": min(max(Decimal(settings.GPU_IDLE_ALERT_MINUTES), bounds.min_warn_minutes), bounds.max_minutes),
+            "cancel_minutes": bounds.min_cancel_minutes,
+            "updated_at": None, "updated_by": "",
+        }  # fmt: skip
+    else:
+        values = {"enabled": row.enabled, "threshold_percent": row.threshold_percent, "warn_minutes": row.warn_minutes,
+                  "cancel_minutes": row.cancel_minutes, "updated_at": row.updated_at,
+                  "updated_by": row.updated_by.username if row.updated_by else ""}  # fmt: skip
+    effective = IdlePolicy.effective(threshold_percent=values["threshold_percent"], warn_minutes=values["warn_minutes"],
+                                     cancel_minutes=values["cancel_minutes"], bounds=bounds)  # fmt: skip
+    values["effective"] = {"threshold_percent": effective.threshold_percent,
+                           "warn_minutes": effective.warn.total_seconds() / 60,
+                           "cancel_minutes": effective.cancel.total_seconds() / 60}  # fmt: skip
+    values["bounds"] = bounds.as_dict()
+    return values

@@ -7,6 +7,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -17,7 +18,7 @@ from portal.exceptions import ApplicationError, Conflict
 from portal.models import clusters_record  # noqa: F401  (recorded by the model layer: default_cluster_id needs it)
 from portal.models import (
     ApiToken, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team,
-    TeamClusterAccount,
+    TeamClusterAccount, TeamIdlePolicy,
 )  # fmt: skip
 from portal.outbox import after_commit
 from portal.proxies import client_address
@@ -74,6 +75,30 @@ def membership_remove(*, team: Team, user, actor=None, request=None) -> None:
     audit_record(actor=actor, action="team.member_remove", target=team, team=team, request=request,
                  data={"user": user.username})
     after_commit("portal.tasks.team_mirror_to_slurm", team.pk)
+
+
+@transaction.atomic
+def team_idle_policy_set(*, team: Team, actor, enabled: bool, threshold_percent: Decimal, warn_minutes: Decimal,
+                         cancel_minutes: Decimal, request=None) -> TeamIdlePolicy:  # fmt: skip
+    """Set the team's idle-GPU policy (README "Idle-GPU policy"). Only the team's managers (and
+    admins) may: a member gets 403. Values outside the admin's bounds (portal.idle_policy): 400 naming
+    each field, also when turning the policy off (what is stored must be settable). Audited."""
+    from portal.idle_policy import idle_policy_errors
+    from portal.roles import is_admin, is_manager
+
+    if not (is_manager(actor, team) or is_admin(actor)):
+        raise ApplicationError("Only the team's managers may set its idle-GPU policy.", status_code=403)
+    values = {"threshold_percent": Decimal(threshold_percent), "warn_minutes": Decimal(warn_minutes),
+              "cancel_minutes": Decimal(cancel_minutes)}  # fmt: skip
+    errors = idle_policy_errors(**values)
+    if errors:
+        raise ApplicationError("The idle-GPU policy is outside the site's limits.", errors=errors)
+    policy, _ = TeamIdlePolicy.objects.update_or_create(
+        team=team, defaults={"enabled": bool(enabled), **values, "updated_by": actor if actor.is_authenticated else None}
+    )
+    audit_record(actor=actor, action="team.idle_policy_set", target=team, team=team, request=request,
+                 data={"enabled": bool(enabled), **{k: str(v) for k, v in values.items()}})  # fmt: skip
+    return policy
 
 
 def profile_ensure(*, user) -> Profile:

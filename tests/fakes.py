@@ -56,6 +56,7 @@ class FakeGateway(SlurmGateway):
         self.records: list[AccountingRecord] = list(records or [])
         self.submitted = []
         self.cancelled: list[int] = []
+        self.admin_comments: dict[int, str] = {}
         self.calls: Counter[str] = Counter()
         self.accounting_windows: list[tuple[dt.datetime, dt.datetime]] = []
         self.accounting_job_ids = None
@@ -114,6 +115,10 @@ class FakeGateway(SlurmGateway):
     def cancel(self, job_id):
         self._call("cancel")
         self.cancelled.append(job_id)
+
+    def admin_comment_set(self, job_id, text):
+        self._call("admin_comment_set")
+        self.admin_comments[job_id] = text
 
     def queue(self):
         self._call("queue")

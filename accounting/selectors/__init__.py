@@ -4,6 +4,7 @@
 - ``usage``     the cost report, usage chart, reconciliation figures, invoice lines, who reads usage
 - ``budgets``   quotas visible and in force, budget rows, burn-down, /metrics ratios
 - ``rollup``    how current each cluster's accounting roll-up is (sreport's reach)
+- ``idle_savings`` what the teams' idle-GPU policies saved
 - ``bookings``  bookings' held capacity, visibility, availability, the job-in-booking check, charges
 
 The billing calendar is accounting.calendar and the rate book accounting.rates; their names are
@@ -39,6 +40,7 @@ from accounting.selectors.budgets import (
     team_budget,
     team_budget_ratios,
 )
+from accounting.selectors.idle_savings import idle_savings_by_team
 from accounting.selectors.rollup import ROLLUP_KIND, RollupStatus, rollup_message, rollup_status
 from accounting.selectors.usage import (
     GROUP_BY_CHOICES,
@@ -60,5 +62,5 @@ __all__ = [
     "can_read_invoice", "can_see_user_breakdown", "cost_report", "current_month", "gpu_hour_price", "invoice_lines", "jobs_usage",
     "month_start", "next_month", "quota_period_bounds", "quotas_effective", "quotas_visible_to",
     "range_bounds", "rates_current", "rollup_message", "rollup_status", "team_budget", "team_budget_ratios", "usage_by_team_and_month",
-    "usage_records_of_team", "usage_teams_visible_to",
+    "usage_records_of_team", "usage_teams_visible_to", "idle_savings_by_team",
 ]  # fmt: skip

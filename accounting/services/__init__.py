@@ -15,6 +15,7 @@
                     rolled up (rolled_up_to, rollup_record, usage_reconcile)
 - ``alerts``        budget alerts (80 % / 100 %), e-mail and webhook delivery
 - ``gpu_busy``      what share of a job's GPU-time its GPUs computed (from the GPU monitoring)
+- ``idle_savings``  what a cancel by a team's idle-GPU policy saved (GPU-seconds until the time limit)
 """
 
 from accounting.services.alerts import (
@@ -49,6 +50,7 @@ from accounting.services.budget import (
     budget_holds_tasks_settle,
 )
 from accounting.services.gpu_busy import usage_busy_record
+from accounting.services.idle_savings import idle_saving_record
 from accounting.services.ingestion import IngestResult, usage_ingest, usage_records_upsert, usage_window_start
 from accounting.services.quotas import quota_approve, quota_cancel, quota_reject, quota_request
 from accounting.services.rates import may_set_prices, rate_create
@@ -86,5 +88,5 @@ __all__ = [
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
     "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",
     "usage_reprice_sweep", "usage_window_start",
-    "ClusterReconciliation", "rolled_up_to", "rollup_record", "usage_reconcile",
+    "ClusterReconciliation", "rolled_up_to", "rollup_record", "usage_reconcile", "idle_saving_record",
 ]  # fmt: skip

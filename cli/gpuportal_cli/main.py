@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--after", action="append", metavar="JOB", help="start only once this portal job has completed "
                    "successfully (repeatable, or JOB,JOB; sent to Slurm as --dependency=afterok)")  # fmt: skip
+    p.add_argument("--idle-exempt", action="store_true",
+                   help="exempt from the team's idle-GPU policy (a debugger session: never cancelled for idle GPUs; the team's managers see it)")
     p.add_argument("--wait", action="store_true", help="wait until the job ends (with several scripts: all of them); the exit code tells how it ended (several: the worst)")
     p.add_argument("--poll-interval", type=float, default=3.0, help="seconds between polls with --wait (default 3)")
     p.add_argument(

@@ -81,6 +81,8 @@ def build_submission(args, script: str, script_name: str) -> tuple[dict, list[st
                 raise CliError(f"--env {item!r}: expected KEY=VALUE")
             environment[key] = value
         body["environment"] = environment
+    if getattr(args, "idle_exempt", False):
+        body["idle_exempt"] = True
     return body, notes
 
 

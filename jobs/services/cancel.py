@@ -3,19 +3,25 @@ passed on to Slurm by the ``job_cancel_relay`` task."""
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+from collections import Counter
+
 from django.db import transaction
 from django.utils import timezone
 from gpuportal_sbatch.directives import parse_array
 
-from accounting.services import budget_holds_release
+from accounting.services import budget_holds_release, idle_saving_record
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
-from jobs.models import Job, JobArrayTask, JobEvent
+from jobs.models import Job, JobArrayTask, JobEvent, JobGpuUsage
 from jobs.services.relay import job_relay_run
 from portal.exceptions import ApplicationError, Conflict
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
 from portal.slurm import SlurmRejected, get_gateway
+
+logger = logging.getLogger(__name__)
 
 
 def _may_cancel(user, job: Job) -> bool:
@@ -73,6 +79,13 @@ def job_cancel_relay_run(job_id) -> str:
         if outcome in ("not-claimed", "cancelled", "submit-failed", "already-recorded"):
             return outcome
         return "relayed-then-cancel"  # job_relay_run enqueued the cancel for the recorded id
+    if job.cancel_reason:
+        # the portal's own cancel (the idle-GPU policy): its reason in Slurm's record first; Slurm
+        # refusing it (the portal not root nor SlurmUser) must not keep the job from being cancelled
+        try:
+            gateway.admin_comment_set(job.slurm_job_id, job.cancel_reason)
+        except SlurmRejected as exc:
+            logger.warning("AdminComment of Slurm job %s refused: %s", job.slurm_job_id, exc)
     gateway.cancel(job.slurm_job_id)
     Job.objects.filter(pk=job.pk).update(cancel_sent_at=timezone.now())
     return "sent"
@@ -101,3 +114,46 @@ def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
     audit_record(actor=user, action="job.cancel_task", target=job, team=job.team, request=request,
                  data={"slurm_job_id": job.slurm_job_id, "index": index})  # fmt: skip
     return job
+
+
+IDLE_CANCEL_REASON = "gpuportal: cancelled, idle GPUs"
+
+
+def _saved_gpu_seconds(job: Job, *, gpus: int, at: dt.datetime) -> int:
+    """What the job would still have held had the portal not cancelled it: its GPUs × (its time limit's
+    end − ``at``), from its start (an array: each running task's GPU rows from that task's start).
+    Whole seconds, never negative."""
+    limit = dt.timedelta(minutes=job.time_limit_minutes)
+    if job.array:
+        starts = dict(JobArrayTask.objects.filter(job=job, state=JobState.RUNNING, started_at__isnull=False)
+                      .values_list("index", "started_at"))  # fmt: skip
+        per_task = Counter(JobGpuUsage.objects.filter(job=job, final=False, task_index__in=list(starts)).values_list("task_index", flat=True))
+        return sum(n * max(0, int((starts[index] + limit - at).total_seconds())) for index, n in per_task.items())
+    if job.started_at is None:
+        return 0
+    return gpus * max(0, int((job.started_at + limit - at).total_seconds()))
+
+
+def job_idle_cancel(*, job_id, gpus: int, idle_since: dt.datetime, threshold_percent: float, now: dt.datetime) -> bool:
+    """Cancel a running job for its team's idle-GPU policy (jobs.services.gpu_alerts decides when):
+    once (a conditional update: live, no cancel asked yet, not exempt), with the reason kept on the
+    row for Slurm's AdminComment and the CANCELLED event, a history event now, the GPU-seconds saved
+    handed to accounting (idle_saving_record), the audit event; the relay task sends it after commit.
+    Returns whether this call cancelled it."""
+    minutes = max(0, int((now - idle_since).total_seconds() // 60))
+    reason = f"{IDLE_CANCEL_REASON} (all {gpus} under {threshold_percent:g} % for {minutes} min; team policy)"
+    with transaction.atomic():
+        done = Job.objects.filter(
+            pk=job_id, state=JobState.RUNNING, cancel_requested_at__isnull=True, idle_exempt=False
+        ).update(cancel_requested_at=now, cancel_sent_at=None, cancel_reason=reason[:255])
+        if not done:
+            return False
+        job = Job.objects.select_related("team").get(pk=job_id)
+        saved = _saved_gpu_seconds(job, gpus=gpus, at=now)
+        JobEvent.objects.create(job=job, state=job.state, reason=f"Cancel requested: idle GPUs — {reason}", at=now)
+        idle_saving_record(job_uuid=job.pk, team=job.team, cluster=job.slurm_cluster, gpu_type=job.gpu_type, gpus=gpus,
+                           gpu_seconds=saved, idle_since=idle_since, at=now)  # fmt: skip
+        audit_record(actor=None, action="job.idle_cancel", target=job, team=job.team,
+                     data={"slurm_job_id": job.slurm_job_id, "gpus": gpus, "saved_gpu_seconds": saved, "reason": reason})  # fmt: skip
+        after_commit("jobs.tasks.job_cancel_relay", str(job.pk))
+    return True

@@ -26,6 +26,7 @@ from accounting.services import usage_busy_record
 from jobs import gpu_summary
 from jobs.choices import TERMINAL_STATES
 from jobs.gpu_report import SYNC_KIND
+from jobs.services.gpu_alerts import job_idle_policies
 from jobs.models import Job, JobArrayTask, JobGpuSample, JobGpuSummary, JobGpuUsage
 from portal import prometheus
 from portal.db import bulk_update_values
@@ -75,7 +76,7 @@ def gpu_usage_record(series: list[prometheus.GpuSeries], *, step: int) -> dict:
     """Fold the points into the usage rows (one upsert; a point already counted is skipped; the points
     themselves stay in Prometheus). Returns figures: gpus, points (counted)."""
     owners = _owners(series)
-    threshold = settings.GPU_IDLE_THRESHOLD_PERCENT
+    default_threshold = settings.GPU_IDLE_THRESHOLD_PERCENT
     wanted: dict[tuple, tuple[prometheus.GpuSeries, tuple]] = {}
     for s in series:
         owner = s.job.isdigit() and _owner(owners, s)
@@ -84,6 +85,8 @@ def gpu_usage_record(series: list[prometheus.GpuSeries], *, step: int) -> dict:
     if not wanted:
         return {"gpus": 0, "points": 0}
     job_ids = {key[0] for key in wanted}
+    # a job under its team's idle-GPU policy: idle is under the policy's threshold (one query)
+    thresholds = {pk: policy.threshold_percent for pk, policy in job_idle_policies(job_ids).items()}
     with transaction.atomic():
         existing = {
             (u.job_id, u.slurm_job_id, u.host, u.gpu): u
@@ -101,6 +104,7 @@ def gpu_usage_record(series: list[prometheus.GpuSeries], *, step: int) -> dict:
                 continue
             usage.model_name = s.model or usage.model_name
             fresh = [(at, util, mem) for at, util, mem in s.points if at > usage.last_at]
+            threshold = thresholds.get(job_pk, default_threshold)
             for at, util, mem in fresh:
                 usage.samples += 1
                 usage.util_sum += util

@@ -170,6 +170,7 @@ def job_submit(
     fingerprint: str | None = None,
     request=None,
     parsed: ParsedScript | None = None,
+    idle_exempt: bool = False,
     **spec_fields: Any,
 ) -> tuple[Job, bool]:
     """Validate and store a job (ACCEPTED + first JobEvent); enqueue its relay to Slurm on commit: a
@@ -185,15 +186,17 @@ def job_submit(
     TypeError). The spec is the script's #SBATCH directives with the given fields overriding them
     (None / "": the script decides); see jobs.spec.validate_job_spec. ``cluster``: where it runs when
     its partition's name is on several clusters (else the partition decides). ``parsed``: the
-    script's parse when the caller has it (jobs.spec_fields.parse_script: once per request)."""
+    script's parse when the caller has it (jobs.spec_fields.parse_script: once per request).
+    ``idle_exempt``: exempt from the team's idle-GPU policy (a debugger session; its managers see it)."""
     fields = given_fields(SPEC_FIELD_NAMES, {"script": script, **spec_fields}, what="job_submit")
     if fingerprint is None:
         # no cluster, submit_dir or depends_on: as before they existed (keys stored by then still replay)
         given = {name: value for name, value in fields.items() if name not in ("cluster", "submit_dir", "depends_on") or value}
         fingerprint = request_fingerprint(
             {"team": team.pk if team else None, **given, "booking": str(getattr(booking, "pk", booking) or "")}
+            | ({"idle_exempt": True} if idle_exempt else {})
         )
-    jobs, created = _submit(user=user, team=team, items=[{**fields, "booking": booking, "parsed": parsed}], idempotency_key=idempotency_key,
+    jobs, created = _submit(user=user, team=team, items=[{**fields, "booking": booking, "parsed": parsed, "idle_exempt": idle_exempt}], idempotency_key=idempotency_key,
                             fingerprint=fingerprint, request=request, single=True)  # fmt: skip
     return jobs[0], created
 
@@ -236,7 +239,7 @@ def job_submit_batch(
 ) -> tuple[list[Job], bool]:
     """Validate and store up to MAX_BATCH_JOBS jobs of one team at once (all or none).
 
-    ``jobs``: dicts with job_submit's spec fields (jobs.job_fields, and booking; a missing
+    ``jobs``: dicts with job_submit's spec fields (jobs.job_fields, booking and idle_exempt; a missing
     one is None, other keys are not read). Every spec is
     checked with the same validation as job_submit; the errors come back keyed by the spec's index
     (``{"3": {"gpus": [...]}}``) and nothing is stored. The budget holds of all the jobs are placed at
@@ -314,6 +317,8 @@ def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str 
                  idempotency_key=None if idempotency_key is None else _batch_key(idempotency_key, index))
         for index, (spec, booking_id, quote, job_id) in enumerate(prepared)
     ]  # fmt: skip
+    for job, item in zip(rows, items, strict=True):  # not a spec field: nothing Slurm gets
+        job.idle_exempt = bool(item.get("idle_exempt"))
     if single:
         job = rows[0]
         audit = {"action": "job.submit", "data": {"name": job.name, "partition": job.partition, "gpu_type": job.gpu_type,

@@ -30,7 +30,7 @@ from portal.unix import unix_ids
 
 # Fields the sync reads and may write.
 _SYNC_FIELDS = [
-    "id", "state", "state_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
+    "id", "state", "state_reason", "cancel_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
     "exit_code", "created_at", "array", "array_tasks", "expected_start_at", "queue_position", "expected_start_moved_from",
 ]  # fmt: skip
 # A job that ended in the queue but is not in accounting yet (slurmdbd lags a little) is left
@@ -228,6 +228,8 @@ def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool,
     state = values.get("state", job.state)
     if state != job.state or new_state == job.state:  # the source speaks about the current state
         reason = _clean_reason(entry.reason) if source is entry and state in (JobState.PENDING, JobState.REQUEUED, JobState.SUSPENDED) else ""
+        if state == JobState.CANCELLED and job.cancel_reason:
+            reason = job.cancel_reason  # the portal's own cancel (idle GPUs): its history says why
         if reason != job.state_reason:
             values["state_reason"] = reason
     values |= _plan_outlook(job, outlook if source is entry and state in (JobState.PENDING, JobState.REQUEUED) else None)

@@ -309,6 +309,16 @@ GPU_USAGE_MAX_CATCHUP_HOURS = env.int("GPU_USAGE_MAX_CATCHUP_HOURS", 6, minimum=
 # its submitter once (e-mail, the team's webhook): the window must be full, so no job alerts in its first minutes.
 GPU_IDLE_THRESHOLD_PERCENT = env.float("GPU_IDLE_THRESHOLD_PERCENT", 5.0, minimum=0)
 GPU_IDLE_ALERT_MINUTES = env.int("GPU_IDLE_ALERT_MINUTES", 30, minimum=1)
+# The idle-GPU policy (issue 40 item 3; README "Idle-GPU policy"): each team's managers may turn one on
+# (off by default) within these site-wide bounds, which the admin sets here: a GPU under at most
+# GPU_IDLE_POLICY_MAX_THRESHOLD_PERCENT counts as idle; the warning comes after at least
+# GPU_IDLE_POLICY_MIN_WARN_MINUTES of idle GPUs and the cancel at least GPU_IDLE_POLICY_MIN_CANCEL_MINUTES
+# after the warning (both at most GPU_IDLE_POLICY_MAX_MINUTES). A team's policy outside bounds changed
+# later is applied clamped into them. Minutes may have a fraction.
+GPU_IDLE_POLICY_MAX_THRESHOLD_PERCENT = env.float("GPU_IDLE_POLICY_MAX_THRESHOLD_PERCENT", 10.0, minimum=0.01)
+GPU_IDLE_POLICY_MIN_WARN_MINUTES = env.float("GPU_IDLE_POLICY_MIN_WARN_MINUTES", 15.0, minimum=0.01)
+GPU_IDLE_POLICY_MIN_CANCEL_MINUTES = env.float("GPU_IDLE_POLICY_MIN_CANCEL_MINUTES", 15.0, minimum=0.01)
+GPU_IDLE_POLICY_MAX_MINUTES = env.float("GPU_IDLE_POLICY_MAX_MINUTES", 7 * 24 * 60.0, minimum=1)
 # A pending job's expected start (Slurm's backfill estimate, jobs_sync) that moves by more than this
 # is noted on its page and in its history ("expected start moved from X to Y").
 START_ESTIMATE_MOVE_MINUTES = env.int("START_ESTIMATE_MOVE_MINUTES", 30, minimum=1)

@@ -11,6 +11,7 @@ api_v1 = [
     path("clusters/", apis.ClusterListApi.as_view(), name="api-cluster-list"),
     path("teams/", apis.TeamListApi.as_view(), name="api-team-list"),
     path("teams/<slug:slug>/", apis.TeamDetailApi.as_view(), name="api-team-detail"),
+    path("teams/<slug:slug>/idle-policy/", apis.TeamIdlePolicyApi.as_view(), name="api-team-idle-policy"),
     path("", include("accounting.api_urls")),
 ]
 

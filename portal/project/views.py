@@ -6,16 +6,19 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from portal.exceptions import ApplicationError
-from jobs.gpu_report import team_idle_allocations
+from accounting.selectors import billing_midnight, current_month, idle_savings_by_team
+from portal.exceptions import ApplicationError, form_add_application_error
+from portal.forms import TeamIdlePolicyForm
+from jobs.gpu_report import team_idle_allocations, team_idle_exempt_jobs
 from portal.fields import whole_number
 from portal.roles import is_admin, is_manager
-from portal.selectors import api_tokens_of, cluster_summary, clusters_status, teams_visible_to
-from portal.services import api_token_create, api_token_revoke
+from portal.selectors import api_tokens_of, cluster_summary, clusters_status, team_idle_policy, teams_visible_to
+from portal.services import api_token_create, api_token_revoke, team_idle_policy_set
 
 
 class LoginView(auth_views.LoginView):
@@ -83,7 +86,12 @@ def oidc_view(name: str):
 @login_required
 def dashboard(request):
     summary = cluster_summary()
-    teams = teams_visible_to(request.user).order_by("name")
+    teams = list(teams_visible_to(request.user).order_by("name"))
+    # what each team's idle-GPU policy saved this month (one query for them all)
+    first, following = current_month()
+    saved = idle_savings_by_team(start_at=billing_midnight(first), end_at=billing_midnight(following), team_ids=[t.pk for t in teams])
+    for team in teams:
+        team.idle_saved = saved.get(team.pk)
     return render(request, "portal/dashboard.html", {"summary": summary, "teams": teams})
 
 
@@ -106,16 +114,41 @@ def team_list(request):
 
 @login_required
 def team_detail(request, slug: str):
+    """The team: members; its idle-GPU policy (all members read it; its managers and admins set it, see
+    the live jobs exempt from it, what it saved this month and the idle allocations now)."""
     team = get_object_or_404(teams_visible_to(request.user), slug=slug)
     memberships = team.memberships.select_related("user", "user__profile").order_by("user__username")
     manager = is_manager(request.user, team)
-    # the team's running jobs whose GPUs idle now (GPU monitoring): its managers' and admins' to see
-    idle = team_idle_allocations(team) if manager or is_admin(request.user) else None
-    return render(
-        request,
-        "portal/team_detail.html",
-        {"team": team, "memberships": memberships, "is_manager": manager, "idle_allocations": idle},
-    )
+    oversees = manager or is_admin(request.user)
+    policy = team_idle_policy(team)
+    form, status = None, 200
+    if oversees:
+        form = TeamIdlePolicyForm(request.POST if request.method == "POST" else None, initial={
+            k: policy[k] for k in ("enabled", "threshold_percent", "warn_minutes", "cancel_minutes")})  # fmt: skip
+        if request.method == "POST":
+            if form.is_valid():
+                try:
+                    team_idle_policy_set(team=team, actor=request.user, request=request, **form.cleaned_data)
+                except ApplicationError as exc:
+                    form_add_application_error(form, exc)
+                else:
+                    messages.success(request, "Idle-GPU policy saved.")
+                    return redirect("team-detail", slug=team.slug)
+            status = 400
+    elif request.method == "POST":
+        raise PermissionDenied("Only the team's managers may set its idle-GPU policy.")
+    context = {"team": team, "memberships": memberships, "is_manager": manager, "idle_policy": policy, "idle_policy_form": form,
+               # the team's running jobs whose GPUs idle now (GPU monitoring): its managers' and admins' to see
+               "idle_allocations": team_idle_allocations(team) if oversees else None,
+               "idle_exempt_jobs": team_idle_exempt_jobs(team) if oversees else None,
+               "idle_saved": _idle_saved_this_month(team) if oversees else None}  # fmt: skip
+    return render(request, "portal/team_detail.html", context, status=status)
+
+
+def _idle_saved_this_month(team) -> dict | None:
+    """What the team's idle-GPU policy saved this billing month so far (accounting.selectors)."""
+    first, following = current_month()
+    return idle_savings_by_team(start_at=billing_midnight(first), end_at=billing_midnight(following), team_ids=[team.pk]).get(team.pk)
 
 
 @login_required

@@ -36,6 +36,12 @@ class SlurmGateway(abc.ABC):
     def cancel(self, job_id: int) -> None:
         """Cancel a job. Cancelling a job that already ended is not an error."""
 
+    def admin_comment_set(self, job_id: int, text: str) -> None:
+        """Set the job's AdminComment (what ``scontrol show job`` shows; the portal's reason for a cancel
+        of its own, set before the cancel). A job already gone is not an error. Backends that cannot
+        say so."""
+        raise t.SlurmRejected("This Slurm backend cannot set a job's AdminComment.")
+
     def cancel_array_task(self, array_job_id: int, index: int) -> None:
         """Cancel one task of an array job (``scancel 123_4``). Backends that cannot say so."""
         raise t.SlurmRejected("This Slurm backend cannot cancel one task of an array job.")

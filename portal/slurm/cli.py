@@ -214,6 +214,12 @@ class CliGateway(SlurmGateway):
     def cancel(self, job_id: int) -> None:
         self._run([self._exe("scancel"), str(int(job_id))], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
 
+    def admin_comment_set(self, job_id: int, text: str) -> None:
+        """``scontrol update JobId=N AdminComment=…`` (root or SlurmUser: the portal's own words; one
+        argv item, no shell, so spaces are kept)."""
+        argv = [self._exe("scontrol"), "update", f"JobId={int(job_id)}", f"AdminComment={text}"]
+        self._run(argv, ok_patterns=parsing.ALREADY_GONE_PATTERNS)
+
     def cancel_array_task(self, array_job_id: int, index: int) -> None:
         self._run([self._exe("scancel"), f"{int(array_job_id)}_{int(index)}"], ok_patterns=parsing.ALREADY_GONE_PATTERNS)
 

@@ -341,6 +341,10 @@ class PyslurmGateway(SlurmGateway):
 
         self._call("cancel", cancel)
 
+    def admin_comment_set(self, job_id: int, text: str) -> None:
+        # scontrol's documented update (as the inventory reads): one call per policy cancel, rare
+        self._cli.admin_comment_set(job_id, text)
+
     def queue(self) -> list[t.QueueEntry]:
         jobs = self._call("queue", lambda: self._pyslurm.Jobs.load())
         out = []

@@ -27,14 +27,14 @@ from jobs.services import job_quote, job_template_create
 from jobs.spec import validate_job_spec
 
 # what the views and services add around a job's fields (not fields of the job itself)
-SUBMIT_EXTRAS = {"team", "booking"}
-FORM_EXTRAS = {"team", "booking", "script_file", "script", "idempotency_key"}
+SUBMIT_EXTRAS = {"team", "booking", "idle_exempt"}  # not job fields: what the portal does with the job
+FORM_EXTRAS = {"team", "booking", "script_file", "script", "idempotency_key", "idle_exempt"}
 SPEC_ARGUMENTS = {"default_submit_dir", "account", "accounts", "check_script", "cache", "parsed", "tag"}
 
 
 def test_the_api_inputs_are_the_declared_fields():
     submit = JobCollectionApi.JobSubmitInputSerializer().fields
-    assert list(submit) == ["team", *SPEC_FIELD_NAMES, "booking"]
+    assert list(submit) == ["team", *SPEC_FIELD_NAMES, "booking", "idle_exempt"]
     assert set(submit) - SUBMIT_EXTRAS == {f.name for f in JOB_FIELDS}
     assert list(JobQuoteApi.JobQuoteInputSerializer().fields) == list(SHAPE_FIELD_NAMES)
     template = JobTemplateCollectionApi.JobTemplateInputSerializer().fields

@@ -124,6 +124,7 @@ FORMS = {
     "/jobs/new/quote/": {"gpus": "1"},
     "/jobs/templates/new/": {"template_name": "t", "template_scope": "personal"},
     "/accounting/quotas/": {"team": "vision", "gpu_hours": "10", "justification": "x"},
+    "/teams/vision/": {"enabled": "on", "threshold_percent": "5", "warn_minutes": "30", "cancel_minutes": "30"},
 }
 
 
@@ -199,7 +200,7 @@ def test_every_page_post_route_is_covered_by_the_csrf_test():
                   "jobs:template-delete", "jobs:cancel", "jobs:save-template",
                   "accounting:quotas", "accounting:quota-approve", "accounting:quota-reject",
                   "accounting:quota-withdraw", "accounting:bookings", "accounting:booking-cancel", "accounting:booking-approve",
-                  "accounting:booking-reject"}  # fmt: skip
+                  "accounting:booking-reject", "team-detail"}  # fmt: skip
     from tests.security.test_url_matrix import MATRIX
 
     posting = {name for name, reqs in MATRIX.items() if any(r.method == "POST" for r in reqs) and not name.startswith("api-")}

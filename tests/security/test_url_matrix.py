@@ -85,6 +85,7 @@ LOGIN_THEN_200 = (302, 200, 200, 200, 200, 200)
 API_LOGIN_THEN_200 = (401, 200, 200, 200, 200, 200)
 
 # URL name → the requests made and their expected status per role (ROLES order).
+IDLE_POLICY_FORM = {"enabled": "on", "threshold_percent": "5", "warn_minutes": "30", "cancel_minutes": "30"}
 MATRIX: dict[str, list[Req]] = {
     # portal pages
     "dashboard": [Req("GET", lambda o: "/", LOGIN_THEN_200)],
@@ -101,6 +102,8 @@ MATRIX: dict[str, list[Req]] = {
     "team-detail": [
         Req("GET", lambda o: "/teams/vision/", (302, 404, 200, 200, 200, 200)),
         Req("GET", lambda o: "/teams/nlp/", (302, 404, 404, 404, 200, 200)),
+        # the idle-GPU policy form: the team's managers and admins (finance sees the team, sets nothing)
+        Req("POST", lambda o: "/teams/vision/", (302, 404, 403, 302, 302, 403), data=IDLE_POLICY_FORM),
     ],
     "token-list": [Req("GET", lambda o: "/account/tokens/", LOGIN_THEN_200)],
     "profile": [Req("GET", lambda o: "/account/profile/", LOGIN_THEN_200), Req("POST", lambda o: "/account/profile/", (302,) * 6)],
@@ -127,6 +130,12 @@ MATRIX: dict[str, list[Req]] = {
     "api-team-detail": [
         Req("GET", lambda o: "/api/v1/teams/vision/", (401, 404, 200, 200, 200, 200)),
         Req("GET", lambda o: "/api/v1/teams/nlp/", (401, 404, 404, 404, 200, 200)),
+    ],
+    "api-team-idle-policy": [
+        Req("GET", lambda o: "/api/v1/teams/vision/idle-policy/", (401, 404, 200, 200, 200, 200)),
+        Req("GET", lambda o: "/api/v1/teams/nlp/idle-policy/", (401, 404, 404, 404, 200, 200)),
+        Req("PUT", lambda o: "/api/v1/teams/vision/idle-policy/", (401, 404, 403, 200, 200, 403),
+            data={"enabled": True, "threshold_percent": "5", "warn_minutes": "30", "cancel_minutes": "30"}),
     ],
     "api-job-list": [
         Req("GET", lambda o: "/api/v1/jobs/", API_LOGIN_THEN_200),
