@@ -20,7 +20,9 @@ from portal.models import (
 )  # fmt: skip
 from portal.outbox import after_commit
 from portal.proxies import client_address
-from portal.slurm import Association, SlurmError, cluster_config, configured_clusters, get_gateway, relay_backend
+from portal.slurm import (
+    Association, SlurmError, cluster_config, configured_clusters, get_gateway, relay_backend, slurm_clusters,
+)  # fmt: skip
 from portal.tasks import team_mirror_to_slurm
 
 logger = logging.getLogger(__name__)
@@ -201,7 +203,7 @@ def _teams_mirror(teams: list[Team]) -> list[AssociationAction]:
     One association read per cluster that has any of these teams."""
     actions: list[AssociationAction] = []
     default_name = cluster_config().name
-    for config in configured_clusters():
+    for config in slurm_clusters():  # a Kubernetes cluster has no associations (its teams: namespaces)
         if config.name == default_name:
             here, accounts = teams, None
         else:
@@ -303,7 +305,8 @@ def clusters_record() -> list[Cluster]:
             row, _ = Cluster.objects.update_or_create(
                 name=config.name,
                 defaults={"backend": config.backend, "slurm_conf": config.slurm_conf, "bin_dir": config.bin_dir,
-                          "lib_dir": config.lib_dir, "is_default": index == 0, "active": True},
+                          "lib_dir": config.lib_dir, "kind": config.kind, "kubeconfig": config.kubeconfig,
+                          "is_default": index == 0, "active": True},
             )  # fmt: skip
             rows.append(row)
     return rows
