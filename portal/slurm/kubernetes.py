@@ -118,6 +118,25 @@ class KubernetesGateway(SlurmGateway):
                 except ApiException:  # 404: gone already (ended and deleted, or a cancel repeated)
                     pass
 
+    def job_log(self, job_id: int, *, account: str, limit_bytes: int) -> bytes | None:
+        """The newest pod's log (stdout and stderr as one), its first ``limit_bytes``; b"" before a pod
+        runs. One list of the namespace's pods of the job, one pods/log read."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._api("CoreV1Api")
+        selector = f"{kj.LABEL_NUMBER}={int(job_id)}"
+        pods = self._call("list pods", core.list_namespaced_pod, account, label_selector=selector).items
+        started = [p for p in pods if p.spec.node_name and p.status.phase != "Pending"]
+        if not started:
+            return b""
+        pod = max(started, key=lambda p: p.metadata.creation_timestamp)
+        try:
+            response = self._call("pods/log", core.read_namespaced_pod_log, pod.metadata.name, account,
+                                  container=kj.CONTAINER, limit_bytes=max(int(limit_bytes), 1), _preload_content=False)  # fmt: skip
+        except ApiException as exc:  # 404: the pod went meanwhile (a cancel)
+            raise t.SlurmRejected(f"pods/log: {exc.status} {_message(exc)}") from None
+        return response.data
+
     def queue(self) -> list[t.QueueEntry]:
         return [_entry(job, pod, reason) for job, pod, reason in self._jobs(with_reasons=True)]
 
