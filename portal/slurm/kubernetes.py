@@ -183,22 +183,25 @@ class KubernetesGateway(SlurmGateway):
     # -- inventory ----------------------------------------------------------------------------------
 
     def partitions(self) -> list[t.Partition]:
-        names = tuple(node.name for node in self.nodes())
+        names = tuple(node.metadata.name for node in self._gpu_nodes())
         return [t.Partition(PARTITION, is_default=True, state="UP", default_time_minutes=None,
                             max_time_minutes=None, nodes=names)]  # fmt: skip
 
-    def nodes(self) -> list[t.Node]:
+    def _gpu_nodes(self) -> list:
+        """The nodes that offer GPUs (allocatable nvidia.com/gpu), one list of the nodes."""
         core = self._api("CoreV1Api")
+        nodes = self._call("list nodes", core.list_node).items
+        return [n for n in nodes if int((n.status.allocatable or {}).get(kj.GPU_RESOURCE, "0") or 0)]
+
+    def nodes(self) -> list[t.Node]:
         used: dict[str, int] = {}
         for job, pod, _ in self._jobs(with_reasons=False):
             if pod is not None and pod.spec.node_name and pod.status.phase in ("Pending", "Running"):
                 used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + _pod_gpus(pod)
         out = []
-        for node in self._call("list nodes", core.list_node).items:
+        for node in self._gpu_nodes():
             allocatable = node.status.allocatable or {}
             gpus = int(allocatable.get(kj.GPU_RESOURCE, "0") or 0)
-            if not gpus:
-                continue
             ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
             busy = used.get(node.metadata.name, 0)
             state = "DOWN" if not ready else "DRAIN" if node.spec.unschedulable else (
