@@ -171,13 +171,13 @@ class KubernetesGateway(SlurmGateway):
                 owner = (pod.metadata.labels or {}).get(kj.LABEL_JOB, "")
                 if owner not in pods or pod.metadata.creation_timestamp > pods[owner].metadata.creation_timestamp:
                     pods[owner] = pod
-            waiting = [j for j in jobs if _waits(j, pods.get(j.metadata.labels.get(kj.LABEL_JOB)))]
+            waiting = {j.metadata.uid for j in jobs if _waits(j, pods.get(j.metadata.labels.get(kj.LABEL_JOB)))}
             events = []
             if with_reasons and waiting:
                 events = self._call("list events", core.list_namespaced_event, namespace, field_selector="type=Warning").items
             for job in jobs:
                 pod = pods.get(job.metadata.labels.get(kj.LABEL_JOB))
-                out.append((job, pod, _waiting_reason(job, pod, events) if job in waiting else ""))
+                out.append((job, pod, _waiting_reason(job, pod, events) if job.metadata.uid in waiting else ""))
         return out
 
     # -- inventory ----------------------------------------------------------------------------------

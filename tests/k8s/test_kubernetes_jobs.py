@@ -16,7 +16,8 @@ from jobs.models import Job
 from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, jobs_sync
 from jobs.services.relay import _submission_for
 from portal.selectors import clusters_status
-from portal.slurm import get_gateway
+from portal.slurm import get_gateway, use_gateway
+from portal.slurm.kubernetes import KubernetesGateway
 from portal.unix import unix_ids
 from tests.conftest import K8S_CLUSTER
 from tests.support import job_payload, wait_for
@@ -171,6 +172,40 @@ def test_a_job_waiting_for_gpus_shows_the_schedulers_reason(k8s_cluster, k8s_nam
     for job_id in ids:
         job_cancel(user=world.alice, job=Job.objects.get(pk=job_id))
         job_cancel_relay_run(job_id)
+
+
+class CountingKubernetes(KubernetesGateway):
+    """The real Kubernetes gateway, counting its API calls by kind."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.calls: list[str] = []
+
+    def _call(self, what, function, *args, **kwargs):
+        self.calls.append(what)
+        return super()._call(what, function, *args, **kwargs)
+
+
+def test_a_sync_cycle_makes_one_list_of_jobs_and_of_pods_per_namespace_whatever_the_number_of_jobs(
+    k8s_cluster, k8s_namespace, world, settings
+):
+    gateway = CountingKubernetes(cluster=K8S_CLUSTER, kubeconfig=settings.GPUPORTAL_K8S_KUBECONFIG, timeout=15,
+                                 image="gpuportal/host", gpu_type_label=TYPE_LABEL)  # fmt: skip
+    counts = []
+    with use_gateway(gateway):
+        for batch in (1, 3):
+            for _ in range(batch):
+                response = _post(world.alice, script="#!/bin/bash\nsleep 120\n", gpus=1, gpu_type="a100", time_limit_minutes=3)
+                assert response.status_code == 201, response.json()
+                assert job_relay_run(response.json()["id"]) == "submitted"
+            gateway.calls.clear()
+            stats = jobs_sync(cluster=K8S_CLUSTER)
+            counts.append((stats["live"], sorted(set(gateway.calls)), len(gateway.calls)))
+    (one, kinds_one, calls_one), (four, kinds_four, calls_four) = counts
+    assert (one, four) == (1, 4)
+    assert {"list namespaces", "list jobs", "list pods"} <= set(kinds_four) <= {"list namespaces", "list jobs", "list pods", "list events"}
+    # managed namespaces other than this test's may hold jobs of other runs: per namespace, not per job
+    assert calls_four <= calls_one + 1  # the events list only when one of them waits
 
 
 def _runs(pid):
