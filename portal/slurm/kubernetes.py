@@ -23,6 +23,7 @@ scripts/lib/k8s-bootstrap.py — namespaced in the teams' namespaces, nodes and 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 from collections.abc import Collection
 
@@ -30,6 +31,7 @@ from . import kube_job as kj
 from . import types as t
 from .base import SlurmGateway
 
+logger = logging.getLogger(__name__)
 PARTITION = "kubernetes"  # the one partition a Kubernetes cluster's inventory has
 MANAGED_NAMESPACES = "gpuportal.io/managed=true"
 
@@ -109,9 +111,13 @@ class KubernetesGateway(SlurmGateway):
         from kubernetes.client.exceptions import ApiException
 
         batch = self._api("BatchV1Api")
+        selector = f"{kj.LABEL_NUMBER}={int(job_id)}"
         for namespace in self._namespaces():
-            selector = f"{kj.LABEL_NUMBER}={int(job_id)}"
-            for job in self._call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector).items:
+            try:
+                found = self._call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector).items
+            except t.SlurmRejected:  # 403: not a namespace the portal may use, so not its Job's
+                continue
+            for job in found:
                 try:
                     self._call("delete job", batch.delete_namespaced_job, job.metadata.name, namespace,
                                propagation_policy="Background")  # fmt: skip
@@ -138,32 +144,40 @@ class KubernetesGateway(SlurmGateway):
         return response.data
 
     def queue(self) -> list[t.QueueEntry]:
-        return [_entry(job, pod, reason) for job, pod, reason in self._jobs(with_reasons=True)]
+        return [_entry(job, pod, reason) for job, pod, reason in self._jobs(with_reasons=True)[0]]
 
     def accounting(
         self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
     ) -> list[t.AccountingRecord]:
-        listed = [_record(job, pod) for job, pod, _ in self._jobs(with_reasons=False)]
+        rows, complete = self._jobs(with_reasons=False)
+        listed = [_record(job, pod) for job, pod, _ in rows]
         records = [r for r in listed if r.state not in ("PENDING", "RUNNING")]
-        if job_ids is not None:
+        if job_ids is not None and complete:  # a namespace not read: no Job is known to be gone
             known, now = {r.job_id for r in listed}, dt.datetime.now(dt.UTC)
             records = [r for r in records if r.job_id in job_ids]
             records += [_deleted(number, now) for number in job_ids if number not in known]
         return records
 
     def _namespaces(self) -> list[str]:
+        """The managed namespaces that are not being deleted (their RoleBinding goes first)."""
         core = self._api("CoreV1Api")
-        return [n.metadata.name for n in self._call("list namespaces", core.list_namespace,
-                                                   label_selector=MANAGED_NAMESPACES).items]  # fmt: skip
+        found = self._call("list namespaces", core.list_namespace, label_selector=MANAGED_NAMESPACES).items
+        return [n.metadata.name for n in found if n.metadata.deletion_timestamp is None]
 
-    def _jobs(self, *, with_reasons: bool) -> list[tuple]:
+    def _jobs(self, *, with_reasons: bool) -> tuple[list[tuple], bool]:
         """(Job, its pod or None, the reason it waits) of every portal Job: per managed namespace one
-        list of Jobs, one of pods and, when a Job waits, one of Warning events."""
+        list of Jobs, one of pods and, when a Job waits, one of Warning events; and whether every
+        namespace could be read (one where the portal has no rights is skipped and logged)."""
         batch, core = self._api("BatchV1Api"), self._api("CoreV1Api")
         selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY}"
-        out = []
+        out, complete = [], True
         for namespace in self._namespaces():
-            jobs = self._call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector).items
+            try:
+                jobs = self._call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector).items
+            except t.SlurmRejected as exc:  # 403: labelled managed, but the portal has no rights there
+                logger.warning("cluster %s: namespace %s skipped: %s", self.cluster, namespace, exc.message)
+                complete = False
+                continue
             if not jobs:
                 continue
             pods: dict[str, object] = {}
@@ -178,7 +192,7 @@ class KubernetesGateway(SlurmGateway):
             for job in jobs:
                 pod = pods.get(job.metadata.labels.get(kj.LABEL_JOB))
                 out.append((job, pod, _waiting_reason(job, pod, events) if job.metadata.uid in waiting else ""))
-        return out
+        return out, complete
 
     # -- inventory ----------------------------------------------------------------------------------
 
@@ -195,7 +209,7 @@ class KubernetesGateway(SlurmGateway):
 
     def nodes(self) -> list[t.Node]:
         used: dict[str, int] = {}
-        for job, pod, _ in self._jobs(with_reasons=False):
+        for job, pod, _ in self._jobs(with_reasons=False)[0]:
             if pod is not None and pod.spec.node_name and pod.status.phase in ("Pending", "Running"):
                 used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + _pod_gpus(pod)
         out = []

@@ -99,7 +99,7 @@ def test_a_job_submitted_through_the_api_runs_as_a_kubernetes_job_on_its_gpu_typ
     assert (chunk["data"], chunk["eof"], chunk["final"]) == (output, True, True)
     page = APIClient()
     page.force_login(world.alice)
-    assert f"uid={alice_uid} epochs=3" in page.get(f"/jobs/{job_id}/output/").content.decode()
+    assert f"uid={alice_uid} epochs=3" in page.get(f"/jobs/{job_id}/output/", HTTP_HX_REQUEST="true").content.decode()
 
 
 def test_a_retried_create_makes_no_second_job_and_a_relay_that_died_after_it_adopts_the_job(
