@@ -145,6 +145,41 @@ def job_output_owner_uid(job: Job) -> int | None:
     return ids[0] if ids else None
 
 
+def _on_kubernetes(job: Job) -> bool:
+    """The job was relayed to a Kubernetes cluster (its recorded cluster's kind in the settings: no query)."""
+    from portal.slurm import configured_clusters
+
+    return bool(job.slurm_cluster) and any(c.name == job.slurm_cluster and c.is_kubernetes for c in configured_clusters())
+
+
+def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty) -> OutputChunk:
+    """A chunk of the output of a job on a cluster whose scheduler serves it (Kubernetes: the pod's
+    log through pods/log, stdout and stderr as one), as job_output returns a file's."""
+    from portal.slurm import SlurmError, get_gateway
+    from portal.slurm.types import JobRequest
+
+    if stream != OutputStream.STDOUT:
+        return empty("On Kubernetes a job's stdout and stderr are one log: see stdout.")
+    if job.slurm_job_id is None:
+        return empty("The job has not reached the cluster yet; output appears once it runs.")
+    account = dict(JobRequest.from_json(job.request).options).get("account") or ""
+    try:
+        raw = get_gateway(job.slurm_cluster).job_log(job.slurm_job_id, account=account, limit_bytes=offset + length)
+    except SlurmError as exc:
+        return empty(f"The job's log cannot be read ({exc.message}).")
+    raw = raw or b""
+    if not raw and job.state in (JobState.PENDING, JobState.ACCEPTED):
+        return empty("The job has not started yet; output appears once it runs.")
+    final = job.state in TERMINAL_STATES
+    chunk = raw[offset : offset + length]
+    more = len(raw) >= offset + length  # the log may go on past what was asked for
+    if more or not final:
+        chunk = _utf8_cut(chunk) or chunk
+    next_offset = offset + len(chunk)
+    return OutputChunk(chunk.decode("utf-8", errors="replace"), offset, next_offset, max(len(raw), next_offset),
+                       not more and next_offset >= len(raw), final, "")  # fmt: skip
+
+
 def job_output(
     *, job: Job, stream: str = OutputStream.STDOUT, offset: int = 0, length: int = OUTPUT_DEFAULT_LENGTH,
     task: int | None = None,
@@ -169,6 +204,8 @@ def job_output(
     days = settings.RETENTION_JOB_OUTPUT_DAYS
     if days and job.ended_at and job.ended_at < timezone.now() - dt.timedelta(days=days):
         return empty(f"The job ended more than {days} days ago: its output is no longer shown here (RETENTION_JOB_OUTPUT_DAYS).")
+    if _on_kubernetes(job):
+        return _scheduler_output(job, stream, offset=offset, length=length, empty=empty)
     task_job_id = None
     if task is not None and job.array:
         task_job_id = job.array_task_rows.filter(index=task).values_list("slurm_job_id", flat=True).first()

@@ -72,7 +72,7 @@ from jobs.spec_fields import (
     _path_ok,
     parse_script,
 )
-from jobs.spec_policy import _check_against, _check_policy, _check_release
+from jobs.spec_policy import _check_against, _check_policy, _check_release, check_kubernetes
 from portal.exceptions import ApplicationError
 from portal.slurm.request import job_request, merged_options
 from portal.slurm.types import JobRequest
@@ -240,6 +240,7 @@ def validate_job_spec(
     if capacity is not None and request is not None:
         _check_release(directives, capacity, errors)
         _check_policy(cache["inventory"].policy(capacity), capacity, request, errors, account)
+        check_kubernetes(capacity, effective, script, errors)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:
         _raise(errors)

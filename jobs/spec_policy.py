@@ -14,6 +14,8 @@ from jobs.constraints import unmatched
 from jobs.inventory import PartitionCapacity
 from jobs.spec_fields import _Errors
 from portal.models import ClusterPolicyInfo
+from portal.slurm.kube_job import refusal as kubernetes_refusal
+from portal.slurm.kube_job import script_refusal as kubernetes_script_refusal
 
 
 def _check_release(directives: list[Directive], capacity: PartitionCapacity, errors: _Errors) -> None:
@@ -142,3 +144,22 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
         "exclusive": request.exclusive, "array": request.array, "array_tasks": request.array_tasks,
         "array_throttle": request.array_throttle, "qos": request.qos or "", "constraint": request.constraint or "",
     }  # fmt: skip
+
+
+def check_kubernetes(capacity: PartitionCapacity, effective: list[Directive], script: str, errors: _Errors) -> None:
+    """On a Kubernetes cluster (issue 41), at submission: every option of the merged request a
+    batch/v1 Job cannot express (several nodes, a reservation, an array, a QOS, …) is refused naming
+    its directive (or field) and why, and so is an ``srun`` step in the script — nothing that could
+    only be refused later reaches the API server. The rule is the translator's
+    (portal.slurm.kube_job.refusal); a Slurm cluster: nothing to do."""
+    row = capacity.cluster_row
+    if row is None or row.kind != "kubernetes":
+        return
+    where = f"Kubernetes cluster {capacity.cluster!r}"
+    for directive in effective:
+        why = kubernetes_refusal(directive.option, directive.value)
+        if why is not None:
+            errors.directive(directive, f"--{directive.option} cannot run on {where}: {why}.")
+    found = kubernetes_script_refusal(script)
+    if found is not None:
+        errors.add("script", f"Line {found[0]}: {found[1]} ({where}).")

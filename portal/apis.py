@@ -77,9 +77,16 @@ class ClusterHealthSerializer(serializers.Serializer):
 class ClusterStatusSerializer(serializers.Serializer):
     name = serializers.CharField()
     is_default = serializers.BooleanField()
-    slurm_version = serializers.CharField(help_text="As the last inventory sync read it (sinfo --version); empty: not yet.")
-    relay_backend = serializers.CharField(help_text="How jobs are submitted: pyslurm or sbatch (empty: not known yet).")
-    configured_backend = serializers.CharField(help_text="GPUPORTAL_CLUSTERS' backend: auto, cli or pyslurm.")
+    kind = serializers.ChoiceField(choices=["slurm", "kubernetes"], help_text="Which scheduler runs the cluster's jobs.")
+    version = serializers.CharField(
+        help_text="The scheduler and its version as the last inventory sync read it: 'Slurm 22.05.8' (sinfo "
+        "--version), 'Kubernetes v1.20.2' (the API server's /version); empty: not yet."
+    )
+    slurm_version = serializers.CharField(help_text="As the last inventory sync read it (sinfo --version); empty: not yet, or not Slurm.")
+    relay_backend = serializers.CharField(
+        help_text="How jobs are submitted: pyslurm, sbatch or kubernetes (batch/v1 Jobs); empty: not known yet."
+    )
+    configured_backend = serializers.CharField(help_text="GPUPORTAL_CLUSTERS' backend: auto, cli, pyslurm or kubernetes.")
     health = ClusterHealthSerializer()
     last_success_at = serializers.DateTimeField(allow_null=True)
     last_attempt_at = serializers.DateTimeField(allow_null=True)

@@ -182,7 +182,7 @@ class ApiToken(models.Model):
 
 
 class Cluster(models.Model):
-    """A Slurm cluster the portal serves, as configured (settings.GPUPORTAL_CLUSTERS, portal/slurm/clusters.py)
+    """A Slurm (or Kubernetes: ``kind``) cluster the portal serves, as configured (settings.GPUPORTAL_CLUSTERS, portal/slurm/clusters.py)
     and recorded by ``portal.services.clusters_record`` (after every migrate, and by the command
     ``record_clusters``). Settings are the source: the gateway reads them, the row is what the
     inventory, jobs and bookings point at. A cluster no longer configured stays, inactive, with its rows."""
@@ -194,6 +194,10 @@ class Cluster(models.Model):
     slurm_conf = models.CharField(max_length=1024, blank=True)
     bin_dir = models.CharField(max_length=1024, blank=True)
     lib_dir = models.CharField(max_length=1024, blank=True)
+    # which scheduler runs its jobs (portal.slurm.clusters.KINDS): a Kubernetes cluster (issue 41) has
+    # no Slurm accounts, associations, reservations or sacct; its jobs are batch/v1 Jobs
+    kind = models.CharField(max_length=16, default="slurm")
+    kubeconfig = models.CharField(max_length=1024, blank=True)
     is_default = models.BooleanField(default=False)
     active = models.BooleanField(default=True)
     recorded_at = models.DateTimeField(auto_now=True)
@@ -224,7 +228,8 @@ def clusters_record() -> list[Cluster]:
             row, _ = Cluster.objects.update_or_create(
                 name=config.name,
                 defaults={"backend": config.backend, "slurm_conf": config.slurm_conf, "bin_dir": config.bin_dir,
-                          "lib_dir": config.lib_dir, "is_default": index == 0, "active": True},
+                          "lib_dir": config.lib_dir, "kind": config.kind, "kubeconfig": config.kubeconfig,
+                          "is_default": index == 0, "active": True},
             )  # fmt: skip
             rows.append(row)
     return rows

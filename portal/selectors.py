@@ -155,7 +155,13 @@ def cluster_summary() -> dict:
     }
 
 
-RELAY_BACKENDS = {"pyslurm": "pyslurm", "sbatch": "sbatch"}
+RELAY_BACKENDS = {"pyslurm": "pyslurm", "sbatch": "sbatch", "kubernetes": "Kubernetes API (batch/v1 Jobs)"}
+SCHEDULERS = {"slurm": "Slurm", "kubernetes": "Kubernetes"}  # a cluster's kind, in words
+
+
+def scheduler_version(kind: str, version: str) -> str:
+    """"Slurm 22.05.8", "Kubernetes v1.20.2": the scheduler and the version its last inventory sync read."""
+    return f"{SCHEDULERS.get(kind, kind)} {version}" if version else ""
 
 
 def cluster_health(status: SyncStatus | None, nodes) -> dict:
@@ -197,7 +203,9 @@ def clusters_status() -> list[dict]:
         out.append({
             "name": cluster.name,
             "is_default": cluster.name == default,
-            "slurm_version": data.get("slurm_version", ""),
+            "kind": cluster.kind,
+            "version": scheduler_version(cluster.kind, data.get("slurm_version", "")),
+            "slurm_version": data.get("slurm_version", "") if cluster.kind == "slurm" else "",
             "relay_backend": data.get("relay_backend", ""),
             "relay_backend_label": RELAY_BACKENDS.get(data.get("relay_backend", ""), data.get("relay_backend", "")),
             "configured_backend": cluster.backend,

@@ -22,7 +22,9 @@ from portal.models import (
 )  # fmt: skip
 from portal.outbox import after_commit
 from portal.proxies import client_address
-from portal.slurm import Association, SlurmError, cluster_config, configured_clusters, get_gateway, relay_backend
+from portal.slurm import (
+    Association, SlurmError, cluster_config, configured_clusters, get_gateway, relay_backend, slurm_clusters,
+)  # fmt: skip
 
 logger = logging.getLogger(__name__)
 User = get_user_model()
@@ -226,7 +228,7 @@ def _teams_mirror(teams: list[Team]) -> list[AssociationAction]:
     One association read per cluster that has any of these teams."""
     actions: list[AssociationAction] = []
     default_name = cluster_config().name
-    for config in configured_clusters():
+    for config in slurm_clusters():  # a Kubernetes cluster has no associations (its teams: namespaces)
         if config.name == default_name:
             here, accounts = teams, None
         else:

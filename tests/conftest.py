@@ -62,6 +62,8 @@ _FIXTURE_MARKERS = {
     "cluster": "slurm",
     "k8s_portal": "k8s",
     "k8s_namespace": "k8s",
+    "k8s_cluster": "k8s",
+    "k8s_worker": "k8s",
     "jobs_sync_loop": "celery",
     "real_worker": "celery",
     "celery_worker_process": "celery",
@@ -462,6 +464,56 @@ def k8s_namespace(k8s_portal):
     admin_config = Path(django_settings.GPUPORTAL_K8S_KUBECONFIG).with_name("admin.kubeconfig")
     with config.new_client_from_config(config_file=str(admin_config)) as admin:
         client.CoreV1Api(admin).delete_namespace(name, propagation_policy="Background")
+
+
+K8S_CLUSTER = "gpuportal-k8s"
+
+
+@pytest.fixture
+def k8s_cluster(settings, world, k8s_namespace):
+    """The local Kubernetes cluster as a configured cluster beside the default Slurm one (GPUPORTAL_CLUSTERS:
+    kind=kubernetes, the portal's kubeconfig), recorded and its inventory synced (its GPU nodes), with
+    the fixture world's vision team given this test's namespace as its account there and its members'
+    Unix users. Yields the cluster's GPUPORTAL_CLUSTERS text (what a worker is started with)."""
+    import portal.slurm as slurm
+    from portal.services import cluster_row, cluster_sync, clusters_record
+    from portal.models import TeamClusterAccount
+    from portal.slurm import ClusterConfig
+    from portal.unix import unix_user_ensure
+
+    default = ClusterConfig(settings.SLURM_CLUSTER, settings.SLURM_BACKEND, settings.SLURM_CONF, settings.SLURM_BIN_DIR)
+    kube = ClusterConfig(K8S_CLUSTER, "kubernetes", kind="kubernetes", kubeconfig=settings.GPUPORTAL_K8S_KUBECONFIG)
+    settings.GPUPORTAL_CLUSTERS = (default, kube)
+    slurm.reset_gateway()
+    clusters_record()
+    cluster_sync(cluster=K8S_CLUSTER)
+    TeamClusterAccount.objects.create(team=world.vision, cluster=cluster_row(K8S_CLUSTER), slurm_account=k8s_namespace)
+    for name in ("alice", "bob"):
+        unix_user_ensure(name)
+    text = ";".join(
+        f"name={c.name},conf={c.slurm_conf},bin={c.bin_dir}" + (f",kind=kubernetes,kubeconfig={c.kubeconfig}" if c.is_kubernetes else f",backend={c.backend}")
+        for c in (default, kube)
+    )  # fmt: skip
+    yield text
+    slurm.reset_gateway()
+
+
+@pytest.fixture
+def k8s_worker(k8s_cluster, celery_workers, transactional_db, settings):
+    """A real Celery worker whose portal serves the Kubernetes cluster too (k8s_cluster's
+    GPUPORTAL_CLUSTERS): tasks sent during the test go to it, as real_worker's do."""
+    from portal.project.celery import app
+
+    queue = celery_workers({"SLURM_BACKEND": "cli", "SLURM_CLUSTER": "with-k8s", "GPUPORTAL_CLUSTERS": k8s_cluster})
+    saved = app.conf.task_always_eager, app.conf.broker_url, app.conf.task_default_queue
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    app.conf.task_always_eager = False
+    app.conf.task_default_queue = queue
+    _use_broker(WORKER_BROKER_URL)
+    yield queue
+    _worker_settle(queue)
+    app.conf.task_always_eager, _, app.conf.task_default_queue = saved
+    _use_broker(saved[1])
 
 
 # ---------------------------------------------------------------- a real Celery worker

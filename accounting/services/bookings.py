@@ -29,7 +29,7 @@ from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.selectors import team_cluster_accounts
 from portal.services import audit_record, cluster_row
-from portal.slurm import SlurmError, configured_clusters, get_gateway
+from portal.slurm import SlurmError, get_gateway, slurm_clusters
 
 logger = logging.getLogger(__name__)
 
@@ -260,11 +260,15 @@ def bookable_cluster(name: str | None) -> Cluster:
     for a name the portal does not serve."""
     name = (name or "").strip()
     try:
-        return cluster_row(name or None)
+        row = cluster_row(name or None)
     except KeyError:
-        known = ", ".join(c.name for c in configured_clusters())
-        message = f"No such cluster: {name!r} (clusters: {known})."
+        row = None
+    if row is None or row.kind != "slurm":  # a Kubernetes cluster has no reservations
+        known = ", ".join(c.name for c in slurm_clusters())
+        why = "bookings are Slurm reservations; " if row is not None else ""
+        message = f"No such cluster: {name!r} ({why}clusters: {known})."
         raise ApplicationError(message, errors={"cluster": [message]}) from None
+    return row
 
 
 def _booking_cluster(*, team: Team | None, gpu_type: str, cluster: str | None) -> Cluster:
@@ -273,7 +277,7 @@ def _booking_cluster(*, team: Team | None, gpu_type: str, cluster: str | None) -
     ``cluster`` and the candidates when several have; the default cluster when none has: the type is
     then refused there). 400 naming ``cluster`` for an unknown cluster, or one where the team has no
     Slurm account (the default cluster: always Team.slurm_account; another: a TeamClusterAccount)."""
-    configs = configured_clusters()
+    configs = slurm_clusters()  # bookings are Slurm reservations
     if (cluster or "").strip():
         row = bookable_cluster(cluster)
     elif len(configs) == 1:

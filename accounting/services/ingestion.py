@@ -88,9 +88,12 @@ def usage_ingest(
     ``since``) up to now and record it. One ``gateway.accounting`` call per window (windows are at
     most ACCOUNTING_INGEST_WINDOW_DAYS long; the periodic run has one). Raises SlurmError after
     recording the failure in that cluster's SyncStatus."""
-    name = cluster_config(cluster).name
+    config = cluster_config(cluster)
+    name = config.name
     kind = SyncStatus.kind_for(USAGE_KIND, name)
     now = now or timezone.now()
+    if config.is_kubernetes:  # no sacct there: a Kubernetes cluster's usage is not ingested (yet: issue 41 item 3)
+        return IngestResult(window_start=now, window_end=now)
     start = since if since is not None else usage_window_start(now=now, cluster=name)
     step = dt.timedelta(days=settings.ACCOUNTING_INGEST_WINDOW_DAYS)
     gateway = get_gateway(name)

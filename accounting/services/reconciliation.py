@@ -22,7 +22,7 @@ from accounting.selectors.rollup import ROLLUP_KIND, rollup_message
 from accounting.selectors.usage import account_gpu_seconds
 from portal.models import SyncStatus
 from portal.services import sync_record_failure, sync_record_success
-from portal.slurm import SlurmError, cluster_config, configured_clusters, get_gateway
+from portal.slurm import SlurmError, cluster_config, get_gateway, slurm_clusters
 
 
 def _hour_floor(at: dt.datetime) -> dt.datetime:
@@ -96,7 +96,7 @@ def usage_reconcile(
     ``month`` that its slurmdbd has rolled up. Raises SlurmError when a cluster does not answer."""
     now = now or timezone.now()
     month_begin, month_end = billing_midnight(month), billing_midnight(next_month(month))
-    names = clusters or [config.name for config in configured_clusters()]
+    names = clusters or [config.name for config in slurm_clusters()]
     results = []
     for name in names:
         name = cluster_config(name).name

@@ -236,6 +236,11 @@ _local_k8s_kubeconfig = Path(env.str("GPUPORTAL_K8S_DIR", "/var/lib/gpuportal-k8
 GPUPORTAL_K8S_KUBECONFIG = env.str(
     "GPUPORTAL_K8S_KUBECONFIG", str(_local_k8s_kubeconfig) if _local_k8s_kubeconfig.exists() else ""
 )
+# A Kubernetes cluster (GPUPORTAL_CLUSTERS, kind=kubernetes) runs a job's script in this image (the
+# site's default; the local cluster's emulated nodes run the command on the host whatever it names),
+# on the nodes whose GPU_TYPE_LABEL is the job's GPU type (the local node agent's label).
+GPUPORTAL_K8S_IMAGE = env.str("GPUPORTAL_K8S_IMAGE", "docker.io/nvidia/cuda:12.4.1-base-ubuntu22.04")
+GPUPORTAL_K8S_GPU_TYPE_LABEL = env.str("GPUPORTAL_K8S_GPU_TYPE_LABEL", "gpuportal.io/gpu-type")
 
 # Jobs
 # Where a job is submitted from when the request names no directory (jobs/workdirs.py): a template

@@ -41,6 +41,7 @@ __all__ = [
     "SlurmUnavailable",
     "cluster_config",
     "configured_clusters",
+    "slurm_clusters",
     "get_gateway",
     "relay_backend",
     "use_gateway",
@@ -73,6 +74,13 @@ def configured_clusters() -> tuple[ClusterConfig, ...]:
         return tuple(settings.GPUPORTAL_CLUSTERS)
     return (ClusterConfig(name=settings.SLURM_CLUSTER, backend=settings.SLURM_BACKEND, slurm_conf=settings.SLURM_CONF,
                           bin_dir=settings.SLURM_BIN_DIR, lib_dir=getattr(settings, "SLURM_LIB_DIR", "")),)  # fmt: skip
+
+
+def slurm_clusters() -> tuple[ClusterConfig, ...]:
+    """The configured clusters Slurm runs (kind ``slurm``), the default first: what the Slurm-only
+    reads and writes go through (associations, reservations, sacct usage, sreport), never a
+    Kubernetes cluster."""
+    return tuple(config for config in configured_clusters() if not config.is_kubernetes)
 
 
 def cluster_config(name: str | None = None) -> ClusterConfig:
@@ -116,6 +124,12 @@ def _build_gateway(config: ClusterConfig) -> SlurmGateway:
 
     from .cli import CliGateway
 
+    if config.is_kubernetes:
+        from .kubernetes import KubernetesGateway
+
+        return KubernetesGateway(cluster=config.name, kubeconfig=config.kubeconfig or settings.GPUPORTAL_K8S_KUBECONFIG,
+                                 timeout=settings.SLURM_TIMEOUT, image=settings.GPUPORTAL_K8S_IMAGE,
+                                 gpu_type_label=settings.GPUPORTAL_K8S_GPU_TYPE_LABEL)  # fmt: skip
     options = {"cluster": config.name, "timeout": settings.SLURM_TIMEOUT, "slurm_conf": config.slurm_conf,
                "bin_dir": config.bin_dir}  # fmt: skip
     backend = config.backend

@@ -58,6 +58,13 @@ class SlurmGateway(abc.ABC):
         ``job_ids``: only these jobs (``sacct -j``: the sync asking for the jobs that just ended reads
         them, not every job of the window — 97 ms instead of 670 ms for 1 000 jobs)."""
 
+    def job_log(self, job_id: int, *, account: str, limit_bytes: int) -> bytes | None:
+        """The job's output as its scheduler serves it (Kubernetes: the pod's log through
+        ``pods/log``), its first ``limit_bytes``; ``account``: the job's account on the cluster (a
+        Kubernetes namespace). None: this scheduler writes output files, read where the job's
+        --output names them (Slurm)."""
+        return None
+
     def find_by_comment(self, comment: str) -> int | None:
         """Job id of a job carrying this comment, or None (see find_by_comments)."""
         return self.find_by_comments([comment]).get(comment)

@@ -1,5 +1,6 @@
 """The clusters one portal serves (settings.GPUPORTAL_CLUSTERS): each a name (slurmdbd's), a backend and
-where its Slurm is (SLURM_CONF, optional bin and lib directories).
+where its Slurm is (SLURM_CONF, optional bin and lib directories) — or, of kind ``kubernetes`` (issue 41),
+a Kubernetes GPU cluster and the kubeconfig the portal reaches it with.
 
 ``GPUPORTAL_CLUSTERS`` is either ``;``-separated clusters of ``,``-separated ``key=value`` pairs::
 
@@ -7,8 +8,14 @@ where its Slurm is (SLURM_CONF, optional bin and lib directories).
 
 or the same as a JSON list of objects (``[{"name": "gpuportal", "conf": "..."}, ...]``). Keys:
 ``name`` (required), ``backend`` (``auto``, ``cli``, ``pyslurm``; default ``auto``), ``conf``,
-``bin``, ``lib``. The first cluster is the default one: where a partition name alone does not
-decide, and where every row recorded before several clusters existed belongs."""
+``bin``, ``lib``; ``kind`` (``slurm``, the default, or ``kubernetes``) and, for a Kubernetes cluster,
+``kubeconfig`` (empty: settings.GPUPORTAL_K8S_KUBECONFIG)::
+
+    name=gpuportal;name=gpuportal-k8s,kind=kubernetes,kubeconfig=/etc/gpuportal/k8s.kubeconfig
+
+The first cluster is the default one: where a partition name alone does not decide, and where every
+row recorded before several clusters existed belongs; it is a Slurm cluster (the teams' accounts,
+bookings and usage of a one-cluster portal live there)."""
 
 from __future__ import annotations
 
@@ -17,8 +24,11 @@ import re
 from dataclasses import dataclass
 
 BACKENDS = ("auto", "cli", "pyslurm")
+KINDS = ("slurm", "kubernetes")
+KUBERNETES = "kubernetes"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-_KEYS = {"name": "name", "backend": "backend", "conf": "slurm_conf", "bin": "bin_dir", "lib": "lib_dir"}
+_KEYS = {"name": "name", "backend": "backend", "conf": "slurm_conf", "bin": "bin_dir", "lib": "lib_dir", "kind": "kind",
+         "kubeconfig": "kubeconfig"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,12 @@ class ClusterConfig:
     slurm_conf: str = ""
     bin_dir: str = ""
     lib_dir: str = ""
+    kind: str = "slurm"  # KINDS: which scheduler runs the cluster's jobs
+    kubeconfig: str = ""  # a Kubernetes cluster's (empty: settings.GPUPORTAL_K8S_KUBECONFIG)
+
+    @property
+    def is_kubernetes(self) -> bool:
+        return self.kind == KUBERNETES
 
 
 class ClusterConfigError(ValueError):
@@ -74,5 +90,15 @@ def parse_clusters(text: str) -> tuple[ClusterConfig, ...]:
         backend = str(item.get("backend") or "auto")
         if backend not in BACKENDS:
             raise ClusterConfigError(f"cluster {name!r}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
-        clusters.append(ClusterConfig(**{_KEYS[k]: str(v) for k, v in item.items() if k != "backend"}, backend=backend))
+        kind = str(item.get("kind") or "slurm")
+        if kind not in KINDS:
+            raise ClusterConfigError(f"cluster {name!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        if kind == KUBERNETES and not clusters:
+            raise ClusterConfigError(f"cluster {name!r}: the first (default) cluster is a Slurm cluster; name it first")
+        if kind == KUBERNETES and backend != "auto":
+            raise ClusterConfigError(f"cluster {name!r}: a Kubernetes cluster has no Slurm backend ({backend!r})")
+        if kind != KUBERNETES and item.get("kubeconfig"):
+            raise ClusterConfigError(f"cluster {name!r}: kubeconfig is for a cluster of kind kubernetes")
+        values = {_KEYS[k]: str(v) for k, v in item.items() if k not in ("backend", "kind")}
+        clusters.append(ClusterConfig(**values, backend="kubernetes" if kind == KUBERNETES else backend, kind=kind))
     return tuple(clusters)

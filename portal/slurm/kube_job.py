@@ -1,0 +1,202 @@
+"""A job's request (``JobRequest``, built once at submission) as a Kubernetes ``batch/v1`` Job (issue 41).
+
+The Kubernetes backend's translator, as ``cli_argv`` is sbatch's and ``pyslurm_request`` pyslurm's:
+it reads the stored request and nothing else, and owns the one rule of what Kubernetes can express
+(``refusal``), which the submission's validation applies to every option before anything reaches
+the API server (``jobs.spec_policy.check_kubernetes``) and the translation applies again, as a
+backstop, to what it is handed.
+
+What the Job gets:
+
+- ``metadata.name``: ``gpuportal-<the portal's job uuid>`` (from the request's tag): a create that is
+  retried is answered 409 AlreadyExists and is the same Job, never a second one; the labels carry the
+  tag's uuid and the job's number (``job_number``: what the portal records as the job's id there);
+- the namespace: the team's account on the cluster (``--account``; the team's TeamClusterAccount);
+- one pod (``parallelism``/``completions`` 1, ``backoffLimit`` 0, ``restartPolicy: Never``): a
+  failed job is not run again, as Slurm's batch jobs are not requeued by the portal;
+- GPUs in ``limits["nvidia.com/gpu"]``, the type as the node selector ``gpu_type_label`` (the label
+  GPU nodes carry), the time limit as ``activeDeadlineSeconds``, CPUs (``--cpus-per-task``,
+  ``--cpus-per-gpu`` × GPUs) and memory (``--mem``, ``--mem-per-cpu``, ``--mem-per-gpu``) as
+  requests, the job's environment, the submitter's uid/gid as ``securityContext`` runAsUser /
+  runAsGroup, the site's image, the working directory, and the script as the command (run by the
+  interpreter its ``#!`` line names, ``/bin/sh`` without one; its ``#SBATCH`` lines are comments).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import uuid
+
+from .tags import tagged_job_id
+from .types import JobRequest, JobSubmission, SlurmRejected
+
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_JOB = "gpuportal.io/job"  # the portal's job uuid
+LABEL_NUMBER = "gpuportal.io/job-number"  # job_number(uuid): the job's id as the portal records it
+LABEL_MANAGED = "gpuportal.io/managed-by"
+MANAGED_BY = "gpuportal"
+ANNOTATION_NAME = "gpuportal.io/job-name"
+ANNOTATION_TAG = "gpuportal.io/tag"
+CONTAINER = "job"
+
+# Options a Kubernetes Job expresses (what each becomes: above); every other sbatch option is refused.
+_MEANINGFUL = {
+    "job-name", "account", "partition", "comment", "chdir", "output", "error", "open-mode", "time",
+    "cpus-per-task", "cpus-per-gpu", "mem", "mem-per-cpu", "mem-per-gpu", "gres", "gpus", "gpus-per-node",
+    "nodes", "ntasks", "ntasks-per-node", "export", "get-user-env", "uid", "gid",
+}  # fmt: skip
+# Why some options are refused, in words; the others: no meaning for a Kubernetes Job.
+_WHY = {
+    "reservation": "a Slurm reservation has no counterpart on Kubernetes",
+    "array": "array jobs are not run on Kubernetes yet: submit the tasks as separate jobs",
+    "dependency": "dependencies between Kubernetes jobs are not supported yet",
+    "qos": "a Slurm QOS has no counterpart on Kubernetes",
+    "constraint": "node features are Slurm's; on Kubernetes the GPU type chooses the nodes",
+    "exclusive": "a Kubernetes pod does not get its node to itself",
+    "nodelist": "Kubernetes places the pod itself; name the GPU type instead",
+    "exclude": "Kubernetes places the pod itself; name the GPU type instead",
+    "begin": "a Kubernetes Job starts as soon as it is scheduled",
+}
+_SRUN = re.compile(r"^\s*(?:exec\s+|time\s+)?srun(?:\s|$)", re.MULTILINE)
+
+
+def refusal(option: str, value: str | None) -> str | None:
+    """Why a Kubernetes Job cannot express this sbatch option with this value (None: it can)."""
+    if option in ("nodes",) and (value or "1").strip() not in ("1", "1-1"):
+        return "several nodes: a Kubernetes Job's pod runs on one node"
+    if option in ("ntasks", "ntasks-per-node") and (value or "1").strip() != "1":
+        return "several tasks are started by srun, which Kubernetes does not have: one task per job"
+    if option == "gres" and any(not item.removeprefix("gres:").startswith("gpu") for item in (value or "").split(",")):
+        return "only GPUs are generic resources on Kubernetes (nvidia.com/gpu)"
+    if option in ("mem", "mem-per-cpu", "mem-per-gpu") and re.fullmatch(r"0+[KMGT]?B?", (value or "").strip().upper()):
+        return "0 (all of the node's memory) has no counterpart on Kubernetes: give an amount"
+    if option in _MEANINGFUL:
+        return None
+    return _WHY.get(option, "an sbatch option with no meaning for a Kubernetes Job")
+
+
+def script_refusal(script: str) -> tuple[int, str] | None:
+    """The first line (1-based) that starts an ``srun`` step, and why it is refused; None when none does."""
+    for number, line in enumerate(script.splitlines(), start=1):
+        if not line.lstrip().startswith("#") and _SRUN.match(line):
+            return number, "srun steps: Kubernetes has no srun; run the command directly"
+    return None
+
+
+def job_number(job_uuid: uuid.UUID) -> int:
+    """The portal's job id as a number (the first 52 bits of its uuid): what the portal records as a
+    Kubernetes job's id (``Job.slurm_job_id``), the same for every create of the same job."""
+    return int(job_uuid.hex[:13], 16)
+
+
+def job_name(job_uuid: uuid.UUID) -> str:
+    return f"gpuportal-{job_uuid}"
+
+
+def submission_uuid(request: JobRequest) -> uuid.UUID:
+    """The portal job a request belongs to (its tag, ``--comment``)."""
+    comment = next((value for option, value in reversed(request.options) if option == "comment"), "") or ""
+    found = tagged_job_id(comment)
+    if found is None:
+        raise SlurmRejected("the request carries no portal tag: a Kubernetes job is named after it")
+    return found
+
+
+def job_manifest(submission: JobSubmission, *, image: str, gpu_type_label: str) -> tuple[str, dict]:
+    """(namespace, the batch/v1 Job) for a submission. SlurmRejected when it cannot be expressed (the
+    validation refuses such a request at submission; this is the backstop)."""
+    request = submission.request
+    refused = [f"--{o}: {why}" for o, v in request.options if (why := refusal(o, v))]
+    if submission.reservation:
+        refused.append(f"--reservation: {_WHY['reservation']}")
+    if (line := script_refusal(request.script)) is not None:
+        refused.append(f"line {line[0]}: {line[1]}")
+    if refused:
+        raise SlurmRejected("Kubernetes cannot run this job: " + "; ".join(refused))
+    if not submission.uid:
+        raise SlurmRejected("a Kubernetes job runs as its submitter's (non-root) Unix user: none is known")
+    options = dict(request.options)  # the last of each option wins, as in sbatch
+    namespace = options.get("account") or ""
+    if not namespace:
+        raise SlurmRejected("the job names no namespace (the team's account on the cluster)")
+    job_uuid = submission_uuid(request)
+    labels = {LABEL_MANAGED: MANAGED_BY, LABEL_JOB: str(job_uuid), LABEL_NUMBER: str(job_number(job_uuid))}
+    pod_spec: dict = {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsUser": int(submission.uid), "runAsGroup": int(submission.gid or submission.uid)},
+        "containers": [_container(request, options, image)],
+    }
+    if request.gpu_type:
+        pod_spec["nodeSelector"] = {gpu_type_label: request.gpu_type}
+    spec: dict = {"parallelism": 1, "completions": 1, "backoffLimit": 0,
+                  "template": {"metadata": {"labels": labels}, "spec": pod_spec}}  # fmt: skip
+    if request.time_limit_minutes:
+        spec["activeDeadlineSeconds"] = request.time_limit_minutes * 60
+    metadata = {"name": job_name(job_uuid), "namespace": namespace, "labels": labels,
+                "annotations": {ANNOTATION_NAME: request.name, ANNOTATION_TAG: options.get("comment") or ""}}  # fmt: skip
+    return namespace, {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def _container(request: JobRequest, options: dict, image: str) -> dict:
+    resources: dict = {"requests": {}, "limits": {}}
+    if request.gpus:
+        resources["limits"][GPU_RESOURCE] = str(request.gpus)
+    cpus = _cpus(options, request.gpus)
+    if cpus:
+        resources["requests"]["cpu"] = str(cpus)
+    memory = _memory_mib(options, cpus or 1, request.gpus)
+    if memory:
+        resources["requests"]["memory"] = f"{memory}Mi"
+    env = [{"name": name, "value": value} for name, value in request.environment]
+    return {
+        "name": CONTAINER,
+        "image": image,
+        "command": [*_interpreter(request.script), "-c", request.script],
+        "workingDir": request.workdir,
+        "env": env,
+        "resources": {key: value for key, value in resources.items() if value},
+    }
+
+
+def _interpreter(script: str) -> list[str]:
+    """The script's ``#!`` line as argv (``/bin/sh`` without one)."""
+    first = script.split("\n", 1)[0]
+    if first.startswith("#!") and first[2:].strip():
+        return shlex.split(first[2:].strip())
+    return ["/bin/sh"]
+
+
+def _cpus(options: dict, gpus: int) -> int:
+    if options.get("cpus-per-gpu"):
+        return _number("cpus-per-gpu", options["cpus-per-gpu"]) * max(gpus, 1)
+    if options.get("cpus-per-task"):
+        return _number("cpus-per-task", options["cpus-per-task"])
+    return 0
+
+
+def _memory_mib(options: dict, cpus: int, gpus: int) -> int:
+    """The memory request in MiB: --mem, else --mem-per-gpu × GPUs, else --mem-per-cpu × CPUs."""
+    for option, times in (("mem", 1), ("mem-per-gpu", max(gpus, 1)), ("mem-per-cpu", cpus)):
+        if options.get(option):
+            return _mib(option, options[option]) * times
+    return 0
+
+
+def _number(option: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise SlurmRejected(f"--{option}: not a number: {value!r}") from None
+
+
+_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def _mib(option: str, value: str) -> int:
+    """sbatch's memory sizes ("4096", "4G", "512M"; MiB without a unit) in MiB, rounded up."""
+    match = re.fullmatch(r"([0-9]+)([KMGT]?)B?", value.strip().upper())
+    if not match:
+        raise SlurmRejected(f"--{option}: not a memory size: {value!r}")
+    amount = int(match.group(1)) * _UNITS[match.group(2) or "M"]
+    return max(1, int(-(-amount // 1)))

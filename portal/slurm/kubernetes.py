@@ -1,0 +1,427 @@
+"""The Kubernetes backend (issue 41): a configured cluster of kind ``kubernetes`` behind the one gateway
+interface, so the relay, the sync, the cancel and the inventory sync treat it as they treat a Slurm
+cluster, through the official ``kubernetes`` client and the portal's service account (its rights:
+scripts/lib/k8s-bootstrap.py — namespaced in the teams' namespaces, nodes and namespaces read-only).
+
+- ``submit``: the stored request as a ``batch/v1`` Job (``kube_job.job_manifest``) in the team's
+  namespace; a retried create answered 409 AlreadyExists is the same Job (named after the portal's
+  job), never a second one. The id returned is ``kube_job.job_number`` of the job's uuid.
+- ``queue`` / ``accounting``: the portal's Jobs and their pods, one list of each per managed namespace
+  (label ``gpuportal.io/managed=true``; the service account may list only inside them) whatever the
+  number of jobs, and the namespace's Warning events when a job waits (the scheduler's
+  "0/2 nodes are available: …", the quota's "exceeded quota: …"): Slurm's states in Slurm's words.
+  Kubernetes keeps no accounting: an ended Job is its own record, and a Job the API no longer has (the
+  portal's cancel deletes it) is reported CANCELLED when asked for by id.
+- ``cancel``: delete the Job with ``propagationPolicy=Background`` (its pod goes with it).
+- the inventory: the GPU nodes (type from ``gpu_type_label``, GPUs from ``allocatable``) in one
+  partition named after the backend, so the submission's checks (GPU types, counts, time) run on it
+  as on a Slurm partition; ``version`` is the API server's (/version: "v1.20.2").
+- what only Slurm has (reservations, associations, sreport) is refused or empty: the portal never
+  asks a Kubernetes cluster for it (portal.slurm.slurm_clusters).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Collection
+
+from . import kube_job as kj
+from . import types as t
+from .base import SlurmGateway
+
+logger = logging.getLogger(__name__)
+PARTITION = "kubernetes"  # the one partition a Kubernetes cluster's inventory has
+MANAGED_NAMESPACES = "gpuportal.io/managed=true"
+
+
+class KubernetesGateway(SlurmGateway):
+    name = "kubernetes"
+
+    def __init__(self, *, cluster: str, kubeconfig: str, timeout: int, image: str, gpu_type_label: str):
+        self.cluster = cluster
+        self.kubeconfig = kubeconfig
+        self.timeout = timeout
+        self.image = image
+        self.gpu_type_label = gpu_type_label
+        self._client = None
+        self._lock = threading.Lock()
+
+    # -- the client -------------------------------------------------------------------------------
+
+    def _api(self, kind: str):
+        from kubernetes import client, config
+
+        with self._lock:
+            if self._client is None:
+                if not self.kubeconfig:
+                    raise t.SlurmUnavailable(f"cluster {self.cluster}: no kubeconfig (GPUPORTAL_K8S_KUBECONFIG)")
+                try:
+                    self._client = config.new_client_from_config(config_file=self.kubeconfig)
+                except (OSError, config.ConfigException) as exc:
+                    raise t.SlurmUnavailable(f"cluster {self.cluster}: kubeconfig {self.kubeconfig}: {exc}") from None
+        return getattr(client, kind)(self._client)
+
+    def _call(self, what: str, function, *args, **kwargs):
+        """One API call; its errors as the gateway's: 404/409 raised as ApiException for the caller
+        that expects them, other 4xx SlurmRejected (the API server's message), 5xx, 429 and no
+        answer SlurmUnavailable."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return function(*args, _request_timeout=self.timeout, **kwargs)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise
+            message = f"{what}: {exc.status} {_message(exc)}"
+            if exc.status == 429 or exc.status >= 500:
+                raise t.SlurmUnavailable(message, command=what) from None
+            raise t.SlurmRejected(message, command=what) from None
+        except (HTTPError, OSError) as exc:
+            raise t.SlurmUnavailable(f"{what}: {exc}", command=what) from None
+
+    def version(self) -> str:
+        return self._call("version", self._api("VersionApi").get_code).git_version
+
+    def ping(self) -> bool:
+        return bool(self.version())
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    def submit(self, submission: t.JobSubmission) -> int:
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, body = kj.job_manifest(submission, image=self.image, gpu_type_label=self.gpu_type_label)
+        number = int(body["metadata"]["labels"][kj.LABEL_NUMBER])
+        batch = self._api("BatchV1Api")
+        try:
+            self._call("create job", batch.create_namespaced_job, namespace, body)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise t.SlurmRejected(f"namespace {namespace!r} does not exist on {self.cluster}") from None
+            # 409: a create retried after it went through (the name is the portal job's): that Job
+            existing = self._call("read job", batch.read_namespaced_job, body["metadata"]["name"], namespace)
+            if (existing.metadata.labels or {}).get(kj.LABEL_JOB) != body["metadata"]["labels"][kj.LABEL_JOB]:
+                raise t.SlurmRejected(f"a Job named {body['metadata']['name']} exists and is not this job's") from None
+        return number
+
+    def cancel(self, job_id: int) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        batch = self._api("BatchV1Api")
+        selector = f"{kj.LABEL_NUMBER}={int(job_id)}"
+        for namespace in self._namespaces():
+            try:
+                found = self._call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector).items
+            except t.SlurmRejected:  # 403: not a namespace the portal may use, so not its Job's
+                continue
+            for job in found:
+                try:
+                    self._call("delete job", batch.delete_namespaced_job, job.metadata.name, namespace,
+                               propagation_policy="Background")  # fmt: skip
+                except ApiException:  # 404: gone already (ended and deleted, or a cancel repeated)
+                    pass
+
+    def job_log(self, job_id: int, *, account: str, limit_bytes: int) -> bytes | None:
+        """The newest pod's log (stdout and stderr as one), its first ``limit_bytes``; b"" before a pod
+        runs. One list of the namespace's pods of the job, one pods/log read."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._api("CoreV1Api")
+        selector = f"{kj.LABEL_NUMBER}={int(job_id)}"
+        pods = self._call("list pods", core.list_namespaced_pod, account, label_selector=selector).items
+        started = [p for p in pods if p.spec.node_name and p.status.phase != "Pending"]
+        if not started:
+            return b""
+        pod = max(started, key=lambda p: p.metadata.creation_timestamp)
+        try:
+            response = self._call("pods/log", core.read_namespaced_pod_log, pod.metadata.name, account,
+                                  container=kj.CONTAINER, limit_bytes=max(int(limit_bytes), 1), _preload_content=False)  # fmt: skip
+        except ApiException as exc:  # 404: the pod went meanwhile (a cancel)
+            raise t.SlurmRejected(f"pods/log: {exc.status} {_message(exc)}") from None
+        return response.data
+
+    def queue(self) -> list[t.QueueEntry]:
+        return [_entry(job, pod, reason) for job, pod, reason in self._jobs(with_reasons=True)[0]]
+
+    def accounting(
+        self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
+    ) -> list[t.AccountingRecord]:
+        rows, complete = self._jobs(with_reasons=False)
+        listed = [_record(job, pod) for job, pod, _ in rows]
+        records = [r for r in listed if r.state not in ("PENDING", "RUNNING")]
+        if job_ids is not None and complete:  # a namespace not read: no Job is known to be gone
+            known, now = {r.job_id for r in listed}, dt.datetime.now(dt.UTC)
+            records = [r for r in records if r.job_id in job_ids]
+            records += [_deleted(number, now) for number in job_ids if number not in known]
+        return records
+
+    def _namespaces(self) -> list[str]:
+        """The managed namespaces that are not being deleted (their RoleBinding goes first)."""
+        core = self._api("CoreV1Api")
+        found = self._call("list namespaces", core.list_namespace, label_selector=MANAGED_NAMESPACES).items
+        return [n.metadata.name for n in found if n.metadata.deletion_timestamp is None]
+
+    def _jobs(self, *, with_reasons: bool) -> tuple[list[tuple], bool]:
+        """(Job, its pod or None, the reason it waits) of every portal Job: per managed namespace one
+        list of Jobs, one of pods and, when a Job waits, one of Warning events; and whether every
+        namespace could be read (one where the portal has no rights is skipped and logged)."""
+        batch, core = self._api("BatchV1Api"), self._api("CoreV1Api")
+        selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY}"
+        out, complete = [], True
+        for namespace in self._namespaces():
+            try:
+                jobs = self._call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector).items
+            except t.SlurmRejected as exc:  # 403: labelled managed, but the portal has no rights there
+                logger.warning("cluster %s: namespace %s skipped: %s", self.cluster, namespace, exc.message)
+                complete = False
+                continue
+            if not jobs:
+                continue
+            pods: dict[str, object] = {}
+            for pod in self._call("list pods", core.list_namespaced_pod, namespace, label_selector=selector).items:
+                owner = (pod.metadata.labels or {}).get(kj.LABEL_JOB, "")
+                if owner not in pods or pod.metadata.creation_timestamp > pods[owner].metadata.creation_timestamp:
+                    pods[owner] = pod
+            waiting = {j.metadata.uid for j in jobs if _waits(j, pods.get(j.metadata.labels.get(kj.LABEL_JOB)))}
+            events = []
+            if with_reasons and waiting:
+                events = self._call("list events", core.list_namespaced_event, namespace, field_selector="type=Warning").items
+            for job in jobs:
+                pod = pods.get(job.metadata.labels.get(kj.LABEL_JOB))
+                out.append((job, pod, _waiting_reason(job, pod, events) if job.metadata.uid in waiting else ""))
+        return out, complete
+
+    # -- inventory ----------------------------------------------------------------------------------
+
+    def partitions(self) -> list[t.Partition]:
+        names = tuple(node.metadata.name for node in self._gpu_nodes())
+        return [t.Partition(PARTITION, is_default=True, state="UP", default_time_minutes=None,
+                            max_time_minutes=None, nodes=names)]  # fmt: skip
+
+    def _gpu_nodes(self) -> list:
+        """The nodes that offer GPUs (allocatable nvidia.com/gpu), one list of the nodes."""
+        core = self._api("CoreV1Api")
+        nodes = self._call("list nodes", core.list_node).items
+        return [n for n in nodes if int((n.status.allocatable or {}).get(kj.GPU_RESOURCE, "0") or 0)]
+
+    def nodes(self) -> list[t.Node]:
+        used: dict[str, int] = {}
+        for job, pod, _ in self._jobs(with_reasons=False)[0]:
+            if pod is not None and pod.spec.node_name and pod.status.phase in ("Pending", "Running"):
+                used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + _pod_gpus(pod)
+        out = []
+        for node in self._gpu_nodes():
+            allocatable = node.status.allocatable or {}
+            gpus = int(allocatable.get(kj.GPU_RESOURCE, "0") or 0)
+            ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+            busy = used.get(node.metadata.name, 0)
+            state = "DOWN" if not ready else "DRAIN" if node.spec.unschedulable else (
+                "IDLE" if not busy else "ALLOCATED" if busy >= gpus else "MIXED")  # fmt: skip
+            out.append(t.Node(
+                name=node.metadata.name, state=state, partitions=(PARTITION,),
+                gpu_type=(node.metadata.labels or {}).get(self.gpu_type_label, ""), gpus_total=gpus,
+                gpus_allocated=min(busy, gpus), cpus_total=_cpus(allocatable.get("cpu", "0")), cpus_allocated=0,
+                memory_mb=_memory_mb(allocatable.get("memory", "0")), reason="" if ready else "not Ready",
+            ))  # fmt: skip
+        return out
+
+    def policy(self) -> t.ClusterPolicy:
+        return t.ClusterPolicy(qos=(), account_qos={}, max_array_size=None, over_time_limit_minutes=0, kill_wait_seconds=0)
+
+    # -- what only Slurm has --------------------------------------------------------------------------
+
+    def _slurm_only(self, what: str):
+        raise t.SlurmRejected(f"{what}: a Slurm feature; {self.cluster} is a Kubernetes cluster")
+
+    def reservation_create(self, spec: t.ReservationSpec) -> str:
+        self._slurm_only("reservations")
+
+    def reservation_delete(self, name: str) -> None:
+        return None
+
+    def reservation_list(self) -> list[t.Reservation]:
+        return []
+
+    def associations(self) -> list[t.Association]:
+        return []
+
+    def account_add(self, account: str, *, description: str = "", parent: str = "") -> None:
+        self._slurm_only("accounts")
+
+    def account_remove(self, account: str) -> None:
+        self._slurm_only("accounts")
+
+    def user_add(self, user: str, account: str, *, default: bool = False) -> None:
+        self._slurm_only("associations")
+
+    def user_remove(self, user: str, account: str) -> None:
+        self._slurm_only("associations")
+
+    def association_limits_set(self, limits: t.AssociationLimits) -> None:
+        self._slurm_only("association limits")
+
+    def association_limits_get(self, account: str) -> t.AssociationLimits:
+        return t.AssociationLimits(account=account)
+
+    def account_usage_reset(self, account: str) -> None:
+        return None
+
+    def account_gpu_minutes(self, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
+        return {}
+
+    def usage_rolled_up(self, start: dt.datetime, end: dt.datetime) -> bool:
+        return False
+
+
+# -- reading Jobs and pods ---------------------------------------------------------------------------
+
+
+def _message(exc) -> str:
+    import json
+
+    try:
+        return json.loads(exc.body).get("message") or exc.reason
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason)
+
+
+def _conditions(job) -> dict[str, object]:
+    return {c.type: c for c in job.status.conditions or [] if c.status == "True"}
+
+
+def _terminated(pod):
+    statuses = (pod.status.container_statuses or []) if pod is not None else []
+    return statuses[0].state.terminated if statuses and statuses[0].state else None
+
+
+def _started(pod) -> dt.datetime | None:
+    statuses = (pod.status.container_statuses or []) if pod is not None else []
+    state = statuses[0].state if statuses else None
+    if state is not None and state.running is not None:
+        return state.running.started_at
+    if state is not None and state.terminated is not None:
+        return state.terminated.started_at
+    return None
+
+
+def _state(job, pod) -> str:
+    """Slurm's word for the Job's state (jobs.choices.state_from_slurm reads it)."""
+    if job.metadata.deletion_timestamp is not None:
+        return "CANCELLED"
+    conditions = _conditions(job)
+    if "Complete" in conditions:
+        return "COMPLETED"
+    if "Failed" in conditions:
+        return "TIMEOUT" if conditions["Failed"].reason == "DeadlineExceeded" else "FAILED"
+    if pod is not None and pod.status.phase in ("Running", "Succeeded", "Failed"):
+        return "RUNNING"  # a pod that ended: the Job controller's condition comes next
+    return "PENDING"
+
+
+def _waits(job, pod) -> bool:
+    return _state(job, pod) == "PENDING"
+
+
+def _waiting_reason(job, pod, events) -> str:
+    """The newest Warning event about the Job's pod (the scheduler's FailedScheduling) or the Job
+    (the Job controller's FailedCreate: a quota's refusal), in Kubernetes' words."""
+    names = {("Job", job.metadata.name)} | ({("Pod", pod.metadata.name)} if pod is not None else set())
+    mine = [e for e in events if (e.involved_object.kind, e.involved_object.name) in names]
+    if not mine:
+        return "Waiting for the scheduler" if pod is not None else "Waiting for the Job controller"
+    newest = max(mine, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
+    return (newest.message or newest.reason or "").strip()
+
+
+def _pod_gpus(pod) -> int:
+    limits = (pod.spec.containers[0].resources.limits or {}) if pod.spec.containers else {}
+    return int(limits.get(kj.GPU_RESOURCE, "0") or 0)
+
+
+def _gpu_type(job, label_default: str = "") -> str:
+    selector = job.spec.template.spec.node_selector or {}
+    return next(iter(selector.values()), label_default)
+
+
+def _common(job, pod) -> dict:
+    labels = job.metadata.labels or {}
+    annotations = job.metadata.annotations or {}
+    deadline = job.spec.active_deadline_seconds
+    return {
+        "job_id": int(labels.get(kj.LABEL_NUMBER, "0")),
+        "name": annotations.get(kj.ANNOTATION_NAME, job.metadata.name),
+        "user": str(job.spec.template.spec.security_context.run_as_user or "")
+        if job.spec.template.spec.security_context else "",
+        "account": job.metadata.namespace,
+        "partition": PARTITION,
+        "state": _state(job, pod),
+        "comment": annotations.get(kj.ANNOTATION_TAG, ""),
+        "submit_time": job.metadata.creation_timestamp,
+        "start_time": _started(pod),
+        "time_limit_minutes": deadline // 60 if deadline else None,
+        "num_nodes": 1,
+    }
+
+
+def _end_time(job, pod) -> dt.datetime | None:
+    terminated = _terminated(pod)
+    if terminated is not None:
+        return terminated.finished_at
+    if job.status.completion_time is not None:
+        return job.status.completion_time
+    failed = _conditions(job).get("Failed")
+    return failed.last_transition_time if failed is not None else None
+
+
+def _entry(job, pod, reason: str) -> t.QueueEntry:
+    common = _common(job, pod)
+    gpus = int((job.spec.template.spec.containers[0].resources.limits or {}).get(kj.GPU_RESOURCE, "0") or 0)
+    gpu_type = _gpu_type(job)
+    tres = f"gres:gpu:{gpu_type}:{gpus}" if gpu_type else f"gres:gpu:{gpus}" if gpus else ""
+    ended = common["state"] not in ("PENDING", "RUNNING")
+    return t.QueueEntry(
+        **common, reason=reason or "None", nodes=(pod.spec.node_name or "") if pod is not None else "",
+        end_time=_end_time(job, pod) if ended else None, tres_per_node=tres,
+    )  # fmt: skip
+
+
+def _record(job, pod) -> t.AccountingRecord:
+    common = _common(job, pod)
+    terminated = _terminated(pod)
+    start, end = common["start_time"], _end_time(job, pod)
+    gpus = int((job.spec.template.spec.containers[0].resources.limits or {}).get(kj.GPU_RESOURCE, "0") or 0)
+    tres = {"gres/gpu": gpus, **({f"gres/gpu:{_gpu_type(job)}": gpus} if _gpu_type(job) and gpus else {})}
+    return t.AccountingRecord(
+        **common, exit_code=terminated.exit_code if terminated is not None else None, end_time=end,
+        elapsed_seconds=int((end - start).total_seconds()) if start and end else 0,
+        nodes=(pod.spec.node_name or "") if pod is not None else "", alloc_tres=tres if start else {}, req_tres=tres,
+    )  # fmt: skip
+
+
+def _deleted(number: int, now: dt.datetime) -> t.AccountingRecord:
+    """A Job the API no longer has: deleted — by the portal's cancel, or by hand — so cancelled."""
+    return t.AccountingRecord(
+        job_id=int(number), name="", user="", account="", partition=PARTITION, state="CANCELLED", exit_code=None,
+        submit_time=None, start_time=None, end_time=now, elapsed_seconds=0, time_limit_minutes=None, num_nodes=1,
+        nodes="", alloc_tres={}, req_tres={}, comment="",
+    )  # fmt: skip
+
+
+def _cpus(quantity: str) -> int:
+    text = str(quantity)
+    return int(text[:-1]) // 1000 if text.endswith("m") else int(float(text or 0))
+
+
+_BINARY = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024**2, "K": 1000 / 1024**2, "M": 1000**2 / 1024**2,
+           "G": 1000**3 / 1024**2}  # fmt: skip
+
+
+def _memory_mb(quantity: str) -> int:
+    text = str(quantity)
+    for suffix, mib in _BINARY.items():
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(int(text[: -len(suffix)]) * mib)
+    return int(int(text or 0) / 1024**2) if text.isdigit() else 0
