@@ -10,7 +10,8 @@ The one owner of the rule, from the submission to Slurm and back.
   visible jobs on that cluster (``script_dependency_check``), so a member cannot learn from Slurm
   how another team's job ended.
 - **Relayed**: a job is not claimed while a parent still waits for its Slurm id (``relay_ready``:
-  the claim's condition; the drain takes it in the round after its parent's). Its dependency is
+  the claim's condition; the drain takes it in the round after its parent's); on Kubernetes, which
+  has no dependencies, while a parent is still live (the sync publishes the drain when one ends). Its dependency is
   then ``afterok`` on its parents' Slurm ids (``dependency_option``): a parent that COMPLETED is left
   out (Slurm may have forgotten it), one that ended any other way cancels the job in the portal with
   that reason.
@@ -27,7 +28,7 @@ import uuid
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from jobs.job_fields import FIELDS
@@ -36,6 +37,7 @@ from jobs.selectors import jobs_visible_to
 from portal.exceptions import ApplicationError
 from portal.outbox import after_commit
 from portal.slurm import JobRequest, SlurmRejected
+from portal.slurm.clusters import KUBERNETES
 
 MAX_PARENTS = FIELDS["depends_on"].max_length  # jobs one job may wait for (the API's limit too)
 NEVER_SATISFIED = "DependencyNeverSatisfied"  # Slurm's pending reason (WAIT_DEP_INVALID)
@@ -135,9 +137,19 @@ def dependencies_record(*, jobs: list[Job], parents: dict) -> None:
         JobDependency.objects.bulk_create(rows)
 
 
-def relay_ready() -> Exists:
-    """The relay's claim condition: no parent of the job still waits for its Slurm id."""
-    return ~Exists(JobDependency.objects.filter(job=OuterRef("pk"), parent__state=JobState.ACCEPTED))
+def relay_ready() -> Q:
+    """The relay's claim condition: no parent of the job still waits for its Slurm id; on a
+    scheduler that has no dependencies (Kubernetes), no parent still live: the portal holds the job
+    until each has ended (dependency_option then sends it, or fails it)."""
+    parents = JobDependency.objects.filter(job=OuterRef("pk"))
+    held = parents.filter(Q(parent__state=JobState.ACCEPTED) | Q(job__cluster__kind=KUBERNETES, parent__state__in=LIVE_STATES))
+    return ~Q(Exists(held))
+
+
+def dependents_waiting(parent_ids: list) -> bool:
+    """Whether a job waits in the portal for one of ``parent_ids`` (which just ended or got their
+    Slurm ids): its relay is due now, not at the next sweep (one query)."""
+    return JobDependency.objects.filter(parent__in=parent_ids, job__state=JobState.ACCEPTED).exists()
 
 
 def parents_of(job_ids: list) -> dict:

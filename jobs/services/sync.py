@@ -17,9 +17,10 @@ from django.utils import timezone
 from accounting.services import budget_holds_identify, budget_holds_release, budget_holds_tasks_settle
 from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array, tasks_without_exit_code
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
-from jobs.dependencies import NEVER_SATISFIED, never_satisfied_cancel
+from jobs.dependencies import NEVER_SATISFIED, dependents_waiting, never_satisfied_cancel
 from jobs.models import Job, JobEvent
 from jobs.pending import Outlook, estimate_moved, queue_outlook
+from jobs.services.relay import relay_drain_after_commit
 from portal.db import bulk_update_values
 from portal.outbox import after_commit
 from portal.models import SyncStatus
@@ -100,6 +101,10 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     ended_arrays = [job_id for job_id, values in planned.items() if job_id in array_tasks and values.get("state") in TERMINAL_STATES]
     if ended_arrays:
         _array_holds_settle(ended_arrays, now)
+    # jobs waiting in the portal for a job that ended (Kubernetes holds none itself): their relay, now
+    ended = [job_id for job_id, values in planned.items() if values.get("state") in TERMINAL_STATES]
+    if ended and dependents_waiting(ended):
+        relay_drain_after_commit()
     # jobs Slurm will never start (a job they wait for failed): cancelled, with why (jobs.dependencies)
     never = [job_id for job_id, entry in entries.items() if entry.reason == NEVER_SATISFIED]
     stats["dependency_cancelled"] = never_satisfied_cancel(job_ids=never, now=now) if never else 0

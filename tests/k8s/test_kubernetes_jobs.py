@@ -214,3 +214,34 @@ def _runs(pid):
             return stat.read().rsplit(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_job_waiting_for_another_is_held_by_the_portal_until_it_completes_then_runs(
+    k8s_cluster, k8s_namespace, k8s_portal, world
+):
+    """Kubernetes has no dependencies: the portal holds the child (ACCEPTED, no Job created) while its
+    parent is live, and relays it once the parent has completed; a parent that fails fails it."""
+    from jobs.services import job_relay_drain_run
+
+    parent = _post(world.alice, name="k8s-first", script="#!/bin/bash\nsleep 3\n", gpus=1, cpus_per_gpu=1, memory_gb=1,
+                   time_limit_minutes=5).json()["id"]  # fmt: skip
+    child = _post(world.alice, name="k8s-second", script="#!/bin/bash\necho second\n", gpus=1, cpus_per_gpu=1, memory_gb=1,
+                  time_limit_minutes=5, depends_on=[parent]).json()["id"]  # fmt: skip
+    job_relay_drain_run(limit=10)
+    assert Job.objects.get(pk=parent).state == JobState.PENDING
+    assert Job.objects.get(pk=child).state == JobState.ACCEPTED and _kube_jobs(k8s_portal, k8s_namespace, child) == []
+    _synced_until(parent, {JobState.COMPLETED})
+    job_relay_drain_run(limit=10)  # what the sync published when the parent ended
+    assert len(_kube_jobs(k8s_portal, k8s_namespace, child)) == 1
+    assert _synced_until(child, {JobState.COMPLETED}).exit_code == 0
+
+    failing = _post(world.alice, name="k8s-fails", script="#!/bin/bash\nexit 4\n", gpus=1, cpus_per_gpu=1, memory_gb=1,
+                    time_limit_minutes=5).json()["id"]  # fmt: skip
+    orphan = _post(world.alice, name="k8s-orphan", script="#!/bin/bash\ntrue\n", gpus=1, cpus_per_gpu=1, memory_gb=1,
+                   time_limit_minutes=5, depends_on=[failing]).json()["id"]  # fmt: skip
+    job_relay_drain_run(limit=10)
+    assert _synced_until(failing, {JobState.FAILED}).exit_code == 4  # the emulated node ends the pod as the command did
+    job_relay_drain_run(limit=10)
+    orphan_job = Job.objects.get(pk=orphan)
+    assert orphan_job.state == JobState.SUBMIT_FAILED and _kube_jobs(k8s_portal, k8s_namespace, orphan) == []
+    assert orphan_job.state_reason == f"Job {failing}, which this job waits for, ended FAILED: it can never start."
