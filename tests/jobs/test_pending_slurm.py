@@ -251,7 +251,12 @@ def test_each_pending_reason_slurm_gives_is_stored_and_explained(slurm_target, s
         return (synced, oracle) if same and all(code == got for code, got in codes.items()) else None
 
     seen: list = []
-    synced, oracle = wait_for(stored, timeout=60, interval=1, what=f"the reasons {sorted(expected.values())} (Slurm said {seen})")
+    try:
+        synced, oracle = wait_for(stored, timeout=60, interval=1, what=f"the reasons {sorted(expected.values())}")
+    except BaseException:
+        ours = {j.slurm_job_id: (code, j.name) for j, code in expected.items()}
+        stored_now = {j.slurm_job_id: j.state_reason for j in Job.objects.filter(pk__in=[j.pk for j in expected])}
+        pytest.fail(f"wanted {ours}; Slurm said {seen[-1] if seen else None}; the portal stored {stored_now}")
     for job_id, job in synced.items():
         explained = reason_explained(job.state_reason)
         assert explained is not None and explained.text, job.state_reason  # every one of them in the table
