@@ -169,6 +169,7 @@ def run(*, quick: bool = False, runs: int | None = None) -> common.Section:
     _accounting_pages(section, page, finance_page, finance_api, team, runs=runs, quick=quick)
     _add(section, "dashboard (team-01's manager)", page, "/", runs)
     _add(section, "dashboard (admin)", admin_page, "/", runs)
+    _ingestion(section, 3 if quick else 5)
     return section
 
 
@@ -257,6 +258,72 @@ def _accounting_pages(section, page, finance_page, finance_api, team, *, runs: i
             f"/api/v1/reports/cost/?{query}&group_by=user",
             runs,
         )
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def _day_records(day, *, new: bool) -> list:
+    """A day's allocations as sacct gives them (portal.slurm.types.AccountingRecord), read back from
+    the year's usage records that started that day; ``new``: the same allocations under unused job ids
+    (a day not ingested yet)."""
+    import datetime as dt
+
+    from accounting.models import UsageRecord
+    from portal.slurm.types import AccountingRecord
+
+    start = dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
+    rows = UsageRecord.objects.filter(start_time__gte=start, start_time__lt=start + dt.timedelta(days=1))
+    shift = 900_000_000 if new else 0
+    return [AccountingRecord(
+        job_id=r.job_id + shift, name=r.name, user=r.unix_user, account=r.account, partition=r.partition, state=r.state,
+        exit_code=0, submit_time=r.submit_time, start_time=r.start_time, end_time=r.end_time,
+        elapsed_seconds=r.elapsed_seconds, time_limit_minutes=r.time_limit_minutes, num_nodes=r.num_nodes,
+        nodes="a100-001", alloc_tres={"gres/gpu": r.gpus, f"gres/gpu:{r.gpu_type}": r.gpus},
+        req_tres={"gres/gpu": r.gpus}, comment=r.comment, cluster=r.cluster,
+    ) for r in rows]  # fmt: skip
+
+
+def _ingestion(section, runs: int) -> None:
+    """Usage ingestion of a day (accounting.services.usage_records_upsert, what each cycle does with
+    sacct's answer; sacct itself is bench_ingest.py's): the day read again (every record known: the
+    steady state) and a day not seen yet (written, then rolled back: the year stays as it was)."""
+    import datetime as dt
+
+    from django.db import connection, transaction
+    from year_world import MONTHS, month
+
+    from accounting.services.ingestion import usage_records_upsert
+
+    day = (month(MONTHS) - dt.timedelta(days=10)).date()
+    statements: list[str] = []
+
+    def count(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    for label, new in (
+        ("the day again (known records)", False),
+        ("a day not ingested yet (rolled back)", True),
+    ):
+        records = _day_records(day, new=new)
+        times, result = [], None
+        for _ in range(runs):
+            statements.clear()
+            began = time.perf_counter()
+            try:
+                with transaction.atomic(), connection.execute_wrapper(count):
+                    result = usage_records_upsert(records=records)
+                    times.append(time.perf_counter() - began)
+                    raise _RolledBack
+            except _RolledBack:
+                pass
+        section.add(
+            f"usage ingestion of a day, {label}: {len(records):,} allocations", common.median(times) * 1000, "ms",
+            f"median of {runs}; p95 {common.percentile(times, 95) * 1000:.1f} ms; {len(statements)} queries",
+            f"{result.written:,} records written, {result.slices:,} slices",
+        )  # fmt: skip
 
 
 def main() -> None:
