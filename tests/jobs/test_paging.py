@@ -149,3 +149,9 @@ def test_the_list_page_shows_the_first_page_for_a_link_that_is_not_valid(client_
     response = client_for("member").get(reverse("jobs:list"), {"cursor": "nonsense"})
     assert response.status_code == 200
     assert [str(j.pk) for j in response.context["jobs"]] == _expected(jobs, "created_at", True)[:25]
+
+
+def test_an_empty_cursor_is_the_first_page_as_the_schema_says(api_client_for, jobs, monkeypatch):
+    monkeypatch.setattr(JobCursorPagination, "page_size", 5)
+    client = api_client_for("member")
+    assert client.get("/api/v1/jobs/?cursor=").json() == client.get("/api/v1/jobs/").json()
