@@ -20,11 +20,11 @@ from bench_sync import history
 
 CASES = [
     ("page", "/jobs/", "job list page, first page"),
-    ("page", "/jobs/?page={page_mid}", "job list page, middle page"),
+    ("page", "/jobs/?cursor={mid}", "job list page, middle page (its keyset cursor)"),
     ("page", "/jobs/?state=RUNNING", "job list page, filtered to a state no row has"),
     ("page", "/jobs/?mine=true&team=gpbench", "job list page, mine + team filters"),
     ("api", "/api/v1/jobs/", "GET /api/v1/jobs/, first page"),
-    ("api", "/api/v1/jobs/?page={api_mid}", "GET /api/v1/jobs/, middle page"),
+    ("api", "/api/v1/jobs/?cursor={mid}", "GET /api/v1/jobs/, middle page (its keyset cursor)"),
     ("api", "/api/v1/jobs/?state=COMPLETED", "GET /api/v1/jobs/?state=COMPLETED"),
 ]
 
@@ -53,8 +53,9 @@ def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None
         page_client = Client()
         page_client.force_login(world.user)
         api_client = Client(HTTP_AUTHORIZATION=f"Token {world.token}")
+        mid = _middle_cursor(world.user)
         for kind, url, label in CASES:
-            url = url.format(page_mid=max(1, count // 25 // 2), api_mid=max(1, count // 50 // 2))
+            url = url.format(mid=mid)
             client = page_client if kind == "page" else api_client
             response = client.get(url)
             if response.status_code != 200:
@@ -77,6 +78,15 @@ def run(*, quick: bool = False, jobs: int | None = None, runs: int | None = None
     finally:
         common.truncate_jobs()
     return section
+
+
+def _middle_cursor(user) -> str:
+    """The cursor after the middle job of the user's list (newest first), as a client paging down holds it."""
+    from jobs.selectors import jobs_visible_to
+    from portal.paging import cursor_after
+
+    jobs = jobs_visible_to(user).order_by("-created_at", "-id")
+    return cursor_after(jobs[jobs.count() // 2], "created_at")
 
 
 def _submit_with_history(client, runs: int) -> tuple[float, int]:

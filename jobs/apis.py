@@ -26,6 +26,7 @@ from jobs.filters import JobFilter
 from jobs.gpu_report import job_gpu_report
 from jobs.job_fields import FIELDS, SHAPE_FIELD_NAMES, SPEC_FIELD_NAMES, TEMPLATE_FIELDS, JobField
 from jobs.models import Job, JobGpuIdleAlert, JobTemplate
+from jobs.paging import JobCursorPagination
 from jobs.selectors import (
     OUTPUT_DEFAULT_LENGTH,
     OUTPUT_MAX_LENGTH,
@@ -340,6 +341,7 @@ class JobCollectionApi(ListAPIView):
 
     serializer_class = JobSummaryOutputSerializer
     filterset_class = JobFilter
+    pagination_class = JobCursorPagination  # keyset pages: a deep page costs what the first does
 
     JobSubmitInputSerializer = job_input_serializer(
         "JobSubmitInputSerializer", SPEC_FIELD_NAMES, before={"team": lambda: serializers.CharField(help_text="Team slug.")},

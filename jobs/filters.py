@@ -72,3 +72,15 @@ class JobFilter(django_filters.FilterSet):
         if value == "true" and self.request is not None and self.request.user.is_authenticated:
             return queryset.filter(submitter=self.request.user)
         return queryset
+
+
+def list_ordering(value: str | None) -> tuple[str, bool]:
+    """The job list's order from its ``ordering`` parameter (JobFilter has refused anything else):
+    (column, descending), by the first column named; newest first by default. The keyset pages
+    (jobs.paging) walk this column, then the primary key."""
+    term = (value or "").split(",")[0].strip()
+    name = term.lstrip("-")
+    columns = {param: column for column, param in JOB_ORDERING_FIELDS}
+    if name not in columns:
+        return "created_at", True
+    return columns[name], term.startswith("-")

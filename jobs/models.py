@@ -131,13 +131,20 @@ class Job(models.Model):
             models.Index(fields=["state", "created_at"], name="job_live_state", condition=Q(state__in=sorted(LIVE_STATES))),
             # jobs_sync per cluster: "every live job of this cluster"
             models.Index(fields=["cluster", "state"], name="job_live_cluster", condition=Q(state__in=sorted(LIVE_STATES))),
-            # job lists: jobs of a team, newest first (jobs_visible_to + order_by -created_at)
-            models.Index(fields=["team", "-created_at"], name="job_team_created"),
-            # job lists across teams (admins; members of several teams): the newest first page without
-            # sorting every visible row (100 000 jobs: 171 ms → 0.1 ms, bench/bench_pages.py)
-            models.Index(fields=["-created_at"], name="job_created"),
+            # The job list's keyset pages (portal.paging: ORDER BY column DESC, id DESC; the next page
+            # "column <= last AND (column < last OR id < last id)"): each index is the order of a list,
+            # the primary key last, so any page is an index range read from its first row
+            # (bench/bench_year_pages.py: a year of jobs, deep page = first page).
+            # jobs of a team, newest first (jobs_visible_to + the default order)
+            models.Index(fields=["team", "-created_at", "-id"], name="job_team_created_id"),
+            # across teams (admins; members of several teams): the newest first
+            models.Index(fields=["-created_at", "-id"], name="job_created_id"),
             # "my jobs" filter and the CLI's default list
-            models.Index(fields=["submitter", "-created_at"], name="job_submitter_created"),
+            models.Index(fields=["submitter", "-created_at", "-id"], name="job_submitter_created_id"),
+            # the list ordered by end or start (?ordering=-ended_at: "what just ended"); NULLs (not yet)
+            # sort first descending, as the keyset expects
+            models.Index(fields=["-ended_at", "-id"], name="job_ended_id"),
+            models.Index(fields=["-started_at", "-id"], name="job_started_id"),
             # look-ups by Slurm id (CLI `gpuportal job 1234`, admin search, accounting joins)
             models.Index(fields=["slurm_job_id"], name="job_slurm_job_id"),
             # retention (jobs.services.retention): the jobs that ended in a range, oldest first. BRIN:

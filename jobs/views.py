@@ -13,7 +13,6 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -24,6 +23,7 @@ from jobs.filters import JobFilter
 from jobs.forms import JobForm, QuoteForm, TemplateSaveForm, format_minutes, initial_from_spec
 from jobs.gpu_report import job_gpu_report
 from jobs.models import Job, JobGpuIdleAlert
+from jobs.paging import CURSOR_PARAM, job_list_page, page_query
 from jobs.selectors import first_array_index, job_output, job_templates_visible_to, jobs_visible_to, jobs_with_usage
 from jobs.services import job_cancel, job_quote, job_submit, job_template_create, job_template_delete
 from jobs.arrays import array_task_table
@@ -53,21 +53,24 @@ def _visible_job(request, job_id) -> Job:
 @login_required
 @require_GET
 def job_list(request):
-    """The user's teams' jobs, filtered (team, state, since — the API's FilterSet) and paginated.
-    A constant number of queries whatever the page holds."""
-    visible = jobs_visible_to(request.user).defer("script", "environment").order_by("-created_at")
+    """The user's teams' jobs, filtered (team, state, since — the API's FilterSet) and paginated by
+    keyset (newer / older links: a deep page costs what the first does). A constant number of queries
+    whatever the page holds; a page link that is not valid shows the first page."""
+    visible = jobs_visible_to(request.user).defer("script", "environment")
     filterset = JobFilter(request.GET, queryset=visible, request=request)
     jobs = filterset.qs if filterset.is_valid() else visible
-    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
-    query = request.GET.copy()
-    query.pop("page", None)
+    ordering = request.GET.get("ordering") if filterset.is_valid() else None
+    try:
+        page = job_list_page(jobs, ordering=ordering, cursor=request.GET.get(CURSOR_PARAM), size=JOBS_PER_PAGE)
+    except ApplicationError:
+        page = job_list_page(jobs, ordering=ordering, cursor=None, size=JOBS_PER_PAGE)
     context = {
         "filterset": filterset,
         "filter_errors": filterset.errors if not filterset.is_valid() else None,
-        "page": page,
-        "jobs": jobs_with_usage(page.object_list),
-        "query": query.urlencode(),
-        "live_ids": [str(job.pk) for job in page.object_list if job.state in LIVE_STATES][:MAX_LIVE_IDS],
+        "jobs": jobs_with_usage(page.rows),
+        "newer_query": page_query(request.GET, page.previous_cursor) if page.previous_cursor else None,
+        "older_query": page_query(request.GET, page.next_cursor) if page.next_cursor else None,
+        "live_ids": [str(job.pk) for job in page.rows if job.state in LIVE_STATES][:MAX_LIVE_IDS],
         "teams": teams_visible_to(request.user).order_by("name"),
         "states": JobState.choices,
         "selected_states": request.GET.getlist("state"),
