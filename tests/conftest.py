@@ -7,6 +7,7 @@ real worker (``celery_worker`` fixture in tests/jobs)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -502,18 +503,9 @@ def k8s_cluster(settings, world, k8s_namespace):
 def k8s_worker(k8s_cluster, celery_workers, transactional_db, settings):
     """A real Celery worker whose portal serves the Kubernetes cluster too (k8s_cluster's
     GPUPORTAL_CLUSTERS): tasks sent during the test go to it, as real_worker's do."""
-    from portal.project.celery import app
-
-    queue = celery_workers({"SLURM_BACKEND": "cli", "SLURM_CLUSTER": "with-k8s", "GPUPORTAL_CLUSTERS": k8s_cluster})
-    saved = app.conf.task_always_eager, app.conf.broker_url, app.conf.task_default_queue
-    settings.CELERY_TASK_ALWAYS_EAGER = False
-    app.conf.task_always_eager = False
-    app.conf.task_default_queue = queue
-    _use_broker(WORKER_BROKER_URL)
-    yield queue
-    _worker_settle(queue)
-    app.conf.task_always_eager, _, app.conf.task_default_queue = saved
-    _use_broker(saved[1])
+    with _tasks_to(celery_workers({"SLURM_BACKEND": "cli", "SLURM_CLUSTER": "with-k8s", "GPUPORTAL_CLUSTERS": k8s_cluster}),
+                   settings) as queue:  # fmt: skip
+        yield queue
 
 
 # ---------------------------------------------------------------- a real Celery worker
@@ -546,23 +538,33 @@ def celery_workers(django_db_setup, django_db_blocker):
 def real_worker(request, celery_workers, transactional_db, settings):
     """Send tasks to a real worker for this test (eager mode off, dedicated queue and broker): the one
     for this test's ``slurm_target`` when it has one, else the one for the environment's cluster."""
-    from portal.project.celery import app
 
     slurm_env = {}
     if "slurm_target" in request.fixturenames:
         request.getfixturevalue("slurm_target")
         slurm_env = {name: str(getattr(settings, name)) for name in
                      ("SLURM_BACKEND", "SLURM_CONF", "SLURM_CLUSTER", "SLURM_BIN_DIR")}  # fmt: skip
-    queue = celery_workers(slurm_env)
+    with _tasks_to(celery_workers(slurm_env), settings) as queue:
+        yield queue
+
+
+@contextlib.contextmanager
+def _tasks_to(queue: str, settings):
+    """Tasks sent meanwhile go to the real worker of ``queue`` (eager mode off, the workers' broker);
+    afterwards its work is let settle and the test's own setup comes back."""
+    from portal.project.celery import app
+
     saved = app.conf.task_always_eager, app.conf.broker_url, app.conf.task_default_queue
     settings.CELERY_TASK_ALWAYS_EAGER = False
     app.conf.task_always_eager = False
     app.conf.task_default_queue = queue
     _use_broker(WORKER_BROKER_URL)
-    yield queue
-    _worker_settle(queue)
-    app.conf.task_always_eager, _, app.conf.task_default_queue = saved
-    _use_broker(saved[1])
+    try:
+        yield queue
+        _worker_settle(queue)
+    finally:
+        app.conf.task_always_eager, _, app.conf.task_default_queue = saved
+        _use_broker(saved[1])
 
 
 @pytest.fixture
