@@ -62,7 +62,7 @@ def _short(sql: str, width: int = 150) -> str:
     return sql if len(sql) <= width else sql[: width - 1] + "…"
 
 
-def run(*, quick: bool = False, requests: int | None = None, top: int = 20) -> common.Section:
+def run(*, quick: bool = False, requests: int | None = None, top: int = 20, stats: Path | None = None) -> common.Section:
     from django.db import connection
     from django.test import Client
 
@@ -114,6 +114,8 @@ def run(*, quick: bool = False, requests: int | None = None, top: int = 20) -> c
         for _ in range(n):
             post(body)
         profiler.disable()
+        if stats is not None:
+            profiler.dump_stats(stats)  # for pstats: callers, callees, any function's share
 
     runs = f"{n} requests"
     section.add("queries per single-job POST", len(one.queries), "queries", "1 request after warm-up")
@@ -151,11 +153,12 @@ def main() -> None:
     parser = common.arguments(__doc__, quick="30 requests")
     parser.add_argument("--requests", type=int, help="POSTs timed and profiled (default 200)")
     parser.add_argument("--top", type=int, default=20, help="cProfile lines per ordering")
+    parser.add_argument("--stats", type=Path, help="also write cProfile's statistics to this file (pstats)")
     parser.add_argument("--markdown", type=Path, help="also write the section as markdown to this file")
     args = parser.parse_args()
     common.setup()
     machine = common.machine()
-    section = run(quick=args.quick, requests=args.requests, top=args.top)
+    section = run(quick=args.quick, requests=args.requests, top=args.top, stats=args.stats)
     if args.markdown:
         machine["load average at end (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in __import__("os").getloadavg())
         header = "\n".join(f"- {k}: {v}" for k, v in machine.items())

@@ -9,8 +9,9 @@ entry lives). What still takes effect:
 - revocation through the portal (``portal.services.api_token_revoke``): at once (the entry is
   dropped in the revoking transaction and after its commit: ``api_token_forget``);
 - expiry: at once (the entry keeps ``expires_at`` and every request checks it);
-- a user made inactive, or a token deleted or revoked outside the services (admin, SQL): within
-  API_TOKEN_CACHE_SECONDS (30 s by default; 0 looks the token up on every request).
+- a user made inactive, a changed cluster username (the lookup carries the user's profile: a
+  submission's default directory needs it), or a token deleted or revoked outside the services
+  (admin, SQL): within API_TOKEN_CACHE_SECONDS (30 s by default; 0 looks the token up on every request).
 When the cache does not answer, the token is looked up in the database."""
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def api_token_forget(key_hash: str) -> None:
 
 
 def _lookup(key_hash: str) -> ApiToken | None:
-    token = ApiToken.objects.select_related("user").filter(key_hash=key_hash, revoked_at__isnull=True).first()
+    # the user's profile too (its cluster username: a submission's default directory), kept with the
+    # token as the user is: as of at most API_TOKEN_CACHE_SECONDS ago
+    token = ApiToken.objects.select_related("user__profile").filter(key_hash=key_hash, revoked_at__isnull=True).first()
     if token is None or not token.user.is_active:
         return None
     now = timezone.now()

@@ -42,6 +42,12 @@ class Team(models.Model):
     alert_webhook_url = models.URLField(blank=True, help_text="JSON POST on budget alerts (optional).")
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+    # Moved by the database itself whenever a quota or booking of the team changes in a way the
+    # budget counts (triggers: accounting migration 0011); never lowered (a save of a stale copy keeps
+    # the stored one: portal migration 0010). The budget check reads it under the team's row lock to
+    # know whether this process's copies of the quotas and bookings are current
+    # (accounting.selectors.budget_copies_current). Never read it from a Team instance.
+    budget_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["name"]

@@ -108,6 +108,13 @@ def snapshot(name: str, load: Callable[[], Any]) -> Any:
     return value
 
 
+def snapshot_changed_here(name: str) -> bool:
+    """Whether the current transaction changed the rows behind ``name`` (then ``snapshot`` reads them
+    again at every call, and a caller that can read them itself should)."""
+    dirty = getattr(_local, "dirty", None)
+    return bool(dirty) and name in dirty and connection.in_atomic_block
+
+
 def snapshot_memo(name: str) -> dict:
     """A dict of answers kept in this process under ``name``'s version: emptied whenever it moves (a
     transaction that changed the rows gets a fresh one it keeps to itself). Fill it with memo_put."""

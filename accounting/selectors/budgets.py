@@ -20,7 +20,7 @@ from accounting.selectors.usage import aggregate_slices, slices_in
 from portal import money
 from portal.models import Team
 from portal.selectors import teams_visible_to
-from portal.snapshots import BOOKINGS, QUOTAS, snapshot
+from portal.snapshots import BOOKINGS, QUOTAS, snapshot, snapshot_changed_here
 
 
 def quotas_visible_to(user) -> QuerySet:
@@ -33,12 +33,39 @@ def quota_period_bounds(quota) -> tuple[dt.datetime, dt.datetime]:
     return billing_midnight(quota.period_start), billing_midnight(quota.period_end)
 
 
-def _quotas_in_force_load() -> tuple[dt.date, list]:
-    """(today, the approved quotas whose period ends after today, newest approval first): every
-    quota that can be in force today or later. The QUOTAS snapshot's value."""
+def _budget_versions() -> dict[int, int]:
+    """Each team's budget_version (portal.Team; moved by the database with every change of a quota or
+    booking the budget counts). One query. A copy read AFTER it is at least as new as these."""
+    return dict(Team.objects.values_list("pk", "budget_version"))
+
+
+def _quotas_in_force_load() -> tuple[dt.date, list, dict[int, int]]:
+    """(today, the approved quotas whose period ends after today, newest approval first: every quota
+    that can be in force today or later, the teams' budget versions read before them). The QUOTAS
+    snapshot's value."""
+    versions = _budget_versions()
     day = billing_date(timezone.now())
     queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_end__gt=day).select_related("team")
-    return day, list(queryset.order_by("-approved_at", "-pk"))
+    return day, list(queryset.order_by("-approved_at", "-pk")), versions
+
+
+def budget_copies_current(team_id: int, version: int | None) -> bool:
+    """Whether this process's copies of the quotas in force and of the bookings (QUOTAS, BOOKINGS)
+    hold team ``team_id``'s budget as of ``version`` (its budget_version read under its row lock,
+    accounting.services.budget_holds_place): then the check reads them instead of the rows (two
+    queries fewer per submission). Whoever changes a team's quotas or bookings in the services holds
+    that lock FOR UPDATE, so the version read under it is the latest committed one, and a change
+    this check waited for moved it. ``None`` (not read), copies turned off, or a transaction that
+    changed quotas or bookings itself (the copies are not its view): False."""
+    from django.conf import settings
+
+    if version is None or settings.SNAPSHOT_MAX_AGE_SECONDS <= 0:
+        return False
+    if snapshot_changed_here(QUOTAS) or snapshot_changed_here(BOOKINGS):
+        return False
+    quotas_versions = snapshot(QUOTAS, _quotas_in_force_load)[2]
+    bookings_versions = snapshot(BOOKINGS, _bookings_holding_load)[2]
+    return quotas_versions.get(team_id) == version and bookings_versions.get(team_id) == version
 
 
 def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None, fresh: bool = False) -> dict:
@@ -53,7 +80,7 @@ def quotas_effective(*, team: Team | None = None, at: dt.datetime | None = None,
     day = billing_date(at or timezone.now())
     shared = not fresh
     if shared:
-        loaded_day, in_force = snapshot(QUOTAS, _quotas_in_force_load)
+        loaded_day, in_force, _versions = snapshot(QUOTAS, _quotas_in_force_load)
         shared = day >= loaded_day
     if not shared:
         queryset = Quota.objects.filter(state=QuotaState.APPROVED, period_start__lte=day, period_end__gt=day)
@@ -93,14 +120,16 @@ def _used_seconds(team_ids: Iterable[int], start_at: dt.datetime, end_at: dt.dat
 BOOKINGS_SNAPSHOT_DAYS = 400
 
 
-def _bookings_holding_load() -> tuple[dt.datetime, list]:
-    """(horizon, the bookings that held capacity after it): the BOOKINGS snapshot's value."""
+def _bookings_holding_load() -> tuple[dt.datetime, list, dict[int, int]]:
+    """(horizon, the bookings that held capacity after it, the teams' budget versions read before
+    them): the BOOKINGS snapshot's value."""
+    versions = _budget_versions()
     horizon = timezone.now() - dt.timedelta(days=BOOKINGS_SNAPSHOT_DAYS)
     far = horizon + dt.timedelta(days=100 * 366)
     rows = bookings_holding_capacity(start=horizon, end=far).only(
         "team_id", "gpu_type", "gpus", "start", "end", "status", "approved_at", "cancelled_at"
     )
-    return horizon, list(rows)
+    return horizon, list(rows), versions
 
 
 def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[Team], *,
@@ -113,7 +142,7 @@ def _booked_hours_bulk(start_at: dt.datetime, end_at: dt.datetime, teams: list[T
     if not bookings_charge_reserved():
         return {}
     team_ids = {team.pk for team in teams}
-    horizon, holding = (None, ()) if fresh else snapshot(BOOKINGS, _bookings_holding_load)
+    horizon, holding, _versions = (None, (), None) if fresh else snapshot(BOOKINGS, _bookings_holding_load)
     if fresh or start_at < horizon:
         holding = bookings_holding_capacity(start=start_at, end=end_at).filter(team__in=teams)
     seconds: dict[tuple[int, str], int] = {}

@@ -350,6 +350,12 @@ def booking_create(
 
 
 def _locked_booking(booking_id):
+    """The booking row, locked, with its team row locked first (FOR UPDATE, as _lock_team): every
+    change the budget counts is made under the team's lock, which the budget check waits for
+    (accounting.services.budget_holds_place), and in the same order everywhere (team, then booking)."""
+    team_id = Booking.objects.filter(pk=booking_id).values_list("team_id", flat=True).first()
+    if team_id is not None:
+        Team.objects.select_for_update().filter(pk=team_id).first()
     return Booking.objects.select_for_update().select_related("team", "cluster").get(pk=booking_id)
 
 

@@ -33,7 +33,7 @@ from django.utils import timezone
 from accounting.calendar import billing_midnight, current_month
 from accounting.charging import bookings_charge_reserved
 from accounting.models import BudgetHold, BudgetTotal, UsageRecord
-from accounting.selectors.budgets import budget_rows, budget_total_figures, quotas_effective
+from accounting.selectors.budgets import budget_copies_current, budget_rows, budget_total_figures, quotas_effective
 from portal import money
 from portal.exceptions import Conflict
 from portal.models import AuditEvent, Team
@@ -115,7 +115,8 @@ def _place_sql(holds: list[tuple], increments: dict[str, Decimal], *, team_id: i
     """One statement: lock the team row FOR KEY SHARE (placements of a team run side by side; a quota
     approval or booking, which lock it FOR UPDATE, waits for them), insert the holds, lock the
     team's totals of periods not over yet in id order and add the holds to them. Returns the totals
-    with their new figures."""
+    with their new figures, each with the team's budget_version as the lock read it (the latest
+    committed: a row lock reads the row's newest version)."""
     params: list = []
     values = []
     for job_uuid, gpu_type, booking_id, estimate, cost, held, placed_at, tasks, task_hours in holds:
@@ -123,7 +124,7 @@ def _place_sql(holds: list[tuple], increments: dict[str, Decimal], *, team_id: i
                       "%s::numeric)")  # fmt: skip
         params += [job_uuid, gpu_type, booking_id, estimate, cost, held, placed_at, tasks, task_hours]
     sql = (
-        "WITH team AS (SELECT id FROM portal_team WHERE id = %s FOR KEY SHARE), "
+        "WITH team AS (SELECT id, budget_version FROM portal_team WHERE id = %s FOR KEY SHARE), "
         "holds AS (INSERT INTO accounting_budgethold (job_uuid, team_id, gpu_type, booking_id, estimated_gpu_hours, "
         "estimated_cost, held_gpu_hours, created_at, tasks, task_gpu_hours, slurm_cluster) SELECT v.job_uuid, team.id, "
         "v.gpu_type, v.booking_id, v.est, v.cost, v.held, v.at, v.tasks, v.task_hours, '' FROM team, "
@@ -140,8 +141,9 @@ def _place_sql(holds: list[tuple], increments: dict[str, Decimal], *, team_id: i
         "locked AS (SELECT t.id FROM accounting_budgettotal t, team WHERE t.team_id = team.id AND t.ends_at > %s "
         "AND t.gpu_type IN (SELECT gpu_type FROM inc) ORDER BY t.id FOR UPDATE OF t) "
         "UPDATE accounting_budgettotal t SET held_gpu_hours = t.held_gpu_hours + inc.hours, updated_at = %s "
-        "FROM locked, inc WHERE t.id = locked.id AND t.gpu_type = inc.gpu_type "
-        "RETURNING t.id, t.team_id, t.gpu_type, t.period_start, t.period_end, t.held_gpu_hours, t.used_gpu_hours"
+        "FROM locked, inc, team WHERE t.id = locked.id AND t.gpu_type = inc.gpu_type "
+        "RETURNING t.id, t.team_id, t.gpu_type, t.period_start, t.period_end, t.held_gpu_hours, t.used_gpu_hours, "
+        "team.budget_version"
     )
     return sql, head + params + inc_params + [at, at]
 
@@ -197,10 +199,12 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
     bookings are charged by their reserved hours (its hold row only names the booking).
 
     Queries: one statement locks the team row and the team's running totals (BudgetTotal, one row
-    per quota key), inserts the holds and adds them; then, under that lock, one reads the team's
-    quotas in force and one the bookings' booked hours from the database (a quota or a booking
-    approved while this placement waited for the lock counts) — three, whatever the number of jobs,
-    live jobs and usage records.
+    per quota key), inserts the holds and adds them, and returns the team's budget_version as the
+    lock read it. Then the team's quotas in force and the bookings' booked hours, as of that lock
+    (a quota or a booking approved while this placement waited for it counts): from this process's
+    copies when they were read at that version (accounting.selectors.budget_copies_current: no
+    query), else from the database (two) — one or three, whatever the number of jobs, live jobs
+    and usage records.
     The first hold of a team's period builds its total from usage and holds (once)."""
     at = at or timezone.now()
     covered = bookings_charge_reserved()
@@ -219,13 +223,16 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
             returned = cursor.fetchall() if increments else []
         if not increments:
             return  # every job runs in a booking that carries its charge
-        # the quotas in force, read once the team's row lock is held: a quota changes under that
-        # lock, so a change this placement waited for is seen (tests/accounting/test_quotas_race.py)
-        effective = quotas_effective(team=team, at=at, fresh=True)
+        # the quotas in force and the bookings as of the team's row lock: a quota or booking changes
+        # under that lock, so a change this placement waited for is seen
+        # (tests/accounting/test_quotas_race.py) — from this process's copies when they were read at
+        # the budget version the lock read, else from the rows
+        fresh = not budget_copies_current(team.pk, returned[0][7] if returned else None)
+        effective = quotas_effective(team=team, at=at, fresh=fresh)
         totals = {
             (team_id, gpu_type, start, end): BudgetTotal(pk=pk, team_id=team_id, gpu_type=gpu_type, period_start=start,
                                                          period_end=end, held_gpu_hours=held, used_gpu_hours=used)
-            for pk, team_id, gpu_type, start, end, held, used in returned
+            for pk, team_id, gpu_type, start, end, held, used, _version in returned
         }  # fmt: skip
         checked: dict[int, object] = {}
         for job_type in sorted({row[1] for row in rows if row[5] > 0}):
@@ -248,7 +255,7 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
             before[key] = BudgetTotal(team_id=team.pk, gpu_type=quota.gpu_type, period_start=quota.period_start,
                                       period_end=quota.period_end, held_gpu_hours=total.held_gpu_hours - needs,
                                       used_gpu_hours=total.used_gpu_hours)  # fmt: skip
-        for row in budget_rows(quotas, at=at, totals=before, fresh=True):
+        for row in budget_rows(quotas, at=at, totals=before, fresh=fresh):
             needs = increments.get(row["gpu_type"], Decimal(0))
             if needs > row["remaining"]:
                 raise over_budget(row=row, needs=needs, subject="", measure="The job needs", span="time limit",

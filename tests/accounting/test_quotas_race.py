@@ -199,8 +199,8 @@ def test_a_booking_approved_while_a_submission_waits_for_the_team_lock_decides_i
     approved while the submission waits takes the room the job needed — the booked hours are read
     under the lock, not from this process's copy of the bookings (whose version moves only after the
     approval's commit). In one process the approval drops the process's copy itself, so this test
-    passes with a copy read too; across processes (web workers) only the read under the lock sees it,
-    which test_submit_queries counts (the third query of the budget check)."""
+    passes with a copy read too; across processes (web workers) the budget version read under the
+    lock, which the approval moved, sends the check to the rows (tests/accounting/test_budget_version.py)."""
     from accounting.models import Booking, BookingStatus
     from accounting.selectors import budget_rows, quotas_effective
     from accounting.services import booking_approve, booking_create

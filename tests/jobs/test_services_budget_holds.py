@@ -250,7 +250,9 @@ def _estimate(gpu_hours=1, gpu_type="a100"):
 def test_the_budget_check_costs_three_queries_whatever_the_jobs_and_usage(world, django_assert_num_queries, jobs):
     """One statement (team lock, holds inserted, totals locked and added to), then under that lock the
     quotas in force and the booked hours (BOOKING_CHARGE_MODE=reserved), both from the database (a
-    quota or booking approved while the placement waited for the lock counts) — with live holds and
+    quota or booking approved while the placement waited for the lock counts; here because this
+    transaction wrote a quota itself, so the process's copies are not its view — with current copies
+    the check is the one statement: tests/accounting/test_budget_version.py) — with live holds and
     usage of the team in the database, so nothing is aggregated over them."""
     QuotaFactory(team=world.vision, gpu_type="a100", gpu_hours=1000, period_start=Quota.objects.get(team=world.vision).period_start,
                  period_end=Quota.objects.get(team=world.vision).period_end)  # fmt: skip
