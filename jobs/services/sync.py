@@ -22,12 +22,11 @@ from jobs.models import Job, JobEvent
 from jobs.pending import Outlook, estimate_moved, queue_outlook
 from jobs.services.relay import relay_drain_after_commit
 from portal.db import bulk_update
-from portal.outbox import after_commit
 from portal.models import SyncStatus
+from portal.outbox import after_commit
 from portal.slurm import SlurmUnavailable, cluster_config, get_gateway
 from portal.slurm.tags import SLURM_TAG_PREFIX, record_is_job
 from portal.unix import unix_ids
-
 
 # Fields the sync reads and may write.
 _SYNC_FIELDS = [
