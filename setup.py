@@ -31,6 +31,9 @@ setup(
         # redis-py parses answers in C: ~20 % less CPU per command (cache, throttles, broker)
         "hiredis>=3,<4",
         "psycopg[binary]>=3.1,<4",
+        # portal.db.bulk_update: one UPDATE … FROM (VALUES …) per batch through a maintained library
+        # instead of Django's query compiler (issue 38; bench/results.md for why it is kept)
+        "django-pgbulk>=3.3,<4",
         "drf-spectacular[sidecar]>=0.27,<1",
         "django-filter>=24,<27",
         "django-htmx>=1.17,<2",

@@ -433,9 +433,12 @@ class BudgetHold(models.Model):
     # (BOOKING_CHARGE_MODE=reserved) and once released
     held_gpu_hours = models.DecimalField(max_digits=16, decimal_places=6)
     # the job in Slurm (set when the jobs app sees it start): running usage, whose Comment sacct
-    # leaves empty until the job ends, is matched to the hold by cluster and job id
+    # leaves empty until the job ends, is matched to the hold by cluster and job id, if Slurm took it
+    # between the hold's creation and ``slurm_id_known_at`` (when the portal learnt the id; an id
+    # Slurm reuses after losing its state is handed out later: portal.slurm.tags.record_is_job)
     slurm_cluster = models.CharField(max_length=64, blank=True)
     slurm_job_id = models.PositiveBigIntegerField(null=True, blank=True)
+    slurm_id_known_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
 

@@ -401,7 +401,7 @@ def _timed_round(section, world, n: int, name: str, label: str, *, batch: int = 
 
 def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = None, concurrency: int = 2,
         web_workers: int = 3, batch: int | None = None, single_only: bool = False,
-        relay_side: bool = False) -> common.Section:  # fmt: skip
+        relay_side: bool = False, batched_only: bool = False) -> common.Section:  # fmt: skip
     n = jobs or (40 if quick else 500)
     rounds = rounds or (2 if quick else 3)
     profile_n = 20 if quick else 100
@@ -429,6 +429,9 @@ def run(*, quick: bool = False, jobs: int | None = None, rounds: int | None = No
     try:
         if relay_side:
             return _relay_side(world, n, rounds, concurrency, section)
+        if batched_only:  # the batched relay in this process, nothing else (portal/db.py's bulk write, issue 38)
+            batched_in_process(world, n, section, runs=rounds)
+            return section
         web = common.start_gunicorn(workers=web_workers, threads=2, THROTTLE_SUBMIT="1000000/min")
         worker = common.start_worker(concurrency=concurrency)
         # warm both paths (imports, connections, slurmctld caches)
@@ -554,6 +557,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=CLIENT_THREADS, help=f"client threads POSTing (default {CLIENT_THREADS})")
     parser.add_argument("--single-only", action="store_true", help="only the raw loop and the single-job POST rounds")
     parser.add_argument("--relay-side", action="store_true", help="only the relay (no API): per-job tasks vs the drain, vs raw")
+    parser.add_argument("--batched-only", action="store_true", help="only the batched relay, in this process")
     options = vars(parser.parse_args())
     CLIENT_THREADS = options.pop("clients")
     common.setup()

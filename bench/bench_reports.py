@@ -191,7 +191,7 @@ def sacct_text(count: int) -> str:
             str(5_000_000 + i), rng.choice(USERS), rng.choice(ACCOUNTS), "gpu", "COMPLETED", "0:0",
             (start - dt.timedelta(minutes=2)).strftime(fmt), start.strftime(fmt),
             (start + dt.timedelta(seconds=seconds)).strftime(fmt), str(seconds), str(seconds // 60 + 60), "1",
-            "a100-01", tres, tres, "", "bench", "train", slurm_tag(f"{i:08x}-0000-4000-8000-000000000000"),
+            "a100-01", tres, tres, "", "bench", str(5_000_000 + i), "train", slurm_tag(f"{i:08x}-0000-4000-8000-000000000000"),
         ]))  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -219,8 +219,12 @@ def main() -> None:
     parser.add_argument("--ingest", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--skip-load", action="store_true", help="reuse the rows already loaded")
+    parser.add_argument("--ingest-only", action="store_true", help="only the ingest rate (no cluster needed)")
     args = parser.parse_args()
     setup_django()
+    if args.ingest_only:
+        time_ingest(args.ingest)
+        return
     from django.db import connection
 
     if not args.skip_load:

@@ -200,7 +200,7 @@ class SnapshotManager(models.Manager.from_queryset(SnapshotQuerySet)):
     """The manager of a model whose rows a snapshot keeps, and the one declaration of it
     (``objects = SnapshotManager(INVENTORY)``): every write moves the snapshot, a save() or delete()
     of an instance (signals: services, the admin, factories) as an update() or bulk_* of a queryset.
-    Raw SQL (portal.db's COPY and UPDATE … FROM VALUES) must still call snapshot_changed."""
+    Raw SQL and portal.db.bulk_update (django-pgbulk) bypass the manager: they must call snapshot_changed."""
 
     def __init__(self, snapshot: str = ""):  # "": a related manager Django derives from this one
         super().__init__()

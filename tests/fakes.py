@@ -26,19 +26,22 @@ CLUSTER = "fake"
 
 
 def queue_entry(job_id: int, state: str, comment: str, *, reason: str = "None", start=None, end=None, priority=None,
-                partition: str = "gpu", tres_per_node: str = "gres:gpu:a100:1") -> QueueEntry:  # fmt: skip
+                partition: str = "gpu", tres_per_node: str = "gres:gpu:a100:1", submitted=None) -> QueueEntry:  # fmt: skip
+    """A queue entry; ``submitted``: Slurm's submit time (default now: the job was just sent)."""
     return QueueEntry(
         job_id=job_id, name="j", user="alice", account="vision", partition=partition, state=state, reason=reason,
-        comment=comment, nodes="", num_nodes=1, submit_time=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        comment=comment, nodes="", num_nodes=1, submit_time=submitted or dt.datetime.now(dt.UTC),
         start_time=start, end_time=end, time_limit_minutes=30, tres_per_node=tres_per_node, priority=priority,
     )  # fmt: skip
 
 
-def accounting_record(job_id: int, state: str, comment: str, *, exit_code: int | None = 0, end=None) -> AccountingRecord:
+def accounting_record(job_id: int, state: str, comment: str, *, exit_code: int | None = 0, end=None,
+                      submitted=None) -> AccountingRecord:  # fmt: skip
+    """An accounting record; ``submitted``: Slurm's submit time (default now: the job was just sent)."""
     t = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
     return AccountingRecord(
         job_id=job_id, name="j", user="alice", account="vision", partition="gpu", state=state, exit_code=exit_code,
-        submit_time=t, start_time=t, end_time=end or t + dt.timedelta(minutes=1), elapsed_seconds=60,
+        submit_time=submitted or dt.datetime.now(dt.UTC), start_time=t, end_time=end or t + dt.timedelta(minutes=1), elapsed_seconds=60,
         time_limit_minutes=30, num_nodes=1, nodes="a100-01", alloc_tres={"gres/gpu": 1}, req_tres={"gres/gpu": 1},
         comment=comment,
     )  # fmt: skip

@@ -415,18 +415,20 @@ def budget_holds_convert(*, job_uuids: Iterable, team_ids: Iterable[int], since:
 
 
 def budget_holds_identify(*, jobs: Iterable[tuple]) -> int:
-    """The jobs app saw these jobs in Slurm ((job uuid, cluster, Slurm job id; an array's id) each):
-    their open holds remember it, so that running usage records, whose Comment sacct leaves empty
-    until the job ends, are matched to them (accounting.services.ingestion). One UPDATE."""
-    rows = [(uuid.UUID(str(job_uuid)), cluster, int(job_id)) for job_uuid, cluster, job_id in jobs if job_id]
+    """The jobs app saw these jobs in Slurm ((job uuid, cluster, Slurm job id — an array's id —, when
+    the portal learnt that id) each): their open holds remember it, so that running usage records,
+    whose Comment sacct leaves empty until the job ends, are matched to them
+    (accounting.services.ingestion, by portal.slurm.tags.record_is_job). One UPDATE."""
+    rows = [(uuid.UUID(str(job_uuid)), cluster, int(job_id), known_at) for job_uuid, cluster, job_id, known_at in jobs if job_id]
     if not rows:
         return 0
-    values = ", ".join("(%s::uuid, %s, %s::bigint)" for _ in rows)
+    values = ", ".join("(%s::uuid, %s, %s::bigint, %s::timestamptz)" for _ in rows)
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE accounting_budgethold h SET slurm_cluster = v.cluster, slurm_job_id = v.job_id "
-            f"FROM (VALUES {values}) AS v(job_uuid, cluster, job_id) WHERE h.job_uuid = v.job_uuid "
-            "AND h.released_at IS NULL AND (h.slurm_job_id IS DISTINCT FROM v.job_id OR h.slurm_cluster <> v.cluster)",
+            "UPDATE accounting_budgethold h SET slurm_cluster = v.cluster, slurm_job_id = v.job_id, slurm_id_known_at = v.known_at "
+            f"FROM (VALUES {values}) AS v(job_uuid, cluster, job_id, known_at) WHERE h.job_uuid = v.job_uuid "
+            "AND h.released_at IS NULL AND (h.slurm_job_id IS DISTINCT FROM v.job_id OR h.slurm_cluster <> v.cluster "
+            "OR h.slurm_id_known_at IS DISTINCT FROM v.known_at)",
             [x for row in rows for x in row],
         )
         return cursor.rowcount

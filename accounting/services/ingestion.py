@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -36,6 +37,7 @@ from portal.models import SyncStatus
 from portal.selectors import team_ids_by_account
 from portal.services import sync_record_failure, sync_record_success
 from portal.slurm import AccountingRecord, SlurmError, cluster_config, get_gateway
+from portal.slurm.tags import record_is_job
 from portal.slurm.tags import tagged_job_id as _portal_job_uuid  # the tag's one owner
 
 USAGE_KIND = "usage"
@@ -214,26 +216,29 @@ def _slurm_key(record: AccountingRecord, cluster_default: str) -> tuple[str, int
     return record.cluster or cluster_default, record.array_job_id or record.job_id
 
 
-def _holds_by_slurm_job(records: Sequence[AccountingRecord], cluster_default: str) -> dict[tuple[str, int], uuid.UUID]:
-    """The portal job of each untagged record (a running job: sacct fills Comment only at its end)
-    by the open budget hold that knows its cluster and Slurm id, placed before Slurm had the job
-    (so a job id reused after a state wipe is not matched). One query (index budgethold_slurm_job)."""
-    wanted: dict[tuple[str, int], dt.datetime] = {}
-    for r in records:
-        if not _portal_job_uuid(r.comment) and r.submit_time is not None:
-            key = _slurm_key(r, cluster_default)
-            wanted[key] = min(wanted.get(key, r.submit_time), r.submit_time)
+def _holds_by_slurm_job(records: Sequence[AccountingRecord], cluster_default: str) -> dict[tuple[str, int], BudgetHold]:
+    """The open budget hold that knows each untagged record's cluster and Slurm id (a running job:
+    sacct fills Comment only at its end), by that key; whether the record is that hold's job is
+    portal.slurm.tags.record_is_job's word (_portal_job). One query (index budgethold_slurm_job)."""
+    wanted = {_slurm_key(r, cluster_default) for r in records if not r.comment}
     if not wanted:
         return {}
-    found = {}
     rows = BudgetHold.objects.filter(
         released_at__isnull=True, slurm_cluster__in={c for c, _ in wanted}, slurm_job_id__in=sorted({j for _, j in wanted})
-    ).values_list("slurm_cluster", "slurm_job_id", "job_uuid", "created_at")
-    for cluster, job_id, job_uuid, created_at in rows:
-        submitted = wanted.get((cluster, job_id))
-        if submitted is not None and created_at <= submitted + dt.timedelta(seconds=5):
-            found[(cluster, job_id)] = job_uuid
-    return found
+    ).only("job_uuid", "slurm_cluster", "slurm_job_id", "created_at", "slurm_id_known_at")
+    return {(hold.slurm_cluster, hold.slurm_job_id): hold for hold in rows if (hold.slurm_cluster, hold.slurm_job_id) in wanted}
+
+
+def _portal_job(record: AccountingRecord, holds: dict[tuple[str, int], BudgetHold], cluster_default: str) -> uuid.UUID | None:
+    """The portal job a record is: its tag's, or the job of the open hold with its Slurm id when
+    record_is_job says the record is that job's (not a job that reuses the id)."""
+    tagged = _portal_job_uuid(record.comment)
+    if tagged or record.comment:
+        return tagged
+    hold = holds.get(_slurm_key(record, cluster_default))
+    if hold is None or not record_is_job(record, job_id=hold.job_uuid, sent_after=hold.created_at, id_known_at=hold.slurm_id_known_at):
+        return None
+    return hold.job_uuid
 
 
 def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:
@@ -242,14 +247,12 @@ def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluste
     bookings = _bookings_by_reservation({r.reservation for r in records if r.reservation})
     # sacct leaves a running job's Comment (the portal's tag) empty until it ends: the open hold the
     # jobs app told its Slurm id (budget_holds_identify) names its portal job
-    untagged = _holds_by_slurm_job(records, cluster_default)
+    holds = _holds_by_slurm_job(records, cluster_default)
+    portal_jobs = [_portal_job(r, holds, cluster_default) for r in records]
     # sacct 22.05 leaves Reservation empty (it keeps only ReservationId): portal jobs name their booking
-    job_bookings = _bookings_by_portal_job(
-        {u for r in records if not r.reservation and (u := _portal_job_uuid(r.comment) or untagged.get(_slurm_key(r, cluster_default)))}
-    )
+    job_bookings = _bookings_by_portal_job({u for r, u in zip(records, portal_jobs) if not r.reservation and u})
     rows: dict[tuple, UsageRecord] = {}
-    for r in records:
-        portal_job = _portal_job_uuid(r.comment) or untagged.get(_slurm_key(r, cluster_default))
+    for r, portal_job in zip(records, portal_jobs):
         running = r.end_time is None or r.state in RUNNING_STATES
         end = None if running else r.end_time
         if running:  # figures up to the reading: sacct's Elapsed of a running job is "so far"

@@ -20,7 +20,7 @@ from accounting.services import budget_holds_release
 from jobs.choices import JobState
 from jobs.dependencies import dependency_option, parents_of, relay_ready
 from jobs.models import Job, JobEvent
-from portal.db import bulk_update_values
+from portal.db import bulk_update
 from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
 from jobs.workdirs import cluster_username, submit_dir_ensure
 from portal.slurm import JobRequest, JobSubmission, SlurmRejected, SlurmUnavailable, get_gateway
@@ -283,7 +283,7 @@ def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[
             updates.append(by_pk[pk])
             events.append(JobEvent(job=by_pk[pk], state=by_pk[pk].state, reason=reason, at=now))
         if updates:
-            bulk_update_values(Job.objects.filter(relay_token=token, state=JobState.ACCEPTED), updates, _RECORDED_FIELDS)
+            bulk_update(Job, updates, _RECORDED_FIELDS)  # the rows locked above (``held``)
             JobEvent.objects.bulk_create(events)
             # refused by Slurm or cancelled before it: never ran, holds nothing
             budget_holds_release(job_uuids=[job.pk for job in updates if job.state != JobState.PENDING], at=now)

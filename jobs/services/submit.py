@@ -190,11 +190,9 @@ def job_submit(
     ``idle_exempt``: exempt from the team's idle-GPU policy (a debugger session; its managers see it)."""
     fields = given_fields(SPEC_FIELD_NAMES, {"script": script, **spec_fields}, what="job_submit")
     if fingerprint is None:
-        # no cluster, submit_dir or depends_on: as before they existed (keys stored by then still replay)
-        given = {name: value for name, value in fields.items() if name not in ("cluster", "submit_dir", "depends_on") or value}
+        # every field as given (None: the script decides), as the API hashes the body it understood
         fingerprint = request_fingerprint(
-            {"team": team.pk if team else None, **given, "booking": str(getattr(booking, "pk", booking) or "")}
-            | ({"idle_exempt": True} if idle_exempt else {})
+            {"team": team.pk if team else None, **fields, "booking": str(getattr(booking, "pk", booking) or ""), "idle_exempt": idle_exempt}
         )
     jobs, created = _submit(user=user, team=team, items=[{**fields, "booking": booking, "parsed": parsed, "idle_exempt": idle_exempt}], idempotency_key=idempotency_key,
                             fingerprint=fingerprint, request=request, single=True)  # fmt: skip

@@ -21,13 +21,12 @@ from jobs.dependencies import NEVER_SATISFIED, dependents_waiting, never_satisfi
 from jobs.models import Job, JobEvent
 from jobs.pending import Outlook, estimate_moved, queue_outlook
 from jobs.services.relay import relay_drain_after_commit
-from portal.db import bulk_update_values
-from portal.outbox import after_commit
+from portal.db import bulk_update
 from portal.models import SyncStatus
+from portal.outbox import after_commit
 from portal.slurm import SlurmUnavailable, cluster_config, get_gateway
-from portal.slurm.tags import SLURM_TAG_PREFIX
+from portal.slurm.tags import SLURM_TAG_PREFIX, record_is_job
 from portal.unix import unix_ids
-
 
 # Fields the sync reads and may write.
 _SYNC_FIELDS = [
@@ -49,8 +48,8 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
 
     One ``gateway.queue()``; at most one ``gateway.accounting(start, end)`` — only when a live job
     has left the queue or ended in it (for its final state and exit code), window = earliest
-    submission among them .. now. Matching by Slurm id (checked against the tag, so a reused id
-    after a cluster reset is not taken for ours) and, for ACCEPTED jobs whose relay crashed after
+    submission among them .. now. Matching by Slurm id (checked by portal.slurm.tags.record_is_job,
+    so an id Slurm reused after losing its state is not taken for ours) and, for ACCEPTED jobs whose relay crashed after
     sbatch, by tag (the id is adopted). Changes are computed in Python and written with one
     conditional bulk update (live rows only) and one bulk insert of events.
 
@@ -88,8 +87,8 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     planned: dict[uuid.UUID, dict] = {}
     for job in followed:
         record = records.get(job.slurm_job_id) if job.slurm_job_id is not None else None
-        if record is not None and record.comment not in (job.slurm_tag, ""):
-            record = None
+        if record is not None and not _is_ours(record, job):
+            record = None  # a reused id (Slurm lost its state): not ours
         entry = entries.get(job.id)
         job_outlook = outlook.get(entry.job_id) if entry is not None else None
         values = _plan_job(job, entry, record, now, accounting_ok=accounting_ok, outlook=job_outlook)
@@ -117,9 +116,15 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     return stats
 
 
+def _is_ours(record, job: Job) -> bool:
+    """Whether a queue entry or accounting record found by the job's Slurm id is the job's
+    (portal.slurm.tags.record_is_job: its tag, or no comment and submitted while the portal sent it)."""
+    return record_is_job(record, job_id=job.id, sent_after=job.created_at, id_known_at=job.submitted_at)
+
+
 def _pair_with_queue(followed: list[Job], queue, array_ended: dict) -> tuple[dict, dict, list[Job]]:
-    """Each followed job's queue entry (by Slurm id, checked against the tag so a reused id after a
-    cluster reset is not taken for ours; an ACCEPTED job whose relay crashed after sbatch: by its
+    """Each followed job's queue entry (by Slurm id, checked by record_is_job so an id Slurm reused
+    after losing its state is not taken for ours; an ACCEPTED job whose relay crashed after sbatch: by its
     tag, the id adopted; an array job: its rows folded into one, jobs.arrays). Returns (entries by
     job id, the array tasks seen by job id, the jobs that need accounting: gone from the queue,
     ended there, or array tasks the queue no longer shows)."""
@@ -138,14 +143,14 @@ def _pair_with_queue(followed: list[Job], queue, array_ended: dict) -> tuple[dic
         else:
             tasks_missing = False
             if job.array:
-                rows = [r for r in in_arrays.get(job.slurm_job_id, []) if r.comment in (tag, "")]
+                rows = [r for r in in_arrays.get(job.slurm_job_id, []) if _is_ours(r, job)]
                 entry, array_tasks[job.id] = array_view(job, rows, kind="queue", known=array_ended.get(job.id))
                 # tasks the queue no longer shows (cancelled while pending, or ended long ago): accounting has them
                 tasks_missing = len(set(array_tasks[job.id]) | set(array_ended.get(job.id, {}))) < job.array_tasks
             else:
                 entry = in_queue.get(job.slurm_job_id)
-            if entry is not None and entry.comment not in (tag, ""):
-                entry = None  # a reused id (cluster reset): not ours
+            if entry is not None and not _is_ours(entry, job):
+                entry = None  # a reused id (Slurm lost its state): not ours
             if entry is None or tasks_missing or state_from_slurm(entry.state) in TERMINAL_STATES:
                 need_accounting.append(job)
         if entry is not None:
@@ -311,7 +316,8 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
                 setattr(current, key, value)
             update_fields.update(values)
             if ("started_at" in values or "slurm_job_id" in values) and current.slurm_job_id is not None:
-                seen_in_slurm.append((job_id, current.slurm_cluster or cluster or cluster_config().name, current.slurm_job_id))
+                seen_in_slurm.append((job_id, current.slurm_cluster or cluster or cluster_config().name, current.slurm_job_id,
+                                      current.submitted_at))  # fmt: skip
             to_update.append(current)
             if values.get("expected_start_moved_from") is not None and current.expected_start_at is not None:
                 note = _moved_note(values["expected_start_moved_from"], current.expected_start_at)
@@ -321,7 +327,7 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
                 if values["state"] in TERMINAL_STATES:
                     ended.append(str(job_id))
         if to_update:
-            bulk_update_values(Job.objects.filter(state__in=LIVE_STATES), to_update, sorted(update_fields))
+            bulk_update(Job, to_update, sorted(update_fields))  # the rows locked above
             JobEvent.objects.bulk_create(events, batch_size=1000)
             # ended without ever starting (cancelled while pending, …): its hold holds nothing any more;
             # a job that ran keeps it until the usage ingestion converts it

@@ -19,13 +19,13 @@ NOW = timezone.now()
 
 def entry(job_id, tasks, state, **kw):
     return QueueEntry(job_id=job_id, name="a", user="alice", account="vision", partition="gpu", state=state, reason=kw.get("reason", "None"),
-                      comment="", nodes="", num_nodes=1, submit_time=NOW, start_time=kw.get("start"), end_time=kw.get("end"),
+                      comment="", nodes="", num_nodes=1, submit_time=timezone.now(), start_time=kw.get("start"), end_time=kw.get("end"),
                       time_limit_minutes=5, tres_per_node="", array_job_id=100, array_tasks=tasks)  # fmt: skip
 
 
 def record(job_id, index, state, exit_code):
     return AccountingRecord(job_id=job_id, name="a", user="alice", account="vision", partition="gpu", state=state, exit_code=exit_code,
-                            submit_time=NOW, start_time=NOW, end_time=NOW, elapsed_seconds=1, time_limit_minutes=5, num_nodes=1,
+                            submit_time=timezone.now(), start_time=NOW, end_time=NOW, elapsed_seconds=1, time_limit_minutes=5, num_nodes=1,
                             nodes="a100-01", alloc_tres={"gres/gpu": 1}, req_tres={}, comment="", array_job_id=100,
                             array_tasks=str(index))  # fmt: skip
 

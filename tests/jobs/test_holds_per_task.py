@@ -126,8 +126,10 @@ def test_a_throttled_array_keeps_holding_the_tasks_still_to_run_and_running_usag
     assert hold.released_at is None and hold.held_gpu_hours == Decimal("0.333334")  # tasks 1, 2 still held
 
     # task 1 runs; sacct gives no Comment while it runs: matched by the id the sync told the hold
-    assert budget_holds_identify(jobs=[(job.pk, "gpuportal", 500)]) == 1
-    usage_records_upsert(records=[_task(job, task_id=502, index=1, start=start + dt.timedelta(minutes=6), seconds=None, tagged=False)])
+    assert budget_holds_identify(jobs=[(job.pk, "gpuportal", 500, start)]) == 1
+    # an array's tasks carry the array's submit time (the portal learnt its id at ``start``)
+    task = _task(job, task_id=502, index=1, start=start + dt.timedelta(minutes=6), seconds=None, tagged=False)
+    usage_records_upsert(records=[dataclasses.replace(task, submit_time=start - dt.timedelta(seconds=30))])
     hold.refresh_from_db()
     assert hold.held_gpu_hours == Decimal("0.316667")  # task 2's share + task 1's share less its 60 s so far
     used = Decimal(300 + 60) / 3600
@@ -140,6 +142,32 @@ def test_a_throttled_array_keeps_holding_the_tasks_still_to_run_and_running_usag
                                   _task(job, task_id=503, index=2, start=start + dt.timedelta(minutes=11), seconds=120)])  # fmt: skip
     hold.refresh_from_db()
     assert hold.released_at is not None and hold.held_gpu_hours == 0  # the last task's final record
+
+
+def test_running_usage_of_a_job_that_reused_the_id_is_not_charged_to_the_hold(world, inventory, relays):
+    """Slurm lost its state after the portal learnt job 700; a later job got id 700 and runs: its
+    sacct record has no Comment. It is not the hold's job (submitted after the portal learnt the id:
+    portal.slurm.tags.record_is_job), so it changes neither the hold nor who the usage belongs to;
+    the same record submitted while the portal sent the job is the hold's."""
+    from accounting.models import UsageRecord
+
+    job, _ = job_submit(user=world.alice, team=world.vision, script="true", partition="gpu", gpu_type="a100", gpus=1,
+                        time_limit_minutes=60)  # fmt: skip
+    sent = timezone.now() - dt.timedelta(hours=3)
+    BudgetHold.objects.filter(pk=job.pk).update(created_at=sent)
+    assert budget_holds_identify(jobs=[(job.pk, "gpuportal", 700, sent + dt.timedelta(seconds=1))]) == 1
+    held = BudgetHold.objects.get(pk=job.pk).held_gpu_hours
+
+    start = timezone.now() - dt.timedelta(minutes=30)  # the other job: submitted a minute before it started
+    usage_records_upsert(records=[acct(start=start, hours=None, job_id=700, comment="")])
+    row = UsageRecord.objects.get(job_id=700)
+    assert row.portal_job_uuid is None
+    assert BudgetHold.objects.get(pk=job.pk).held_gpu_hours == held
+
+    ours = dataclasses.replace(acct(start=start, hours=None, job_id=700, comment=""), submit_time=sent + dt.timedelta(seconds=1))
+    usage_records_upsert(records=[ours])
+    assert UsageRecord.objects.get(job_id=700, submit_time=ours.submit_time).portal_job_uuid == job.pk
+    assert BudgetHold.objects.get(pk=job.pk).held_gpu_hours < held
 
 
 def test_tasks_cancelled_before_they_ran_stop_holding_when_the_array_ends(world, inventory, relays):

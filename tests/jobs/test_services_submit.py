@@ -259,29 +259,27 @@ def test_submission_stores_the_cost_estimate(api_client_for, inventory, relays):
     assert (data["estimated_gpu_hours"], data["estimated_cost"], data["currency"]) == ("8.00", "100.00", "CNY")
 
 
-def test_the_default_fingerprint_is_the_arguments_as_given_so_a_stored_key_still_replays(world, inventory, relays):
-    """job_submit's fields come from one spec type (JobSpecFields); the fingerprint it stores without
-    one given is still the hash of every field as given (cluster only when given), so a key stored
-    before keeps replaying, and another value of any field is a 409."""
+def test_the_default_fingerprint_is_every_field_as_given(world, inventory, relays):
+    """job_submit's fingerprint without one given is the hash of every spec field as given (None:
+    the script decides), the team, the booking and idle_exempt: the same request replays, another
+    value of any field is a 409. No field is left out when empty (the shim that kept fingerprints of
+    keys stored before cluster, submit_dir and depends_on existed is gone, issue 38)."""
+    from jobs.job_fields import given_fields
     from jobs.services import SPEC_FIELD_NAMES, request_fingerprint
     from portal.exceptions import Conflict
 
     given = {"name": "fp", "script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 1, "time_limit_minutes": 5}
     job, created = job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **given)
     assert created
-    # the dict job_submit hashed when its fields were its own parameters
-    before = {
-        "team": world.vision.pk, "name": "fp", "script": "true", "partition": "gpu", "gpu_type": "a100", "gpus": 1,
-        "nodes": None, "cpus_per_gpu": None, "memory_gb": None, "time_limit_minutes": 5, "workdir": None,
-        "environment": None, "booking": "", "ntasks": None, "cpus_per_task": None, "exclusive": None, "array": None,
-        "qos": None, "constraint": None,
-    }  # fmt: skip
-    assert job.request_fingerprint == request_fingerprint(before)
-    assert set(before) == {*SPEC_FIELD_NAMES, "team", "booking"} - {"cluster", "submit_dir", "depends_on"}
+    every = given_fields(SPEC_FIELD_NAMES, given, what="test")  # the rest at their empty value
+    hashed = {"team": world.vision.pk, **every, "booking": "", "idle_exempt": False}
+    assert {"cluster", "submit_dir", "depends_on"} <= set(hashed)
+    assert job.request_fingerprint == request_fingerprint(hashed)
     again, created = job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **given)
     assert (again.pk, created) == (job.pk, False)
-    with pytest.raises(Conflict):
-        job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **{**given, "memory_gb": 4})
+    for changed in ({"memory_gb": 4}, {"submit_dir": "/tmp"}, {"idle_exempt": True}):
+        with pytest.raises(Conflict):
+            job_submit(user=world.alice, team=world.vision, idempotency_key="fp-key", **{**given, **changed})
     assert Job.objects.count() == 1
 
 

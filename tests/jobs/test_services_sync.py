@@ -103,6 +103,31 @@ def test_sync_does_not_take_a_reused_slurm_id_for_ours(world, fake):
     assert job.state == JobState.PENDING
 
 
+def test_sync_does_not_take_an_untagged_record_of_a_job_that_reused_the_id_for_ours(world, fake):
+    """Slurm lost its state and gave job 100's id to a new job: its queue entry and its accounting
+    record come without a comment (sacct fills it at the end), submitted after the portal learnt the
+    id. The portal job is neither running nor ended by them (portal.slurm.tags.record_is_job)."""
+    import datetime as dt
+
+    running, ended = make_jobs(world, 2)
+    earlier = timezone.now() - dt.timedelta(hours=1)
+    Job.objects.filter(pk__in=[running.pk, ended.pk]).update(created_at=earlier, submitted_at=earlier)
+    fake.queue_entries = [queue_entry(running.slurm_job_id, "RUNNING", "", start=timezone.now())]
+    fake.records = [accounting_record(ended.slurm_job_id, "COMPLETED", "")]
+    jobs_sync()
+    running.refresh_from_db()
+    ended.refresh_from_db()
+    assert (running.state, running.started_at) == (JobState.PENDING, None)
+    assert (ended.state, ended.ended_at) == (JobState.PENDING, None)
+    # the same untagged entries, submitted while the portal sent the jobs: theirs
+    fake.queue_entries = [queue_entry(running.slurm_job_id, "RUNNING", "", start=timezone.now(), submitted=earlier)]
+    fake.records = [accounting_record(ended.slurm_job_id, "COMPLETED", "", submitted=earlier)]
+    jobs_sync()
+    running.refresh_from_db()
+    ended.refresh_from_db()
+    assert (running.state, ended.state) == (JobState.RUNNING, JobState.COMPLETED)
+
+
 def test_sync_without_live_jobs_does_not_call_slurm(world, fake):
     make_jobs(world, 2, state=JobState.COMPLETED)
     jobs_sync()
