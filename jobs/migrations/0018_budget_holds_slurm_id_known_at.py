@@ -1,5 +1,5 @@
 # Issue 38 (one job <-> Slurm record matcher, portal.slurm.tags.record_is_job): a budget hold that knows
-# its job's Slurm id also knows when the portal learnt it (accounting 0011), so the usage ingestion does
+# its job's Slurm id also knows when the portal learnt it (accounting 0012), so the usage ingestion does
 # not take a job that reuses the id after Slurm lost its state for the hold's. Holds identified before
 # get the time from their job (Job.submitted_at), here in the jobs app, which may read accounting's
 # tables (the other direction may not).
@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("jobs", "0017_job_list_keyset_indexes"),
-        ("accounting", "0011_budgethold_slurm_id_known_at"),
+        ("accounting", "0012_budgethold_slurm_id_known_at"),
     ]
 
     operations = [

@@ -13,7 +13,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-BEFORE = [("jobs", "0017_job_list_keyset_indexes"), ("accounting", "0011_budgethold_slurm_id_known_at")]
+BEFORE = [("jobs", "0017_job_list_keyset_indexes"), ("accounting", "0012_budgethold_slurm_id_known_at")]
 
 
 @pytest.mark.django_db(transaction=True)
