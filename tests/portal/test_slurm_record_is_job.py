@@ -29,7 +29,7 @@ def test_a_record_with_the_jobs_tag_is_the_jobs_whenever_slurm_took_it():
     assert is_job(record(slurm_tag(JOB), submitted=SENT + dt.timedelta(days=3)))
 
 
-@pytest.mark.parametrize("comment", [slurm_tag(uuid.uuid4()), "someone's own comment"])
+@pytest.mark.parametrize("comment", [slurm_tag(uuid.UUID(int=7)), "someone's own comment"], ids=["another job's tag", "own comment"])
 def test_a_record_with_another_comment_is_not_the_jobs(comment):
     assert not is_job(record(comment))
 
