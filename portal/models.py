@@ -47,7 +47,7 @@ class Team(models.Model):
     # the stored one: portal migration 0010). The budget check reads it under the team's row lock to
     # know whether this process's copies of the quotas and bookings are current
     # (accounting.selectors.budget_copies_current). Never read it from a Team instance.
-    budget_version = models.BigIntegerField(default=0, editable=False)
+    budget_version = models.BigIntegerField(db_default=0, editable=False)
 
     class Meta:
         ordering = ["name"]

@@ -1,5 +1,7 @@
 """Team.budget_version: moved by accounting's triggers (accounting 0011), never lowered by a write of
-a stale Team (a BEFORE UPDATE trigger keeps the greater of the stored and the written value)."""
+a stale Team (a BEFORE UPDATE trigger keeps the greater of the stored and the written value). Its
+default is the database's (db_default): rows written by code that predates it (a migration test's
+historical models) get 0."""
 
 from django.db import migrations, models
 
@@ -23,6 +25,6 @@ class Migration(migrations.Migration):
     dependencies = [("portal", "0009_cluster_kind")]
 
     operations = [
-        migrations.AddField(model_name="team", name="budget_version", field=models.BigIntegerField(default=0, editable=False)),
+        migrations.AddField(model_name="team", name="budget_version", field=models.BigIntegerField(db_default=0, editable=False)),
         migrations.RunSQL(GUARD, UNGUARD),
     ]
