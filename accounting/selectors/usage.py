@@ -29,7 +29,7 @@ from django.db.models.functions import Cast, Greatest, Least
 
 from accounting.calendar import billing_date, billing_midnight, billing_zone, month_start, next_month, range_bounds
 from accounting.models import UsageMonthTotal, UsageRecord, UsageSlice
-from accounting.selectors.bookings import booking_charges
+from accounting.selectors.bookings import booking_charges, booking_charges_by_month
 from accounting.selectors.usage_totals import aggregate_totals, month_rolled, rolled_months, totals_of
 from portal import money
 from portal.models import Team
@@ -238,12 +238,8 @@ def _with_booking_charges(
         row["usage_cost"] = row["cost"]
         row["bookings_cost"] = Decimal("0.00")
     if group_by == "month":
-        pieces, month = [], month_start(billing_date(start_at))
-        while billing_midnight(month) < end_at:
-            lo, hi = max(billing_midnight(month), start_at), min(billing_midnight(next_month(month)), end_at)
-            pieces += [(month.strftime("%Y-%m"), line) for line in booking_charges(start_at=lo, end_at=hi, team=team)
-                       if not cluster or line["cluster"] == cluster]  # fmt: skip
-            month = next_month(month)
+        pieces = [(month, line) for month, line in booking_charges_by_month(start_at=start_at, end_at=end_at, team=team)
+                  if not cluster or line["cluster"] == cluster]  # fmt: skip
     else:
         key_of = {"team": lambda line: line["team"].slurm_account, "gpu_type": lambda line: line["gpu_type"],
                   "user": lambda line: "", "cluster": lambda line: line["cluster"]}[group_by]  # fmt: skip
