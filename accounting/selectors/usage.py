@@ -204,13 +204,15 @@ def _gpu_busy_columns(values: dict) -> dict:
 def cost_report(
     *, start: dt.date | None = None, end: dt.date | None = None, group_by: str, team: Team | None = None,
     cluster: str = "", start_at: dt.datetime | None = None, end_at: dt.datetime | None = None,
+    bookings: list[dict] | None = None,
 ) -> list[dict]:
     """GPU-hours used and requested, efficiency and cost between ``start`` and ``end`` (inclusive days,
     billing time zone) — or any range [``start_at``, ``end_at``) of aware datetimes (one hour: usage
     is prorated to the second within a slice) — grouped by team (Slurm account), user (cluster user
-    name), gpu_type, month or cluster. One aggregate query on UsageSlice (index usageslice_report).
-    ``team`` narrows to one team (its usage page), ``cluster`` to one cluster's usage and bookings.
-    Callers check ``can_read_cost_reports`` (or team membership) first."""
+    name), gpu_type, month or cluster: whole closed months from their totals, the rest from the
+    slices (``usage_aggregate``). ``team`` narrows to one team (its usage page), ``cluster`` to one
+    cluster's usage and bookings; ``bookings``: booking_charges of the same range and team, read once
+    by a caller that asks for several groupings (not for "month"). Callers check ``can_read_cost_reports`` (or team membership) first."""
     if group_by not in GROUP_BY_CHOICES:
         raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES}")
     if start_at is None or end_at is None:
@@ -224,11 +226,13 @@ def cost_report(
             row["team_slug"] = values["team_slug"] or ""
             row["label"] = values["label"] or f"{values[column]} (no team)"
         result.append(row)
-    return _with_booking_charges(result, group_by=group_by, start_at=start_at, end_at=end_at, team=team, cluster=cluster)
+    return _with_booking_charges(result, group_by=group_by, start_at=start_at, end_at=end_at, team=team, cluster=cluster,
+                                 bookings=bookings)  # fmt: skip
 
 
 def _with_booking_charges(
-    rows: list[dict], *, group_by: str, start_at: dt.datetime, end_at: dt.datetime, team: Team | None, cluster: str = ""
+    rows: list[dict], *, group_by: str, start_at: dt.datetime, end_at: dt.datetime, team: Team | None, cluster: str = "",
+    bookings: list[dict] | None = None,
 ) -> list[dict]:
     """Add what bookings are charged (accounting.selectors.booking_charges) to cost report rows:
     ``usage_cost`` is the usage alone, ``bookings_cost`` the bookings', ``cost`` their sum (so totals =
@@ -243,8 +247,9 @@ def _with_booking_charges(
     else:
         key_of = {"team": lambda line: line["team"].slurm_account, "gpu_type": lambda line: line["gpu_type"],
                   "user": lambda line: "", "cluster": lambda line: line["cluster"]}[group_by]  # fmt: skip
-        pieces = [(key_of(line), line) for line in booking_charges(start_at=start_at, end_at=end_at, team=team)
-                  if not cluster or line["cluster"] == cluster]  # fmt: skip
+        if bookings is None:
+            bookings = booking_charges(start_at=start_at, end_at=end_at, team=team)
+        pieces = [(key_of(line), line) for line in bookings if not cluster or line["cluster"] == cluster]
     by_key = {row["key"]: row for row in rows} if group_by != "user" else {}
     for key, line in pieces:
         row = by_key.get(key)
