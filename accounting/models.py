@@ -12,7 +12,7 @@ from django.db import models
 
 from portal import models as portal_models
 from portal import money
-from portal.snapshots import BOOKINGS, QUOTAS, RATES, SnapshotManager
+from portal.snapshots import BOOKINGS, QUOTAS, RATES, USAGE_MONTHS, SnapshotManager
 
 
 class Rate(models.Model):
@@ -152,6 +152,66 @@ class UsageSlice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.record_id} {self.period:%Y-%m} {self.gpu_seconds} GPU-s"
+
+
+class UsageMonth(models.Model):
+    """A closed month's roll-up state (accounting.services.usage_rollup): ``rolled_at`` when its
+    UsageMonthTotal rows were last written from the slices; ``stale`` when a slice of the month was
+    written since (a late record, a re-pricing: accounting.services.repricing.slices_replace marks it in
+    the same transaction). Reports and invoices read the totals of a month only while it is rolled and
+    not stale, the slices otherwise; the next roll-up run writes it again. One row per month;
+    kept in each process (portal.snapshots USAGE_MONTHS: reports ask on every request, it changes a
+    few times a month)."""
+
+    objects = SnapshotManager(USAGE_MONTHS)
+
+    period = models.DateField(unique=True, help_text="First day of the month (billing time zone).")
+    rolled_at = models.DateTimeField(null=True, blank=True)  # None: never rolled
+    stale = models.BooleanField(default=True)
+    revised_at = models.DateTimeField(null=True, blank=True)  # last re-roll that changed the month's totals
+    slices = models.PositiveIntegerField(default=0)  # how many slices the totals sum
+
+    class Meta:
+        ordering = ["period"]
+
+    def __str__(self) -> str:
+        return f"{self.period:%Y-%m} {'stale' if self.stale else 'rolled'}"
+
+
+class UsageMonthTotal(models.Model):
+    """The sums of a closed month's slices per team × account × user × cluster × GPU type × rate
+    (accounting.services.usage_rollup): what the cost report and the invoice read for a whole closed
+    month instead of its slices. Sums are exact (GPU-seconds whole, costs the slices' six-place costs
+    added); the busy and idle figures are the products the report computes per slice, added."""
+
+    period = models.DateField()
+    team = models.ForeignKey("portal.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    account = models.CharField(max_length=64)
+    unix_user = models.CharField(max_length=64)
+    cluster = models.CharField(max_length=64)
+    gpu_type = models.CharField(max_length=32, blank=True)
+    rate = models.ForeignKey(Rate, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    slices = models.PositiveIntegerField()
+    gpu_seconds = models.DecimalField(max_digits=30, decimal_places=0)
+    requested_gpu_seconds = models.DecimalField(max_digits=30, decimal_places=0)
+    unpriced_gpu_seconds = models.DecimalField(max_digits=30, decimal_places=0)
+    cost = models.DecimalField(max_digits=30, decimal_places=6)
+    monitored_gpu_seconds = models.DecimalField(max_digits=30, decimal_places=0)
+    busy_gpu_seconds = models.DecimalField(max_digits=36, decimal_places=6)  # gpu_seconds × busy fraction
+    idle_cost = models.DecimalField(max_digits=36, decimal_places=12)  # cost × (1 − busy fraction)
+    provisional = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            # cost_report()/usage_by_team_and_month(): period IN (…), grouped by a column
+            models.Index(fields=["period", "account"], name="usagemonthtotal_period"),
+            # invoice(): team=…, period=…
+            models.Index(fields=["team", "period"], name="usagemonthtotal_team_period"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.period:%Y-%m} {self.account}/{self.unix_user} {self.gpu_type} {self.gpu_seconds} GPU-s"
 
 
 class PendingReprice(models.Model):

@@ -12,7 +12,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from accounting.selectors import cost_report, idle_savings_by_team, usage_by_team_and_month
+from accounting.selectors import booking_charges, cost_report, idle_savings_by_team, usage_by_team_and_month
 from portal import money
 from portal.models import NodeInfo
 
@@ -111,15 +111,16 @@ def cloud_comparison(*, start_at: dt.datetime, end_at: dt.datetime, by_type: lis
 
 def report_page_data(*, start_at: dt.datetime, end_at: dt.datetime) -> dict:
     """Everything the report page shows over [start_at, end_at) (any range: one hour is prorated to
-    the second, as the API's ``cost_report``): five aggregate queries, one inventory read and the idle
+    the second, as the API's ``cost_report``): five aggregate queries, the bookings read twice (whole, by month), one inventory read and the idle
     policies' savings (two more, by cluster, when the portal serves several)."""
     from portal.slurm import configured_clusters
 
     span = {"start_at": start_at, "end_at": end_at}
-    by_team = cost_report(**span, group_by="team")
-    by_cluster = cost_report(**span, group_by="cluster") if len(configured_clusters()) > 1 else []
-    by_user = cost_report(**span, group_by="user")
-    by_type = cost_report(**span, group_by="gpu_type")
+    bookings = booking_charges(**span)  # read once for the four groupings that take them whole
+    by_team = cost_report(**span, group_by="team", bookings=bookings)
+    by_cluster = cost_report(**span, group_by="cluster", bookings=bookings) if len(configured_clusters()) > 1 else []
+    by_user = cost_report(**span, group_by="user", bookings=bookings)
+    by_type = cost_report(**span, group_by="gpu_type", bookings=bookings)
     by_month = cost_report(**span, group_by="month")
     stacked = usage_by_team_and_month(**span)
     months = sorted({row["month"] for row in stacked})

@@ -49,6 +49,15 @@ def rollup_check_task(cluster: str | None = None) -> str | None:
     return result.isoformat() if result else None
 
 
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=600, time_limit=900)
+def usage_rollup_task() -> list[str]:
+    """Periodic (portal/project/celery.py, usage-rollup): roll up the closed months never rolled or
+    re-opened by a late record (accounting.services.usage_rollup)."""
+    from accounting.services import usage_rollup
+
+    return [month.isoformat() for month in usage_rollup()]
+
+
 def _budget_alerts_after_ingest() -> None:
     """Budget thresholds are crossed by new usage: check them after each ingest (never fails the ingest)."""
     from accounting.services import budget_alerts_check

@@ -8,14 +8,14 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from accounting.charging import booking_charge_mode
 from accounting.forms import CostReportForm, DateRangeForm, RateForm
-from accounting.invoices import invoice, invoice_pdf
+from accounting.invoices import invoice, invoice_jobs_csv, invoice_pdf
 from accounting.models import Rate
 from accounting.reports import report_page_data, rows_to_csv
 from accounting.selectors import (
@@ -144,6 +144,15 @@ def invoice_pdf_view(request, slug: str, month: str):
     team, first = _invoice_target(request, slug, month)
     response = HttpResponse(invoice_pdf(invoice(team=team, month=first), request=request), content_type="application/pdf")
     response["Content-Disposition"] = f'inline; filename="invoice-{team.slug}-{first:%Y-%m}.pdf"'
+    return response
+
+
+@login_required
+def invoice_jobs_csv_view(request, slug: str, month: str):
+    """The invoice's jobs, one row per usage slice (streamed: a busy team's month is tens of thousands)."""
+    team, first = _invoice_target(request, slug, month)
+    response = StreamingHttpResponse(invoice_jobs_csv(team=team, month=first), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="invoice-{team.slug}-{first:%Y-%m}-jobs.csv"'
     return response
 
 

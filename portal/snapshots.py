@@ -45,7 +45,8 @@ QUOTAS = "quotas"  # accounting.Quota
 BOOKINGS = "bookings"  # accounting.Booking
 ROLES = "roles"  # portal.Team, portal.Membership
 APITOKENS = "apitokens"  # portal.ApiToken lookups — portal.authentication.api_token_forget
-NAMES = (INVENTORY, RATES, QUOTAS, BOOKINGS, ROLES, APITOKENS)
+USAGE_MONTHS = "usage_months"  # accounting.UsageMonth (which closed months the reports read from their totals)
+NAMES = (INVENTORY, RATES, QUOTAS, BOOKINGS, ROLES, APITOKENS, USAGE_MONTHS)
 
 _held: dict[str, tuple[str, float, Any]] = {}  # name -> (version, loaded at (monotonic), value)
 _local = threading.local()  # .scope: {name: version} of the current request; .dirty: names changed in its transaction

@@ -12,6 +12,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db.models import (
     Case,
+    Count,
     DecimalField,
     ExpressionWrapper,
     F,
@@ -27,8 +28,9 @@ from django.db.models import (
 from django.db.models.functions import Cast, Greatest, Least
 
 from accounting.calendar import billing_date, billing_midnight, billing_zone, month_start, next_month, range_bounds
-from accounting.models import UsageRecord, UsageSlice
-from accounting.selectors.bookings import booking_charges
+from accounting.models import UsageMonthTotal, UsageRecord, UsageSlice
+from accounting.selectors.bookings import booking_charges, booking_charges_by_month
+from accounting.selectors.usage_totals import aggregate_totals, month_rolled, rolled_months, totals_of
 from portal import money
 from portal.models import Team
 from portal.roles import can_read_cost_reports, is_manager
@@ -108,6 +110,58 @@ def aggregate_slices(
     )
 
 
+_SUMS = ("sum_gpu_seconds", "sum_requested_gpu_seconds", "sum_cost", "sum_unpriced_gpu_seconds",
+         "sum_monitored_gpu_seconds", "sum_busy_gpu_seconds", "sum_idle_cost")  # fmt: skip
+
+
+def usage_aggregate(
+    start_at: dt.datetime, end_at: dt.datetime, columns: Sequence[str], *, team: Team | None = None, cluster: str = "",
+    gpu_busy: bool = False, labels: dict | None = None,
+) -> list[dict]:
+    """Usage in [start_at, end_at) grouped by ``columns`` (aggregate_slices' names and meaning): the
+    whole closed months of the range from their totals (accounting.selectors.usage_totals, written by
+    accounting.services.usage_rollup), the rest from the slices, the two added exactly per group.
+    Two queries at most (the totals, the slices; which months are rolled is a snapshot); ``labels``: more
+    aggregates over the team (``Max("team__name")``) that both tables answer."""
+    months = rolled_months(start_at, end_at)
+    slices = slices_in(start_at, end_at).exclude(period__in=months) if months else slices_in(start_at, end_at)
+    totals = totals_of(months) if months else None
+    if team is not None:
+        slices = slices.filter(team=team)
+        totals = totals.filter(team=team) if totals is not None else None
+    if cluster:
+        slices = slices.filter(cluster=cluster)
+        totals = totals.filter(cluster=cluster) if totals is not None else None
+    parts = []
+    if totals is not None:
+        parts.append(list(aggregate_totals(totals, columns, gpu_busy=gpu_busy).annotate(**(labels or {}))))
+    if not months or _open_part(start_at, end_at, months):
+        parts.append(list(aggregate_slices(slices, start_at, end_at, columns, gpu_busy=gpu_busy).annotate(**(labels or {}))))
+    if len(parts) == 1:
+        return parts[0]
+    merged: dict[tuple, dict] = {}
+    for values in (v for part in parts for v in part):
+        key = tuple(values[c] for c in columns)
+        row = merged.get(key)
+        if row is None:
+            merged[key] = dict(values)
+            continue
+        for name in _SUMS:
+            if name in values:
+                row[name] = (row.get(name) or 0) + (values[name] or 0)
+        row["any_provisional"] = max(row["any_provisional"] or 0, values["any_provisional"] or 0)
+        for name in labels or {}:
+            row[name] = row.get(name) or values.get(name)
+    # the database sorts text by code point (C collation): Python's order of str and dates is the same
+    return [merged[key] for key in sorted(merged)]
+
+
+def _open_part(start_at: dt.datetime, end_at: dt.datetime, months: list[dt.date]) -> bool:
+    """Whether [start_at, end_at) holds time outside the rolled months (so slices are to be read)."""
+    covered = sum(((billing_midnight(next_month(m)) - billing_midnight(m)) for m in months), dt.timedelta(0))
+    return covered < end_at - start_at
+
+
 def _hours(seconds) -> Decimal:
     return money.display(money.gpu_hours(seconds or 0))
 
@@ -150,38 +204,35 @@ def _gpu_busy_columns(values: dict) -> dict:
 def cost_report(
     *, start: dt.date | None = None, end: dt.date | None = None, group_by: str, team: Team | None = None,
     cluster: str = "", start_at: dt.datetime | None = None, end_at: dt.datetime | None = None,
+    bookings: list[dict] | None = None,
 ) -> list[dict]:
     """GPU-hours used and requested, efficiency and cost between ``start`` and ``end`` (inclusive days,
     billing time zone) — or any range [``start_at``, ``end_at``) of aware datetimes (one hour: usage
     is prorated to the second within a slice) — grouped by team (Slurm account), user (cluster user
-    name), gpu_type, month or cluster. One aggregate query on UsageSlice (index usageslice_report).
-    ``team`` narrows to one team (its usage page), ``cluster`` to one cluster's usage and bookings.
-    Callers check ``can_read_cost_reports`` (or team membership) first."""
+    name), gpu_type, month or cluster: whole closed months from their totals, the rest from the
+    slices (``usage_aggregate``). ``team`` narrows to one team (its usage page), ``cluster`` to one
+    cluster's usage and bookings; ``bookings``: booking_charges of the same range and team, read once
+    by a caller that asks for several groupings (not for "month"). Callers check ``can_read_cost_reports`` (or team membership) first."""
     if group_by not in GROUP_BY_CHOICES:
         raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES}")
     if start_at is None or end_at is None:
         start_at, end_at = range_bounds(start, end)
-    queryset = slices_in(start_at, end_at)
-    if team is not None:
-        queryset = queryset.filter(team=team)
-    if cluster:
-        queryset = queryset.filter(cluster=cluster)
     column = _GROUP_COLUMNS[group_by]
-    rows = aggregate_slices(queryset, start_at, end_at, [column], gpu_busy=True)
-    if group_by == "team":
-        rows = rows.annotate(label=Max("team__name"), team_slug=Max("team__slug"))
+    labels = {"label": Max("team__name"), "team_slug": Max("team__slug")} if group_by == "team" else {}
     result = []
-    for values in rows:
+    for values in usage_aggregate(start_at, end_at, [column], team=team, cluster=cluster, gpu_busy=True, labels=labels):
         row = _row(group_by, values[column], values)
         if group_by == "team":
             row["team_slug"] = values["team_slug"] or ""
             row["label"] = values["label"] or f"{values[column]} (no team)"
         result.append(row)
-    return _with_booking_charges(result, group_by=group_by, start_at=start_at, end_at=end_at, team=team, cluster=cluster)
+    return _with_booking_charges(result, group_by=group_by, start_at=start_at, end_at=end_at, team=team, cluster=cluster,
+                                 bookings=bookings)  # fmt: skip
 
 
 def _with_booking_charges(
-    rows: list[dict], *, group_by: str, start_at: dt.datetime, end_at: dt.datetime, team: Team | None, cluster: str = ""
+    rows: list[dict], *, group_by: str, start_at: dt.datetime, end_at: dt.datetime, team: Team | None, cluster: str = "",
+    bookings: list[dict] | None = None,
 ) -> list[dict]:
     """Add what bookings are charged (accounting.selectors.booking_charges) to cost report rows:
     ``usage_cost`` is the usage alone, ``bookings_cost`` the bookings', ``cost`` their sum (so totals =
@@ -191,17 +242,14 @@ def _with_booking_charges(
         row["usage_cost"] = row["cost"]
         row["bookings_cost"] = Decimal("0.00")
     if group_by == "month":
-        pieces, month = [], month_start(billing_date(start_at))
-        while billing_midnight(month) < end_at:
-            lo, hi = max(billing_midnight(month), start_at), min(billing_midnight(next_month(month)), end_at)
-            pieces += [(month.strftime("%Y-%m"), line) for line in booking_charges(start_at=lo, end_at=hi, team=team)
-                       if not cluster or line["cluster"] == cluster]  # fmt: skip
-            month = next_month(month)
+        pieces = [(month, line) for month, line in booking_charges_by_month(start_at=start_at, end_at=end_at, team=team)
+                  if not cluster or line["cluster"] == cluster]  # fmt: skip
     else:
         key_of = {"team": lambda line: line["team"].slurm_account, "gpu_type": lambda line: line["gpu_type"],
                   "user": lambda line: "", "cluster": lambda line: line["cluster"]}[group_by]  # fmt: skip
-        pieces = [(key_of(line), line) for line in booking_charges(start_at=start_at, end_at=end_at, team=team)
-                  if not cluster or line["cluster"] == cluster]  # fmt: skip
+        if bookings is None:
+            bookings = booking_charges(start_at=start_at, end_at=end_at, team=team)
+        pieces = [(key_of(line), line) for line in bookings if not cluster or line["cluster"] == cluster]
     by_key = {row["key"]: row for row in rows} if group_by != "user" else {}
     for key, line in pieces:
         row = by_key.get(key)
@@ -225,7 +273,7 @@ def _with_booking_charges(
 def usage_by_team_and_month(*, start_at: dt.datetime, end_at: dt.datetime) -> list[dict]:
     """GPU-hours and cost per (account, month) in [start_at, end_at) (prorated to the second, as
     ``cost_report``): the stacked chart. One aggregate query."""
-    rows = aggregate_slices(slices_in(start_at, end_at), start_at, end_at, ["account", "period"])
+    rows = usage_aggregate(start_at, end_at, ["account", "period"])
     return [
         {"account": v["account"], "month": v["period"].strftime("%Y-%m"), "gpu_hours": _hours(v["sum_gpu_seconds"]),
          "cost": money.display(v["sum_cost"] or 0)}
@@ -320,6 +368,36 @@ def invoice_lines(*, team: Team, month: dt.date) -> QuerySet[UsageSlice]:
         UsageSlice.objects.filter(team=team, period=month_start(month))
         .select_related("record")
         .order_by("slice_start", "record__job_id")
+    )
+
+
+INVOICE_GROUP = ("unix_user", "gpu_type", "price_per_gpu_hour")
+
+
+def invoice_groups(*, team: Team, month: dt.date) -> list[dict]:
+    """The team's usage in one month per user × GPU type × rate: slices, GPU-seconds, cost, the
+    monitored and busy GPU-seconds and the idle GPU-hours' cost (exact sums) and whether any is
+    provisional. One query: on the month's totals when it is
+    closed and rolled (accounting.services.usage_rollup), on its slices otherwise."""
+    period = month_start(month)
+    if month_rolled(period):
+        rows = aggregate_totals(UsageMonthTotal.objects.filter(team=team, period=period), INVOICE_GROUP, gpu_busy=True)
+    else:
+        start_at, end_at = billing_midnight(period), billing_midnight(next_month(period))
+        rows = aggregate_slices(UsageSlice.objects.filter(team=team, period=period), start_at, end_at, INVOICE_GROUP, gpu_busy=True)
+        rows = rows.annotate(slices=Count("id"))
+    return list(rows)
+
+
+def invoice_job_rows(*, team: Team, month: dt.date):
+    """The team's slices in one month as plain values for the per-job CSV (one query, streamed)."""
+    return (
+        UsageSlice.objects.filter(team=team, period=month_start(month))
+        .order_by("slice_start", "record__job_id")
+        .values_list("record__job_id", "record__name", "unix_user", "partition", "record__state", "gpu_type", "gpus",
+                     "slice_start", "slice_end", "gpu_seconds", "price_per_gpu_hour", "cost", "provisional",
+                     "record__portal_job_uuid")  # fmt: skip
+        .iterator(chunk_size=5000)
     )
 
 

@@ -16,6 +16,7 @@
 - ``alerts``        budget alerts (80 % / 100 %), e-mail and webhook delivery
 - ``gpu_busy``      what share of a job's GPU-time its GPUs computed (from the GPU monitoring)
 - ``idle_savings``  what a cancel by a team's idle-GPU policy saved (GPU-seconds until the time limit)
+- ``usage_rollup``  the totals of closed months that reports and invoices read (the rule for late records)
 """
 
 from accounting.services.alerts import (
@@ -68,6 +69,7 @@ from accounting.services.reservations import (
     booking_unreserve_run,
 )
 from accounting.services.reconciliation import ClusterReconciliation, rolled_up_to, rollup_record, usage_reconcile
+from accounting.services.usage_rollup import last_closed_month, usage_month_roll, usage_months_reopen, usage_rollup
 from accounting.services.slurm_limits import (
     ROLLOVER_KIND,
     quota_expected_limits,
@@ -89,4 +91,5 @@ __all__ = [
     "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",
     "usage_reprice_sweep", "usage_window_start",
     "ClusterReconciliation", "rolled_up_to", "rollup_record", "usage_reconcile", "idle_saving_record",
+    "last_closed_month", "usage_month_roll", "usage_months_reopen", "usage_rollup",
 ]  # fmt: skip

@@ -8,6 +8,7 @@ import uuid
 from decimal import Decimal
 
 from accounting.models import UsageRecord
+from accounting.services.usage_rollup import months_between, usage_months_reopen
 from portal import money
 
 
@@ -20,7 +21,7 @@ def usage_busy_record(*, fractions: dict[tuple[uuid.UUID, int], Decimal]) -> int
     jobs = {job for job, _ in fractions}
     records = list(
         UsageRecord.objects.filter(portal_job_uuid__in=jobs, job_id__in={sid for _, sid in fractions}).only(
-            "id", "portal_job_uuid", "job_id", "gpu_busy_fraction"
+            "id", "portal_job_uuid", "job_id", "gpu_busy_fraction", "start_time", "known_until"
         )
     )
     changed = []
@@ -33,4 +34,7 @@ def usage_busy_record(*, fractions: dict[tuple[uuid.UUID, int], Decimal]) -> int
             record.gpu_busy_fraction = value
             changed.append(record)
     UsageRecord.objects.bulk_update(changed, ["gpu_busy_fraction"], batch_size=1000)
+    # the busy and idle figures of a closed month's totals change with it (no statement unless a
+    # record reaches into a month before the current one)
+    usage_months_reopen({m for r in changed for m in months_between(r.start_time, r.known_until)})
     return len(changed)

@@ -20,6 +20,7 @@ from accounting.calendar import billing_midnight, billing_zone, month_starts
 from accounting.charging import bookings_charge_reserved
 from accounting.models import PendingReprice, UsageRecord, UsageSlice
 from accounting.rates import RateBook
+from accounting.services.usage_rollup import usage_months_reopen
 from portal import money
 from portal.db import bulk_insert_copy, copied_fields
 from portal.outbox import publish
@@ -156,9 +157,15 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
 
 
 def slices_replace(records: list[UsageRecord], book: RateBook) -> int:
-    """Delete and rebuild the slices of these records: one DELETE, one COPY."""
+    """Delete and rebuild the slices of these records: one DELETE, one COPY. The months of the old
+    and new slices before the current one are marked for a new roll-up (usage_months_reopen: a late
+    record or a re-pricing of a closed month) — two more statements."""
     if not records:
         return 0
-    UsageSlice.objects.filter(record_id__in=[r.pk for r in records]).delete()
-    return bulk_insert_copy([s for r in records for s in slice_record(r, book)])
+    ids = [r.pk for r in records]
+    periods = set(UsageSlice.objects.filter(record_id__in=ids).values_list("period", flat=True).distinct())
+    UsageSlice.objects.filter(record_id__in=ids).delete()
+    slices = [s for r in records for s in slice_record(r, book)]
+    usage_months_reopen(periods | {s.period for s in slices})
+    return bulk_insert_copy(slices)
 

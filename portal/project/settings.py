@@ -424,6 +424,13 @@ ACCOUNTING_ROLLUP_STALE_MINUTES = env.int("ACCOUNTING_ROLLUP_STALE_MINUTES", 70,
 ACCOUNTING_ROLLUP_SEARCH_HOURS = env.int("ACCOUNTING_ROLLUP_SEARCH_HOURS", 48, minimum=1)
 ACCOUNTING_ROLLUP_CHECK_SECONDS = env.int("ACCOUNTING_ROLLUP_CHECK_SECONDS", 300, minimum=10)
 ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS = env.int("ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS", 3, minimum=1)
+# Closed months' totals (accounting.services.usage_rollup): a month closes this many days after its end
+# and is rolled up by the periodic task every USAGE_ROLLUP_SECONDS (a late record re-opens it).
+USAGE_MONTH_CLOSE_DAYS = env.int("USAGE_MONTH_CLOSE_DAYS", 3, minimum=0, maximum=27)
+USAGE_ROLLUP_SECONDS = env.int("USAGE_ROLLUP_SECONDS", 3600, minimum=60)
+# An invoice lists its jobs one per line up to this many (above: the lines per user, GPU type and
+# rate, and the jobs as a CSV download: accounting.invoices)
+INVOICE_JOB_LINES_MAX = env.int("INVOICE_JOB_LINES_MAX", 500, minimum=0)
 # "type=price per GPU-hour,…" in DEFAULT_CURRENCY; parsed strictly by accounting.reports.cloud_gpu_hour_prices
 CLOUD_GPU_HOUR_PRICES = env.str("CLOUD_GPU_HOUR_PRICES", "a100=8,h100=20")
 CLUSTER_PURCHASE_COST = env.float("CLUSTER_PURCHASE_COST", 1800000.0, minimum=0)  # DEFAULT_CURRENCY

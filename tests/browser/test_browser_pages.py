@@ -73,7 +73,8 @@ def _matrix_pages(objects) -> list[tuple[str, tuple]]:
     from tests.security.test_url_matrix import MATRIX
 
     skip_names = {"cluster-partial", "jobs:live-states", "jobs:quote", "jobs:output", "healthz", "metrics", "api-schema", "api-docs",
-                  "oidc_authentication_init", "oidc_authentication_callback", "accounting:invoice-pdf", "logout"}  # fmt: skip
+                  "oidc_authentication_init", "oidc_authentication_callback", "accounting:invoice-pdf", "accounting:invoice-jobs-csv",
+                  "logout"}  # fmt: skip
     pages = []
     for name, requests in MATRIX.items():
         if name in skip_names or name.startswith("api-"):

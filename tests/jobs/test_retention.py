@@ -213,3 +213,22 @@ def test_the_compaction_turns_legacy_samples_into_summaries_and_deletes_them_in_
     assert chart["bucket_seconds"] == 300 and {v for v in chart["series"][0]["util"] if v is not None} == {90.0}
     call_command("gpu_samples_compact")  # again: nothing to do
     assert JobGpuSummary.objects.count() == 1
+
+
+def test_expiring_a_jobs_detail_leaves_a_rolled_up_months_invoice_and_report_as_they_were(january, world, settings):
+    """The same with January closed and rolled up (accounting.services.usage_rollup): the invoice
+    and the report read the month's totals, which no retention touches."""
+    from accounting.selectors.usage_totals import month_rolled
+    from accounting.services import usage_rollup
+
+    assert usage_rollup(now=at(2026, 3, 1, 0)) == [JANUARY]
+    assert month_rolled(JANUARY)
+    issued = invoice(team=world.vision, month=JANUARY)
+    report = cost_report(start=JANUARY, end=dt.date(2026, 1, 31), group_by="user")
+    assert issued["busy_gpu_hours"] == Decimal("3.00") and report[0]["cost"] == Decimal("48.00")
+    for name in ("RETENTION_GPU_ROWS_DAYS", "RETENTION_GPU_SUMMARY_DAYS", "RETENTION_JOB_EVENTS_DAYS", "RETENTION_AUDIT_DAYS"):
+        setattr(settings, name, 1)
+    assert retention_apply(now=at(2026, 3, 1, 0))["job_events"] == 3
+    assert month_rolled(JANUARY)  # nothing re-opened the month
+    assert invoice(team=world.vision, month=JANUARY) == issued
+    assert cost_report(start=JANUARY, end=dt.date(2026, 1, 31), group_by="user") == report

@@ -16,9 +16,9 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
-from accounting.models import Booking, Quota, Rate
+from accounting.models import Booking, Quota, Rate, UsageMonth
 from portal.models import Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Role, Team
-from portal.snapshots import _CACHED_MODELS, BOOKINGS, INVENTORY, QUOTAS, RATES, ROLES, SnapshotManager
+from portal.snapshots import _CACHED_MODELS, BOOKINGS, INVENTORY, QUOTAS, RATES, ROLES, USAGE_MONTHS, SnapshotManager
 from tests.factories import BookingFactory, NodeFactory, QuotaFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db
 CACHED = {
     Team: ROLES, Membership: ROLES,
     Cluster: INVENTORY, PartitionInfo: INVENTORY, NodeInfo: INVENTORY, ClusterPolicyInfo: INVENTORY,
-    Rate: RATES, Quota: QUOTAS, Booking: BOOKINGS,
+    Rate: RATES, Quota: QUOTAS, Booking: BOOKINGS, UsageMonth: USAGE_MONTHS,
 }  # fmt: skip
 _n = itertools.count()
 
@@ -63,6 +63,8 @@ def _new(model, world):
         return QuotaFactory.build(team=world.vision, gpu_type=f"reg{n}"), "justification"
     if model is Booking:
         return BookingFactory.build(team=world.vision, start=now + dt.timedelta(days=n + 1)), "note"
+    if model is UsageMonth:
+        return UsageMonth(period=dt.date(2000 + n % 90, 1 + n % 12, 1)), "stale"
     raise AssertionError(f"no row maker for {model.__name__}")
 
 

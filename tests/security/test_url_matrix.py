@@ -164,6 +164,9 @@ MATRIX: dict[str, list[Req]] = {
     "accounting:invoice-pdf": [
         Req("GET", lambda o: "/accounting/invoices/vision/2026-11.pdf", (302, 404, 403, 200, 200, 200))
     ],
+    "accounting:invoice-jobs-csv": [
+        Req("GET", lambda o: "/accounting/invoices/vision/2026-11-jobs.csv", (302, 404, 403, 200, 200, 200))
+    ],
     "api-cost-report": [
         Req("GET", lambda o: "/api/v1/reports/cost/?start=2026-11-01&end=2026-11-30&group_by=team", (401, 403, 403, 403, 200, 200))
     ],
