@@ -25,6 +25,7 @@ from portal.slurm.tags import slurm_tag
 from portal.slurm.types import AccountingRecord
 from tests.factories import QuotaFactory
 from tests.fakes import FakeGateway
+from tests.jobs.test_spec_kubernetes import _submit, kube_inventory  # noqa: F401 — its inventory fixture, by name
 
 pytestmark = pytest.mark.django_db
 
@@ -94,14 +95,10 @@ def test_the_teams_gpu_cap_is_mirrored_to_its_namespace_and_drift_is_reported_an
 
     # someone edits the namespace's quota by hand: the drift report says so, the mirror mends it
     kube.limits["vision-ns"] = AssociationLimits(account="vision-ns", grp_tres={"gres/gpu": 8})
-    assert services.quota_limit_drift() == [
-        f"quota limits of namespace vision-ns on {K8S}: ResourceQuota requests.nvidia.com/gpu is 8 in Kubernetes, "
-        "the portal expects 3"
-    ]
-    assert services.quota_limits_apply() == [
-        f"fixed: quota limits of namespace vision-ns on {K8S}: ResourceQuota requests.nvidia.com/gpu is 8 in "
-        "Kubernetes, the portal expects 3"
-    ]
+    drift = (f"quota limits of namespace vision-ns on {K8S}: ResourceQuota requests.nvidia.com/gpu is 8 in Kubernetes, "
+             "the portal expects 3")
+    assert services.quota_limit_drift() == [drift]
+    assert services.quota_limits_apply() == [f"fixed: {drift}"]
     assert kube.limits["vision-ns"].grp_tres == {"gres/gpu": 3}
     assert services.quota_limit_drift() == []
 
@@ -175,3 +172,34 @@ def test_the_beat_ingests_a_kubernetes_clusters_usage_but_reads_no_sreport_there
     schedule = _beat_schedule()
     assert schedule[f"usage-ingest@{K8S}"]["kwargs"] == {"cluster": K8S}
     assert f"accounting-rollup@{K8S}" not in schedule
+
+
+def test_the_usage_is_reconciled_job_by_job_with_the_jobs_the_api_holds(world, two_schedulers):
+    _, kube = two_schedulers
+    ran, unseen = uuid.uuid4(), uuid.uuid4()
+    started = timezone.now() - dt.timedelta(minutes=30)
+    ended = started + dt.timedelta(minutes=5)
+    kube.records = [_kube_record(ran, start=started, end=ended, state="COMPLETED")]
+    usage_ingest(cluster=K8S, now=ended + dt.timedelta(minutes=1))
+    since = started - dt.timedelta(hours=1)
+    assert services.kubernetes_usage_reconcile(cluster=K8S, since=since) == []
+
+    UsageRecord.objects.filter(cluster=K8S).update(gpu_seconds=1)  # the portal's record disagrees with the API
+    kube.records.append(_kube_record(unseen, start=started, end=ended, state="FAILED", gpus=1))  # never ingested
+    number = kube.records[0].job_id
+    assert services.kubernetes_usage_reconcile(cluster=K8S, since=since) == [
+        f"{K8S}: job {number} in namespace vision-ns: 600 GPU-seconds in Kubernetes, 1 in the portal",
+        f"{K8S}: job {kube.records[1].job_id} in namespace vision-ns: 300 GPU-seconds in Kubernetes, no usage record in the portal",
+    ]
+
+
+def test_the_gpu_hour_budget_and_its_hold_are_the_portals_own_on_kubernetes_too(world, relays, kube_inventory):
+    """The submission's budget check and hold (accounting.services.budget, inside job_submit) run for
+    a job on the Kubernetes cluster as for Slurm: over the budget a 409, within it a hold."""
+    QuotaFactory(team=world.vision, gpu_hours=2, gpu_type="h100")
+    refused = _submit(world.alice, gpu_type="h100", gpus=4, time_limit_minutes=60)
+    assert refused.status_code == 409 and "of 2.0 h100 GPU-h left" in refused.json()["detail"]
+    accepted = _submit(world.alice, gpu_type="h100", gpus=1, time_limit_minutes=60)
+    assert accepted.status_code == 201, accepted.json()
+    hold = BudgetHold.objects.get(job_uuid=accepted.json()["id"])
+    assert (hold.team_id, hold.gpu_type, hold.held_gpu_hours) == (world.vision.pk, "h100", 1)
