@@ -10,6 +10,7 @@ portal's own there (its budget holds, as for every job)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import replace
 from decimal import Decimal
 
@@ -19,8 +20,9 @@ from accounting.models import Quota, QuotaState
 from accounting.selectors.budgets import quotas_effective
 from portal.models import SyncStatus, Team
 from portal.selectors import team_cluster_accounts
-from portal.slurm import AssociationLimits, cluster_config, configured_clusters, get_gateway
+from portal.slurm import AssociationLimits, SlurmRejected, cluster_config, configured_clusters, get_gateway
 
+logger = logging.getLogger(__name__)
 ROLLOVER_KIND = "quota-rollover"
 
 
@@ -60,8 +62,14 @@ def _drift_of(team: Team, cluster: str, account: str, gateway) -> tuple[object, 
     and a line per difference from what the scheduler holds."""
     wanted = quota_expected_limits(team=team)
     expected = gateway.association_limits_held(replace(wanted, account=account))
-    actual = gateway.association_limits_get(account)
     kubernetes = cluster_config(cluster).is_kubernetes
+    try:
+        actual = gateway.association_limits_get(account)
+    except SlurmRejected as exc:
+        if not kubernetes:
+            raise
+        # a namespace the portal may not read (no RoleBinding there): said, and the other teams go on
+        return expected, [f"quota limits of namespace {account} on {cluster}: cannot be read: {exc.message}"]
     lines = []
     for label, want, have in (
         ("GrpTRESMins", expected.grp_tres_mins, _managed(actual.grp_tres_mins)),
@@ -103,7 +111,13 @@ def quota_limits_apply(*, teams: list[Team] | None = None, force: bool = False) 
             gateway = get_gateway(cluster)
             expected, lines = _drift_of(team, cluster, account, gateway)
             if lines or force:
-                gateway.association_limits_set(expected)
+                try:
+                    gateway.association_limits_set(expected)
+                except SlurmRejected as exc:
+                    if not cluster_config(cluster).is_kubernetes:
+                        raise
+                    logger.warning("team %s: quota limits not mirrored to %s: %s", team.slug, cluster, exc.message)
+                    continue
                 fixed.extend(f"fixed: {line}" for line in lines)
         Quota.objects.filter(team=team, state=QuotaState.APPROVED).update(slurm_mirrored_at=timezone.now())
     return fixed

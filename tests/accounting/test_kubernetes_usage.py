@@ -193,7 +193,8 @@ def test_the_usage_is_reconciled_job_by_job_with_the_jobs_the_api_holds(world, t
     ]
 
 
-def test_the_gpu_hour_budget_and_its_hold_are_the_portals_own_on_kubernetes_too(world, relays, kube_inventory):
+@pytest.mark.usefixtures("kube_inventory")
+def test_the_gpu_hour_budget_and_its_hold_are_the_portals_own_on_kubernetes_too(world, relays):
     """The submission's budget check and hold (accounting.services.budget, inside job_submit) run for
     a job on the Kubernetes cluster as for Slurm: over the budget a 409, within it a hold."""
     QuotaFactory(team=world.vision, gpu_hours=2, gpu_type="h100")
@@ -203,3 +204,23 @@ def test_the_gpu_hour_budget_and_its_hold_are_the_portals_own_on_kubernetes_too(
     assert accepted.status_code == 201, accepted.json()
     hold = BudgetHold.objects.get(job_uuid=accepted.json()["id"])
     assert (hold.team_id, hold.gpu_type, hold.held_gpu_hours) == (world.vision.pk, "h100", 1)
+
+
+def test_a_namespace_the_portal_may_not_read_is_reported_and_the_other_teams_are_mirrored(world, two_schedulers):
+    from portal.slurm import SlurmRejected
+
+    slurm, kube = two_schedulers
+    TeamClusterAccount.objects.create(team=world.nlp, cluster=cluster_row(K8S), slurm_account="nlp-ns")
+    QuotaFactory(team=world.vision, gpu_hours=100, max_gpus=3)
+    QuotaFactory(team=world.nlp, gpu_hours=100, max_gpus=5)
+
+    def forbidden(account):
+        if account == "vision-ns":
+            raise SlurmRejected("list resourcequotas: 403 forbidden")
+        return kube.limits.get(account, AssociationLimits(account=account))
+
+    kube.association_limits_get = forbidden
+    drift = services.quota_limit_drift()
+    assert f"quota limits of namespace vision-ns on {K8S}: cannot be read: list resourcequotas: 403 forbidden" in drift
+    services.quota_limits_apply()
+    assert kube.limits["nlp-ns"].grp_tres == {"gres/gpu": 5}

@@ -170,8 +170,8 @@ def test_a_jobs_usage_is_its_pods_run_times_its_gpus_once_priced_and_its_hold_is
     assert mine == []
     UsageRecord.objects.filter(pk=record.pk).update(gpu_seconds=record.gpu_seconds + 2)
     mine = [line for line in services.kubernetes_usage_reconcile(cluster=K8S_CLUSTER, since=since) if f"job {record.job_id} " in line]
-    assert mine == [f"{K8S_CLUSTER}: job {record.job_id} in namespace {k8s_namespace}: {record.gpu_seconds} GPU-seconds in "
-                    f"Kubernetes, {record.gpu_seconds + 2} in the portal"]  # fmt: skip
+    assert mine == [(f"{K8S_CLUSTER}: job {record.job_id} in namespace {k8s_namespace}: {record.gpu_seconds} GPU-seconds in "
+                     f"Kubernetes, {record.gpu_seconds + 2} in the portal")]  # fmt: skip
 
 
 def test_a_cancelled_running_job_is_charged_once_up_to_its_last_reading(k8s_cluster, k8s_namespace, k8s_portal, world):
