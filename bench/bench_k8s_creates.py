@@ -27,7 +27,7 @@ K8S = "gpuportal-k8s"
 NAMESPACE = "gpbench-k8s"
 os.environ.setdefault("GPUPORTAL_CLUSTERS", f"name=gpuportal,backend=cli;name={K8S},kind=kubernetes")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402 — after the clusters are named: Django reads them at its set-up
+import common  # after the clusters are named: Django reads them at its set-up
 
 
 def body(index: int) -> dict:
