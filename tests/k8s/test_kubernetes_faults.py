@@ -1,7 +1,11 @@
-"""Faults on the Kubernetes cluster through the portal (issue 41 item 5): the API server killed and
-started again while the portal relays jobs — every job reaches Kubernetes exactly once, counted by
-label in the namespace (the Job's name is the portal job's: a create retried after a lost answer is
-409 AlreadyExists, a relay claimed again looks the job up by its tag first)."""
+"""Faults on the Kubernetes cluster through the portal (issue 41 item 5):
+
+- the API server killed and started again while the portal relays jobs: every job reaches
+  Kubernetes exactly once, counted by label in the namespace (the Job's name is the portal job's: a
+  create retried after a lost answer is 409 AlreadyExists, a relay claimed again looks the job up by
+  its tag first);
+- the node agent (the kubelet) killed while a job runs: its pod ends as Kubernetes reports it once
+  the agent is back, and the job is charged what ran."""
 
 from __future__ import annotations
 
