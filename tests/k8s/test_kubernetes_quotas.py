@@ -90,7 +90,7 @@ def _synced_until(job_id, predicate, *, what, timeout=60):
 def test_the_teams_gpu_cap_is_its_namespaces_resource_quota_and_a_hand_edit_is_reported_and_mended(
     mirrored, k8s_namespace, k8s_portal, world
 ):
-    QuotaFactory(team=world.vision, gpu_hours=500, max_gpus=3)
+    quota = QuotaFactory(team=world.vision, gpu_hours=500, max_gpus=3)
 
     services.quota_limits_apply(teams=[world.vision])
 
@@ -110,8 +110,9 @@ def test_the_teams_gpu_cap_is_its_namespaces_resource_quota_and_a_hand_edit_is_r
     assert fixed == [f"fixed: {drift[0]}"]
     assert _quota_hard(k8s_portal, k8s_namespace) == {QUOTA_NAME: {GPU_QUOTA: "3"}}
 
-    # a newer approval without a cap: the namespace's quota goes
-    QuotaFactory(team=world.vision, gpu_hours=500, max_gpus=None)
+    # the cap lifted: the namespace's quota goes
+    quota.max_gpus = None
+    quota.save()
     services.quota_limits_apply(teams=[world.vision])
     assert _quota_hard(k8s_portal, k8s_namespace) == {}
     assert [line for line in services.quota_limit_drift() if k8s_namespace in line] == []
