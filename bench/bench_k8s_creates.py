@@ -10,7 +10,7 @@ Needs the local Kubernetes cluster (scripts/k8s up). In the same run, alternatin
           the budget hold, the row and the outbox) and the relay drain in this process
           (jobs.services.job_relay_drain_run: claims, creates 4 at a time, one bulk write); the round
           ends when every job has its Kubernetes id.
-Every bench Job is deleted after each round (they ask for no GPU: nothing waits for a node). The
+Every bench Job is deleted after each round (each asks for 1 GPU: most wait for one, which a create does not). The
 namespace is the bench team's (``scripts/k8s namespace``); the portal's cluster list is the default
 Slurm cluster (never called) and gpuportal-k8s."""
 
@@ -32,7 +32,7 @@ import common  # after the clusters are named: Django reads them at its set-up
 
 def body(index: int) -> dict:
     return {"team": common.BENCH_TEAM, "cluster": K8S, "name": f"k8s-bench-{index}", "script": "#!/bin/sh\ntrue\n",
-            "gpus": 0, "cpus_per_task": 1, "memory_gb": 1, "time_limit_minutes": 1, "workdir": common.BENCH_WORKDIR}  # fmt: skip
+            "gpus": 1, "cpus_per_gpu": 1, "memory_gb": 1, "time_limit_minutes": 1, "workdir": common.BENCH_WORKDIR}  # fmt: skip
 
 
 def raw_round(gateway, jobs: int, submission) -> float:
@@ -72,9 +72,10 @@ def portal_round(world, jobs: int) -> float:
 
 
 def clean(gateway) -> None:
+    """Delete the namespace's bench Jobs, one by one (the portal's account may not deletecollection)."""
     batch = gateway._api("BatchV1Api")
-    batch.delete_collection_namespaced_job(NAMESPACE, label_selector="gpuportal.io/managed-by=gpuportal",
-                                           propagation_policy="Background")  # fmt: skip
+    for job in batch.list_namespaced_job(NAMESPACE, label_selector="gpuportal.io/managed-by=gpuportal").items:
+        batch.delete_namespaced_job(job.metadata.name, NAMESPACE, propagation_policy="Background")
 
 
 def run(*, jobs: int, rounds: int, quick: bool = False) -> common.Section:
