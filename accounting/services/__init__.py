@@ -68,7 +68,13 @@ from accounting.services.reservations import (
     booking_reserve_run,
     booking_unreserve_run,
 )
-from accounting.services.reconciliation import ClusterReconciliation, rolled_up_to, rollup_record, usage_reconcile
+from accounting.services.reconciliation import (
+    ClusterReconciliation,
+    kubernetes_usage_reconcile,
+    rolled_up_to,
+    rollup_record,
+    usage_reconcile,
+)
 from accounting.services.usage_rollup import last_closed_month, usage_month_roll, usage_months_reopen, usage_rollup
 from accounting.services.slurm_limits import (
     ROLLOVER_KIND,
@@ -90,6 +96,6 @@ __all__ = [
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
     "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",
     "usage_reprice_sweep", "usage_window_start",
-    "ClusterReconciliation", "rolled_up_to", "rollup_record", "usage_reconcile", "idle_saving_record",
+    "ClusterReconciliation", "kubernetes_usage_reconcile", "rolled_up_to", "rollup_record", "usage_reconcile", "idle_saving_record",
     "last_closed_month", "usage_month_roll", "usage_months_reopen", "usage_rollup",
 ]  # fmt: skip

@@ -9,6 +9,11 @@ one), so one cluster down stops only its own ingestion. The high-water mark live
 before it, or earlier when a recent provisional (running) record has not been re-read since. Records
 whose values did not change are not written again, so re-ingesting a window is a no-op.
 
+A Kubernetes cluster (issue 41) is read the same way: its gateway's ``accounting`` is the portal's
+Jobs and their pods (GPU-seconds from each pod's start and end × its GPUs), one record per Job keyed
+as sacct's (the Job's number and creation time); a record whose Job went is closed by
+``_vanished_close``.
+
 Portal jobs' usage moves from their budget holds to the teams' used figures in the same transaction
 (accounting.services.budget.budget_holds_convert): accounting's own rows, nothing of the jobs app."""
 
@@ -94,14 +99,13 @@ def usage_ingest(
     name = config.name
     kind = SyncStatus.kind_for(USAGE_KIND, name)
     now = now or timezone.now()
-    if config.is_kubernetes:  # no sacct there: a Kubernetes cluster's usage is not ingested (yet: issue 41 item 3)
-        return IngestResult(window_start=now, window_end=now)
     start = since if since is not None else usage_window_start(now=now, cluster=name)
     step = dt.timedelta(days=settings.ACCOUNTING_INGEST_WINDOW_DAYS)
     gateway = get_gateway(name)
     result = IngestResult(window_start=start, window_end=now)
     began = time.monotonic()
     window_start = start
+    seen: set[int] = set()  # the jobs read (Kubernetes: one whose Job is gone is closed after the windows)
     while window_start < now:
         window_end = min(window_start + step, now)
         try:
@@ -110,12 +114,19 @@ def usage_ingest(
             sync_record_failure(kind, error=f"{type(exc).__name__}: {exc.message}")
             raise
         partial = usage_records_upsert(records=records, now=now, high_water_mark=window_end, cluster=name)
+        seen.update(r.job_id for r in records if _started(r))
         result.read += partial.read
         result.started += partial.started
         result.written += partial.written
         result.slices += partial.slices
         result.windows.append((window_start, window_end))
         window_start = window_end
+    if config.is_kubernetes:
+        try:
+            result.written += _vanished_close(gateway=gateway, cluster=name, seen=seen, now=now)
+        except SlurmError as exc:
+            sync_record_failure(kind, error=f"{type(exc).__name__}: {exc.message}")
+            raise
     result.seconds = time.monotonic() - began
     sync_record_success(
         kind,
@@ -339,3 +350,36 @@ def _upsert(rows: list[UsageRecord]) -> list[UsageRecord]:
     )
     return rows
 
+
+
+def _vanished_close(*, gateway, cluster: str, seen: set[int], now: dt.datetime) -> int:
+    """Kubernetes keeps no accounting (issue 41): a Job the API no longer has (the portal's cancel
+    deletes it, its pod with it) or whose pod is gone (the Job controller deletes a pod past the
+    Job's deadline) leaves no reading of its end. Its running record (provisional, not refreshed by
+    this ingestion's reading) is closed through the same upsert as every record: at the Job
+    controller's verdict when the Job is still there, else at its last reading (``known_until``: the
+    last time the API showed its pod running — up to one ingestion period, 60 s, of a cancelled job
+    goes uncharged rather than a guess charged). One more accounting read, by id, only when a
+    record is left open; a namespace the portal cannot read closes nothing (the gateway then
+    reports no Job as gone). Returns the records written."""
+    open_rows = list(UsageRecord.objects.filter(cluster=cluster, provisional=True).exclude(job_id__in=seen))
+    if not open_rows:
+        return 0
+    since = min(r.submit_time for r in open_rows)
+    verdicts = {r.job_id: r for r in gateway.accounting(since, now, job_ids={r.job_id for r in open_rows})}
+    closed = []
+    for row in open_rows:
+        verdict = verdicts.get(row.job_id)
+        if verdict is None or verdict.state in RUNNING_STATES or verdict.state == "PENDING":
+            continue  # still there, or not known to be gone: the next reading decides
+        gone = verdict.submit_time is None  # no Job any more: its last reading is what is known
+        end = max(row.known_until if gone else (verdict.end_time or row.known_until), row.start_time)
+        tres = {"gres/gpu": row.gpus, **({f"gres/gpu:{row.gpu_type}": row.gpus} if row.gpu_type and row.gpus else {})}
+        closed.append(AccountingRecord(
+            job_id=row.job_id, name=row.name, user=row.unix_user, account=row.account, partition=row.partition,
+            state=verdict.state, exit_code=verdict.exit_code, submit_time=row.submit_time, start_time=row.start_time,
+            end_time=end, elapsed_seconds=int((end - row.start_time).total_seconds()),
+            time_limit_minutes=row.time_limit_minutes, num_nodes=row.num_nodes, nodes="", alloc_tres=tres, req_tres=tres,
+            comment=row.comment, reservation=row.reservation, cluster=row.cluster,
+        ))  # fmt: skip
+    return usage_records_upsert(records=closed, now=now, cluster=cluster).written if closed else 0

@@ -97,6 +97,7 @@ def usage_reconcile(
     now = now or timezone.now()
     month_begin, month_end = billing_midnight(month), billing_midnight(next_month(month))
     names = clusters or [config.name for config in slurm_clusters()]
+    names = [name for name in names if not cluster_config(name).is_kubernetes]  # no sreport: kubernetes_usage_reconcile
     results = []
     for name in names:
         name = cluster_config(name).name
@@ -112,3 +113,37 @@ def usage_reconcile(
             result.differences = differences(result.portal, result.sreport, tolerance=tolerance)
         results.append(result)
     return results
+
+
+def kubernetes_usage_reconcile(*, cluster: str, since: dt.datetime, until: dt.datetime | None = None) -> list[str]:
+    """A Kubernetes cluster's usage against the API's own records (issue 41): it has no sreport, so
+    each ended Job the API still holds, submitted in [since, until) — its pod's start and end × its
+    GPUs — is compared with the portal's record of that Job (the same key as the ingestion's). A
+    line per difference: a Job with no record, a record still open, other GPU-seconds. A Job the API
+    no longer has (a cancel deletes it) cannot be compared. One accounting read, one query."""
+    from accounting.models import UsageRecord
+    from accounting.services.ingestion import RUNNING_STATES
+
+    until = until or timezone.now()
+    ended = [
+        r for r in get_gateway(cluster).accounting(since, until)
+        if r.start_time and r.end_time and r.state not in RUNNING_STATES and since <= r.submit_time < until
+    ]  # fmt: skip
+    stored = {
+        (job_id, submit_time): (gpu_seconds, provisional)
+        for job_id, submit_time, gpu_seconds, provisional in UsageRecord.objects.filter(
+            cluster=cluster, job_id__in=[r.job_id for r in ended]
+        ).values_list("job_id", "submit_time", "gpu_seconds", "provisional")
+    }  # fmt: skip
+    lines = []
+    for r in ended:
+        theirs = r.gpus * max(int((r.end_time - r.start_time).total_seconds()), 0)
+        mine = stored.get((r.job_id, r.submit_time))
+        where = f"{cluster}: job {r.job_id} in namespace {r.account}"
+        if mine is None:
+            lines.append(f"{where}: {theirs} GPU-seconds in Kubernetes, no usage record in the portal")
+        elif mine[1]:
+            lines.append(f"{where}: ended in Kubernetes ({r.state}), its usage record is still open")
+        elif mine[0] != theirs:
+            lines.append(f"{where}: {theirs} GPU-seconds in Kubernetes, {mine[0]} in the portal")
+    return lines

@@ -57,9 +57,10 @@ def _beat_schedule() -> dict:
         per_cluster = {"kwargs": {"cluster": config.name}}
         schedule[f"cluster-sync{suffix}"] = {"task": "portal.tasks.cluster_sync_task", "schedule": 30.0, **per_cluster}
         schedule[f"jobs-sync{suffix}"] = {"task": "jobs.tasks.jobs_sync_task", "schedule": sync, **per_cluster}
-        if config.is_kubernetes:  # no sacct nor sreport there (issue 41: its usage is not ingested yet)
-            continue
+        # a Kubernetes cluster's usage is read from its Jobs and pods (accounting.services.ingestion)
         schedule[f"usage-ingest{suffix}"] = {"task": "accounting.tasks.usage_ingest_task", "schedule": 60.0, **per_cluster}
+        if config.is_kubernetes:  # no sreport there
+            continue
         schedule[f"accounting-rollup{suffix}"] = {
             "task": "accounting.tasks.rollup_check_task", "schedule": float(settings.ACCOUNTING_ROLLUP_CHECK_SECONDS),
             **per_cluster,

@@ -150,6 +150,11 @@ class SlurmGateway(abc.ABC):
     def association_limits_get(self, account: str) -> t.AssociationLimits:
         ...
 
+    def association_limits_held(self, limits: t.AssociationLimits) -> t.AssociationLimits:
+        """The part of these limits this scheduler can hold (Slurm: all of them; Kubernetes: the GPU
+        cap, as the namespace's ResourceQuota): what association_limits_get is compared with."""
+        return limits
+
     @abc.abstractmethod
     def account_usage_reset(self, account: str) -> None:
         """Reset the account's raw usage (period roll-over)."""

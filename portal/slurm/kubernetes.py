@@ -11,7 +11,8 @@ scripts/lib/k8s-bootstrap.py — namespaced in the teams' namespaces, nodes and 
   number of jobs, and the namespace's Warning events when a job waits (the scheduler's
   "0/2 nodes are available: …", the quota's "exceeded quota: …"): Slurm's states in Slurm's words.
   Kubernetes keeps no accounting: an ended Job is its own record, and a Job the API no longer has (the
-  portal's cancel deletes it) is reported CANCELLED when asked for by id.
+  portal's cancel deletes it) is reported CANCELLED when asked for by id. Without ids (the usage
+  ingestion, as ``sacct -S -E``): every Job of the window, a running one's figures so far.
 - ``cancel``: delete the Job with ``propagationPolicy=Background`` (its pod goes with it).
 - the inventory: the GPU nodes (type from ``gpu_type_label``, GPUs from ``allocatable``) in one
   partition named after the backend, so the submission's checks (GPU types, counts, time) run on it
@@ -34,6 +35,8 @@ from .base import SlurmGateway
 logger = logging.getLogger(__name__)
 PARTITION = "kubernetes"  # the one partition a Kubernetes cluster's inventory has
 MANAGED_NAMESPACES = "gpuportal.io/managed=true"
+QUOTA_NAME = "gpuportal-gpus"  # the ResourceQuota that mirrors a team's cap on GPUs at once
+QUOTA_RESOURCE = f"requests.{kj.GPU_RESOURCE}"
 
 
 class KubernetesGateway(SlurmGateway):
@@ -150,10 +153,13 @@ class KubernetesGateway(SlurmGateway):
         self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
     ) -> list[t.AccountingRecord]:
         rows, complete = self._jobs(with_reasons=False)
-        listed = [_record(job, pod) for job, pod, _ in rows]
+        now = dt.datetime.now(dt.UTC)
+        listed = [_record(job, pod, now) for job, pod, _ in rows]
+        if job_ids is None:  # the usage ingestion: as sacct -S -E, every Job of the window, running ones so far
+            return [r for r in listed if r.submit_time <= end and (r.end_time is None or r.end_time >= start)]
         records = [r for r in listed if r.state not in ("PENDING", "RUNNING")]
         if job_ids is not None and complete:  # a namespace not read: no Job is known to be gone
-            known, now = {r.job_id for r in listed}, dt.datetime.now(dt.UTC)
+            known = {r.job_id for r in listed}
             records = [r for r in records if r.job_id in job_ids]
             records += [_deleted(number, now) for number in job_ids if number not in known]
         return records
@@ -260,11 +266,54 @@ class KubernetesGateway(SlurmGateway):
     def user_remove(self, user: str, account: str) -> None:
         self._slurm_only("associations")
 
-    def association_limits_set(self, limits: t.AssociationLimits) -> None:
-        self._slurm_only("association limits")
+    # -- the team's GPU cap: its namespace's ResourceQuota -------------------------------------------
+
+    def association_limits_held(self, limits: t.AssociationLimits) -> t.AssociationLimits:
+        """What a namespace can hold of a team's limits: its cap on GPUs at once (GrpTRES gres/gpu) as
+        the ResourceQuota ``requests.nvidia.com/gpu``. A GPU-hour budget (GrpTRESMins) has no
+        Kubernetes counterpart (the portal's budget holds enforce it), nor a per-type cap (a quota
+        cannot count one node selector's GPUs); and for an extended resource Kubernetes admits only
+        ``requests.`` quota items — it counts a pod's GPU limits there (requests equal limits)."""
+        cap = limits.grp_tres.get("gres/gpu")
+        return t.AssociationLimits(account=limits.account, grp_tres={} if cap is None else {"gres/gpu": int(cap)})
 
     def association_limits_get(self, account: str) -> t.AssociationLimits:
-        return t.AssociationLimits(account=account)
+        """The namespace's GPU cap as Kubernetes enforces it: the lowest ``requests.nvidia.com/gpu`` of
+        its ResourceQuotas (the portal's own, QUOTA_NAME, or one made by hand). One list."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._api("CoreV1Api")
+        try:
+            quotas = self._call("list resourcequotas", core.list_namespaced_resource_quota, account).items
+        except ApiException as exc:  # 404: no such namespace
+            raise t.SlurmRejected(f"namespace {account!r} on {self.cluster}: {exc.status} {_message(exc)}") from None
+        caps = [_count(q.spec.hard[QUOTA_RESOURCE]) for q in quotas if QUOTA_RESOURCE in (q.spec.hard or {})]
+        return t.AssociationLimits(account=account, grp_tres={"gres/gpu": min(caps)} if caps else {})
+
+    def association_limits_set(self, limits: t.AssociationLimits) -> None:
+        """The portal's ResourceQuota (QUOTA_NAME) in the team's namespace to the team's cap: created,
+        or patched to it when it exists; deleted when the team has no cap. Idempotent."""
+        from kubernetes.client.exceptions import ApiException
+
+        core, namespace = self._api("CoreV1Api"), limits.account
+        cap = self.association_limits_held(limits).grp_tres.get("gres/gpu")
+        try:
+            if cap is None:
+                self._call("delete resourcequota", core.delete_namespaced_resource_quota, QUOTA_NAME, namespace)
+                return
+            body = {"apiVersion": "v1", "kind": "ResourceQuota",
+                    "metadata": {"name": QUOTA_NAME, "labels": {kj.LABEL_MANAGED: kj.MANAGED_BY}},
+                    "spec": {"hard": {QUOTA_RESOURCE: str(int(cap))}}}  # fmt: skip
+            try:
+                self._call("create resourcequota", core.create_namespaced_resource_quota, namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                self._call("patch resourcequota", core.patch_namespaced_resource_quota, QUOTA_NAME, namespace, body)
+        except ApiException as exc:  # 404: the namespace (or, deleting, the quota) is not there
+            if exc.status == 404 and cap is None:
+                return
+            raise t.SlurmRejected(f"namespace {namespace!r} on {self.cluster}: {exc.status} {_message(exc)}") from None
 
     def account_usage_reset(self, account: str) -> None:
         return None
@@ -388,15 +437,18 @@ def _entry(job, pod, reason: str) -> t.QueueEntry:
     )  # fmt: skip
 
 
-def _record(job, pod) -> t.AccountingRecord:
+def _record(job, pod, now: dt.datetime) -> t.AccountingRecord:
+    """The Job as an accounting record: its pod's container start and end (the Job controller's
+    verdict's time when the pod is gone), its GPUs; a running one's elapsed time is up to ``now``."""
     common = _common(job, pod)
     terminated = _terminated(pod)
     start, end = common["start_time"], _end_time(job, pod)
+    end_so_far = end if end is not None else now
     gpus = int((job.spec.template.spec.containers[0].resources.limits or {}).get(kj.GPU_RESOURCE, "0") or 0)
     tres = {"gres/gpu": gpus, **({f"gres/gpu:{_gpu_type(job)}": gpus} if _gpu_type(job) and gpus else {})}
     return t.AccountingRecord(
         **common, exit_code=terminated.exit_code if terminated is not None else None, end_time=end,
-        elapsed_seconds=int((end - start).total_seconds()) if start and end else 0,
+        elapsed_seconds=max(int((end_so_far - start).total_seconds()), 0) if start and end_so_far else 0,
         nodes=(pod.spec.node_name or "") if pod is not None else "", alloc_tres=tres if start else {}, req_tres=tres,
     )  # fmt: skip
 
@@ -408,6 +460,12 @@ def _deleted(number: int, now: dt.datetime) -> t.AccountingRecord:
         submit_time=None, start_time=None, end_time=now, elapsed_seconds=0, time_limit_minutes=None, num_nodes=1,
         nodes="", alloc_tres={}, req_tres={}, comment="",
     )  # fmt: skip
+
+
+def _count(quantity: str) -> int:
+    """A quota's whole count as Kubernetes writes it ("4"; "2k" is 2000)."""
+    text = str(quantity)
+    return int(text[:-1]) * 1000 if text.endswith("k") else int(text)
 
 
 def _cpus(quantity: str) -> int:

@@ -14,7 +14,8 @@ from decimal import Decimal
 
 from django.core.management.base import BaseCommand, CommandError
 
-from accounting.services import usage_reconcile
+from accounting.calendar import billing_midnight, next_month
+from accounting.services import kubernetes_usage_reconcile, usage_reconcile
 from portal.slurm import SlurmError, configured_clusters
 
 
@@ -65,6 +66,18 @@ class Command(BaseCommand):
                     f"DIFFERENCE {result.cluster} {account}: portal {portal_minutes:.2f} GPU-min, "
                     f"sreport {sreport_minutes} GPU-min ({portal_minutes - sreport_minutes:+.2f})"
                 )
+        # a Kubernetes cluster has no sreport: its ended Jobs against the API's own records (issue 41)
+        kubernetes = [c.name for c in configured_clusters() if c.is_kubernetes and (not cluster or c.name in cluster)]
+        begin, end = billing_midnight(first), billing_midnight(next_month(first))
+        for name in kubernetes:
+            try:
+                lines = kubernetes_usage_reconcile(cluster=name, since=begin, until=end)
+            except SlurmError as exc:
+                raise CommandError(f"{name}: {exc.message}") from exc
+            self.stdout.write(f"{month} {name}: the ended Jobs the Kubernetes API holds against their usage records")
+            for line in lines:
+                found = True
+                self.stdout.write(f"DIFFERENCE {line}")
         if found:
             raise SystemExit(1)
         self.stdout.write("no differences")
