@@ -118,8 +118,11 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
     end = start + dt.timedelta(seconds=record.gpu_seconds // record.gpus)
     cuts = sorted(set(month_starts(start, end)) | set(book.change_points(record.gpu_type, record.partition, start, end)))
     bounds = [start, *cuts, end]
-    total_seconds = int((end - start).total_seconds())
     requested_total = money.gpu_seconds(record.requested_gpu_hours)
+    # the requested GPU time falls where the job's requested window [start, start + limit) does; what
+    # it left unused is counted at its last slice. A slice before the last is then the same at every
+    # ingestion of a running job (its closed months stay rolled: slices_replace).
+    window_end = start + dt.timedelta(seconds=requested_total // record.gpus)
     zone = billing_zone()
     slices: list[UsageSlice] = []
     requested_left = requested_total
@@ -131,7 +134,7 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
         if index == len(bounds) - 2:
             requested = requested_left
         else:
-            requested = requested_total * seconds // total_seconds
+            requested = min(requested_left, record.gpus * max(0, int((min(b, window_end) - a).total_seconds())))
             requested_left -= requested
         rate = book.rate_at(record.gpu_type, record.partition, a)
         price = rate.price_per_gpu_hour if rate else None
@@ -156,16 +159,33 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
     return slices
 
 
+# what a slice says: a month whose slices say the same after a rebuild keeps its roll-up
+_SLICE_FACTS = tuple(
+    f.attname for f in UsageSlice._meta.concrete_fields if not f.primary_key
+)
+
+
+def _slice_facts(values) -> tuple:
+    return tuple(values[name] for name in _SLICE_FACTS)
+
+
 def slices_replace(records: list[UsageRecord], book: RateBook) -> int:
-    """Delete and rebuild the slices of these records: one DELETE, one COPY. The months of the old
-    and new slices before the current one are marked for a new roll-up (usage_months_reopen: a late
-    record or a re-pricing of a closed month) — two more statements."""
+    """Delete and rebuild the slices of these records: one read of the old ones, one DELETE, one COPY.
+    The months before the current one whose slices changed are marked for a new roll-up
+    (usage_months_reopen: a late record or a re-pricing of a closed month). A record re-read every
+    ingestion while its job runs (or re-ingested unchanged) rebuilds its closed months' slices
+    identically: those months stay rolled (no statement)."""
     if not records:
         return 0
     ids = [r.pk for r in records]
-    periods = set(UsageSlice.objects.filter(record_id__in=ids).values_list("period", flat=True).distinct())
+    old: dict = {}
+    for values in UsageSlice.objects.filter(record_id__in=ids).values(*_SLICE_FACTS):
+        old.setdefault(values["period"], []).append(_slice_facts(values))
     UsageSlice.objects.filter(record_id__in=ids).delete()
     slices = [s for r in records for s in slice_record(r, book)]
-    usage_months_reopen(periods | {s.period for s in slices})
+    new: dict = {}
+    for piece in slices:
+        new.setdefault(piece.period, []).append(_slice_facts(vars(piece)))
+    usage_months_reopen({p for p in old.keys() | new.keys() if sorted(old.get(p, ())) != sorted(new.get(p, ()))})
     return bulk_insert_copy(slices)
 

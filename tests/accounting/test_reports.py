@@ -48,19 +48,28 @@ def _expected(key_of, start: dt.datetime, end: dt.datetime):
     out = defaultdict(lambda: {"used": Decimal(0), "requested": Decimal(0), "cost": Decimal(0)})
     for account, user, gpu_type, gpus, job_start, hours, limit in JOBS:
         job_end = job_start + dt.timedelta(hours=hours)
-        # walk month by month so that "month" groups can be computed too
+        # the requested GPU time lies where the requested window [start, start + limit) does, and
+        # what the job left unused at its last month; walk month by month so that "month" groups can
+        # be computed too (a range that cuts a month takes its share of that month's piece)
+        requested_left = Decimal(gpus * (limit * 60 if limit else hours * 3600)) / 3600
+        window_end = job_start + (dt.timedelta(minutes=limit) if limit else dt.timedelta(hours=hours))
         cursor = job_start
         while cursor < job_end:
             month_end = dt.datetime(cursor.year + (cursor.month == 12), cursor.month % 12 + 1, 1, tzinfo=dt.UTC)
             piece_end = min(job_end, month_end)
+            if piece_end == job_end:
+                requested_piece = requested_left
+            else:
+                in_window = max(dt.timedelta(0), min(piece_end, window_end) - cursor)
+                requested_piece = min(requested_left, Decimal(gpus) * Decimal(in_window.total_seconds()) / 3600)
+                requested_left -= requested_piece
             a, b = max(cursor, start), min(piece_end, end)
             if b > a:
-                share = Decimal((b - a).total_seconds()) / Decimal((job_end - job_start).total_seconds())
+                share = Decimal((b - a).total_seconds()) / Decimal((piece_end - cursor).total_seconds())
                 used = Decimal(gpus) * Decimal((b - a).total_seconds()) / 3600
-                requested_total = Decimal(gpus * (limit * 60 if limit else hours * 3600)) / 3600
                 key = key_of(account=account, user=user, gpu_type=gpu_type, month=f"{cursor:%Y-%m}")
                 out[key]["used"] += used
-                out[key]["requested"] += requested_total * share
+                out[key]["requested"] += requested_piece * share
                 out[key]["cost"] += used * PRICES[gpu_type]
             cursor = piece_end
     return out

@@ -6,6 +6,7 @@ as a CSV; deleting a job's detail leaves a rolled month's invoice and report as 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import io
 from decimal import Decimal
@@ -103,6 +104,28 @@ def test_reports_and_invoices_read_the_totals_and_say_what_the_slices_say_a_late
     month = UsageMonth.objects.get(period=JANUARY)
     assert not month.stale and month.revised_at == CLOSED
     assert _everything(usage) == late
+
+
+def test_a_job_running_across_a_month_end_leaves_the_closed_month_rolled_while_it_runs(usage):
+    """Ingestion re-reads a running job every cycle and rebuilds its slices: the month it started in
+    is re-opened only when its slices there changed, not on every ingestion (issue 39)."""
+    usage_rollup(now=CLOSED)
+    running = acct(account="nlp", user="carol", start=at(2026, 1, 31, 23, 30), hours=None, job_id=777)
+    usage_records_upsert(records=[running])  # a new record reaching back into both closed months
+    assert set(UsageMonth.objects.filter(stale=True).values_list("period", flat=True)) == {JANUARY, FEBRUARY}
+    assert usage_rollup(now=CLOSED) == [JANUARY, FEBRUARY]
+
+    usage_records_upsert(records=[running])  # the same again: nothing changed anywhere
+    assert not UsageMonth.objects.filter(stale=True).exists()
+    later = dataclasses.replace(running, elapsed_seconds=2 * 3600)  # an hour later: only February grew
+    usage_records_upsert(records=[later])
+    assert list(UsageMonth.objects.filter(stale=True).values_list("period", flat=True)) == [FEBRUARY]
+    assert usage_rollup(now=CLOSED) == [FEBRUARY]
+    assert _everything(usage) == _from_slices(usage)
+
+    fixed = dataclasses.replace(later, start_time=at(2026, 1, 31, 23))  # a correction that reaches January
+    usage_records_upsert(records=[fixed])
+    assert set(UsageMonth.objects.filter(stale=True).values_list("period", flat=True)) == {JANUARY, FEBRUARY}
 
 
 def test_a_report_over_closed_months_reads_no_slice(usage):
