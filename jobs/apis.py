@@ -164,7 +164,7 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     expected_start_moved_from = serializers.DateTimeField(allow_null=True, help_text="The estimate before it last moved "
                                                           "by more than the portal's threshold; null: it has not.")  # fmt: skip
     cancel_requested = serializers.BooleanField()
-    cancel_reason = serializers.CharField(help_text="Why the portal itself cancelled it (idle GPUs, its team's policy); "
+    cancel_reason = serializers.CharField(help_text="Why the portal itself cancelled it (idle GPUs under its team's policy, or a job it waits for that did not succeed); "
                                           "empty: cancelled by a person, or not cancelled.")  # fmt: skip
     slurm_job_id = serializers.IntegerField(allow_null=True)
     exit_code = serializers.IntegerField(allow_null=True)

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Case, Exists, OuterRef, Q, Value, When
 
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from jobs.job_fields import FIELDS
@@ -186,14 +186,19 @@ def never_satisfied_cancel(*, job_ids: list, now: dt.datetime) -> int:
         )
         if not ids:
             return 0
-        Job.objects.filter(pk__in=ids).update(cancel_requested_at=now, cancel_sent_at=None)
         failed = dict(
             JobDependency.objects.filter(job__in=ids, parent__state__in=TERMINAL_STATES - {JobState.COMPLETED})
             .values_list("job_id", "parent_id")
         )  # fmt: skip
+        why = {pk: _never_why(failed.get(pk)) for pk in ids}
+        # the reason kept on the row goes into Slurm's AdminComment before the scancel, as for the
+        # idle-GPU policy's cancel (jobs.services.cancel.job_cancel_relay_run): one UPDATE
+        Job.objects.filter(pk__in=ids).update(
+            cancel_requested_at=now, cancel_sent_at=None,
+            cancel_reason=Case(*(When(pk=pk, then=Value(f"gpuportal: cancelled, {reason}"[:255])) for pk, reason in why.items())),
+        )  # fmt: skip
         JobEvent.objects.bulk_create([
-            JobEvent(job_id=pk, state=JobState.PENDING, at=now,
-                     reason=f"Cancelled by the portal: {_never_why(failed.get(pk))}")
+            JobEvent(job_id=pk, state=JobState.PENDING, at=now, reason=f"Cancelled by the portal: {why[pk]}")
             for pk in ids
         ])  # fmt: skip
         for pk in ids:

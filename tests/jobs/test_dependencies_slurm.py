@@ -85,5 +85,7 @@ def test_a_child_whose_parent_fails_in_slurm_is_cancelled_by_the_portal_saying_w
         assert Job.objects.get(pk=parent.pk).state == JobState.FAILED
         reasons = list(child.events.values_list("reason", flat=True))
         assert f"Cancelled by the portal: job {parent.pk}, which it waits for, did not complete successfully; it can never start." in reasons
+        # Slurm's own record says who cancelled it and why, as for the idle-GPU policy's cancel
+        assert f"AdminComment=gpuportal: cancelled, job {parent.pk}, which it waits for" in scontrol_job(child.slurm_job_id)
     finally:
         slurm_cancel_tagged([parent, child])
