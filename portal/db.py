@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pgbulk
-from django.db import connections, transaction
+from django.db import connections, models, transaction
 from django.db.models import Model
 from django.db.models.expressions import RawSQL
 
@@ -48,6 +48,18 @@ def bulk_insert_copy(objs: Sequence[Model]) -> int:
     return len(objs)
 
 
+def _copy_rows(objs: Sequence[Model], fields, connection):
+    """Each object's values of ``fields`` as the database takes them: ``get_db_prep_save`` of the
+    field's ``pre_save``, as ``bulk_create`` does, except where that is the value itself (_plain_fields)."""
+    plain = _plain_fields(fields)
+    for obj in objs:
+        yield [
+            value if (kind := plain[index]) is not None and (value := getattr(obj, field.attname)) is not None
+            and type(value) is kind else field.get_db_prep_save(field.pre_save(obj, add=True), connection)
+            for index, field in enumerate(fields)
+        ]  # fmt: skip
+
+
 def bulk_upsert_copy(
     objs: Sequence[Model], *, unique_fields: Sequence[str], update_fields: Sequence[str], using: str = "default"
 ) -> None:
@@ -74,8 +86,8 @@ def bulk_upsert_copy(
         cursor.execute(f"CREATE TEMPORARY TABLE {temp} AS SELECT {columns} FROM {table} WITH NO DATA")
         # psycopg's Cursor.copy, on the DB-API cursor Django hands out (docs: topics/db/sql)
         with cursor.copy(f"COPY {temp} ({columns}) FROM STDIN") as copy:
-            for obj in objs:
-                copy.write_row([field.get_db_prep_save(field.pre_save(obj, add=True), connection) for field in fields])
+            for row in _copy_rows(objs, fields, connection):
+                copy.write_row(row)
         cursor.execute(
             f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {temp} "
             f"ON CONFLICT ({', '.join(qn(field.column) for field in keys)}) DO UPDATE SET "
@@ -92,6 +104,23 @@ def bulk_upsert_copy(
     for obj in objs:
         obj.pk = ids[tuple(getattr(obj, field.attname) for field in keys)]
         obj._state.adding, obj._state.db = False, using  # Model._state: documented (ref/models/instances)
+
+
+# Fields whose database value is the Python value itself when it has exactly this type (the field's
+# own class, not a subclass, so no get_prep_value of someone else's): psycopg adapts them as they are.
+_PLAIN_FIELDS = {
+    models.CharField: str, models.TextField: str, models.BooleanField: bool, models.IntegerField: int,
+    models.BigIntegerField: int, models.PositiveIntegerField: int, models.PositiveBigIntegerField: int,
+    models.SmallIntegerField: int, models.PositiveSmallIntegerField: int,
+}  # fmt: skip
+
+
+def _plain_fields(fields) -> list[type | None]:
+    """For each field, the Python type whose values it writes unchanged (``get_db_prep_save`` is the
+    identity for them), or None: a row of COPY then skips two or three calls per such value (40 fields
+    × 7 400 usage records of a day: 0.4 s of the ingestion, bench/results.md)."""
+    return [None if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False) else _PLAIN_FIELDS.get(type(field))
+            for field in fields]  # fmt: skip
 
 
 def any_of(values, db_type: str):

@@ -22,7 +22,7 @@ from accounting.models import PendingReprice, UsageRecord, UsageSlice
 from accounting.rates import RateBook
 from accounting.services.usage_rollup import usage_months_reopen
 from portal import money
-from portal.db import bulk_insert_copy, copied_fields
+from portal.db import any_of, bulk_insert_copy, copied_fields
 from portal.outbox import publish
 
 BATCH = 2000
@@ -177,7 +177,7 @@ def slices_replace(records: list[UsageRecord], book: RateBook) -> int:
     identically: those months stay rolled (no statement)."""
     if not records:
         return 0
-    ids = [r.pk for r in records]
+    ids = any_of([r.pk for r in records], "bigint")  # one array parameter, not one per record
     old: dict = {}
     for values in UsageSlice.objects.filter(record_id__in=ids).values(*_SLICE_FACTS):
         old.setdefault(values["period"], []).append(_slice_facts(values))

@@ -121,6 +121,29 @@ def test_copy_upsert_inserts_new_rows_updates_existing_ones_and_sets_each_object
     assert rows[1].pk is not None and Membership.objects.get(pk=rows[1].pk).team == world.nlp
 
 
+def test_copy_upsert_writes_what_bulk_create_writes_plain_values_or_not(world):
+    """The COPY rows skip get_db_prep_save only for a plain field's own type: a JSON field holding a
+    string, a choices enum, a numeric string for an integer, a Decimal and None are written as
+    bulk_create writes them (the same rows read back)."""
+    def rows(prefix):
+        return [
+            Job(id=uuid.uuid4(), team=world.vision, submitter=world.alice, name=f"{prefix}{i}", script="#!/bin/bash\ntrue\n",
+                partition="gpu", gpus=["2", 3][i], time_limit_minutes=5, workdir="/tmp", state=JobState.PENDING,
+                environment=["just a string", {"A": "1"}][i], estimated_gpu_hours=Decimal("1.25"), estimated_cost=None,
+                idempotency_key=f"{prefix}-{i}")
+            for i in range(2)
+        ]  # fmt: skip
+
+    fields = ["name", "gpus", "state", "environment", "estimated_gpu_hours", "estimated_cost", "partition"]
+    copied, created = rows("copy"), rows("orm")
+    bulk_upsert_copy(copied, unique_fields=["id"], update_fields=["name"])
+    Job.objects.bulk_create(created)
+    got = [Job.objects.filter(pk=job.pk).values(*fields).get() for job in copied]
+    want = [Job.objects.filter(pk=job.pk).values(*fields).get() for job in created]
+    assert [{**row, "name": row["name"][4:]} for row in got] == [{**row, "name": row["name"][3:]} for row in want]
+    assert got[0]["environment"] == "just a string" and got[0]["gpus"] == 2 and got[0]["state"] == "PENDING"
+
+
 def test_any_of_binds_one_array_parameter_and_filters_like_a_list(world):
     jobs = _jobs(world, 3)
     wanted = {jobs[0].pk, jobs[2].pk, uuid.uuid4()}
