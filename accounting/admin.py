@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from accounting.models import Booking, BudgetAlert, Quota, Rate, UsageRecord, UsageSlice
+from accounting.models import Booking, BudgetAlert, IssuedInvoice, Quota, Rate, UsageRecord, UsageSlice
 from accounting.services import (
     booking_approve,
     booking_cancel,
@@ -71,6 +71,19 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
             except ApplicationError as exc:
                 self.message_user(request, f"{obj}: {exc.message}", messages.WARNING)
         self.message_user(request, f"{verb} {done} of {queryset.count()}.")
+
+
+@admin.register(IssuedInvoice)
+class IssuedInvoiceAdmin(_ReadOnlyAdmin):
+    """Issued invoices as sent: read here, issued from the invoice page (accounting.services.invoicing)."""
+
+    list_display = ("number", "team", "period", "total", "currency", "adjustments_cost", "issued_at", "issued_by")
+    list_filter = ("period",)
+    search_fields = ("number", "team__slug")
+    exclude = ("pdf",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields if f.name != "pdf"]
 
 
 @admin.register(UsageRecord)

@@ -17,6 +17,7 @@ from django.template.loader import render_to_string
 
 from accounting.calendar import billing_midnight, next_month
 from accounting.charging import booking_charge_mode
+from accounting.models import IssuedInvoice, UsageMonth
 from accounting.reports import CSV_BOM, csv_cell
 from accounting.selectors import booking_charges, invoice_groups, invoice_job_rows, invoice_lines
 from portal import money
@@ -50,12 +51,14 @@ def invoice(*, team: Team, month: dt.date) -> dict:
     if listed:
         lines, small = _job_lines(team=team, month=month)
     total_seconds = sum(int(g["sum_gpu_seconds"] or 0) for g in groups)
-    total_cost = money.display(sum((Decimal(g["sum_cost"] or 0) for g in groups), Decimal(0)))
+    total_cost = _usage_cost(groups)
     monitored = sum((Decimal(g.get("sum_monitored_gpu_seconds") or 0) for g in groups), Decimal(0))
     busy = sum((Decimal(g.get("sum_busy_gpu_seconds") or 0) for g in groups), Decimal(0))
     idle = sum((Decimal(g.get("sum_idle_cost") or 0) for g in groups), Decimal(0))
     bookings = booking_charges(start_at=billing_midnight(month), end_at=billing_midnight(next_month(month)), team=team)
     bookings_cost = money.display(sum((b["cost"] for b in bookings), Decimal(0)))
+    issued, adjustments, revised = _issue_state(team=team, month=month, usage_cost=total_cost)
+    adjustments_cost = sum((a["amount"] for a in adjustments), Decimal(0))
     return {
         "team": team,
         "month": month,
@@ -73,13 +76,19 @@ def invoice(*, team: Team, month: dt.date) -> dict:
             for (t, p), v in sorted(summary.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)) if v["gpu_seconds"] or v["cost"]
         ],  # fmt: skip
         "gpu_hours": money.display(money.gpu_hours(total_seconds)),
-        "usage_cost": total_cost,
+        "usage_cost": issued.usage_cost if issued else total_cost,  # as billed once issued
         # Bookings: reserved GPU-hours charged whether used or not (BOOKING_CHARGE_MODE=reserved; usage
         # inside a booking then costs nothing above). With "used", lines are listed at cost 0.
         "bookings": bookings,
-        "bookings_cost": bookings_cost,
+        "bookings_cost": issued.bookings_cost if issued else bookings_cost,
         "booking_charge_mode": booking_charge_mode(),
-        "total": total_cost + bookings_cost,
+        # usage recorded after an earlier month's invoice was issued (accounting.services.invoicing):
+        # billed here, once; on an issued invoice, what it carried
+        "adjustments": adjustments,
+        "adjustments_cost": adjustments_cost,
+        "total": issued.total if issued else total_cost + bookings_cost + adjustments_cost,
+        "issued": issued,  # the IssuedInvoice (its PDF is the invoice as sent), or None
+        "revised_since_issue": revised,  # the month's usage cost now minus as issued (0 when unchanged)
         "provisional": any(g["any_provisional"] for g in groups),
         "currency": settings.DEFAULT_CURRENCY,
         # GPU monitoring: of the usage whose GPUs were monitored, the busy GPU-hours and the idle ones' cost
@@ -87,6 +96,41 @@ def invoice(*, team: Team, month: dt.date) -> dict:
         "busy_gpu_hours": money.display(money.gpu_hours(busy)),
         "idle_cost": money.display(idle),
     }
+
+
+def _usage_cost(groups) -> Decimal:
+    """A month's usage cost as an invoice bills it: the exact sum, rounded once."""
+    return money.display(sum((Decimal(g["sum_cost"] or 0) for g in groups), Decimal(0)))
+
+
+def _issue_state(*, team: Team, month: dt.date, usage_cost: Decimal) -> tuple[IssuedInvoice | None, list[dict], Decimal]:
+    """(this month's issued invoice or None, its adjustment lines, how much its usage cost moved since
+    it was issued). The adjustments of a month not issued yet: for each earlier issued month whose
+    totals were revised after its issue (UsageMonth.revised_at; or stale), what its usage costs now
+    minus what was billed for it — on its own invoice and as adjustments carried since. One query
+    when the team was never issued an invoice; a month revised after its issue costs one more."""
+    rows = list(IssuedInvoice.objects.filter(team=team, period__lte=month).defer("pdf").order_by("period"))
+    this = next((row for row in rows if row.period == month), None)
+    if this is not None:
+        adjustments = [{"period": dt.date.fromisoformat(a["period"]), "amount": Decimal(a["amount"])} for a in this.adjustments]
+        return this, adjustments, usage_cost - this.usage_cost
+    earlier = [row for row in rows if row.period < month]
+    if not earlier:
+        return None, [], Decimal(0)
+    months = {m.period: m for m in UsageMonth.objects.filter(period__in=[row.period for row in earlier])}
+    carried: dict[dt.date, Decimal] = defaultdict(Decimal)
+    for row in earlier:
+        for a in row.adjustments:
+            carried[dt.date.fromisoformat(a["period"])] += Decimal(a["amount"])
+    adjustments = []
+    for row in earlier:
+        state = months.get(row.period)
+        if state is None or not (state.stale or (state.revised_at and state.revised_at > row.issued_at)):
+            continue
+        amount = _usage_cost(invoice_groups(team=team, month=row.period)) - row.usage_cost - carried[row.period]
+        if amount:
+            adjustments.append({"period": row.period, "amount": amount})
+    return None, adjustments, Decimal(0)
 
 
 def _job_lines(*, team: Team, month: dt.date) -> tuple[list[dict], dict]:

@@ -584,3 +584,31 @@ class IdleCancelSaving(models.Model):
 
     def __str__(self) -> str:
         return f"idle cancel {self.portal_job_uuid}: {self.gpu_seconds} GPU-s"
+
+
+class IssuedInvoice(models.Model):
+    """A team's invoice for a closed month as it was issued (accounting.services.invoicing.invoice_issue):
+    its figures and the PDF sent, never changed afterwards. Usage recorded after the issue (a late
+    record, a re-pricing: the month's totals revised) is not billed again on it: the next invoice the
+    team is issued carries the difference as an adjustment line (``adjustments``: [{"period":
+    "YYYY-MM-DD", "amount": "…"}]), so every GPU-second is billed once and what was sent stays true."""
+
+    team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="issued_invoices")
+    period = models.DateField(help_text="First day of the month (billing time zone).")
+    number = models.CharField(max_length=64, unique=True)
+    issued_at = models.DateTimeField()
+    issued_by = portal_models.user_reference()
+    currency = models.CharField(max_length=8)
+    usage_cost = models.DecimalField(max_digits=18, decimal_places=2)  # as billed (rounded once, for display)
+    bookings_cost = models.DecimalField(max_digits=18, decimal_places=2)
+    adjustments_cost = models.DecimalField(max_digits=18, decimal_places=2, default=Decimal("0"))
+    total = models.DecimalField(max_digits=18, decimal_places=2)
+    adjustments = models.JSONField(default=list, blank=True)
+    pdf = models.BinaryField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "period"], name="issuedinvoice_team_period")]
+        ordering = ["period"]
+
+    def __str__(self) -> str:
+        return f"{self.number} ({self.period:%Y-%m})"

@@ -18,5 +18,6 @@ urlpatterns = [
     path("budget/", views.budget, name="budget"),
     re_path(r"^invoices/(?P<slug>[-a-zA-Z0-9_]+)/(?P<month>\d{4}-\d{2})/$", views.invoice_html, name="invoice"),
     re_path(r"^invoices/(?P<slug>[-a-zA-Z0-9_]+)/(?P<month>\d{4}-\d{2})\.pdf$", views.invoice_pdf_view, name="invoice-pdf"),
+    re_path(r"^invoices/(?P<slug>[-a-zA-Z0-9_]+)/(?P<month>\d{4}-\d{2})/issue/$", views.invoice_issue_view, name="invoice-issue"),
     re_path(r"^invoices/(?P<slug>[-a-zA-Z0-9_]+)/(?P<month>\d{4}-\d{2})-jobs\.csv$", views.invoice_jobs_csv_view, name="invoice-jobs-csv"),
 ]

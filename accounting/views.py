@@ -10,13 +10,14 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from accounting.charging import booking_charge_mode
 from accounting.forms import CostReportForm, DateRangeForm, RateForm
 from accounting.invoices import invoice, invoice_jobs_csv, invoice_pdf
-from accounting.models import Rate
+from accounting.models import IssuedInvoice, Rate
 from accounting.reports import report_page_data, rows_to_csv
 from accounting.selectors import (
     billing_date,
@@ -29,7 +30,7 @@ from accounting.selectors import (
     rates_current,
     usage_teams_visible_to,
 )
-from accounting.services import may_set_prices, rate_create
+from accounting.services import invoice_issue, last_closed_month, may_issue_invoices, may_set_prices, rate_create
 from portal.exceptions import ApplicationError, form_add_application_error, page_button
 from portal.roles import can_read_cost_reports, is_admin
 
@@ -136,13 +137,34 @@ def _invoice_target(request, slug: str, month: str):
 @login_required
 def invoice_html(request, slug: str, month: str):
     team, first = _invoice_target(request, slug, month)
-    return render(request, "accounting/invoice.html", {"invoice": invoice(team=team, month=first)})
+    data = invoice(team=team, month=first)
+    closed = first <= last_closed_month()
+    return render(request, "accounting/invoice.html", {
+        "invoice": data, "can_issue": closed and data["issued"] is None and may_issue_invoices(request.user),
+        "closed": closed,
+    })  # fmt: skip
+
+
+@login_required
+@require_POST
+def invoice_issue_view(request, slug: str, month: str):
+    """Issue the month's invoice (admins and finance): its figures and PDF kept as sent."""
+    team, first = _invoice_target(request, slug, month)
+
+    def act() -> str:
+        row = invoice_issue(user=request.user, team=team, month=first, request=request)
+        return f"Invoice {row.number} issued: {row.total:.2f} {row.currency}."
+
+    return page_button(request, act, then=reverse("accounting:invoice", args=[team.slug, f"{first:%Y-%m}"]))
 
 
 @login_required
 def invoice_pdf_view(request, slug: str, month: str):
+    """The invoice as a PDF: the one issued (as it was sent), else the month's figures now."""
     team, first = _invoice_target(request, slug, month)
-    response = HttpResponse(invoice_pdf(invoice(team=team, month=first), request=request), content_type="application/pdf")
+    issued = IssuedInvoice.objects.filter(team=team, period=first).only("pdf").first()
+    pdf = bytes(issued.pdf) if issued else invoice_pdf(invoice(team=team, month=first), request=request)
+    response = HttpResponse(pdf, content_type="application/pdf")
     response["Content-Disposition"] = f'inline; filename="invoice-{team.slug}-{first:%Y-%m}.pdf"'
     return response
 

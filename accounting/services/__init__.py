@@ -17,6 +17,7 @@
 - ``gpu_busy``      what share of a job's GPU-time its GPUs computed (from the GPU monitoring)
 - ``idle_savings``  what a cancel by a team's idle-GPU policy saved (GPU-seconds until the time limit)
 - ``usage_rollup``  the totals of closed months that reports and invoices read (the rule for late records)
+- ``invoicing``     issuing a month's invoice: the figures and PDF as sent, late usage billed once on the next
 """
 
 from accounting.services.alerts import (
@@ -76,6 +77,7 @@ from accounting.services.reconciliation import (
     usage_reconcile,
 )
 from accounting.services.usage_rollup import last_closed_month, usage_month_roll, usage_months_reopen, usage_rollup
+from accounting.services.invoicing import invoice_issue, may_issue_invoices
 from accounting.services.slurm_limits import (
     ROLLOVER_KIND,
     quota_expected_limits,
@@ -97,5 +99,5 @@ __all__ = [
     "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",
     "usage_reprice_sweep", "usage_window_start",
     "ClusterReconciliation", "kubernetes_usage_reconcile", "rolled_up_to", "rollup_record", "usage_reconcile", "idle_saving_record",
-    "last_closed_month", "usage_month_roll", "usage_months_reopen", "usage_rollup",
+    "last_closed_month", "usage_month_roll", "usage_months_reopen", "usage_rollup", "invoice_issue", "may_issue_invoices",
 ]  # fmt: skip

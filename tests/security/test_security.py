@@ -125,6 +125,7 @@ FORMS = {
     "/jobs/templates/new/": {"template_name": "t", "template_scope": "personal"},
     "/accounting/quotas/": {"team": "vision", "gpu_hours": "10", "justification": "x"},
     "/teams/vision/": {"enabled": "on", "threshold_percent": "5", "warn_minutes": "30", "cancel_minutes": "30"},
+    "/accounting/invoices/vision/2026-10/issue/": {},
 }
 
 
@@ -149,6 +150,11 @@ def test_every_form_refuses_a_post_without_csrf_token(world, relays):
     assert ok.status_code == 200 and ApiToken.objects.filter(name="with-token").exists()
     job.refresh_from_db()
     assert job.cancel_requested_at is None and JobTemplate.objects.filter(pk=template.pk).exists()
+    # an admin may issue an invoice: only the CSRF check stops this one, and nothing is issued
+    from accounting.models import IssuedInvoice
+
+    assert page_as(world.admin, enforce_csrf_checks=True).post("/accounting/invoices/vision/2026-10/issue/").status_code == 403
+    assert not IssuedInvoice.objects.exists()
 
 
 def _quota_forms(world) -> dict:
@@ -200,7 +206,7 @@ def test_every_page_post_route_is_covered_by_the_csrf_test():
                   "jobs:template-delete", "jobs:cancel", "jobs:save-template",
                   "accounting:quotas", "accounting:quota-approve", "accounting:quota-reject",
                   "accounting:quota-withdraw", "accounting:bookings", "accounting:booking-cancel", "accounting:booking-approve",
-                  "accounting:booking-reject", "team-detail"}  # fmt: skip
+                  "accounting:booking-reject", "team-detail", "accounting:invoice-issue"}  # fmt: skip
     from tests.security.test_url_matrix import MATRIX
 
     posting = {name for name, reqs in MATRIX.items() if any(r.method == "POST" for r in reqs) and not name.startswith("api-")}

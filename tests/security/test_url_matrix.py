@@ -164,6 +164,10 @@ MATRIX: dict[str, list[Req]] = {
     "accounting:invoice-pdf": [
         Req("GET", lambda o: "/accounting/invoices/vision/2026-11.pdf", (302, 404, 403, 200, 200, 200))
     ],
+    # issuing (a POST; the page redirects back with what happened): admins and finance only
+    "accounting:invoice-issue": [
+        Req("POST", lambda o: "/accounting/invoices/vision/2026-10/issue/", (302, 404, 403, 403, 302, 302))
+    ],
     "accounting:invoice-jobs-csv": [
         Req("GET", lambda o: "/accounting/invoices/vision/2026-11-jobs.csv", (302, 404, 403, 200, 200, 200))
     ],
