@@ -72,6 +72,8 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
 
     response = drf_default_handler(exc, context)
     if response is None:
+        if request is not None and backend_unavailable(exc):
+            return Response(error_envelope(FAILOVER_DETAIL), status=503, headers={"Retry-After": str(FAILOVER_RETRY_AFTER_SECONDS)})
         return None
     if isinstance(exc, drf_exceptions.ValidationError):
         errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
@@ -146,6 +148,41 @@ def status_detail(status_code: int) -> str:
 
 def api_error_response(status_code: int, detail: str | None = None, errors: dict | None = None) -> JsonResponse:
     return JsonResponse(error_envelope(detail or status_detail(status_code), errors), status=status_code)
+
+
+# How long a client is told to wait when the database or Redis is not answering or not writable: the
+# seconds a failover takes (a Sentinel promotion, pg_auto_failover's; docs/reliability.md's figures)
+FAILOVER_RETRY_AFTER_SECONDS = 5
+FAILOVER_DETAIL = "The portal's database or cache is not answering (a failover in progress?): retry in a few seconds."
+_READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction: a standby, or a primary being demoted
+
+
+def backend_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database or Redis cannot serve the request now (a connection refused,
+    lost or timed out, a server that is read-only: a failover), rather than that the request or the
+    code is wrong. Such a request changed nothing (its transaction rolled back) and may be sent again:
+    it answers 503 with Retry-After, which the CLI and API clients retry (a keyed POST included)."""
+    from django.db import DatabaseError, InterfaceError, OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError, ReadOnlyError, TimeoutError as RedisTimeout
+
+    if isinstance(exc, (OperationalError, InterfaceError, RedisConnectionError, RedisTimeout, ReadOnlyError)):
+        return True
+    return isinstance(exc, DatabaseError) and getattr(exc.__cause__, "sqlstate", None) == _READ_ONLY_SQLSTATE
+
+
+def unavailable_response(request, exc: BaseException):
+    """The 503 of a request the database or Redis could not serve (backend_unavailable): the API's
+    JSON envelope, or a short page; Retry-After either way. Logged as a warning with its cause."""
+    from django.http import HttpResponse
+    from django.template.loader import render_to_string
+
+    logger.warning("503 (backend unavailable): %s %s: %s: %s", request.method, request.get_full_path(), type(exc).__name__, exc)
+    if is_api_request(request):
+        response = api_error_response(503, FAILOVER_DETAIL)
+    else:
+        response = HttpResponse(render_to_string("503.html", {"detail": FAILOVER_DETAIL}), status=503)
+    response["Retry-After"] = str(FAILOVER_RETRY_AFTER_SECONDS)
+    return response
 
 
 def internal_error_response(request, exc_info=None) -> JsonResponse:

@@ -7,7 +7,7 @@ from django.http import Http404, HttpResponseBadRequest
 from django.http.multipartparser import MultiPartParserError
 from django.utils import timezone
 
-from portal.exceptions import api_error_response, internal_error_response, is_api_request
+from portal.exceptions import api_error_response, backend_unavailable, internal_error_response, is_api_request, unavailable_response
 
 # What Django itself turns into a 4xx (django.core.handlers.exception.response_for_exception)
 _CLIENT_ERRORS = (Http404, PermissionDenied, BadRequest, SuspiciousOperation, MultiPartParserError)
@@ -39,6 +39,8 @@ class ApiErrorMiddleware:
         return response
 
     def process_exception(self, request, exception):
+        if backend_unavailable(exception):  # a failover: 503 with Retry-After, pages and API alike
+            return unavailable_response(request, exception)
         if not is_api_request(request) or isinstance(exception, _CLIENT_ERRORS):
             return None  # pages: Django's handling; API 4xx: converted in __call__
         return internal_error_response(request, exc_info=(type(exception), exception, exception.__traceback__))
