@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,10 +63,10 @@ class SentinelRedis:
         return ";".join(f"sentinel://127.0.0.1:{port}/{db}" for port in self.sentinel_ports)
 
     def _spawn(self, port: int, args: list[str]) -> None:
-        log = open(self.directory / f"redis-{port}.log", "w")
-        self.procs[port] = subprocess.Popen(
-            ["redis-server", *args], cwd=self.directory, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        with open(self.directory / f"redis-{port}.log", "w") as log:  # the child keeps its own descriptor
+            self.procs[port] = subprocess.Popen(
+                ["redis-server", *args], cwd=self.directory, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         wait_for(lambda: port_open(port), timeout=10, interval=0.05, what=f"redis on port {port}")
 
     def start(self) -> None:
@@ -131,14 +132,15 @@ class PostgresPair:
     """A PostgreSQL primary and a standby (pg_basebackup -R: streaming replication), run as the
     postgres user from a directory of this test's own, trusting connections from 127.0.0.1."""
 
-    def __init__(self, directory: Path):
+    def __init__(self):
         if not (PG_BIN / "initdb").exists():
             skip_unless_ci(f"PostgreSQL's server binaries are not in {PG_BIN} (scripts/services installs them)")
-        self.directory = directory
         self.user = pwd.getpwnam("postgres")
+        # not under pytest's tmp_path: its parents are root's alone, and the server runs as postgres
+        self.directory = Path(tempfile.mkdtemp(prefix="gpuportal-test-pg-"))
+        os.chown(self.directory, self.user.pw_uid, self.user.pw_gid)
         self.ports = {"a": free_port(), "b": free_port()}
         self.procs: dict[str, subprocess.Popen] = {}
-        os.chown(directory, self.user.pw_uid, self.user.pw_gid)
 
     def data_dir(self, node: str) -> Path:
         return self.directory / f"pg-{node}"
@@ -149,9 +151,12 @@ class PostgresPair:
 
     def _start(self, node: str) -> None:
         port = self.ports[node]
-        log = open(self.directory / f"pg-{node}.log", "w")
-        os.chown(log.name, self.user.pw_uid, self.user.pw_gid)
-        self.procs[node] = subprocess.Popen(
+        with open(self.directory / f"pg-{node}.log", "w") as log:  # the child keeps its own descriptor
+            self.procs[node] = self._popen_postgres(node, port, log)
+        wait_for(lambda: self._ready(node), timeout=30, interval=0.1, what=f"PostgreSQL {node} on port {port}")
+
+    def _popen_postgres(self, node: str, port: int, log) -> subprocess.Popen:
+        return subprocess.Popen(
             [
                 str(PG_BIN / "postgres"), "-D", str(self.data_dir(node)), "-p", str(port), "-k", str(self.directory),
                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "shared_buffers=16MB",
@@ -160,13 +165,12 @@ class PostgresPair:
             cwd=self.directory, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             user=self.user.pw_uid, group=self.user.pw_gid,
         )  # fmt: skip
-        wait_for(lambda: self._ready(node), timeout=30, interval=0.1, what=f"PostgreSQL {node} on port {port}")
 
     def _ready(self, node: str) -> bool:
         if self.procs[node].poll() is not None:
             pytest.fail(f"PostgreSQL {node} exited with {self.procs[node].returncode} (log {self.directory}/pg-{node}.log)")
         result = subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.ports[node])],
-                                capture_output=True, timeout=10)  # fmt: skip
+                                capture_output=True, timeout=10, check=False)  # fmt: skip
         return result.returncode == 0
 
     def start(self, database: str) -> None:
@@ -176,7 +180,7 @@ class PostgresPair:
         with self.connect("a", "postgres") as conn:
             conn.execute(f'CREATE DATABASE "{database}"')
         self._run(str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.ports["a"]), "-U", "postgres",
-                  "-D", str(self.data_dir("b")), "-R", "-X", "stream", "--no-sync")  # fmt: skip
+                  "-D", str(self.data_dir("b")), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast")  # fmt: skip
         self._start("b")
 
     def connect(self, node: str, database: str):
@@ -195,6 +199,7 @@ class PostgresPair:
     def stop(self) -> None:
         for node in list(self.procs):
             self.kill(node)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def wait_until(predicate, *, timeout: float, what: str) -> float:

@@ -13,10 +13,10 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.project.settings")
 django.setup()
 
-from celery.bin.celery import main  # noqa: E402
-from django.core.cache import cache  # noqa: E402
+from celery.bin.celery import main
+from django.core.cache import cache
 
-from portal.project.celery import app  # noqa: E402
+from portal.project.celery import app
 
 
 @app.task(name="tests.faults.ha_echo")
