@@ -224,6 +224,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TIMEZONE = "UTC"
+# Beat runs on every portal host, and only the holder of a lease in the database sends (portal/beat.py):
+# a holder that dies is replaced within BEAT_LEASE_SECONDS plus a third of it (it renews every third).
+CELERY_BEAT_SCHEDULER = "portal.beat.LeaderScheduler"
+BEAT_LEASE_SECONDS = env.float("BEAT_LEASE_SECONDS", 30.0, minimum=1.5)
 
 # Slurm
 SLURM_BACKEND = env.choice("SLURM_BACKEND", "auto", ("auto", "cli", "pyslurm"))
