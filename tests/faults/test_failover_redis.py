@@ -2,7 +2,8 @@
 the master is SIGKILLed, the Sentinels promote the replica, and without restarting any process the
 portal's four users of Redis work again on the new master: Django's cache (portal.redis_client's
 pool_class), the throttle's Lua script, the outbox's coalescing flags and Celery (a task sent through
-the sentinel:// broker URL to a real worker, which writes the cache from its own process).
+the sentinel:// broker URL to a real worker, which writes the cache from its own process); /healthz's
+broker check answers ok again.
 Figures are printed (run with ``-s``)."""
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def portal_on_sentinels(sentinel_redis, settings, tmp_path):
         }
     }
     settings.CELERY_TASK_ALWAYS_EAGER = False
+    settings.CELERY_BROKER_URL = sentinel_redis.url(BROKER_DB)  # what /healthz's broker check reads
     # Celery (namespace CELERY) reads its transport options from Django's settings each time
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
         **settings.CELERY_BROKER_TRANSPORT_OPTIONS, "master_name": sentinel_redis.master_name
@@ -76,6 +78,7 @@ def _round_trip(redis_ha: SentinelRedis, worker: FaultWorker, tag: str, master: 
 
     from portal.outbox import coalesced_hold
     from portal.project.celery import app
+    from portal.project.health import _check_broker
     from portal.throttles import _cell_rate
 
     took = {}
@@ -104,6 +107,10 @@ def _round_trip(redis_ha: SentinelRedis, worker: FaultWorker, tag: str, master: 
     app.send_task("tests.faults.ha_echo", args=[token], queue=worker.queue)
     wait_for(lambda: cache.get(f"ha-echo:{token}"), timeout=60, interval=0.1, what=f"the worker to run ha_echo({token})")
     took["celery"] = time.monotonic() - started
+
+    started = time.monotonic()
+    assert _check_broker() == {"ok": True}  # /healthz: the load balancer's view of this host
+    took["healthz_broker"] = time.monotonic() - started
     return {name: round(seconds, 2) for name, seconds in took.items()}
 
 
