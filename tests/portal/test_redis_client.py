@@ -35,3 +35,22 @@ def test_djangos_cache_gets_the_same_pool_through_pool_class(settings):
     settings.REDIS_SENTINEL_MASTER = "site-a"
     pool = UrlConnectionPool.from_url("sentinel://s1:26379/1;sentinel://s2:26379/1", parser_class=redis.connection.DefaultParser)
     assert isinstance(pool, SentinelConnectionPool) and pool.connection_kwargs["db"] == 1
+
+
+def test_nothing_else_in_the_apps_makes_a_redis_client():
+    """One owner: a client made elsewhere from a URL (redis.Redis.from_url) would talk to one server
+    and miss a Sentinel failover."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    made = re.compile(r"\bfrom_url\(|\bredis\.(Strict)?Redis\(|\bSentinel\(|\bConnectionPool\(")
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for app in ("portal", "jobs", "accounting")
+        for path in sorted((root / app).rglob("*.py"))
+        if path != root / "portal" / "redis_client.py"
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if made.search(line)
+    ]
+    assert found == []
