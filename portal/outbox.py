@@ -81,12 +81,14 @@ def _flags() -> redis.Redis | None:
     url = app.conf.broker_url or ""
     if not url.startswith(("redis://", "rediss://", "sentinel://")):
         return None
-    master_name = (app.conf.broker_transport_options or {}).get("master_name")  # the broker's own master
+    options = app.conf.broker_transport_options or {}  # the broker's own master and Sentinels
+    master_name = options.get("master_name")
     client = _flag_clients.get((url, master_name))
     if client is None:
         client = _flag_clients[url, master_name] = redis_client(
-            url, master_name=master_name, socket_timeout=2, socket_connect_timeout=2
-        )
+            url, master_name=master_name, sentinel_options=options.get("sentinel_kwargs"),
+            socket_timeout=2, socket_connect_timeout=2,
+        )  # fmt: skip
     return client
 
 

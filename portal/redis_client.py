@@ -9,7 +9,8 @@ A Sentinel URL is Celery's/kombu's form (their documentation, "Using Redis Senti
 joined by ``;``, each ``sentinel://[[user]:password@]host[:port][/db]``. The first one's password
 and database are the master's (kombu reads them from the first); a later one may repeat them or
 leave them out, never give others. The master's name is REDIS_SENTINEL_MASTER (settings), the
-transport option ``master_name`` Celery is given. redis-py's documented ``redis.sentinel.Sentinel``
+transport option ``master_name`` Celery is given; the Sentinels' own password, when they have one,
+REDIS_SENTINEL_PASSWORD (``sentinel_kwargs``, given to Celery too). redis-py's documented ``redis.sentinel.Sentinel``
 and ``SentinelConnectionPool`` do the rest: each new connection asks the Sentinels where the master
 is now, and a connection to a master that died (or was demoted: READONLY) is dropped, so the next
 command after a failover goes to the promoted replica without restarting the process. Nothing here
@@ -100,26 +101,34 @@ def _db(path: str) -> int:
     return int(text)
 
 
-def _default_master_name() -> str:
-    from django.conf import settings
+def sentinel_kwargs(password: str = "") -> dict:
+    """How each Sentinel is reached (redis-py's and kombu's ``sentinel_kwargs``): at most
+    SENTINEL_SOCKET_TIMEOUT each, with ``password`` when the Sentinels have one (their ``requirepass``:
+    REDIS_SENTINEL_PASSWORD; the master's own password is the URL's)."""
+    kwargs: dict = {"socket_timeout": SENTINEL_SOCKET_TIMEOUT, "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT}
+    if password:
+        kwargs["password"] = password
+    return kwargs
 
-    return settings.REDIS_SENTINEL_MASTER
 
-
-def redis_pool(url: str, *, master_name: str | None = None, **options) -> redis.ConnectionPool:
+def redis_pool(url: str, *, master_name: str | None = None, sentinel_options: dict | None = None,
+               **options) -> redis.ConnectionPool:  # fmt: skip
     """A connection pool for ``url``: redis-py's ``ConnectionPool.from_url`` for one server, a
-    ``SentinelConnectionPool`` of ``master_name`` (default: settings.REDIS_SENTINEL_MASTER) for a
-    Sentinel URL. ``options`` are redis-py's connection options (socket_timeout, …)."""
+    ``SentinelConnectionPool`` of ``master_name`` for a Sentinel URL, asking its Sentinels with
+    ``sentinel_options`` (defaults: settings.REDIS_SENTINEL_MASTER, ``sentinel_kwargs`` with
+    settings.REDIS_SENTINEL_PASSWORD). ``options`` are redis-py's connection options (socket_timeout, …)."""
     location = parse_redis_url(url)
     if not location.is_sentinel:
         return redis.ConnectionPool.from_url(location.url, **options)
-    sentinel = Sentinel(
-        list(location.sentinels),
-        sentinel_kwargs={"socket_timeout": SENTINEL_SOCKET_TIMEOUT, "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT},
-    )
+    if master_name is None or sentinel_options is None:
+        from django.conf import settings
+
+        master_name = master_name or settings.REDIS_SENTINEL_MASTER
+        sentinel_options = sentinel_options or sentinel_kwargs(settings.REDIS_SENTINEL_PASSWORD)
+    sentinel = Sentinel(list(location.sentinels), sentinel_kwargs=sentinel_options)
     credentials = {"username": location.username, "password": location.password}
     return SentinelConnectionPool(
-        master_name or _default_master_name(),
+        master_name,
         sentinel,
         db=location.db,
         **{k: v for k, v in credentials.items() if v is not None},
@@ -127,9 +136,11 @@ def redis_pool(url: str, *, master_name: str | None = None, **options) -> redis.
     )
 
 
-def redis_client(url: str, *, master_name: str | None = None, **options) -> redis.Redis:
+def redis_client(url: str, *, master_name: str | None = None, sentinel_options: dict | None = None,
+                 **options) -> redis.Redis:  # fmt: skip
     """A redis-py client of ``url`` (see ``redis_pool``): the master, wherever it is now."""
-    return redis.Redis(connection_pool=redis_pool(url, master_name=master_name, **options))
+    return redis.Redis(connection_pool=redis_pool(url, master_name=master_name, sentinel_options=sentinel_options,
+                                                  **options))  # fmt: skip
 
 
 class UrlConnectionPool:

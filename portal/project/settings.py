@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import Env
 from portal.identity_settings import ldap_settings, oidc_settings, team_map
+from portal.redis_client import sentinel_kwargs
 
 env = Env()
 
@@ -171,6 +172,9 @@ TRUSTED_PROXIES = env.networks("TRUSTED_PROXIES", [])
 # know it by (`sentinel monitor NAME …`): Celery's transport option master_name, and what the cache, the
 # throttle and the outbox's flags ask the Sentinels for (portal/redis_client.py, their one way to Redis).
 REDIS_SENTINEL_MASTER = env.str("REDIS_SENTINEL_MASTER", "gpuportal")
+# The Sentinels' own password (their requirepass), when they have one; or REDIS_SENTINEL_PASSWORD_FILE.
+# The Redis master's password is the URL's (sentinel://:PASSWORD@H1:26379/0;…).
+REDIS_SENTINEL_PASSWORD = env.secret("REDIS_SENTINEL_PASSWORD")
 if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", REDIS_SENTINEL_MASTER):
     raise ImproperlyConfigured(f"Environment variable REDIS_SENTINEL_MASTER={REDIS_SENTINEL_MASTER!r} is invalid: "
                                "expected the master's name in the Sentinels' configuration (letters, digits, . _ -).")  # fmt: skip
@@ -215,11 +219,13 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", 60, minimum=1)
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", 90, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True
-# master_name: which master a sentinel:// broker URL's Sentinels are asked for (kombu's transport option;
-# a redis:// broker ignores it). Given always, so that a process pointed at another broker finds it.
+# master_name and sentinel_kwargs: which master a sentinel:// broker URL's Sentinels are asked for, and how
+# each Sentinel is reached (kombu's transport options, the same as portal.redis_client's; a redis:// broker
+# ignores them). Given always, so that a process pointed at another broker finds them.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", 300, minimum=10),
     "master_name": REDIS_SENTINEL_MASTER,
+    "sentinel_kwargs": sentinel_kwargs(REDIS_SENTINEL_PASSWORD),
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", False)

@@ -45,9 +45,13 @@ def _kill_group(proc: subprocess.Popen | None, sig=signal.SIGKILL) -> None:
 
 
 class SentinelRedis:
-    """A master, one replica and three Sentinels monitoring it as ``master_name``."""
+    """A master, one replica and three Sentinels monitoring it as ``master_name``, with passwords as a
+    site sets them: ``password`` on the data nodes (requirepass, masterauth), ``sentinel_password``
+    on the Sentinels (their requirepass, which they also use with each other)."""
 
     SENTINELS = 3
+    password = "data-secret"
+    sentinel_password = "sentinel-secret"
 
     def __init__(self, directory: Path, master_name: str = "ha-test"):
         if shutil.which("redis-server") is None:
@@ -59,8 +63,10 @@ class SentinelRedis:
         self.procs: dict[int, subprocess.Popen] = {}
 
     def url(self, db: int) -> str:
-        """Celery's/kombu's Sentinel URL: every Sentinel, joined by ;."""
-        return ";".join(f"sentinel://127.0.0.1:{port}/{db}" for port in self.sentinel_ports)
+        """Celery's/kombu's Sentinel URL: every Sentinel, joined by ;, the master's password on the first."""
+        first, *others = self.sentinel_ports
+        return ";".join([f"sentinel://:{self.password}@127.0.0.1:{first}/{db}",
+                         *(f"sentinel://127.0.0.1:{port}/{db}" for port in others)])  # fmt: skip
 
     def _spawn(self, port: int, args: list[str]) -> None:
         with open(self.directory / f"redis-{port}.log", "w") as log:  # the child keeps its own descriptor
@@ -71,7 +77,8 @@ class SentinelRedis:
 
     def start(self) -> None:
         master, replica = self.data_ports
-        common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.directory)]
+        common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.directory),
+                  "--requirepass", self.password, "--masterauth", self.password]  # fmt: skip
         self._spawn(master, ["--port", str(master), *common])
         self._spawn(replica, ["--port", str(replica), *common, "--replicaof", "127.0.0.1", str(master)])
         for port in self.sentinel_ports:
@@ -82,6 +89,8 @@ class SentinelRedis:
                 f"sentinel down-after-milliseconds {self.master_name} 1000\n"
                 f"sentinel failover-timeout {self.master_name} 5000\n"
                 f"sentinel parallel-syncs {self.master_name} 1\n"
+                f"sentinel auth-pass {self.master_name} {self.password}\n"
+                f"requirepass {self.sentinel_password}\n"
             )
             self._spawn(port, [str(conf), "--sentinel"])
         wait_for(self.settled, timeout=30, interval=0.2, what="every Sentinel to know the replica and the other Sentinels")
@@ -89,7 +98,8 @@ class SentinelRedis:
     def _sentinel(self, port: int):
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, decode_responses=True)
+        return redis.Redis(host="127.0.0.1", port=port, password=self.sentinel_password, socket_timeout=1,
+                           decode_responses=True)  # fmt: skip
 
     def settled(self) -> bool:
         try:
@@ -118,7 +128,7 @@ class SentinelRedis:
         """A plain client of one data node's database ``db`` (to look at what landed where)."""
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=port, db=db, socket_timeout=2)
+        return redis.Redis(host="127.0.0.1", port=port, db=db, password=self.password, socket_timeout=2)
 
     def kill(self, port: int) -> None:
         _kill_group(self.procs.pop(port, None))

@@ -1,4 +1,5 @@
-"""Redis with Sentinel (issue 42): a real master, its replica and three Sentinels of this test's own;
+"""Redis with Sentinel (issue 42): a real master, its replica and three Sentinels of this test's own
+(passwords on both, as a site sets them);
 the master is SIGKILLed, the Sentinels promote the replica, and without restarting any process the
 portal's four users of Redis work again on the new master: Django's cache (portal.redis_client's
 pool_class), the throttle's Lua script, the outbox's coalescing flags and Celery (a task sent through
@@ -38,7 +39,10 @@ def portal_on_sentinels(sentinel_redis, settings, tmp_path):
     """This process's cache and Celery app on the Sentinel URLs, and a real worker on them."""
     from portal.project.celery import app
 
+    from portal.redis_client import sentinel_kwargs
+
     settings.REDIS_SENTINEL_MASTER = sentinel_redis.master_name
+    settings.REDIS_SENTINEL_PASSWORD = sentinel_redis.sentinel_password
     settings.CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
@@ -51,7 +55,8 @@ def portal_on_sentinels(sentinel_redis, settings, tmp_path):
     settings.CELERY_BROKER_URL = sentinel_redis.url(BROKER_DB)  # what /healthz's broker check reads
     # Celery (namespace CELERY) reads its transport options from Django's settings each time
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
-        **settings.CELERY_BROKER_TRANSPORT_OPTIONS, "master_name": sentinel_redis.master_name
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS, "master_name": sentinel_redis.master_name,
+        "sentinel_kwargs": sentinel_kwargs(sentinel_redis.sentinel_password),
     }
     saved = app.conf.broker_url, app.conf.task_always_eager
     app.conf.task_always_eager = False
@@ -61,7 +66,8 @@ def portal_on_sentinels(sentinel_redis, settings, tmp_path):
     worker = FaultWorker(
         broker_url=sentinel_redis.url(BROKER_DB), queue=queue, database_url=_database_url(),
         log_path=log_dir / "test-failover-redis-worker.log", concurrency=1, module="tests.faults.ha_worker_main",
-        extra_env={"CACHE_URL": sentinel_redis.url(CACHE_DB), "REDIS_SENTINEL_MASTER": sentinel_redis.master_name},
+        extra_env={"CACHE_URL": sentinel_redis.url(CACHE_DB), "REDIS_SENTINEL_MASTER": sentinel_redis.master_name,
+                   "REDIS_SENTINEL_PASSWORD": sentinel_redis.sentinel_password},
     )  # fmt: skip
     try:
         worker.start()

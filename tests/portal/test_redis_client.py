@@ -27,6 +27,11 @@ def test_a_sentinel_url_gives_a_pool_of_the_named_master_on_every_sentinel(setti
     sentinels = [s.connection_pool.connection_kwargs for s in pool.sentinel_manager.sentinels]
     assert [(s["host"], s["port"]) for s in sentinels] == [("s1", 26379), ("s2", 26380), ("s3", 26379)]
     assert all(s["socket_timeout"] == 1.0 for s in sentinels)  # a dead Sentinel host is skipped quickly
+    assert all(s.get("password") is None for s in sentinels)  # the URL's password is the master's
+    settings.REDIS_SENTINEL_PASSWORD = "s-pw"  # the Sentinels' own (their requirepass)
+    guarded = redis_pool("sentinel://:pw@s1:26379/1")
+    assert [s.connection_pool.connection_kwargs["password"] for s in guarded.sentinel_manager.sentinels] == ["s-pw"]
+    assert guarded.connection_kwargs["password"] == "pw"
     assert redis_pool("sentinel://s1/0", master_name="broker-master").service_name == "broker-master"
     assert isinstance(redis_client("sentinel://s1/0").connection_pool, SentinelConnectionPool)
 

@@ -144,16 +144,17 @@ def test_a_malformed_redis_url_names_the_variable(value, says):
 
 def test_sentinel_urls_reach_the_settings_with_the_master_name():
     code = (
-        "from django.conf import settings as s; print(s.CACHES['default']['LOCATION'], "
-        "s.CELERY_BROKER_TRANSPORT_OPTIONS['master_name'], s.CACHES['default']['OPTIONS']['pool_class'])"
+        "from django.conf import settings as s; o = s.CELERY_BROKER_TRANSPORT_OPTIONS; print(s.CACHES['default']['LOCATION'], "
+        "o['master_name'], o['sentinel_kwargs']['password'], s.CACHES['default']['OPTIONS']['pool_class'])"
     )
     result = _manage(
         "shell", "-v", "0", "-c", code, CACHE_URL="sentinel://s1:26379/1;sentinel://s2:26379/1",
         CELERY_BROKER_URL="sentinel://s1:26379/0;sentinel://s2:26379/0", REDIS_SENTINEL_MASTER="site-a",
+        REDIS_SENTINEL_PASSWORD="s-pw",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [
-        "['sentinel://s1:26379/1;sentinel://s2:26379/1']", "site-a", "portal.redis_client.UrlConnectionPool",
+        "['sentinel://s1:26379/1;sentinel://s2:26379/1']", "site-a", "s-pw", "portal.redis_client.UrlConnectionPool",
     ]  # fmt: skip
     bad = _manage("check", REDIS_SENTINEL_MASTER="my master")
     assert bad.returncode != 0 and "Environment variable REDIS_SENTINEL_MASTER='my master' is invalid" in bad.stderr
