@@ -38,7 +38,6 @@ def sentinel_redis(tmp_path):
 def portal_on_sentinels(sentinel_redis, settings, tmp_path):
     """This process's cache and Celery app on the Sentinel URLs, and a real worker on them."""
     from portal.project.celery import app
-
     from portal.redis_client import sentinel_kwargs
 
     settings.REDIS_SENTINEL_MASTER = sentinel_redis.master_name
