@@ -8,14 +8,18 @@ the request's first query and replaced when dead), the ORM work, ``request_finis
 - {"op": "request", "key": K}: a session row K written; the server's port and whether it is a standby.
 - {"op": "hold", "key": K}: the same write inside a transaction left open, answered at once; the next
   line ({"op": "release"}) commits it: a request in flight when the primary dies.
+- {"op": "beat"}: one lease claim of this process's beat scheduler (portal.beat.LeaderScheduler, as its
+  tick does it, outside any request): whether it holds the lease and for how much longer.
 GPUPORTAL_TEST_NO_HEALTH_CHECKS=1 turns CONN_HEALTH_CHECKS off (the control: what the setting saves)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import sys
+import time
 
 import django
 
@@ -27,6 +31,8 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
+
+from portal.models import Lease
 
 if os.environ.get("GPUPORTAL_TEST_NO_HEALTH_CHECKS") == "1":
     connection.settings_dict["CONN_HEALTH_CHECKS"] = False
@@ -44,14 +50,28 @@ def write(key: str) -> dict:
     return {"port": port, "standby": standby}
 
 
+@functools.cache
+def beat_scheduler():
+    from portal.beat import LeaderScheduler
+    from portal.project.celery import app
+
+    return LeaderScheduler(app=app, lazy=True, schedule_filename=os.devnull)  # lazy: no schedule file opened
+
+
 def main() -> None:
     for line in sys.stdin:
         command = json.loads(line)
+        if command["op"] == "beat":  # not a request: beat has none
+            scheduler = beat_scheduler()
+            scheduler._claim()  # what its tick does every BEAT_LEASE_SECONDS / 3; a database error is logged
+            reply(ok=True, holding=scheduler.holding, held_for=round(scheduler.held_until - time.monotonic(), 2))
+            continue
         request_started.send(sender=WSGIHandler, environ={})
         try:
             if command["op"] == "setup":
                 with connection.schema_editor() as editor:
                     editor.create_model(Session)
+                    editor.create_model(Lease)
                 reply(ok=True)
             elif command["op"] == "request":
                 reply(ok=True, **write(command["key"]))

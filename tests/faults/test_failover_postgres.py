@@ -5,6 +5,7 @@ listed first; the primary is SIGKILLed and the standby promoted (pg_ctl promote)
 the same process writes to the new primary (CONN_HEALTH_CHECKS replaces the dead connection), a
 request in flight at the kill fails and leaves nothing, and what was committed before is there.
 The control: the same process with CONN_HEALTH_CHECKS off fails its first request after the failover.
+Beat's lease (portal/beat.py) is renewed by its holder on the new primary at its next claim.
 Figures are printed (run with ``-s``)."""
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ def _sessions(pair: PostgresPair, node: str) -> set[str]:
             return set()
 
 
+def _lease(pair: PostgresPair, node: str) -> tuple | None:
+    """(holder, expires_at) of beat's lease on ``node``; None before the standby has it."""
+    import psycopg
+
+    with pair.connect(node, DATABASE) as conn:
+        try:
+            return conn.execute("SELECT holder, expires_at FROM portal_lease WHERE name = 'celery-beat'").fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None
+
+
 def test_the_portal_follows_a_promoted_standby_whichever_host_is_listed_first(pg_pair):
     a, b = pg_pair.ports["a"], pg_pair.ports["b"]
     query = f"{DATABASE}?target_session_attrs=read-write&connect_timeout=3"
@@ -88,14 +100,19 @@ def test_the_portal_follows_a_promoted_standby_whichever_host_is_listed_first(pg
         "primary-first": Probe(f"postgres://postgres@127.0.0.1:{a},127.0.0.1:{b}/{query}"),
         "no-health-checks": Probe(f"postgres://postgres@127.0.0.1:{a},127.0.0.1:{b}/{query}", health_checks=False),
     }
+    beat = Probe(f"postgres://postgres@127.0.0.1:{a},127.0.0.1:{b}/{query}")  # a beat process: no requests
     try:
         assert probes["standby-first"].ask(op="setup") == {"ok": True}
         for name, probe in probes.items():  # the primary, whichever order: the standby refuses read-write
             assert probe.ask(op="request", key=f"before-{name}") == {"ok": True, "port": a, "standby": False}, name
+        claimed = beat.ask(op="beat")  # the beat takes the lease
+        assert claimed["holding"] is True and claimed["held_for"] > 0, claimed
         in_flight = probes["standby-first"].ask(op="hold", key="in-flight")
         assert in_flight == {"ok": True, "held": True, "port": a, "standby": False}
         before = {f"before-{name}" for name in probes}
-        wait_until(lambda: _sessions(pg_pair, "b") >= before, timeout=30, what="the standby to replay the commits")
+        wait_until(lambda: _sessions(pg_pair, "b") >= before and _lease(pg_pair, "b"), timeout=30,
+                   what="the standby to replay the commits")  # fmt: skip
+        holder, expires_at = _lease(pg_pair, "b")
 
         pg_pair.kill("a")  # the primary's host dies …
         started = time.monotonic()
@@ -105,6 +122,11 @@ def test_the_portal_follows_a_promoted_standby_whichever_host_is_listed_first(pg
         probes["standby-first"].send(op="release")  # the request in flight commits on a dead server
         released = probes["standby-first"].answer()
         assert released["ok"] is False, released
+
+        # beat's next renewal, on the connection the kill left dead: renewed on the new primary, still its lease
+        claimed = beat.ask(op="beat")
+        assert claimed["holding"] is True, claimed
+        assert _lease(pg_pair, "b")[0] == holder and _lease(pg_pair, "b")[1] > expires_at
 
         after, took = {}, {}
         for name, probe in probes.items():
@@ -124,5 +146,5 @@ def test_the_portal_follows_a_promoted_standby_whichever_host_is_listed_first(pg
         print(f"\nPostgreSQL failover: promote took {promoted:.1f} s; first request after it took {took} s; "
               f"the request in flight failed with {released['error'][:80]!r}")  # fmt: skip
     finally:
-        for probe in probes.values():
+        for probe in [*probes.values(), beat]:
             probe.stop()
