@@ -105,7 +105,11 @@ TEMPLATES = [
 ]
 
 # PostgreSQL only (portal.env.Env.database refuses other engines); the default is the database
-# scripts/services creates, which `make demo` and `make test` use.
+# scripts/services creates, which `make demo` and `make test` use. A primary with standbys, any number in
+# any order (docs/deploy.md "Settings for a site with failover"): libpq's multi-host URL,
+# postgres://USER:PW@HOST1:5432,HOST2:5432/DB?target_session_attrs=read-write&connect_timeout=3 — HOST
+# "HOST1,HOST2" and PORT "5432,5432" reach psycopg as they are; CONN_HEALTH_CHECKS (on) replaces a
+# connection the failover killed at the next request.
 DATABASES = {"default": env.database("DATABASE_URL", "postgres://gpuportal@127.0.0.1:5432/gpuportal")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
