@@ -25,6 +25,11 @@ import redis
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 SENTINEL_DEFAULT_PORT = 26379
+# A Redis that does not answer (a cut link, a frozen host) fails a command after this long instead of
+# holding the request, and the gunicorn worker with it, until the kernel gives up on the connection
+# (minutes); the portal's commands take well under a millisecond. A caller's own values win.
+REDIS_SOCKET_TIMEOUT = 5.0
+REDIS_CONNECT_TIMEOUT = 2.0
 # A Sentinel answers "where is the master" at once; one that does not within this is skipped (a
 # host that is down or cut off must not hold a request for the kernel's TCP timeout).
 SENTINEL_SOCKET_TIMEOUT = 1.0
@@ -116,8 +121,10 @@ def redis_pool(url: str, *, master_name: str | None = None, sentinel_options: di
     """A connection pool for ``url``: redis-py's ``ConnectionPool.from_url`` for one server, a
     ``SentinelConnectionPool`` of ``master_name`` for a Sentinel URL, asking its Sentinels with
     ``sentinel_options`` (defaults: settings.REDIS_SENTINEL_MASTER, ``sentinel_kwargs`` with
-    settings.REDIS_SENTINEL_PASSWORD). ``options`` are redis-py's connection options (socket_timeout, …)."""
+    settings.REDIS_SENTINEL_PASSWORD). ``options`` are redis-py's connection options (socket_timeout, …;
+    unset: REDIS_SOCKET_TIMEOUT and REDIS_CONNECT_TIMEOUT)."""
     location = parse_redis_url(url)
+    options = {"socket_timeout": REDIS_SOCKET_TIMEOUT, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT, **options}
     if not location.is_sentinel:
         return redis.ConnectionPool.from_url(location.url, **options)
     if master_name is None or sentinel_options is None:

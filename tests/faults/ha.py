@@ -6,6 +6,7 @@ Their processes are started in sessions of their own and stopped by pid; failove
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -133,8 +134,24 @@ class SentinelRedis:
     def kill(self, port: int) -> None:
         _kill_group(self.procs.pop(port, None))
 
+    def freeze(self, port: int) -> None:
+        """SIGSTOP: the host answers no more but its connections stay open (a client sees a cut link)."""
+        os.killpg(self.procs[port].pid, signal.SIGSTOP)
+
+    def thaw(self, port: int) -> None:
+        os.killpg(self.procs[port].pid, signal.SIGCONT)
+
+    def role(self, port: int) -> str | None:
+        try:
+            with self.data(port) as node:
+                return node.info("replication")["role"]
+        except Exception:  # noqa: BLE001 — frozen or down
+            return None
+
     def stop(self) -> None:
         for port in list(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                self.thaw(port)
             self.kill(port)
 
 

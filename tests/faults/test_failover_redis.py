@@ -9,6 +9,7 @@ Figures are printed (run with ``-s``)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 import uuid
@@ -35,11 +36,8 @@ def sentinel_redis(tmp_path):
 
 
 @pytest.fixture
-def portal_on_sentinels(sentinel_redis, settings, tmp_path):
-    """This process's cache and Celery app on the Sentinel URLs, and a real worker on them."""
-    from portal.project.celery import app
-    from portal.redis_client import sentinel_kwargs
-
+def cache_on_sentinels(sentinel_redis, settings):
+    """This process's cache (and throttle) on the Sentinel URL, as production settings make it."""
     settings.REDIS_SENTINEL_MASTER = sentinel_redis.master_name
     settings.REDIS_SENTINEL_PASSWORD = sentinel_redis.sentinel_password
     settings.CACHES = {
@@ -50,6 +48,14 @@ def portal_on_sentinels(sentinel_redis, settings, tmp_path):
             "KEY_PREFIX": "gpuportal",  # the worker's (production settings)
         }
     }
+
+
+@pytest.fixture
+def portal_on_sentinels(sentinel_redis, cache_on_sentinels, settings, tmp_path):
+    """This process's cache and Celery app on the Sentinel URLs, and a real worker on them."""
+    from portal.project.celery import app
+    from portal.redis_client import sentinel_kwargs
+
     settings.CELERY_TASK_ALWAYS_EAGER = False
     settings.CELERY_BROKER_URL = sentinel_redis.url(BROKER_DB)  # what /healthz's broker check reads
     # Celery (namespace CELERY) reads its transport options from Django's settings each time
@@ -135,3 +141,40 @@ def test_cache_throttle_outbox_flags_and_celery_follow_a_sentinel_failover(senti
     assert cache.get("ha:before") == "before"  # what was replicated before the kill is still there
     assert worker.proc.poll() is None and worker.exits == 0  # the worker followed by itself
     print(f"\nSentinel failover: promoted after {failover:.1f} s; first round trip before {before}, after {after}")
+
+
+def test_a_frozen_master_fails_a_call_within_the_timeout_and_returns_as_a_replica(sentinel_redis, cache_on_sentinels):
+    """A master that stops answering with its connections open (SIGSTOP: what a cut link looks like to
+    a client) fails a cache call after REDIS_SOCKET_TIMEOUT instead of holding the request; the cache
+    follows the promoted replica; the old master, back, is made a replica of the new one by the
+    Sentinels, and the portal's writes keep going to the new master."""
+    import redis
+    from django.core.cache import cache
+
+    from portal.redis_client import REDIS_SOCKET_TIMEOUT
+
+    redis_ha = sentinel_redis
+    old, new = redis_ha.data_ports
+    cache.set("frozen:before", "1", timeout=300)  # a pooled connection to the old master
+    redis_ha.freeze(old)
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a call that hangs fails the test, not the run
+        call = pool.submit(cache.get, "frozen:before")
+        try:
+            with pytest.raises((redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+                call.result(timeout=REDIS_SOCKET_TIMEOUT + 1.5)
+        finally:
+            if not call.done():
+                redis_ha.thaw(old)
+    failed_after = time.monotonic() - started
+    wait_until(lambda: redis_ha.master_port() == new, timeout=30, what="the Sentinels to promote the replica")
+    cache.set("frozen:after", "2", timeout=300)
+    assert cache.get("frozen:after") == "2"
+
+    redis_ha.thaw(old)  # the old master is back …
+    back = wait_until(lambda: redis_ha.role(old) == "slave", timeout=30, what="the Sentinels to make it a replica")
+    cache.set("frozen:back", "3", timeout=300)  # … and writes still go to the new master, replicated to it
+    key = cache.make_key("frozen:back")
+    assert redis_ha.data(new, CACHE_DB).get(key) is not None
+    wait_until(lambda: redis_ha.data(old, CACHE_DB).get(key) is not None, timeout=10, what="the old master to replicate")
+    print(f"\nfrozen master: the call failed after {failed_after:.1f} s; back as a replica {back:.1f} s after SIGCONT")

@@ -16,6 +16,8 @@ def test_a_redis_url_gives_redis_pys_own_pool():
     assert (kwargs["host"], kwargs["port"], kwargs["db"], kwargs["password"], kwargs["socket_timeout"]) == (
         "cache.example", 6380, 3, "pw", 2,
     )  # fmt: skip
+    defaults = redis_pool("redis://cache.example:6380/3").connection_kwargs  # a host that stops answering fails a call
+    assert (defaults["socket_timeout"], defaults["socket_connect_timeout"]) == (5.0, 2.0)
 
 
 def test_a_sentinel_url_gives_a_pool_of_the_named_master_on_every_sentinel(settings):
