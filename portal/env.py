@@ -266,6 +266,12 @@ class Env:
         # JIT on one that is not (the budget hold under a submission's team lock spent 404 of 643 ms
         # compiling, bench/results.md). ?options=… in DATABASE_URL replaces this.
         options.setdefault("options", "-c jit=off")
+        # A database host cut off (no RST, packets dropped) fails a query after 10 s without an
+        # acknowledgement (TCP_USER_TIMEOUT), and an idle connection is probed after 30 s (3 probes
+        # 10 s apart), instead of waiting for the kernel's retransmissions (~15 min) while a request, the
+        # gunicorn worker and CONN_HEALTH_CHECKS' probe hang. libpq's parameters: TCP only; the URL's win.
+        for key, value in TCP_DEFAULTS.items():
+            options.setdefault(key, value)
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": db_name,
@@ -277,6 +283,9 @@ class Env:
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,
         }
+
+
+TCP_DEFAULTS = {"tcp_user_timeout": "10000", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
 
 
 def _host_port(entry: str) -> tuple[str, str | None]:

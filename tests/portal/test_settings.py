@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import Env
+from portal.env import TCP_DEFAULTS, Env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,9 +66,12 @@ def test_database_url_parses_postgres():
     assert (pg["ENGINE"], pg["NAME"], pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"]) == (
         "django.db.backends.postgresql", "gp", "u", "p@ss", "db.example", "6543",
     )
-    assert pg["OPTIONS"] == {"options": "-c jit=off"}
+    assert pg["OPTIONS"] == {"options": "-c jit=off", **TCP_DEFAULTS}
+    assert TCP_DEFAULTS["tcp_user_timeout"] == "10000"  # a cut link fails a query in 10 s (docs/deploy.md)
     own = Env({"DATABASE_URL": "postgres://u@h/gp?sslmode=require&options=-c%20work_mem%3D64MB"}).database("DATABASE_URL", "")
-    assert own["OPTIONS"] == {"sslmode": "require", "options": "-c work_mem=64MB"}
+    assert own["OPTIONS"] == {"sslmode": "require", "options": "-c work_mem=64MB", **TCP_DEFAULTS}
+    mine = Env({"DATABASE_URL": "postgres://u@h/gp?tcp_user_timeout=3000"}).database("DATABASE_URL", "")
+    assert mine["OPTIONS"]["tcp_user_timeout"] == "3000"  # the URL's win
     with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
         Env({"DATABASE_URL": "postgres://host:5432/"}).database("DATABASE_URL", "")
 
@@ -81,7 +84,9 @@ def test_a_multi_host_database_url_lists_every_host_for_psycopg():
     assert (pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"], pg["NAME"]) == (
         "gp", "s:cret", "db-a,db-b,fd00::3", "5432,5433,5432", "gpuportal",
     )  # fmt: skip
-    assert pg["OPTIONS"] == {"target_session_attrs": "read-write", "connect_timeout": "3", "options": "-c jit=off"}
+    assert pg["OPTIONS"] == {
+        "target_session_attrs": "read-write", "connect_timeout": "3", "options": "-c jit=off", **TCP_DEFAULTS,
+    }  # fmt: skip
     assert pg["CONN_HEALTH_CHECKS"] is True  # a connection the failover killed is replaced at the next request
     no_ports = Env({"DATABASE_URL": "postgres://gp@db-a,db-b/gpuportal"}).database("DATABASE_URL", "")
     assert (no_ports["HOST"], no_ports["PORT"]) == ("db-a,db-b", "")  # libpq's default port for each
