@@ -270,8 +270,8 @@ class Env:
         # acknowledgement (TCP_USER_TIMEOUT), and an idle connection is probed after 30 s (3 probes
         # 10 s apart), instead of waiting for the kernel's retransmissions (~15 min) while a request, the
         # gunicorn worker and CONN_HEALTH_CHECKS' probe hang. libpq's parameters: TCP only; the URL's win.
-        for key, value in TCP_DEFAULTS.items():
-            options.setdefault(key, value)
+        for key, default_value in TCP_DEFAULTS.items():
+            options.setdefault(key, default_value)
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": db_name,
@@ -285,6 +285,7 @@ class Env:
         }
 
 
+# libpq's TCP parameters every DATABASE_URL gets unless it sets them (Env.database says why)
 TCP_DEFAULTS = {"tcp_user_timeout": "10000", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
 
 
