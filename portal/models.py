@@ -361,6 +361,22 @@ class SyncStatus(models.Model):
         return self.failing_since is not None or self.last_success_at is None
 
 
+class Lease(models.Model):
+    """Work that must run in one process across the site, whichever host it is on (Celery beat:
+    portal/beat.py): one row per kind of work, held by one process until ``expires_at`` (the
+    database's clock) unless renewed; another takes it once it has expired (portal.services.lease_claim).
+    The row lives in the database because the database is what every host shares and what itself
+    fails over; an operator reads who holds what here (``holder``: host:pid:random)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    holder = models.CharField(max_length=200, blank=True)
+    expires_at = models.DateTimeField()
+    acquired_at = models.DateTimeField(null=True, blank=True)  # when this holder took it
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.holder or 'nobody'} until {self.expires_at:%Y-%m-%d %H:%M:%S}"
+
+
 class AuditEvent(models.Model):
     """Append-only trail of who did what, when and from where (quota, booking, rate, team, job actions).
     Rows are only ever inserted (``portal.services.audit_record``); the admin shows them read-only."""

@@ -34,6 +34,8 @@ from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
+from portal.redis_client import redis_client
+
 logger = logging.getLogger(__name__)
 
 
@@ -67,20 +69,26 @@ def after_commit(task, *args) -> None:
     transaction.on_commit(lambda: publish(task, *args))
 
 
-_flag_clients: dict[str, redis.Redis] = {}
+_flag_clients: dict[tuple[str, str | None], redis.Redis] = {}
 
 
 def _flags() -> redis.Redis | None:
     """Where coalescing flags live: the broker's own Redis, so that a flag lives and dies with the
-    messages it stands for (a broker restarted empty loses both). None for a broker that is not Redis."""
+    messages it stands for (a broker restarted empty loses both); with a Sentinel URL, its master
+    wherever it is now (portal.redis_client). None for a broker that is not Redis."""
     from celery import current_app as app
 
     url = app.conf.broker_url or ""
-    if not url.startswith(("redis://", "rediss://")):
+    if not url.startswith(("redis://", "rediss://", "sentinel://")):
         return None
-    client = _flag_clients.get(url)
+    options = app.conf.broker_transport_options or {}  # the broker's own master and Sentinels
+    master_name = options.get("master_name")
+    client = _flag_clients.get((url, master_name))
     if client is None:
-        client = _flag_clients[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        client = _flag_clients[url, master_name] = redis_client(
+            url, master_name=master_name, sentinel_options=options.get("sentinel_kwargs"),
+            socket_timeout=2, socket_connect_timeout=2,
+        )  # fmt: skip
     return client
 
 

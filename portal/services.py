@@ -11,13 +11,15 @@ from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Q, Value, When
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from portal.db import copied_fields
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import clusters_record  # noqa: F401  (recorded by the model layer: default_cluster_id needs it)
 from portal.models import (
-    ApiToken, Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team,
+    ApiToken, Cluster, ClusterPolicyInfo, Lease, Membership, NodeInfo, PartitionInfo, Profile, Role, SyncStatus, Team,
     TeamClusterAccount, TeamIdlePolicy,
 )  # fmt: skip
 from portal.outbox import after_commit
@@ -466,3 +468,24 @@ def audit_event(*, actor, action: str, target, team: Team | None = None, request
         address=client_address(request),
         data=data or {},
     )
+
+
+def lease_claim(*, name: str, holder: str, seconds: float) -> bool:
+    """Take or keep the lease ``name`` (portal.models.Lease) for ``seconds`` from now, by the
+    database's clock: True when ``holder`` holds it now. One conditional UPDATE (the holder's own
+    lease, or one that has expired), so two processes never both succeed for the same period; the
+    row is created, expired, the first time."""
+    epoch = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    Lease.objects.bulk_create([Lease(name=name, holder="", expires_at=epoch)], ignore_conflicts=True)
+    until = ExpressionWrapper(Now() + Value(dt.timedelta(seconds=seconds)), output_field=DateTimeField())
+    taken = Case(When(holder=holder, then=F("acquired_at")), default=Now(), output_field=DateTimeField())
+    updated = Lease.objects.filter(Q(holder=holder) | Q(expires_at__lt=Now()), name=name).update(
+        holder=holder, expires_at=until, acquired_at=taken
+    )
+    return updated == 1
+
+
+def lease_release(*, name: str, holder: str) -> bool:
+    """Give the lease up at once (a clean stop): another process takes it at its next claim."""
+    return Lease.objects.filter(name=name, holder=holder).update(expires_at=Now()) == 1
+

@@ -19,6 +19,7 @@ from django.core.cache.backends.redis import RedisCache
 from rest_framework.throttling import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 
 from portal.proxies import client_address
+from portal.redis_client import redis_client
 
 
 class CellRateThrottle(SimpleRateThrottle):
@@ -60,16 +61,15 @@ _local_lock = threading.Lock()
 
 @functools.cache
 def _redis_script(server: str):
-    """The script, registered on a redis-py client of ``server``: one per process and server (its
-    connection pool starts afresh in a forked child)."""
-    import redis
-
-    return redis.Redis.from_url(server).register_script(_CELL_RATE_LUA)
+    """The script, registered on a redis-py client of ``server`` (portal.redis_client: a Sentinel URL's
+    client follows a failover): one per process and server (its connection pool starts afresh in a
+    forked child)."""
+    return redis_client(server).register_script(_CELL_RATE_LUA)
 
 
 def _cache_write_server() -> str:
     """The first server of the default cache's LOCATION (a URL, a comma-separated list, or a list):
-    the one Django's Redis cache writes to."""
+    the one Django's Redis cache writes to (settings: a list of one URL, which may be a Sentinel URL)."""
     location = settings.CACHES["default"]["LOCATION"]
     servers = location.split(",") if isinstance(location, str) else list(location)
     return servers[0].strip()

@@ -18,20 +18,27 @@ CACHE_TEST_DB = 12
 CACHE_KEY_PREFIX = f"gpuportal-test-p{os.getpid()}"
 
 
-def cache_test_location(location: str) -> str:
-    """CACHE_URL with the tests' database: redis://host:port/1 -> redis://host:port/12."""
-    base, sep, last = location.rstrip("/").rpartition("/")
-    return f"{base}/{CACHE_TEST_DB}" if sep and last.isdigit() else f"{location.rstrip('/')}/{CACHE_TEST_DB}"
+def cache_test_location(location):
+    """The cache's LOCATION (settings: a list of one URL) with the tests' database:
+    redis://host:port/1 -> redis://host:port/12; each part of a sentinel://…;sentinel://… URL alike."""
+    if not isinstance(location, str):
+        return [cache_test_location(one) for one in location]
+
+    def one(url: str) -> str:
+        base, sep, last = url.rstrip("/").rpartition("/")
+        return f"{base}/{CACHE_TEST_DB}" if sep and last.isdigit() and "//" in base else f"{url.rstrip('/')}/{CACHE_TEST_DB}"
+
+    return ";".join(one(part) for part in location.split(";"))
 
 
 def cache_clear() -> None:
     """Delete this run's cache keys (CACHE_KEY_PREFIX), and only those."""
-    import redis
     from django.core.cache import cache
 
+    from portal.redis_client import redis_client
     from portal.throttles import _cache_write_server
 
-    with redis.Redis.from_url(_cache_write_server()) as client:
+    with redis_client(_cache_write_server()) as client:
         keys = list(client.scan_iter(match=f"{cache.key_prefix}:*", count=1000))
         if keys:
             client.delete(*keys)

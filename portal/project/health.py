@@ -37,7 +37,9 @@ def _check_database() -> dict:
 
 def _check_broker() -> dict:
     try:
-        with Connection(settings.CELERY_BROKER_URL, connect_timeout=2) as conn:
+        # the transport options name a sentinel:// broker's master (master_name)
+        with Connection(settings.CELERY_BROKER_URL, connect_timeout=2,
+                        transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS) as conn:  # fmt: skip
             conn.ensure_connection(max_retries=1, interval_start=0, timeout=2)
         return {"ok": True}
     except Exception as exc:  # noqa: BLE001

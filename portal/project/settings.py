@@ -4,12 +4,14 @@ DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL (see docs/deploy.md)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import Env
 from portal.identity_settings import ldap_settings, oidc_settings, team_map
+from portal.redis_client import sentinel_kwargs
 
 env = Env()
 
@@ -103,7 +105,11 @@ TEMPLATES = [
 ]
 
 # PostgreSQL only (portal.env.Env.database refuses other engines); the default is the database
-# scripts/services creates, which `make demo` and `make test` use.
+# scripts/services creates, which `make demo` and `make test` use. A primary with standbys, any number in
+# any order (docs/deploy.md "Settings for a site with failover"): libpq's multi-host URL,
+# postgres://USER:PW@HOST1:5432,HOST2:5432/DB?target_session_attrs=read-write&connect_timeout=3 — HOST
+# "HOST1,HOST2" and PORT "5432,5432" reach psycopg as they are; CONN_HEALTH_CHECKS (on) replaces a
+# connection the failover killed at the next request.
 DATABASES = {"default": env.database("DATABASE_URL", "postgres://gpuportal@127.0.0.1:5432/gpuportal")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -164,11 +170,29 @@ if env.bool("BEHIND_TLS_PROXY", False):
 # CIDR networks, e.g. 127.0.0.1 for nginx on the same host. Empty: REMOTE_ADDR is the client.
 TRUSTED_PROXIES = env.networks("TRUSTED_PROXIES", [])
 
-# Cache (throttles, idempotency): Redis, shared by every web process
+# Redis with failover (docs/deploy.md "Settings for a site with failover"): CACHE_URL and CELERY_BROKER_URL
+# may each be the Sentinels of one master, sentinel://H1:26379/1;sentinel://H2:26379/1;… (Celery's/kombu's
+# form, any number of Sentinels), instead of one redis:// server. This is the master's name the Sentinels
+# know it by (`sentinel monitor NAME …`): Celery's transport option master_name, and what the cache, the
+# throttle and the outbox's flags ask the Sentinels for (portal/redis_client.py, their one way to Redis).
+REDIS_SENTINEL_MASTER = env.str("REDIS_SENTINEL_MASTER", "gpuportal")
+# The Sentinels' own password (their requirepass), when they have one; or REDIS_SENTINEL_PASSWORD_FILE.
+# The Redis master's password is the URL's (sentinel://:PASSWORD@H1:26379/0;…).
+REDIS_SENTINEL_PASSWORD = env.secret("REDIS_SENTINEL_PASSWORD")
+if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", REDIS_SENTINEL_MASTER):
+    raise ImproperlyConfigured(f"Environment variable REDIS_SENTINEL_MASTER={REDIS_SENTINEL_MASTER!r} is invalid: "
+                               "expected the master's name in the Sentinels' configuration (letters, digits, . _ -).")  # fmt: skip
+
+# Cache (throttles, idempotency): Redis, shared by every web process. LOCATION is a list of one URL
+# (Django splits a string at ; and , into servers it reads from at random: a Sentinel URL is one
+# master), and the pool comes from portal.redis_client (Django's documented OPTIONS["pool_class"]),
+# which follows a Sentinel failover; for a redis:// URL it is redis-py's own ConnectionPool.from_url.
+CACHE_URL = env.redis_url("CACHE_URL", "redis://127.0.0.1:6379/1")
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": env.url("CACHE_URL", "redis://127.0.0.1:6379/1", schemes=("redis", "rediss")),
+        "LOCATION": [CACHE_URL],
+        "OPTIONS": {"pool_class": "portal.redis_client.UrlConnectionPool"},
         "KEY_PREFIX": "gpuportal",
     }
 }
@@ -192,17 +216,28 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "gpuportal@localhost")
 SERVER_EMAIL = env.str("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
 
 # Celery — schedules live in portal/project/celery.py
-CELERY_BROKER_URL = env.url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "memory"))
+CELERY_BROKER_URL = env.redis_url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0", also=("memory",))
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", 60, minimum=1)
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", 90, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", 300, minimum=10)}
+# master_name and sentinel_kwargs: which master a sentinel:// broker URL's Sentinels are asked for, and how
+# each Sentinel is reached (kombu's transport options, the same as portal.redis_client's; a redis:// broker
+# ignores them). Given always, so that a process pointed at another broker finds them.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", 300, minimum=10),
+    "master_name": REDIS_SENTINEL_MASTER,
+    "sentinel_kwargs": sentinel_kwargs(REDIS_SENTINEL_PASSWORD),
+}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TIMEZONE = "UTC"
+# Beat runs on every portal host, and only the holder of a lease in the database sends (portal/beat.py):
+# a holder that dies is replaced within BEAT_LEASE_SECONDS plus a third of it (it renews every third).
+CELERY_BEAT_SCHEDULER = "portal.beat.LeaderScheduler"
+BEAT_LEASE_SECONDS = env.float("BEAT_LEASE_SECONDS", 30.0, minimum=1.5)
 
 # Slurm
 SLURM_BACKEND = env.choice("SLURM_BACKEND", "auto", ("auto", "cli", "pyslurm"))

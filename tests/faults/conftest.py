@@ -85,7 +85,10 @@ class FaultWorker:
     """A real ``celery worker`` (prefork, as in production) on the dedicated broker, consuming this
     test's queue. ``kill()`` SIGKILLs its whole process group (parent and pool children)."""
 
-    def __init__(self, *, broker_url: str, queue: str, database_url: str, log_path: Path, concurrency: int = 2):
+    def __init__(self, *, broker_url: str, queue: str, database_url: str, log_path: Path, concurrency: int = 2,
+                 module: str = "tests.faults.worker_main", extra_env: dict[str, str] | None = None):  # fmt: skip
+        self.module = module  # the worker's main (tests/faults/ha_worker_main.py: with a test task)
+        self.extra_env = extra_env or {}
         self.broker_url = broker_url
         self.queue = queue
         self.database_url = database_url
@@ -109,11 +112,11 @@ class FaultWorker:
             "DJANGO_SETTINGS_MODULE": "portal.project.settings",
             "SLURM_TIMEOUT": str(FAULT_SLURM_TIMEOUT),
             "GPUPORTAL_TEST_RELAY_LEASE_SECONDS": str(FAULT_RELAY_LEASE_SECONDS),
-        }
+        } | self.extra_env
         with open(self.log_path, "a") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "tests.faults.worker_main", "-A", "portal.project", "worker", "-Q", self.queue,
+                    sys.executable, "-m", self.module, "-A", "portal.project", "worker", "-Q", self.queue,
                     "--pool=prefork", f"--concurrency={self.concurrency}", "--without-mingle", "--without-gossip",
                     "--without-heartbeat", "--loglevel=INFO", "-n", self.node_name.split("@")[0] + "@%h",
                 ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import Env
+from portal.env import TCP_DEFAULTS, Env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,11 +66,103 @@ def test_database_url_parses_postgres():
     assert (pg["ENGINE"], pg["NAME"], pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"]) == (
         "django.db.backends.postgresql", "gp", "u", "p@ss", "db.example", "6543",
     )
-    assert pg["OPTIONS"] == {"options": "-c jit=off"}
+    assert pg["OPTIONS"] == {"options": "-c jit=off", **TCP_DEFAULTS}
+    assert TCP_DEFAULTS["tcp_user_timeout"] == "10000"  # a cut link fails a query in 10 s (docs/deploy.md)
     own = Env({"DATABASE_URL": "postgres://u@h/gp?sslmode=require&options=-c%20work_mem%3D64MB"}).database("DATABASE_URL", "")
-    assert own["OPTIONS"] == {"sslmode": "require", "options": "-c work_mem=64MB"}
+    assert own["OPTIONS"] == {"sslmode": "require", "options": "-c work_mem=64MB", **TCP_DEFAULTS}
+    mine = Env({"DATABASE_URL": "postgres://u@h/gp?tcp_user_timeout=3000"}).database("DATABASE_URL", "")
+    assert mine["OPTIONS"]["tcp_user_timeout"] == "3000"  # the URL's win
     with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
         Env({"DATABASE_URL": "postgres://host:5432/"}).database("DATABASE_URL", "")
+
+
+def test_a_multi_host_database_url_lists_every_host_for_psycopg():
+    """libpq's multi-host URL (docs/deploy.md "Settings for a site with failover"): HOST and PORT as
+    the comma-separated lists Django's backend hands to psycopg.connect; the query string as OPTIONS."""
+    url = "postgres://gp:s%3Acret@db-a:5432,db-b:5433,[fd00::3]/gpuportal?target_session_attrs=read-write&connect_timeout=3"
+    pg = Env({"DATABASE_URL": url}).database("DATABASE_URL", "")
+    assert (pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"], pg["NAME"]) == (
+        "gp", "s:cret", "db-a,db-b,fd00::3", "5432,5433,5432", "gpuportal",
+    )  # fmt: skip
+    assert pg["OPTIONS"] == {
+        "target_session_attrs": "read-write", "connect_timeout": "3", "options": "-c jit=off", **TCP_DEFAULTS,
+    }  # fmt: skip
+    assert pg["CONN_HEALTH_CHECKS"] is True  # a connection the failover killed is replaced at the next request
+    no_ports = Env({"DATABASE_URL": "postgres://gp@db-a,db-b/gpuportal"}).database("DATABASE_URL", "")
+    assert (no_ports["HOST"], no_ports["PORT"]) == ("db-a,db-b", "")  # libpq's default port for each
+    socket = Env({"DATABASE_URL": "postgres:///gpuportal"}).database("DATABASE_URL", "")
+    assert (socket["HOST"], socket["PORT"], socket["NAME"]) == ("", "", "gpuportal")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgres://gp@db-a:5432,:5432/gp", "a host for every entry"),
+        ("postgres://gp@db-a:5432,db-b:54x2/gp", "a numeric port"),
+        ("postgres://gp@db-a:99999/gp", "a numeric port"),
+        ("postgres://gp@db-a,db-b/gp?connect_timeout=soon", "connect_timeout as whole seconds"),
+        ("postgres://gp@db-a,db-b/", "a database name"),
+    ],
+    ids=["empty-host", "bad-port", "port-too-big", "bad-timeout", "no-name"],
+)
+def test_a_malformed_multi_host_database_url_names_the_variable(url, says):
+    with pytest.raises(ImproperlyConfigured, match=rf"Environment variable DATABASE_URL=.*{re.escape(says)}"):
+        Env({"DATABASE_URL": url}).database("DATABASE_URL", "")
+
+
+def test_redis_urls_may_be_one_server_or_the_sentinels_of_one_master():
+    from portal.redis_client import parse_redis_url
+
+    env = Env({
+        "CACHE_URL": "sentinel://:pw@s1:26379/1;sentinel://s2:26380/1;sentinel://s3",
+        "CELERY_BROKER_URL": "sentinel://s1:26379/0;sentinel://s2:26379/0",
+        "PLAIN": "redis://:pw@cache:6380/2",
+    })  # fmt: skip
+    cache = parse_redis_url(env.redis_url("CACHE_URL", ""))
+    assert cache.sentinels == (("s1", 26379), ("s2", 26380), ("s3", 26379))
+    assert (cache.db, cache.password) == (1, "pw")  # the first part's, as kombu reads them
+    assert parse_redis_url(env.redis_url("CELERY_BROKER_URL", "")).db == 0
+    plain = parse_redis_url(env.redis_url("PLAIN", ""))
+    assert (plain.sentinels, plain.db, plain.password) == ((), 2, "pw")
+    assert env.redis_url("CELERY_BROKER_URL_MEMORY", "memory://", also=("memory",)) == "memory://"
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("amqp://guest@localhost//", "redis://, rediss:// or sentinel://"),
+        ("redis://a:6379/0;redis://b:6379/0", "one redis:// server"),
+        ("redis://cache:6379/one", "a database number"),
+        ("sentinel://s1:26379/0;redis://s2:6379/0", "part 2"),
+        ("sentinel://s1:26379/0;sentinel://s2:26379/1", "one database for the master"),
+        ("sentinel://:a@s1/0;sentinel://:b@s2/0", "user and password on the first part only"),
+        ("sentinel://s1:2x/0", "a numeric port"),
+        ("sentinel://s1/0;", "part 2"),
+        ("sentinel://s1/0?master_name=x", "without ?options"),
+    ],
+    ids=["amqp", "two-servers", "db-name", "mixed", "two-dbs", "two-passwords", "bad-port", "empty-part", "query"],
+)
+def test_a_malformed_redis_url_names_the_variable(value, says):
+    with pytest.raises(ImproperlyConfigured, match=rf"Environment variable CACHE_URL=.*{re.escape(says)}"):
+        Env({"CACHE_URL": value}).redis_url("CACHE_URL", "")
+
+
+def test_sentinel_urls_reach_the_settings_with_the_master_name():
+    code = (
+        "from django.conf import settings as s; o = s.CELERY_BROKER_TRANSPORT_OPTIONS; print(s.CACHES['default']['LOCATION'], "
+        "o['master_name'], o['sentinel_kwargs']['password'], s.CACHES['default']['OPTIONS']['pool_class'])"
+    )
+    result = _manage(
+        "shell", "-v", "0", "-c", code, CACHE_URL="sentinel://s1:26379/1;sentinel://s2:26379/1",
+        CELERY_BROKER_URL="sentinel://s1:26379/0;sentinel://s2:26379/0", REDIS_SENTINEL_MASTER="site-a",
+        REDIS_SENTINEL_PASSWORD="s-pw",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        "['sentinel://s1:26379/1;sentinel://s2:26379/1']", "site-a", "s-pw", "portal.redis_client.UrlConnectionPool",
+    ]  # fmt: skip
+    bad = _manage("check", REDIS_SENTINEL_MASTER="my master")
+    assert bad.returncode != 0 and "Environment variable REDIS_SENTINEL_MASTER='my master' is invalid" in bad.stderr
 
 
 @pytest.mark.parametrize("url", ["sqlite:///.run/db.sqlite3", "mysql://gpuportal@127.0.0.1/gpuportal", "gpuportal"])
