@@ -314,6 +314,35 @@ def _after_recording(run: _RelayRound, updates: list[Job], held: set) -> None:
             publish("jobs.tasks.job_cancel_relay", str(pk))  # lost: jobs_sweep sends it
 
 
+def jobs_lost_resend(*, jobs: list[Job], now: dt.datetime) -> int:
+    """Send again the jobs Slurm lost in a controller takeover (jobs.services.sync decides which: an id
+    neither the queue nor accounting knows to have started): back to ACCEPTED without their Slurm id,
+    a history event saying why, the relay drain after commit. Their next claim is an attempt beyond
+    the first, so the relay looks for their tag in Slurm before it submits (a job the controller does
+    know after all is adopted, not sent twice). Conditional: only a job still live, never started and
+    still under the lost id changes. Their budget holds stay (the new id is noted when seen)."""
+    lost = {job.pk: job.slurm_job_id for job in jobs}
+    with transaction.atomic():
+        rows = [
+            (pk, slurm_job_id) for pk, slurm_job_id in Job.objects.select_for_update()
+            .filter(pk__in=list(lost), state__in=(JobState.PENDING, JobState.REQUEUED), started_at__isnull=True)
+            .values_list("pk", "slurm_job_id")
+            if slurm_job_id == lost[pk]
+        ]  # fmt: skip
+        if not rows:
+            return 0
+        reasons = {pk: f"Slurm lost job {slurm_job_id} (its controller failed over before saving it): sent again" for pk, slurm_job_id in rows}
+        Job.objects.filter(pk__in=[pk for pk, _ in rows]).update(
+            state=JobState.ACCEPTED, slurm_job_id=None, slurm_cluster="", submitted_at=None, relay_token=None,
+            relay_started_at=None, state_reason="Slurm lost it in a controller failover: sent again",
+        )  # fmt: skip
+        JobEvent.objects.bulk_create([JobEvent(job_id=pk, state=JobState.ACCEPTED, reason=reasons[pk], at=now) for pk, _ in rows])
+        for pk, slurm_job_id in rows:
+            logger.warning("job %s: Slurm job %s lost in a controller takeover, sent again", pk, slurm_job_id)
+        relay_drain_after_commit()
+    return len(rows)
+
+
 # ---------------------------------------------------------------- the relay drain (group commit)
 
 # The coalescing flag of the drain (portal.outbox.after_commit_coalesced) lives this long unless a

@@ -20,7 +20,7 @@ from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slur
 from jobs.dependencies import NEVER_SATISFIED, dependents_waiting, never_satisfied_cancel
 from jobs.models import Job, JobEvent
 from jobs.pending import Outlook, estimate_moved, queue_outlook
-from jobs.services.relay import relay_drain_after_commit
+from jobs.services.relay import jobs_lost_resend, relay_drain_after_commit
 from portal.db import bulk_update
 from portal.models import SyncStatus
 from portal.outbox import after_commit
@@ -59,12 +59,14 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     from portal.services import sync_record_failure, sync_record_success
 
     started = time.monotonic()
-    name = cluster_config(cluster).name
+    config = cluster_config(cluster)
+    name = config.name
     kind = SyncStatus.kind_for("jobs", name)
     live = list(Job.objects.filter(state__in=LIVE_STATES, cluster__name=name).only(*_SYNC_FIELDS))
     stats: dict[str, Any] = {"live": len(live), "changed": 0, "queue_calls": 0, "accounting_calls": 0}
     gateway = get_gateway(name)
     followed = [j for j in live if j.slurm_job_id is not None or j.state == JobState.ACCEPTED]
+    queue_read_at = timezone.now()
     try:
         queue = gateway.queue() if followed else []
     except SlurmUnavailable as exc:
@@ -96,6 +98,11 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
             planned[job.id] = values
 
     stats["changed"] = _apply_plan(planned, now, cluster=name) if planned else 0
+    # jobs a Slurm controller gave an id to and then lost (killed before its state save; its backup took
+    # over without them): sent again, found by their tag first (issue 42 item 3)
+    if accounting_ok and not config.is_kubernetes:
+        lost = _lost_in_takeover(need_accounting, entries, records, queue_read_at)
+        stats["resent"] = jobs_lost_resend(jobs=lost, now=now) if lost else 0
     stats["array_tasks"] = array_tasks_record(array_tasks) if array_tasks else 0
     ended_arrays = [job_id for job_id, values in planned.items() if job_id in array_tasks and values.get("state") in TERMINAL_STATES]
     if ended_arrays:
@@ -114,6 +121,27 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     else:
         sync_record_success(kind, data=data)
     return stats
+
+
+def _lost_in_takeover(need_accounting: list[Job], entries: dict, records: dict, queue_read_at: dt.datetime) -> list[Job]:
+    """The jobs Slurm gave an id and no longer knows: gone from the controller's queue, which keeps
+    even an ended job for MinJobAge (300 s by default), and never started according to accounting
+    (no record of theirs, or one still PENDING) — what a controller killed before it saved its state
+    leaves when its backup takes over (docs/reliability.md: `Vestigial state files for JobId=…, but no
+    job record`). Only ids known JOB_LOST_AFTER_SECONDS before the queue was read (a job submitted
+    while the read was under way is not in it yet). Array jobs are left alone (their tasks leave the
+    queue one by one)."""
+    before = queue_read_at - dt.timedelta(seconds=settings.JOB_LOST_AFTER_SECONDS)
+    lost = []
+    for job in need_accounting:
+        if job.slurm_job_id is None or job.array or job.id in entries or job.submitted_at is None or job.submitted_at > before:
+            continue
+        record = records.get(job.slurm_job_id)
+        if record is not None and not _is_ours(record, job):
+            record = None  # another job under a reused id
+        if record is None or (record.start_time is None and state_from_slurm(record.state) == JobState.PENDING):
+            lost.append(job)
+    return lost
 
 
 def _is_ours(record, job: Job) -> bool:

@@ -294,6 +294,9 @@ if not _workdir_sample.startswith("/"):
 # (slurm-%j.out, stderr in the same file; with {stream}: .out and .err apart).
 JOB_OUTPUT_PATTERN = env.str("JOB_OUTPUT_PATTERN", "{workdir}/slurm-{slurm_job_id}.out")
 JOB_ACCEPTED_SWEEP_SECONDS = env.int("JOB_ACCEPTED_SWEEP_SECONDS", 30, minimum=1)
+# A job whose Slurm id the controller's queue and accounting no longer know (never started) this long
+# after the portal learnt the id was lost in a controller takeover: sent again (jobs.services.sync)
+JOB_LOST_AFTER_SECONDS = env.int("JOB_LOST_AFTER_SECONDS", 60, minimum=10)
 JOB_SYNC_INTERVAL_SECONDS = env.float("JOB_SYNC_INTERVAL_SECONDS", 5.0, minimum=0.5)
 # A script's --begin may defer a job by at most this many days: the job's budget hold is taken at
 # submission and kept while it waits (the reason --hold is refused), so a far-future --begin would

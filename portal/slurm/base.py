@@ -72,7 +72,9 @@ class SlurmGateway(abc.ABC):
     def find_by_comments(self, comments) -> dict[str, int]:
         """The job id of a job carrying each of these comments, for those Slurm holds: the queue
         first (one call), and only for the comments it misses the accounting of the last
-        FIND_BY_COMMENT_DAYS days (one more call) — two calls at most, however many comments."""
+        FIND_BY_COMMENT_DAYS days (one more call) — two calls at most, however many comments. A
+        record that never started nor ended is not a job Slurm holds: a pending job is in the queue,
+        and one that is not was lost by its controller (a takeover before its state was saved)."""
         wanted = {comment for comment in comments if comment}
         found: dict[str, int] = {}
         if not wanted:
@@ -83,6 +85,8 @@ class SlurmGateway(abc.ABC):
         if wanted - found.keys():
             now = dt.datetime.now(dt.UTC)
             for record in self.accounting(now - dt.timedelta(days=FIND_BY_COMMENT_DAYS), now):
+                if record.start_time is None and record.end_time is None:
+                    continue  # pending in accounting yet not in the queue: lost by its controller, not ours to adopt
                 if record.comment in wanted and record.comment not in found:
                     found[record.comment] = record.array_job_id or record.job_id
         return found
