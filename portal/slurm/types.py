@@ -75,6 +75,7 @@ class JobRequest:
     # the portal jobs it waits for (their ids): the relay sends it once each has a Slurm id, as
     # --dependency=afterok on them (JobSubmission.dependency); a script's own --dependency is in ``options``
     depends_on: tuple[str, ...] = ()
+    image: str = ""  # the container image a Kubernetes Job runs in ("": the site's default); never Slurm's
 
     @property
     def variables(self) -> dict[str, str]:
