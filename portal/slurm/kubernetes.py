@@ -14,7 +14,8 @@ namespaces, and the lists of Jobs, pods and events the sync makes).
   Slurm's words. Kubernetes keeps no accounting: an ended Job is its own record, and a Job the API no
   longer has (the portal's cancel deletes it) is reported CANCELLED when asked for by id. Without ids
   (the usage ingestion, as ``sacct -S -E``): every Job of the window, a running one's figures so far.
-- ``cancel``: delete the Job with ``propagationPolicy=Background`` (its pod goes with it);
+- ``cancel``: delete the Job with ``propagationPolicy=Foreground`` (its pod goes with it), and
+  return what a running one ran up to the deletion the API server reports (the portal records it);
   ``jobs_delete``: finished Jobs, in bulk (the sync's, once their usage is recorded).
 - errors: an RBAC denial of the portal's own account is ``NotPermitted`` (unavailable: retried), a
   refusal by the API server's admission (a quota, a webhook) ``SlurmRejected`` (``_call``).
@@ -27,6 +28,7 @@ namespaces, and the lists of Jobs, pods and events the sync makes).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import re
@@ -132,19 +134,40 @@ class KubernetesGateway(SlurmGateway):
                 raise t.SlurmRejected(f"a Job named {body['metadata']['name']} exists and is not this job's") from None
         return number
 
-    def cancel(self, job_id: int) -> None:
-        """Delete the job's Job (propagationPolicy Background: its pod goes with it), found by its
-        number's label with one cluster-scoped list; a Job already gone is no error."""
+    def cancel(self, job_id: int) -> t.AccountingRecord | None:
+        """Delete the job's Job, found by its number's label with one cluster-scoped list, with
+        propagationPolicy Foreground: the API server answers with the Job and the deletionTimestamp
+        it set, and keeps the Job until its pod is gone. A Job already gone is no error.
+
+        Kubernetes keeps no accounting, and a deleted Job's pod leaves no reading of its end: so a
+        running job's cancel returns what ran — its pod's start to that deletionTimestamp, CANCELLED
+        (the portal records it at once: jobs.services.cancel) — None when its pod never started or
+        had ended (the usage ingestion reads those). One more list (its pods) when the Job exists."""
+        import json
+
         from kubernetes.client.exceptions import ApiException
 
-        batch = self._api("BatchV1Api")
+        batch, core = self._api("BatchV1Api"), self._api("CoreV1Api")
         selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(job_id)}"
-        for job in self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector).items:
+        jobs = self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector).items
+        pods = self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items if jobs else []
+        ran = None
+        for job in jobs:
             try:
-                self._call("delete job", batch.delete_namespaced_job, job.metadata.name, job.metadata.namespace,
-                           propagation_policy="Background")  # fmt: skip
+                response = self._call("delete job", batch.delete_namespaced_job, job.metadata.name, job.metadata.namespace,
+                                      propagation_policy="Foreground", _preload_content=False)  # fmt: skip
             except ApiException:  # 404: gone already (ended and deleted, or a cancel repeated)
-                pass
+                continue
+            try:
+                stamp = (json.loads(response.data).get("metadata") or {}).get("deletionTimestamp")
+            except ValueError:
+                stamp = None
+            mine = [p for p in pods if (p.metadata.labels or {}).get(kj.LABEL_JOB) == job.metadata.labels.get(kj.LABEL_JOB)]
+            pod = max(mine, key=lambda p: p.metadata.creation_timestamp) if mine else None
+            if stamp and _state(job, pod) == "RUNNING" and _started(pod) and _terminated(pod) is None:
+                deleted_at = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                ran = dataclasses.replace(_record(job, pod, deleted_at), state="CANCELLED", end_time=deleted_at)
+        return ran
 
     def jobs_delete(self, jobs: Collection[tuple[str, int]]) -> tuple[int, list[str]]:
         """Delete finished Jobs, given as (namespace, job number), in bulk: one ``deletecollection`` per
@@ -461,6 +484,8 @@ def _end_time(job, pod) -> dt.datetime | None:
     terminated = _terminated(pod)
     if terminated is not None:
         return terminated.finished_at
+    if job.metadata.deletion_timestamp is not None:  # a cancel (Foreground): its pod is going
+        return job.metadata.deletion_timestamp
     if job.status.completion_time is not None:
         return job.status.completion_time
     failed = _conditions(job).get("Failed")
