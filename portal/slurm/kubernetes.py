@@ -48,7 +48,8 @@ DELETE_BATCH = 100  # job numbers in one deletecollection's label selector (16 d
 # The authorizer's 403 (k8s.io/apiserver's forbidden message: `User "…" cannot VERB resource "R" in API
 # group "G" in the namespace "N"`, or "at the cluster scope", or "cannot get path"), not an admission
 # plugin's ("exceeded quota: …", a webhook's): the first is a right missing, the second a refusal.
-_AUTHORIZER_DENIAL = re.compile(r'User "[^"]*" cannot \S+ (?:resource|path) .*?(?:in the namespace "(?P<namespace>[^"]*)")?$', re.S)
+_AUTHORIZER_DENIAL = re.compile(r'User "[^"]*" cannot \S+ (?:resource|path) ')
+_DENIED_IN = re.compile(r' in the namespace "([^"]*)"')
 
 
 class KubernetesGateway(SlurmGateway):
@@ -96,8 +97,8 @@ class KubernetesGateway(SlurmGateway):
                 raise
             text = _message(exc)
             message = f"{what}: {exc.status} {text}"
-            if exc.status == 403 and (denied := _AUTHORIZER_DENIAL.search(text)):
-                namespace = denied.group("namespace") or ""
+            if exc.status == 403 and _AUTHORIZER_DENIAL.search(text):
+                namespace = found.group(1) if (found := _DENIED_IN.search(text)) else ""
                 where, binding = (f"in namespace {namespace}", "its RoleBinding there") if namespace else (
                     "cluster-wide", "its ClusterRoleBinding")  # fmt: skip
                 raise t.NotPermitted(f"{message} (the portal's service account lacks this right {where} now: RBAC not "
