@@ -191,7 +191,9 @@ class KubernetesGateway(SlurmGateway):
                     self._call("delete jobs", batch.delete_collection_namespaced_job, namespace,
                                label_selector=selector, propagation_policy="Background")  # fmt: skip
                 except t.NotPermitted as exc:
-                    skipped.append(f"namespace {namespace} skipped: {exc.message}")
+                    logger.warning("cluster %s: finished Jobs in namespace %s not deleted: %s", self.cluster, namespace, exc.message)
+                    skipped.append(f"namespace {namespace}: its finished Jobs are not deleted, the portal's service account "
+                                   "may not delete Jobs there (its RoleBinding missing?)")  # fmt: skip
                     break
                 except ApiException:  # 404: the namespace is gone, and its Jobs with it
                     break

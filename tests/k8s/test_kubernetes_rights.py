@@ -142,10 +142,11 @@ def test_finished_jobs_are_deleted_in_bulk_once_their_usage_is_recorded_and_a_na
     client.RbacAuthorizationV1Api(k8s_admin).delete_namespaced_role_binding(BINDING, k8s_namespace)
     wait_for(lambda: not _may_create_jobs(k8s_portal, k8s_namespace), timeout=30, what="the portal's right to be gone")
     stats = jobs_sync(cluster=K8S_CLUSTER)
-    assert stats["deleted"] == 0 and k8s_namespace in stats["delete_skipped"][0]
+    assert stats["deleted"] == 0 and stats["delete_skipped"][0].startswith(f"namespace {k8s_namespace}: ")
     [row] = [row for row in clusters_status() if row["name"] == K8S_CLUSTER]
     [condition] = [c for c in row["health"]["conditions"] if c["code"] == "namespaces_skipped"]
-    assert f"namespace {k8s_namespace} skipped" in condition["message"] and "RoleBinding" in condition["message"]
+    assert f"namespace {k8s_namespace}: its finished Jobs are not deleted" in condition["message"]
+    assert "RoleBinding" in condition["message"]
     assert len(_kube_jobs(k8s_portal, k8s_namespace)) == 2
 
     _restore_binding(k8s_namespace, k8s_portal)
