@@ -168,6 +168,10 @@ class _RelayRound:
         # per cluster: set once its Slurm does not answer, so its remaining jobs are not tried
         self.down: dict[str, list[str]] = {name: [] for name in self.gateways}
         self.waiting: list[str] = []  # jobs denied by the scheduler in one namespace only (NotPermitted)
+        # those jobs: released with their lease kept, so no relay claims them again before it expires
+        # (RELAY_LEASE_SECONDS): a namespace that stays unusable is retried every lease, and its jobs,
+        # the oldest, do not fill every drain round ahead of the other teams' (claims are oldest first)
+        self.backed_off: set = set()
         self.in_slurm: dict[str, int] = {}  # tag -> Slurm id of the repeats found there
 
     @property
@@ -225,8 +229,9 @@ class _RelayRound:
         except NotPermitted as exc:
             if not exc.namespace:  # the portal's right is missing cluster-wide: as a cluster that does not answer
                 self.down[job.cluster.name].append(exc.message)
-            # one namespace's (its RoleBinding missing): that job waits, the others of the cluster go on
-            self.waiting.append(exc.message)
+            else:  # one namespace's (its RoleBinding missing): that job waits, the others of the cluster go on
+                self.waiting.append(exc.message)
+                self.backed_off.add(job.pk)
             return job.pk, ("unavailable", exc.message)
         except SlurmUnavailable as exc:
             self.down[job.cluster.name].append(exc.message)
@@ -295,14 +300,14 @@ def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[
             # refused by Slurm or cancelled before it: never ran, holds nothing
             budget_holds_release(job_uuids=[job.pk for job in updates if job.state != JobState.PENDING], at=now)
     if released:
-        by_message: dict[str, list] = {}  # each released job with its own reason (one UPDATE per reason)
+        by_message: dict[tuple[str, bool], list] = {}  # each released job with its own reason (one UPDATE per reason)
         for pk in released:
             kind, value = run.outcomes[pk]
             reason = f"Slurm unavailable: {value}" if kind == "unavailable" else "Relay time budget spent"
-            by_message.setdefault(reason[:4000], []).append(pk)
-        for reason, pks in by_message.items():
-            Job.objects.filter(pk__in=pks, relay_token=token).update(relay_token=None, relay_started_at=None,
-                                                                      last_relay_error=reason)  # fmt: skip
+            by_message.setdefault((reason[:4000], pk in run.backed_off), []).append(pk)
+        for (reason, backed_off), pks in by_message.items():
+            Job.objects.filter(pk__in=pks, relay_token=token).update(
+                relay_token=None, relay_started_at=now if backed_off else None, last_relay_error=reason)  # fmt: skip
         for pk in released:
             result[run.outcomes[pk][0]] += 1
     return updates, held, released

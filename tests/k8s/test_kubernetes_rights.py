@@ -62,6 +62,17 @@ def _account(world, namespace):
     TeamClusterAccount.objects.filter(team=world.vision, cluster__name=K8S_CLUSTER).update(slurm_account=namespace)
 
 
+def _lease_expired(job_id):
+    """As if the relay's lease on the job had run out (RELAY_LEASE_SECONDS, 120 s) — not waited for here."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from jobs.services.relay import RELAY_LEASE_SECONDS
+
+    Job.objects.filter(pk=job_id).update(relay_started_at=timezone.now() - dt.timedelta(seconds=RELAY_LEASE_SECONDS + 1))
+
+
 def _restore_binding(namespace, k8s_portal):
     import subprocess
 
@@ -90,11 +101,15 @@ def test_a_namespace_whose_rolebinding_is_missing_holds_its_job_accepted_until_t
     assert f'in the namespace "{k8s_namespace}"' in job.last_relay_error and "retried" in job.last_relay_error
     assert Job.objects.get(pk=fine).state == JobState.PENDING  # another namespace's job of the round went on
     assert len(_kube_jobs(k8s_portal, other, fine)) == 1
+    # backed off for one lease (it would otherwise head every oldest-first drain round), then retried
+    assert job.relay_started_at is not None and job_relay_run(denied) == "not-claimed"
+    _lease_expired(denied)
     with pytest.raises(SlurmUnavailable):  # retried while the right is missing: still waiting
         job_relay_run(denied)
     assert Job.objects.get(pk=denied).state == JobState.ACCEPTED
 
     _restore_binding(k8s_namespace, k8s_portal)
+    _lease_expired(denied)
     assert job_relay_run(denied) == "submitted"
     job = Job.objects.get(pk=denied)
     assert job.state == JobState.PENDING and job.slurm_job_id is not None
