@@ -94,6 +94,11 @@ JOB_FIELDS: tuple[JobField, ...] = (
              "successfully. Empty: the script's --dependency.",
              api_help="Portal job ids this job waits for: it is sent to Slurm with --dependency=afterok on their Slurm "
              "ids once each has one, and fails if one of them cannot succeed. Overrides the script's --dependency."),
+    JobField("image", "str", stored=False, empty="", max_length=512, label="Image",
+             help="Kubernetes clusters only: a container image from the site's list. Empty: the site's default.",
+             api_help="The container image a job on a Kubernetes cluster runs in: the site's default "
+             "(GPUPORTAL_K8S_IMAGE) or one of the images the site allows (GPUPORTAL_K8S_IMAGES); any other is a 400 "
+             "naming `image`, and so is an image for a Slurm cluster. Empty: the site's default."),
     JobField("qos", "str", ("qos",), form=False),
     JobField("constraint", "str", ("constraint",), form=False),
 )  # fmt: skip

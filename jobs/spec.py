@@ -72,7 +72,7 @@ from jobs.spec_fields import (
     _path_ok,
     parse_script,
 )
-from jobs.spec_policy import _check_against, _check_policy, _check_release, check_kubernetes
+from jobs.spec_policy import _check_against, _check_policy, _check_release, check_image, check_kubernetes
 from portal.exceptions import ApplicationError
 from portal.slurm.request import job_request, merged_options
 from portal.slurm.types import JobRequest
@@ -187,6 +187,7 @@ def validate_job_spec(
     qos: str | None = None,
     constraint: str | None = None,
     depends_on: Any = None,
+    image: str | None = None,
     check_script: bool = True,
     cache: dict | None = None,
     parsed: ParsedScript | None = None,
@@ -206,7 +207,8 @@ def validate_job_spec(
     ``cache``: a dict kept across the specs of one batch, so the inventory is read once per partition.
     ``parsed``: the script's parse when the caller has it (jobs.spec_fields.parse_script: read once
     per request). ``depends_on``: portal job ids the job waits for (jobs.dependencies: the relay sends
-    them as --dependency, replacing the script's). ``tag``: the portal's tag of the job (its --comment). The spec's ``request`` is what
+    them as --dependency, replacing the script's). ``image``: a Kubernetes job's container image
+    (jobs.spec_policy.check_image). ``tag``: the portal's tag of the job (its --comment). The spec's ``request`` is what
     Slurm gets (portal.slurm.request.job_request: the directives and the command line merged once),
     stored with the job and handed to the gateway unchanged."""
     cache = {} if cache is None else cache
@@ -241,6 +243,7 @@ def validate_job_spec(
         _check_release(directives, capacity, errors)
         _check_policy(cache["inventory"].policy(capacity), capacity, request, errors, account)
         check_kubernetes(capacity, effective, script, errors)
+        image = check_image(capacity, image, errors)
         spec = _check_against(capacity, request, errors, script_options)
     if errors or spec is None:
         _raise(errors)
@@ -257,7 +260,7 @@ def validate_job_spec(
         script=script, directives=directives, command_line=command_line, effective=effective, workdir=workdir,
         submit_dir=submit_dir, submit_dir_default=submit_dir == default_submit_dir, environment=environment_clean,
         gpus=spec["gpus"], gpu_type=spec["gpu_type"], nodes=spec["nodes"], time_limit_minutes=spec["time_limit_minutes"],
-        array_tasks=spec["array_tasks"], depends_on=parents,
+        array_tasks=spec["array_tasks"], depends_on=parents, image=image or "",
     )  # fmt: skip
     spec.update(name=name, script=script, workdir=workdir, environment=environment_clean, submit_dir=submit_dir,
                 output=output, error=error, request=slurm_request)  # fmt: skip

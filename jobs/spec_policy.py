@@ -14,6 +14,7 @@ from jobs.constraints import unmatched
 from jobs.inventory import PartitionCapacity
 from jobs.spec_fields import _Errors
 from portal.models import ClusterPolicyInfo
+from portal.slurm.kube_job import image_refusal
 from portal.slurm.kube_job import refusal as kubernetes_refusal
 from portal.slurm.kube_job import script_refusal as kubernetes_script_refusal
 
@@ -163,3 +164,20 @@ def check_kubernetes(capacity: PartitionCapacity, effective: list[Directive], sc
     found = kubernetes_script_refusal(script)
     if found is not None:
         errors.add("script", f"Line {found[0]}: {found[1]} ({where}).")
+
+
+def check_image(capacity: PartitionCapacity, image: str | None, errors: _Errors) -> str:
+    """The job's ``image`` field: on a Kubernetes cluster the site's default or one it allows
+    (portal.slurm.kube_job.image_refusal), on a Slurm cluster none (Slurm runs no images). Returns
+    it stripped; a refusal is an error naming ``image``."""
+    image = (image or "").strip()
+    if not image:
+        return ""
+    row = capacity.cluster_row
+    if row is None or row.kind != "kubernetes":
+        errors.add("image", f"Cluster {capacity.cluster!r} runs Slurm, which runs no container images: leave the image empty.")
+        return image
+    why = image_refusal(image, default=settings.GPUPORTAL_K8S_IMAGE, allowed=settings.GPUPORTAL_K8S_IMAGES)
+    if why is not None:
+        errors.add("image", f"{why[0].upper()}{why[1:]}.")
+    return image

@@ -164,10 +164,15 @@ def scheduler_version(kind: str, version: str) -> str:
     return f"{SCHEDULERS.get(kind, kind)} {version}" if version else ""
 
 
-def cluster_health(status: SyncStatus | None, nodes) -> dict:
+def cluster_health(status: SyncStatus | None, nodes, jobs_status: SyncStatus | None = None) -> dict:
     """A cluster's health as the status page and the API show it: ``ok`` and the conditions that
-    are not (each {"code", "message"}); one place to add a condition. No query."""
+    are not (each {"code", "message"}); one place to add a condition. ``jobs_status``: the jobs
+    sync's (a Kubernetes namespace it had to skip: no right there). No query."""
     conditions = []
+    skipped = (jobs_status.data.get("namespaces_skipped") or []) if jobs_status is not None else []
+    if skipped:
+        conditions.append({"code": "namespaces_skipped", "message": "The jobs sync skipped "
+                           + "; ".join(line[:300] for line in skipped[:5])})  # fmt: skip
     if status is None or status.last_success_at is None:
         since = f" (failing since {status.failing_since:%Y-%m-%d %H:%M %Z})" if status and status.failing_since else ""
         conditions.append({"code": "never_read", "message": f"The inventory has not been read yet{since}."})
@@ -191,7 +196,8 @@ def clusters_status() -> list[dict]:
     clusters = list(Cluster.objects.filter(active=True))
     nodes = list(NodeInfo.objects.filter(cluster__active=True).order_by("name"))
     partitions = list(PartitionInfo.objects.filter(cluster__active=True))
-    statuses = {s.kind: s for s in SyncStatus.objects.filter(kind__in=[SyncStatus.kind_for("cluster", c.name) for c in clusters])}
+    kinds = [SyncStatus.kind_for(kind, c.name) for c in clusters for kind in ("cluster", "jobs")]
+    statuses = {s.kind: s for s in SyncStatus.objects.filter(kind__in=kinds)}
     policies = dict(ClusterPolicyInfo.objects.values_list("cluster_id", "max_array_size"))
     names = {c.pk: c.name for c in clusters}
     default = cluster_config().name
@@ -209,7 +215,7 @@ def clusters_status() -> list[dict]:
             "relay_backend": data.get("relay_backend", ""),
             "relay_backend_label": RELAY_BACKENDS.get(data.get("relay_backend", ""), data.get("relay_backend", "")),
             "configured_backend": cluster.backend,
-            "health": cluster_health(status, mine),
+            "health": cluster_health(status, mine, statuses.get(SyncStatus.kind_for("jobs", cluster.name))),
             "last_success_at": status.last_success_at if status else None,
             "last_attempt_at": status.last_attempt_at if status else None,
             "failing_since": status.failing_since if status else None,

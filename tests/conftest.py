@@ -65,6 +65,8 @@ _FIXTURE_MARKERS = {
     "k8s_namespace": "k8s",
     "k8s_cluster": "k8s",
     "k8s_worker": "k8s",
+    "k8s_admin": "k8s",
+    "k8s_more_namespaces": "k8s",
     "jobs_sync_loop": "celery",
     "real_worker": "celery",
     "celery_worker_process": "celery",
@@ -465,6 +467,38 @@ def k8s_namespace(k8s_portal):
     admin_config = Path(django_settings.GPUPORTAL_K8S_KUBECONFIG).with_name("admin.kubeconfig")
     with config.new_client_from_config(config_file=str(admin_config)) as admin:
         client.CoreV1Api(admin).delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture
+def k8s_admin(k8s_portal):
+    """The local cluster's admin client (admin.kubeconfig beside the portal's): what a site's admin does
+    by hand in a test — RBAC removed and restored, a quota of Jobs."""
+    from kubernetes import config
+
+    admin_config = Path(django_settings.GPUPORTAL_K8S_KUBECONFIG).with_name("admin.kubeconfig")
+    with config.new_client_from_config(config_file=str(admin_config)) as admin:
+        yield admin
+
+
+@pytest.fixture
+def k8s_more_namespaces(k8s_admin):
+    """``k8s_more_namespaces(n)``: n more team namespaces made as k8s_namespace's (scripts/k8s
+    namespace), deleted afterwards with all they hold."""
+    import uuid
+
+    from kubernetes import client
+
+    made = []
+
+    def make(count: int) -> list[str]:
+        names = [f"gpuportal-test-{uuid.uuid4().hex[:10]}" for _ in range(count)]
+        subprocess.run([str(ROOT / "scripts" / "k8s"), "namespace", *names], check=True, capture_output=True, timeout=60)
+        made.extend(names)
+        return names
+
+    yield make
+    for name in made:
+        client.CoreV1Api(k8s_admin).delete_namespace(name, propagation_policy="Background")
 
 
 K8S_CLUSTER = "gpuportal-k8s"

@@ -54,6 +54,7 @@ from accounting.selectors.usage import (
     invoice_lines,
     jobs_usage,
     usage_by_team_and_month,
+    usage_final_job_ids,
     usage_records_of_team,
     usage_teams_visible_to,
 )
@@ -65,5 +66,5 @@ __all__ = [
     "can_read_invoice", "can_see_user_breakdown", "cost_report", "current_month", "gpu_hour_price", "invoice_groups", "invoice_job_rows", "invoice_lines", "jobs_usage",
     "month_start", "next_month", "quota_period_bounds", "quotas_effective", "quotas_visible_to",
     "range_bounds", "rates_current", "rollup_message", "rollup_status", "team_budget", "team_budget_ratios", "usage_by_team_and_month",
-    "usage_records_of_team", "usage_teams_visible_to", "idle_savings_by_team",
+    "usage_final_job_ids", "usage_records_of_team", "usage_teams_visible_to", "idle_savings_by_team",
 ]  # fmt: skip

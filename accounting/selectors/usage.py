@@ -405,3 +405,8 @@ def usage_records_of_team(team: Team) -> QuerySet[UsageRecord]:
     return UsageRecord.objects.filter(team=team)
 
 
+def usage_final_job_ids(*, cluster: str, job_ids) -> set[int]:
+    """Which of these scheduler job ids on ``cluster`` have a final (not provisional) usage record:
+    what the portal will not read again (the Kubernetes sync deletes such a finished Job). One query."""
+    return set(UsageRecord.objects.filter(cluster=cluster, job_id__in=list(job_ids), provisional=False)
+               .values_list("job_id", flat=True))  # fmt: skip

@@ -353,15 +353,15 @@ def _upsert(rows: list[UsageRecord]) -> list[UsageRecord]:
 
 
 def _vanished_close(*, gateway, cluster: str, seen: set[int], now: dt.datetime) -> int:
-    """Kubernetes keeps no accounting (issue 41): a Job the API no longer has (the portal's cancel
-    deletes it, its pod with it) or whose pod is gone (the Job controller deletes a pod past the
-    Job's deadline) leaves no reading of its end. Its running record (provisional, not refreshed by
-    this ingestion's reading) is closed through the same upsert as every record: at the Job
-    controller's verdict when the Job is still there, else at its last reading (``known_until``: the
-    last time the API showed its pod running — up to one ingestion period, 60 s, of a cancelled job
-    goes uncharged rather than a guess charged). One more accounting read, by id, only when a
-    record is left open; a namespace the portal cannot read closes nothing (the gateway then
-    reports no Job as gone). Returns the records written."""
+    """Kubernetes keeps no accounting (issue 41): a Job the API no longer has (deleted by hand; the
+    portal's own cancel records what ran up to the deletion itself: jobs.services.cancel) or whose
+    pod is gone (the Job controller deletes a pod past the Job's deadline) leaves no reading of its
+    end. Its running record (provisional, not refreshed by this ingestion's reading) is closed through
+    the same upsert as every record: at the Job controller's verdict when the Job is still there, else
+    at its last reading (``known_until``: the last time the API showed its pod running — up to one
+    ingestion period, 60 s, goes uncharged rather than a guess charged). One more accounting read,
+    by id, only when a record is left open (the gateway's lists are cluster-wide: a Job they do not
+    show is gone). Returns the records written."""
     open_rows = list(UsageRecord.objects.filter(cluster=cluster, provisional=True).exclude(job_id__in=seen))
     if not open_rows:
         return 0

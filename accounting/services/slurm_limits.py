@@ -20,7 +20,7 @@ from accounting.models import Quota, QuotaState
 from accounting.selectors.budgets import quotas_effective
 from portal.models import SyncStatus, Team
 from portal.selectors import team_cluster_accounts
-from portal.slurm import AssociationLimits, SlurmRejected, cluster_config, configured_clusters, get_gateway
+from portal.slurm import AssociationLimits, NotPermitted, SlurmRejected, cluster_config, configured_clusters, get_gateway
 
 logger = logging.getLogger(__name__)
 ROLLOVER_KIND = "quota-rollover"
@@ -65,7 +65,7 @@ def _drift_of(team: Team, cluster: str, account: str, gateway) -> tuple[object, 
     kubernetes = cluster_config(cluster).is_kubernetes
     try:
         actual = gateway.association_limits_get(account)
-    except SlurmRejected as exc:
+    except (SlurmRejected, NotPermitted) as exc:
         if not kubernetes:
             raise
         # a namespace the portal may not read (no RoleBinding there): said, and the other teams go on
@@ -113,7 +113,7 @@ def quota_limits_apply(*, teams: list[Team] | None = None, force: bool = False) 
             if lines or force:
                 try:
                     gateway.association_limits_set(expected)
-                except SlurmRejected as exc:
+                except (SlurmRejected, NotPermitted) as exc:
                     if not cluster_config(cluster).is_kubernetes:
                         raise
                     logger.warning("team %s: quota limits not mirrored to %s: %s", team.slug, cluster, exc.message)

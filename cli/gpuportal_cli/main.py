@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus-per-gpu", type=int)
     p.add_argument("--mem", metavar="SIZE", help="memory per node, e.g. 32G (a bare number is MiB)")
     p.add_argument("--workdir", "-D", help="working directory on the cluster")
+    p.add_argument("--image", help="Kubernetes clusters: the container image, one the site allows (default: the site's)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--after", action="append", metavar="JOB", help="start only once this portal job has completed "
                    "successfully (repeatable, or JOB,JOB; sent to Slurm as --dependency=afterok)")  # fmt: skip

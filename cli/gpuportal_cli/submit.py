@@ -71,6 +71,8 @@ def build_submission(args, script: str, script_name: str) -> tuple[dict, list[st
     body["submit_dir"] = os.getcwd()
     if args.workdir:
         body["workdir"] = os.path.abspath(args.workdir)
+    if getattr(args, "image", None):
+        body["image"] = args.image  # Kubernetes only: the server checks it against the site's list
     if getattr(args, "after", None):
         body["depends_on"] = [job for item in args.after for job in re.split(r"[\s,]+", item) if job]
     if args.env:

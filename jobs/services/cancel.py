@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 from gpuportal_sbatch.directives import parse_array
 
-from accounting.services import budget_holds_release, idle_saving_record
+from accounting.services import budget_holds_release, idle_saving_record, usage_records_upsert
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from jobs.models import Job, JobArrayTask, JobEvent, JobGpuUsage
 from jobs.services.relay import job_relay_run
@@ -86,7 +86,9 @@ def job_cancel_relay_run(job_id) -> str:
             gateway.admin_comment_set(job.slurm_job_id, job.cancel_reason)
         except SlurmRejected as exc:
             logger.warning("AdminComment of Slurm job %s refused: %s", job.slurm_job_id, exc)
-    gateway.cancel(job.slurm_job_id)
+    ran = gateway.cancel(job.slurm_job_id)
+    if ran is not None:  # Kubernetes: no accounting keeps what ran up to the deletion — recorded now, final
+        usage_records_upsert(records=[ran], now=timezone.now(), cluster=job.cluster.name)
     Job.objects.filter(pk=job.pk).update(cancel_sent_at=timezone.now())
     return "sent"
 

@@ -23,7 +23,7 @@ from jobs.models import Job, JobEvent
 from portal.db import bulk_update
 from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
 from jobs.workdirs import cluster_username, submit_dir_ensure
-from portal.slurm import JobRequest, JobSubmission, SlurmRejected, SlurmUnavailable, get_gateway
+from portal.slurm import JobRequest, JobSubmission, NotPermitted, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
 
@@ -167,11 +167,16 @@ class _RelayRound:
         self.outcomes: dict[Any, tuple[str, Any]] = {}
         # per cluster: set once its Slurm does not answer, so its remaining jobs are not tried
         self.down: dict[str, list[str]] = {name: [] for name in self.gateways}
+        self.waiting: list[str] = []  # jobs denied by the scheduler in one namespace only (NotPermitted)
+        # those jobs: released with their lease kept, so no relay claims them again before it expires
+        # (RELAY_LEASE_SECONDS): a namespace that stays unusable is retried every lease, and its jobs,
+        # the oldest, do not fill every drain round ahead of the other teams' (claims are oldest first)
+        self.backed_off: set = set()
         self.in_slurm: dict[str, int] = {}  # tag -> Slurm id of the repeats found there
 
     @property
     def unavailable(self) -> list[str]:
-        return [message for messages in self.down.values() for message in messages[:1]]
+        return [message for messages in self.down.values() for message in messages[:1]] or self.waiting[:1]
 
     def submissions(self) -> list[tuple[Job, JobSubmission]]:
         """Each job's submission (in this thread: a booked job's reservation and the parents are
@@ -221,6 +226,13 @@ class _RelayRound:
             return job.pk, ("submitted", self.gateways[job.cluster.name].submit(submission))
         except SlurmRejected as exc:
             return job.pk, ("rejected", exc.message)
+        except NotPermitted as exc:
+            if not exc.namespace:  # the portal's right is missing cluster-wide: as a cluster that does not answer
+                self.down[job.cluster.name].append(exc.message)
+            else:  # one namespace's (its RoleBinding missing): that job waits, the others of the cluster go on
+                self.waiting.append(exc.message)
+                self.backed_off.add(job.pk)
+            return job.pk, ("unavailable", exc.message)
         except SlurmUnavailable as exc:
             self.down[job.cluster.name].append(exc.message)
             return job.pk, ("unavailable", exc.message)
@@ -288,12 +300,16 @@ def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[
             # refused by Slurm or cancelled before it: never ran, holds nothing
             budget_holds_release(job_uuids=[job.pk for job in updates if job.state != JobState.PENDING], at=now)
     if released:
-        unavailable = run.unavailable
-        Job.objects.filter(pk__in=released, relay_token=token).update(
-            relay_token=None, relay_started_at=None,
-            last_relay_error=(f"Slurm unavailable: {unavailable[0]}" if unavailable else "Relay time budget spent")[:4000],
-        )  # fmt: skip
-        result["unavailable" if unavailable else "out_of_time"] += len(released)
+        by_message: dict[tuple[str, bool], list] = {}  # each released job with its own reason (one UPDATE per reason)
+        for pk in released:
+            kind, value = run.outcomes[pk]
+            reason = f"Slurm unavailable: {value}" if kind == "unavailable" else "Relay time budget spent"
+            by_message.setdefault((reason[:4000], pk in run.backed_off), []).append(pk)
+        for (reason, backed_off), pks in by_message.items():
+            Job.objects.filter(pk__in=pks, relay_token=token).update(
+                relay_token=None, relay_started_at=now if backed_off else None, last_relay_error=reason)  # fmt: skip
+        for pk in released:
+            result[run.outcomes[pk][0]] += 1
     return updates, held, released
 
 

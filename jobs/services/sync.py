@@ -66,13 +66,15 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     stats: dict[str, Any] = {"live": len(live), "changed": 0, "queue_calls": 0, "accounting_calls": 0}
     gateway = get_gateway(name)
     followed = [j for j in live if j.slurm_job_id is not None or j.state == JobState.ACCEPTED]
+    # Kubernetes keeps every finished Job until someone deletes it: the portal does, so it reads them all
+    ttl = settings.GPUPORTAL_K8S_FINISHED_JOB_TTL_SECONDS if config.is_kubernetes else 0
     queue_read_at = timezone.now()
     try:
-        queue = gateway.queue() if followed else []
+        queue = gateway.queue() if followed or ttl else []
     except SlurmUnavailable as exc:
         sync_record_failure(kind, error=f"squeue: {exc}")
         return stats | {"error": str(exc)}
-    stats["queue_calls"] = 1 if followed else 0
+    stats["queue_calls"] = 1 if followed or ttl else 0
     array_ended = ended_tasks([j.id for j in followed if j.array and j.slurm_job_id is not None])
     entries, array_tasks, need_accounting = _pair_with_queue(followed, queue, array_ended)
     records, accounting_ok = {}, False
@@ -114,8 +116,14 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     # jobs Slurm will never start (a job they wait for failed): cancelled, with why (jobs.dependencies)
     never = [job_id for job_id, entry in entries.items() if entry.reason == NEVER_SATISFIED]
     stats["dependency_cancelled"] = never_satisfied_cancel(job_ids=never, now=now) if never else 0
+    if ttl:
+        stats["deleted"], skipped = _finished_jobs_delete(gateway, queue, cluster=name, older_than=now - dt.timedelta(seconds=ttl))
+        if skipped:
+            stats["delete_skipped"] = skipped
     stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
+    if ttl:  # said on every cycle, so a namespace that is usable again clears it
+        data["namespaces_skipped"] = stats.get("delete_skipped", [])
     if "accounting_error" in stats:
         sync_record_failure(kind, error=f"sacct: {stats['accounting_error']}")
     else:
@@ -142,6 +150,26 @@ def _lost_in_takeover(need_accounting: list[Job], entries: dict, records: dict, 
         if record is None or (record.start_time is None and state_from_slurm(record.state) == JobState.PENDING):
             lost.append(job)
     return lost
+
+
+def _finished_jobs_delete(gateway, queue, *, cluster: str, older_than: dt.datetime) -> tuple[int, list[str]]:
+    """Kubernetes (issue 41): the Jobs of this cycle's list that ended before ``older_than`` and that
+    the portal has done with — its job is terminal (state, exit code read) and their final usage is
+    recorded, or they never started (nothing to charge) — deleted in bulk (``gateway.jobs_delete``:
+    one call per namespace, propagationPolicy Background; their pods and logs go with them). Two
+    queries, only when some Job is old enough. Returns (Jobs deleted, namespaces skipped: no right)."""
+    from accounting.selectors import usage_final_job_ids
+
+    old = [e for e in queue if e.end_time is not None and e.end_time <= older_than
+           and state_from_slurm(e.state) in TERMINAL_STATES]  # fmt: skip
+    if not old:
+        return 0, []
+    numbers = {e.job_id for e in old}
+    done = set(Job.objects.filter(slurm_cluster=cluster, slurm_job_id__in=numbers, state__in=TERMINAL_STATES)
+               .values_list("slurm_job_id", flat=True))  # fmt: skip
+    charged = usage_final_job_ids(cluster=cluster, job_ids=[e.job_id for e in old if e.start_time is not None])
+    doomed = [(e.account, e.job_id) for e in old if e.job_id in done and (e.start_time is None or e.job_id in charged)]
+    return gateway.jobs_delete(doomed) if doomed else (0, [])
 
 
 def _is_ours(record, job: Job) -> bool:

@@ -276,6 +276,12 @@ GPUPORTAL_K8S_KUBECONFIG = env.str(
 # on the nodes whose GPU_TYPE_LABEL is the job's GPU type (the local node agent's label).
 GPUPORTAL_K8S_IMAGE = env.str("GPUPORTAL_K8S_IMAGE", "docker.io/nvidia/cuda:12.4.1-base-ubuntu22.04")
 GPUPORTAL_K8S_GPU_TYPE_LABEL = env.str("GPUPORTAL_K8S_GPU_TYPE_LABEL", "gpuportal.io/gpu-type")
+# The other images a user may name for a job on a Kubernetes cluster (the job's ``image`` field;
+# comma-separated, as written in a pod spec); GPUPORTAL_K8S_IMAGE is always allowed. Empty: only it.
+GPUPORTAL_K8S_IMAGES = env.list("GPUPORTAL_K8S_IMAGES", [])
+# A finished Job (and its pod, with its log: the job's output) is deleted from Kubernetes this long after
+# it ended, once the portal has recorded its final usage (the jobs sync, in bulk). 0: never deleted.
+GPUPORTAL_K8S_FINISHED_JOB_TTL_SECONDS = env.int("GPUPORTAL_K8S_FINISHED_JOB_TTL_SECONDS", 3600, minimum=0)
 
 # Jobs
 # Where a job is submitted from when the request names no directory (jobs/workdirs.py): a template

@@ -33,8 +33,10 @@ class SlurmGateway(abc.ABC):
         """Submit a batch job; returns Slurm's job id."""
 
     @abc.abstractmethod
-    def cancel(self, job_id: int) -> None:
-        """Cancel a job. Cancelling a job that already ended is not an error."""
+    def cancel(self, job_id: int) -> t.AccountingRecord | None:
+        """Cancel a job. Cancelling a job that already ended is not an error. Returns None, or —
+        from a scheduler that keeps no accounting of it (Kubernetes) — what the job ran up to the
+        cancel, for the portal to record."""
 
     def admin_comment_set(self, job_id: int, text: str) -> None:
         """Set the job's AdminComment (what ``scontrol show job`` shows; the portal's reason for a cancel

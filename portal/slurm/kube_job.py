@@ -18,7 +18,8 @@ What the Job gets:
   GPU nodes carry), the time limit as ``activeDeadlineSeconds``, CPUs (``--cpus-per-task``,
   ``--cpus-per-gpu`` × GPUs) and memory (``--mem``, ``--mem-per-cpu``, ``--mem-per-gpu``) as
   requests, the job's environment, the submitter's uid/gid as ``securityContext`` runAsUser /
-  runAsGroup, the site's image, the working directory, and the script as the command (run by the
+  runAsGroup, the image the request names (checked against the site's list at submission:
+  ``image_refusal``) else the site's default, the working directory, and the script as the command (run by the
   interpreter its ``#!`` line names, ``/bin/sh`` without one; its ``#SBATCH`` lines are comments).
 """
 
@@ -76,6 +77,15 @@ def refusal(option: str, value: str | None) -> str | None:
     return _WHY.get(option, "an sbatch option with no meaning for a Kubernetes Job")
 
 
+def image_refusal(image: str, *, default: str, allowed) -> str | None:
+    """Why a job may not run in this image (None: it may): the site's default and the images it
+    allows (GPUPORTAL_K8S_IMAGE, GPUPORTAL_K8S_IMAGES), compared as written in a pod spec."""
+    if not image or image == default or image in allowed:
+        return None
+    listed = ", ".join([default, *[i for i in allowed if i != default]])
+    return f"{image!r} is not an image this site allows (allowed: {listed})"
+
+
 def script_refusal(script: str) -> tuple[int, str] | None:
     """The first line (1-based) that starts an ``srun`` step, and why it is refused; None when none does."""
     for number, line in enumerate(script.splitlines(), start=1):
@@ -125,7 +135,7 @@ def job_manifest(submission: JobSubmission, *, image: str, gpu_type_label: str) 
     pod_spec: dict = {
         "restartPolicy": "Never",
         "securityContext": {"runAsUser": int(submission.uid), "runAsGroup": int(submission.gid or submission.uid)},
-        "containers": [_container(request, options, image)],
+        "containers": [_container(request, options, request.image or image)],
     }
     if request.gpu_type:
         pod_spec["nodeSelector"] = {gpu_type_label: request.gpu_type}

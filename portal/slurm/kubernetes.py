@@ -1,19 +1,24 @@
 """The Kubernetes backend (issue 41): a configured cluster of kind ``kubernetes`` behind the one gateway
 interface, so the relay, the sync, the cancel and the inventory sync treat it as they treat a Slurm
 cluster, through the official ``kubernetes`` client and the portal's service account (its rights:
-scripts/lib/k8s-bootstrap.py — namespaced in the teams' namespaces, nodes and namespaces read-only).
+scripts/lib/k8s-bootstrap.py — namespaced in the teams' namespaces; cluster-wide, read only: nodes,
+namespaces, and the lists of Jobs, pods and events the sync makes).
 
 - ``submit``: the stored request as a ``batch/v1`` Job (``kube_job.job_manifest``) in the team's
   namespace; a retried create answered 409 AlreadyExists is the same Job (named after the portal's
   job), never a second one. The id returned is ``kube_job.job_number`` of the job's uuid.
-- ``queue`` / ``accounting``: the portal's Jobs and their pods, one list of each per managed namespace
-  (label ``gpuportal.io/managed=true``; the service account may list only inside them) whatever the
-  number of jobs, and the namespace's Warning events when a job waits (the scheduler's
-  "0/2 nodes are available: …", the quota's "exceeded quota: …"): Slurm's states in Slurm's words.
-  Kubernetes keeps no accounting: an ended Job is its own record, and a Job the API no longer has (the
-  portal's cancel deletes it) is reported CANCELLED when asked for by id. Without ids (the usage
-  ingestion, as ``sacct -S -E``): every Job of the window, a running one's figures so far.
-- ``cancel``: delete the Job with ``propagationPolicy=Background`` (its pod goes with it).
+- ``queue`` / ``accounting``: the portal's Jobs and their pods, ONE cluster-scoped list of each (by
+  label) whatever the number of jobs and namespaces, kept to the managed namespaces (label
+  ``gpuportal.io/managed=true``: one list), and ONE list of Warning events when a job waits (the
+  scheduler's "0/2 nodes are available: …", the quota's "exceeded quota: …"): Slurm's states in
+  Slurm's words. Kubernetes keeps no accounting: an ended Job is its own record, and a Job the API no
+  longer has (the portal's cancel deletes it) is reported CANCELLED when asked for by id. Without ids
+  (the usage ingestion, as ``sacct -S -E``): every Job of the window, a running one's figures so far.
+- ``cancel``: delete the Job with ``propagationPolicy=Foreground`` (its pod goes with it), and
+  return what a running one ran up to the deletion the API server reports (the portal records it);
+  ``jobs_delete``: finished Jobs, in bulk (the sync's, once their usage is recorded).
+- errors: an RBAC denial of the portal's own account is ``NotPermitted`` (unavailable: retried), a
+  refusal by the API server's admission (a quota, a webhook) ``SlurmRejected`` (``_call``).
 - the inventory: the GPU nodes (type from ``gpu_type_label``, GPUs from ``allocatable``) in one
   partition named after the backend, so the submission's checks (GPU types, counts, time) run on it
   as on a Slurm partition; ``version`` is the API server's (/version: "v1.20.2").
@@ -23,8 +28,10 @@ scripts/lib/k8s-bootstrap.py — namespaced in the teams' namespaces, nodes and 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
+import re
 import threading
 from collections.abc import Collection
 
@@ -37,6 +44,12 @@ PARTITION = "kubernetes"  # the one partition a Kubernetes cluster's inventory h
 MANAGED_NAMESPACES = "gpuportal.io/managed=true"
 QUOTA_NAME = "gpuportal-gpus"  # the ResourceQuota that mirrors a team's cap on GPUs at once
 QUOTA_RESOURCE = f"requests.{kj.GPU_RESOURCE}"
+DELETE_BATCH = 100  # job numbers in one deletecollection's label selector (16 digits each: ~1.8 KB of URL)
+# The authorizer's 403 (k8s.io/apiserver's forbidden message: `User "…" cannot VERB resource "R" in API
+# group "G" in the namespace "N"`, or "at the cluster scope", or "cannot get path"), not an admission
+# plugin's ("exceeded quota: …", a webhook's): the first is a right missing, the second a refusal.
+_AUTHORIZER_DENIAL = re.compile(r'User "[^"]*" cannot \S+ (?:resource|path) ')
+_DENIED_IN = re.compile(r' in the namespace "([^"]*)"')
 
 
 class KubernetesGateway(SlurmGateway):
@@ -68,8 +81,12 @@ class KubernetesGateway(SlurmGateway):
 
     def _call(self, what: str, function, *args, **kwargs):
         """One API call; its errors as the gateway's: 404/409 raised as ApiException for the caller
-        that expects them, other 4xx SlurmRejected (the API server's message), 5xx, 429 and no
-        answer SlurmUnavailable."""
+        that expects them; a 403 of the authorizer (RBAC: "User … cannot VERB resource …") NotPermitted
+        — the portal asks only for what its service account is granted, so the grant is not in force
+        yet (an API server starting, its RBAC caches not synced; a namespace's RoleBinding missing):
+        retried, as SlurmUnavailable is; other 4xx SlurmRejected (the API server's message: an
+        admission plugin's refusal, e.g. ResourceQuota's 403 "exceeded quota" on a create it counts,
+        is a refusal); 5xx, 429 and no answer SlurmUnavailable."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -78,7 +95,15 @@ class KubernetesGateway(SlurmGateway):
         except ApiException as exc:
             if exc.status in (404, 409):
                 raise
-            message = f"{what}: {exc.status} {_message(exc)}"
+            text = _message(exc)
+            message = f"{what}: {exc.status} {text}"
+            if exc.status == 403 and _AUTHORIZER_DENIAL.search(text):
+                namespace = found.group(1) if (found := _DENIED_IN.search(text)) else ""
+                where, binding = (f"in namespace {namespace}", "its RoleBinding there") if namespace else (
+                    "cluster-wide", "its ClusterRoleBinding")  # fmt: skip
+                raise t.NotPermitted(f"{message} (the portal's service account lacks this right {where} now: RBAC not "
+                                     f"synced yet after an API server start, or {binding} missing; retried)",
+                                     command=what, namespace=namespace) from None  # fmt: skip
             if exc.status == 429 or exc.status >= 500:
                 raise t.SlurmUnavailable(message, command=what) from None
             raise t.SlurmRejected(message, command=what) from None
@@ -110,22 +135,70 @@ class KubernetesGateway(SlurmGateway):
                 raise t.SlurmRejected(f"a Job named {body['metadata']['name']} exists and is not this job's") from None
         return number
 
-    def cancel(self, job_id: int) -> None:
+    def cancel(self, job_id: int) -> t.AccountingRecord | None:
+        """Delete the job's Job, found by its number's label with one cluster-scoped list, with
+        propagationPolicy Foreground: the API server answers with the Job and the deletionTimestamp
+        it set, and keeps the Job until its pod is gone. A Job already gone is no error.
+
+        Kubernetes keeps no accounting, and a deleted Job's pod leaves no reading of its end: so a
+        running job's cancel returns what ran — its pod's start to that deletionTimestamp, CANCELLED
+        (the portal records it at once: jobs.services.cancel) — None when its pod never started or
+        had ended (the usage ingestion reads those). One more list (its pods) when the Job exists."""
+        import json
+
+        from kubernetes.client.exceptions import ApiException
+
+        batch, core = self._api("BatchV1Api"), self._api("CoreV1Api")
+        selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(job_id)}"
+        jobs = self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector).items
+        pods = self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items if jobs else []
+        ran = None
+        for job in jobs:
+            try:
+                response = self._call("delete job", batch.delete_namespaced_job, job.metadata.name, job.metadata.namespace,
+                                      propagation_policy="Foreground", _preload_content=False)  # fmt: skip
+            except ApiException:  # 404: gone already (ended and deleted, or a cancel repeated)
+                continue
+            try:
+                stamp = (json.loads(response.data).get("metadata") or {}).get("deletionTimestamp")
+            except ValueError:
+                stamp = None
+            mine = [p for p in pods if (p.metadata.labels or {}).get(kj.LABEL_JOB) == job.metadata.labels.get(kj.LABEL_JOB)]
+            pod = max(mine, key=lambda p: p.metadata.creation_timestamp) if mine else None
+            if stamp and _state(job, pod) == "RUNNING" and _started(pod) and _terminated(pod) is None:
+                deleted_at = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                ran = dataclasses.replace(_record(job, pod, deleted_at), state="CANCELLED", end_time=deleted_at)
+        return ran
+
+    def jobs_delete(self, jobs: Collection[tuple[str, int]]) -> tuple[int, list[str]]:
+        """Delete finished Jobs, given as (namespace, job number), in bulk: one ``deletecollection`` per
+        namespace by the numbers' label (``in (…)``, up to DELETE_BATCH numbers a call), with
+        propagationPolicy Background (their pods go with them). A namespace where the portal's
+        account may not delete is skipped (NotPermitted: its Jobs stay for a later cycle) and said.
+        Returns (Jobs asked to be deleted, a message per namespace skipped)."""
         from kubernetes.client.exceptions import ApiException
 
         batch = self._api("BatchV1Api")
-        selector = f"{kj.LABEL_NUMBER}={int(job_id)}"
-        for namespace in self._namespaces():
-            try:
-                found = self._call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector).items
-            except t.SlurmRejected:  # 403: not a namespace the portal may use, so not its Job's
-                continue
-            for job in found:
+        by_namespace: dict[str, list[int]] = {}
+        for namespace, number in jobs:
+            by_namespace.setdefault(namespace, []).append(int(number))
+        deleted, skipped = 0, []
+        for namespace, numbers in sorted(by_namespace.items()):
+            for i in range(0, len(numbers), DELETE_BATCH):
+                chunk = sorted(numbers[i : i + DELETE_BATCH])
+                selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER} in ({','.join(map(str, chunk))})"
                 try:
-                    self._call("delete job", batch.delete_namespaced_job, job.metadata.name, namespace,
-                               propagation_policy="Background")  # fmt: skip
-                except ApiException:  # 404: gone already (ended and deleted, or a cancel repeated)
-                    pass
+                    self._call("delete jobs", batch.delete_collection_namespaced_job, namespace,
+                               label_selector=selector, propagation_policy="Background")  # fmt: skip
+                except t.NotPermitted as exc:
+                    logger.warning("cluster %s: finished Jobs in namespace %s not deleted: %s", self.cluster, namespace, exc.message)
+                    skipped.append(f"namespace {namespace}: its finished Jobs are not deleted, the portal's service account "
+                                   "may not delete Jobs there (its RoleBinding missing?)")  # fmt: skip
+                    break
+                except ApiException:  # 404: the namespace is gone, and its Jobs with it
+                    break
+                deleted += len(chunk)
+        return deleted, skipped
 
     def job_log(self, job_id: int, *, account: str, limit_bytes: int) -> bytes | None:
         """The newest pod's log (stdout and stderr as one), its first ``limit_bytes``; b"" before a pod
@@ -147,58 +220,52 @@ class KubernetesGateway(SlurmGateway):
         return response.data
 
     def queue(self) -> list[t.QueueEntry]:
-        return [_entry(job, pod, reason) for job, pod, reason in self._jobs(with_reasons=True)[0]]
+        return [_entry(job, pod, reason) for job, pod, reason in self._jobs(with_reasons=True)]
 
     def accounting(
         self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
     ) -> list[t.AccountingRecord]:
-        rows, complete = self._jobs(with_reasons=False)
+        rows = self._jobs(with_reasons=False)
         now = dt.datetime.now(dt.UTC)
         listed = [_record(job, pod, now) for job, pod, _ in rows]
         if job_ids is None:  # the usage ingestion: as sacct -S -E, every Job of the window, running ones so far
             return [r for r in listed if r.submit_time <= end and (r.end_time is None or r.end_time >= start)]
         records = [r for r in listed if r.state not in ("PENDING", "RUNNING")]
-        if job_ids is not None and complete:  # a namespace not read: no Job is known to be gone
+        if job_ids is not None:  # every managed namespace was read: a Job not listed is gone
             known = {r.job_id for r in listed}
             records = [r for r in records if r.job_id in job_ids]
             records += [_deleted(number, now) for number in job_ids if number not in known]
         return records
 
-    def _namespaces(self) -> list[str]:
-        """The managed namespaces that are not being deleted (their RoleBinding goes first)."""
-        core = self._api("CoreV1Api")
-        found = self._call("list namespaces", core.list_namespace, label_selector=MANAGED_NAMESPACES).items
-        return [n.metadata.name for n in found if n.metadata.deletion_timestamp is None]
-
-    def _jobs(self, *, with_reasons: bool) -> tuple[list[tuple], bool]:
-        """(Job, its pod or None, the reason it waits) of every portal Job: per managed namespace one
-        list of Jobs, one of pods and, when a Job waits, one of Warning events; and whether every
-        namespace could be read (one where the portal has no rights is skipped and logged)."""
+    def _jobs(self, *, with_reasons: bool) -> list[tuple]:
+        """(Job, its pod or None, the reason it waits) of every portal Job, whatever the number of
+        namespaces and Jobs: ONE cluster-scoped list of the managed namespaces, ONE of the portal's
+        Jobs and ONE of their pods (by label; the service account's ClusterRole allows exactly these
+        lists, scripts/lib/k8s-bootstrap.py), and, when a Job waits, ONE of the Warning events. Only
+        Jobs in a managed namespace that is not being deleted are the portal's; a list fails as a
+        whole or reads every namespace, so a Job it does not show is gone."""
         batch, core = self._api("BatchV1Api"), self._api("CoreV1Api")
         selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY}"
-        out, complete = [], True
-        for namespace in self._namespaces():
-            try:
-                jobs = self._call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector).items
-            except t.SlurmRejected as exc:  # 403: labelled managed, but the portal has no rights there
-                logger.warning("cluster %s: namespace %s skipped: %s", self.cluster, namespace, exc.message)
-                complete = False
-                continue
-            if not jobs:
-                continue
-            pods: dict[str, object] = {}
-            for pod in self._call("list pods", core.list_namespaced_pod, namespace, label_selector=selector).items:
-                owner = (pod.metadata.labels or {}).get(kj.LABEL_JOB, "")
-                if owner not in pods or pod.metadata.creation_timestamp > pods[owner].metadata.creation_timestamp:
-                    pods[owner] = pod
-            waiting = {j.metadata.uid for j in jobs if _waits(j, pods.get(j.metadata.labels.get(kj.LABEL_JOB)))}
-            events = []
-            if with_reasons and waiting:
-                events = self._call("list events", core.list_namespaced_event, namespace, field_selector="type=Warning").items
-            for job in jobs:
-                pod = pods.get(job.metadata.labels.get(kj.LABEL_JOB))
-                out.append((job, pod, _waiting_reason(job, pod, events) if job.metadata.uid in waiting else ""))
-        return out, complete
+        found = self._call("list namespaces", core.list_namespace, label_selector=MANAGED_NAMESPACES).items
+        managed = {n.metadata.name for n in found if n.metadata.deletion_timestamp is None}
+        jobs = [j for j in self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector).items
+                if j.metadata.namespace in managed]  # fmt: skip
+        if not jobs:
+            return []
+        pods: dict[str, object] = {}
+        for pod in self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items:
+            owner = (pod.metadata.labels or {}).get(kj.LABEL_JOB, "")
+            if owner not in pods or pod.metadata.creation_timestamp > pods[owner].metadata.creation_timestamp:
+                pods[owner] = pod
+        waiting = {j.metadata.uid for j in jobs if _waits(j, pods.get(j.metadata.labels.get(kj.LABEL_JOB)))}
+        events = []
+        if with_reasons and waiting:
+            events = self._call("list events", core.list_event_for_all_namespaces, field_selector="type=Warning").items
+        out = []
+        for job in jobs:
+            pod = pods.get(job.metadata.labels.get(kj.LABEL_JOB))
+            out.append((job, pod, _waiting_reason(job, pod, events) if job.metadata.uid in waiting else ""))
+        return out
 
     # -- inventory ----------------------------------------------------------------------------------
 
@@ -215,7 +282,7 @@ class KubernetesGateway(SlurmGateway):
 
     def nodes(self) -> list[t.Node]:
         used: dict[str, int] = {}
-        for job, pod, _ in self._jobs(with_reasons=False)[0]:
+        for job, pod, _ in self._jobs(with_reasons=False):
             if pod is not None and pod.spec.node_name and pod.status.phase in ("Pending", "Running"):
                 used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + _pod_gpus(pod)
         out = []
@@ -378,7 +445,8 @@ def _waiting_reason(job, pod, events) -> str:
     """The newest Warning event about the Job's pod (the scheduler's FailedScheduling) or the Job
     (the Job controller's FailedCreate: a quota's refusal), in Kubernetes' words."""
     names = {("Job", job.metadata.name)} | ({("Pod", pod.metadata.name)} if pod is not None else set())
-    mine = [e for e in events if (e.involved_object.kind, e.involved_object.name) in names]
+    mine = [e for e in events if (e.involved_object.kind, e.involved_object.name) in names
+            and e.metadata.namespace == job.metadata.namespace]  # fmt: skip
     if not mine:
         return "Waiting for the scheduler" if pod is not None else "Waiting for the Job controller"
     newest = max(mine, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
@@ -419,6 +487,8 @@ def _end_time(job, pod) -> dt.datetime | None:
     terminated = _terminated(pod)
     if terminated is not None:
         return terminated.finished_at
+    if job.metadata.deletion_timestamp is not None:  # a cancel (Foreground): its pod is going
+        return job.metadata.deletion_timestamp
     if job.status.completion_time is not None:
         return job.status.completion_time
     failed = _conditions(job).get("Failed")

@@ -59,6 +59,7 @@ def job_request(
     time_limit_minutes: int = 0,
     array_tasks: int = 1,
     depends_on: Sequence[str] = (),
+    image: str = "",
 ) -> JobRequest:
     """The one request for a job: the script's directives (``directives``: the parse the caller has;
     None: read now) merged with ``command_line`` as sbatch merges them (``effective``: that merge,
@@ -82,6 +83,7 @@ def job_request(
         workdir=workdir, submit_dir=submit_dir, submit_dir_default=submit_dir_default,
         environment=tuple(sorted((environment or {}).items())), gpus=gpus, gpu_type=gpu_type, nodes=nodes,
         time_limit_minutes=time_limit_minutes, array_tasks=array_tasks, depends_on=tuple(depends_on),
+        image=image,
     )  # fmt: skip
 
 

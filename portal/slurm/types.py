@@ -27,6 +27,19 @@ class SlurmRejected(SlurmError):
     """Slurm refused the request; ``message`` is Slurm's own words. Never retried."""
 
 
+class NotPermitted(SlurmUnavailable):
+    """The scheduler's authorizer denied the portal's own account something it asks for (Kubernetes: a
+    403 of RBAC, "User ... cannot create resource ..."). The portal asks only for what its account is
+    granted, so such a denial means the grant is not in force *now* — an API server that is starting
+    answers so until its RBAC caches are synced, a namespace's RoleBinding may be missing or being
+    restored — and the request is retried as for a scheduler that does not answer (a SlurmUnavailable),
+    never taken for a refusal of the job. ``namespace``: where it was denied ("" cluster-wide)."""
+
+    def __init__(self, message: str, *, command: str = "", namespace: str = ""):
+        super().__init__(message, command=command)
+        self.namespace = namespace
+
+
 Option = tuple[str, "str | None"]  # (long option, value or None), as sbatch's command line has it
 
 
@@ -62,6 +75,7 @@ class JobRequest:
     # the portal jobs it waits for (their ids): the relay sends it once each has a Slurm id, as
     # --dependency=afterok on them (JobSubmission.dependency); a script's own --dependency is in ``options``
     depends_on: tuple[str, ...] = ()
+    image: str = ""  # the container image a Kubernetes Job runs in ("": the site's default); never Slurm's
 
     @property
     def variables(self) -> dict[str, str]:

@@ -28,9 +28,10 @@ AGENT_LABEL = "gpuportal.io/emulated-node"
 
 # The portal's rights in a team namespace: its Jobs (create, cancel by delete, watch), their pods
 # (state, and delete for a stuck one), pods/log (output), events (the scheduler's pending reason)
-# and the ResourceQuota that mirrors the team's GPU cap.
+# and the ResourceQuota that mirrors the team's GPU cap; deletecollection of jobs: finished Jobs deleted
+# in bulk once their usage is recorded.
 PORTAL_NAMESPACED_RULES = [
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete", "deletecollection"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
@@ -40,10 +41,16 @@ PORTAL_NAMESPACED_RULES = [
         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
     },
 ]
-# Cluster-wide, read only: the nodes (GPU types, capacity, health) and which namespaces exist.
+# Cluster-wide, read only: the nodes (GPU types, capacity, health), which namespaces exist, and the
+# sync's one list of the portal's Jobs, of their pods and (when a job waits) of Warning events across
+# all namespaces — list and watch only: no get, no pods/log, nothing written outside the teams'
+# namespaces (the portal keeps to the managed namespaces' Jobs among what it lists).
 PORTAL_CLUSTER_RULES = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
 ]
 # The node agent (a kubelet's rights, for the nodes it plays).
 AGENT_RULES = [

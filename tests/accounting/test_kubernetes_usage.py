@@ -207,7 +207,7 @@ def test_the_gpu_hour_budget_and_its_hold_are_the_portals_own_on_kubernetes_too(
 
 
 def test_a_namespace_the_portal_may_not_read_is_reported_and_the_other_teams_are_mirrored(world, two_schedulers):
-    from portal.slurm import SlurmRejected
+    from portal.slurm import NotPermitted
 
     slurm, kube = two_schedulers
     TeamClusterAccount.objects.create(team=world.nlp, cluster=cluster_row(K8S), slurm_account="nlp-ns")
@@ -216,7 +216,7 @@ def test_a_namespace_the_portal_may_not_read_is_reported_and_the_other_teams_are
 
     def forbidden(account):
         if account == "vision-ns":
-            raise SlurmRejected("list resourcequotas: 403 forbidden")
+            raise NotPermitted("list resourcequotas: 403 forbidden", namespace=account)  # its RoleBinding missing
         return kube.limits.get(account, AssociationLimits(account=account))
 
     kube.association_limits_get = forbidden

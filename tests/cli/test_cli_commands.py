@@ -142,6 +142,18 @@ def test_submit_sends_the_cluster_flag_as_the_cluster_field(fake_api, tmp_path, 
     assert request["json"]["cluster"] == "east" and "-M west" in request["json"]["script"]
 
 
+def test_submit_sends_the_image_flag_as_the_image_field_and_none_without_it(fake_api, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job(cluster="gpuportal-k8s"))
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job())
+    assert main(["submit", str(script), "--team", "vision", "-M", "gpuportal-k8s", "--image", "registry.example.org/ml/pytorch:24.05"]) == 0
+    assert main(["submit", str(script), "--team", "vision"]) == 0
+    with_image, without = fake_api.requests_to("POST", "/api/v1/jobs/")
+    assert with_image["json"]["image"] == "registry.example.org/ml/pytorch:24.05"  # the server checks it against the site's list
+    assert "image" not in without["json"]
+
+
 def test_submit_without_the_flag_sends_no_cluster_and_leaves_the_choice_to_the_script(fake_api, tmp_path):
     script = tmp_path / "job.sh"
     script.write_text(SCRIPT.replace("#SBATCH --time=5", "#SBATCH --time=5\n#SBATCH -M east"))

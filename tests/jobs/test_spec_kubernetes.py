@@ -116,3 +116,48 @@ def test_a_booking_on_the_kubernetes_cluster_is_refused(kube_inventory, world):
 
     with pytest.raises(ApplicationError, match="bookings are Slurm reservations"):
         bookable_cluster(K8S)
+
+
+ALLOWED_IMAGE = "registry.example.org/ml/pytorch:24.05"
+
+
+@pytest.mark.parametrize(
+    ("image", "stored"),
+    [("", ""), ("docker.io/site/default:1", "docker.io/site/default:1"), (ALLOWED_IMAGE, ALLOWED_IMAGE),
+     (f"  {ALLOWED_IMAGE} ", ALLOWED_IMAGE)],
+    ids=["none-the-default", "the-default-named", "allowed", "allowed-padded"],
+)  # fmt: skip
+def test_a_job_may_name_an_image_the_site_allows_and_its_kubernetes_job_runs_in_it(kube_inventory, world, settings, image, stored):
+    from portal.slurm.kube_job import job_manifest
+    from portal.slurm.types import JobRequest, JobSubmission
+
+    settings.GPUPORTAL_K8S_IMAGE = "docker.io/site/default:1"
+    settings.GPUPORTAL_K8S_IMAGES = [ALLOWED_IMAGE]
+    response = _submit(world.alice, gpu_type="h100", image=image)
+    assert response.status_code == 201, response.json()
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.request["image"] == stored  # in the one stored request, handed to the translator unchanged
+    submission = JobSubmission(request=JobRequest.from_json(job.request), uid=1000, gid=1000)
+    _, body = job_manifest(submission, image=settings.GPUPORTAL_K8S_IMAGE, gpu_type_label="gpuportal.io/gpu-type")
+    assert body["spec"]["template"]["spec"]["containers"][0]["image"] == (stored or "docker.io/site/default:1")
+
+
+def test_an_image_off_the_sites_list_is_a_400_naming_the_field_and_nothing_is_stored(kube_inventory, world, settings):
+    settings.GPUPORTAL_K8S_IMAGE = "docker.io/site/default:1"
+    settings.GPUPORTAL_K8S_IMAGES = [ALLOWED_IMAGE]
+    response = _submit(world.alice, gpu_type="h100", image="docker.io/someone/miner:latest")
+    assert response.status_code == 400, response.json()
+    [message] = response.json()["errors"]["image"]
+    assert "'docker.io/someone/miner:latest' is not an image this site allows" in message
+    assert f"docker.io/site/default:1, {ALLOWED_IMAGE}" in message
+    assert not Job.objects.exists()
+
+
+def test_an_image_for_a_slurm_cluster_is_a_400_naming_the_field(kube_inventory, world, settings):
+    settings.GPUPORTAL_K8S_IMAGES = [ALLOWED_IMAGE]
+    client = APIClient()
+    client.force_authenticate(user=world.alice)
+    response = client.post("/api/v1/jobs/", job_payload(cluster="main", image=ALLOWED_IMAGE), format="json")
+    assert response.status_code == 400, response.json()
+    assert "runs Slurm, which runs no container images" in response.json()["errors"]["image"][0]
+    assert not Job.objects.exists()

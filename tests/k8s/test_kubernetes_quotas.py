@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 from kubernetes import client, config
 from rest_framework.test import APIClient
 
@@ -176,7 +177,9 @@ def test_a_jobs_usage_is_its_pods_run_times_its_gpus_once_priced_and_its_hold_is
                      f"Kubernetes, {record.gpu_seconds + 2} in the portal")]  # fmt: skip
 
 
-def test_a_cancelled_running_job_is_charged_once_up_to_its_last_reading(k8s_cluster, k8s_namespace, k8s_portal, world):
+def test_a_cancelled_running_job_is_charged_once_up_to_its_deletion_as_the_api_reports_it(k8s_cluster, k8s_namespace, k8s_portal, world):
+    import time
+
     job_id = _post(world.alice, script="#!/bin/bash\nexec sleep 600\n", gpus=1, gpu_type="a100", cpus_per_gpu=1, memory_gb=1)
     assert job_relay_run(job_id) == "submitted"
     _synced_until(job_id, lambda j: j.state == JobState.RUNNING and j.started_at, what="the job to run")
@@ -188,16 +191,80 @@ def test_a_cancelled_running_job_is_charged_once_up_to_its_last_reading(k8s_clus
     wait_for(read_running, what="a reading of the running job with GPU-seconds", interval=1)
     running = UsageRecord.objects.get(cluster=K8S_CLUSTER, portal_job_uuid=job_id)
     assert running.provisional and running.end_time is None
+    time.sleep(3)  # it runs on past its last reading
+
+    job_cancel(user=world.alice, job=Job.objects.get(pk=job_id))
+    before = timezone.now().replace(microsecond=0)  # the API's timestamps are whole seconds
+    assert job_cancel_relay_run(job_id) == "sent"
+    after = timezone.now()
+    # recorded by the cancel itself: final, to the Job's deletionTimestamp (what the API server set)
+    [record] = UsageRecord.objects.filter(cluster=K8S_CLUSTER, portal_job_uuid=job_id)
+    assert (record.provisional, record.state) == (False, "CANCELLED")
+    assert before <= record.end_time <= after and record.end_time >= running.known_until + dt.timedelta(seconds=2)
+    assert record.gpu_seconds == int((record.end_time - record.start_time).total_seconds()) > running.gpu_seconds
+    assert BudgetHold.objects.get(job_uuid=job_id).released_at is not None
+    charged = (record.pk, record.end_time, record.gpu_seconds)
+
+    wait_for(lambda: not _pods(k8s_portal, k8s_namespace, job_id), what="the Job and its pod to be gone")
+    job = _synced_until(job_id, lambda j: j.state == JobState.CANCELLED, what="the portal's job to be cancelled")
+    usage_ingest(cluster=K8S_CLUSTER)
+    usage_ingest(cluster=K8S_CLUSTER)
+    [record] = UsageRecord.objects.filter(cluster=K8S_CLUSTER, portal_job_uuid=job_id)
+    assert (record.pk, record.end_time, record.gpu_seconds) == charged  # once: the ingestion changes nothing
+    assert job.ended_at >= record.end_time
+
+
+def test_a_job_cancelled_before_any_reading_is_charged_what_it_ran(k8s_cluster, k8s_namespace, k8s_portal, world):
+    """A job that starts and is cancelled between two ingestions left no reading at all: before the
+    cancel recorded what ran, it was never charged."""
+    job_id = _post(world.alice, script="#!/bin/bash\nexec sleep 600\n", gpus=2, gpu_type="a100", cpus_per_gpu=1, memory_gb=1)
+    assert job_relay_run(job_id) == "submitted"
+    _synced_until(job_id, lambda j: j.state == JobState.RUNNING and j.started_at, what="the job to run")
+    [pod] = _pods(k8s_portal, k8s_namespace, job_id)
+    started = pod.status.container_statuses[0].state.running.started_at
+    assert not UsageRecord.objects.filter(portal_job_uuid=job_id).exists()
 
     job_cancel(user=world.alice, job=Job.objects.get(pk=job_id))
     assert job_cancel_relay_run(job_id) == "sent"
-    wait_for(lambda: not _pods(k8s_portal, k8s_namespace, job_id), what="the Job and its pod to be gone")
-    usage_ingest(cluster=K8S_CLUSTER)
-    usage_ingest(cluster=K8S_CLUSTER)
-
     [record] = UsageRecord.objects.filter(cluster=K8S_CLUSTER, portal_job_uuid=job_id)
-    assert (record.provisional, record.state, record.end_time) == (False, "CANCELLED", running.known_until)
-    # its last reading's end, not the moment the ingestion noticed the Job gone (the API has no record of the end)
-    assert record.gpu_seconds == int((running.known_until - record.start_time).total_seconds())
-    assert abs(record.gpu_seconds - running.gpu_seconds) <= 1  # the reading's elapsed, read a moment after its time
-    assert BudgetHold.objects.get(job_uuid=job_id).released_at is not None
+    assert (record.start_time, record.state, record.provisional, record.gpus) == (started, "CANCELLED", False, 2)
+    assert record.gpu_seconds == 2 * int((record.end_time - started).total_seconds())
+
+
+def test_reconcile_usage_for_the_kubernetes_cluster_compares_its_jobs_with_the_usage_records(
+    k8s_cluster, k8s_namespace, k8s_portal, world
+):
+    """``manage.py reconcile_usage --cluster gpuportal-k8s``: the ended Jobs the API holds against the
+    portal's records — none for a job recorded as it ran, a DIFFERENCE line (exit 1) once its record is off."""
+    import io
+
+    from django.core.management import call_command
+
+    from accounting.calendar import billing_zone
+
+    job_id = _post(world.alice, script="#!/bin/bash\nsleep 1\n", gpus=1, gpu_type="a100", cpus_per_gpu=1, memory_gb=1,
+                   time_limit_minutes=5)  # fmt: skip
+    assert job_relay_run(job_id) == "submitted"
+    _synced_until(job_id, lambda j: j.state == JobState.COMPLETED, what="the job to complete")
+    usage_ingest(cluster=K8S_CLUSTER)
+    record = UsageRecord.objects.get(cluster=K8S_CLUSTER, portal_job_uuid=job_id)
+    month = timezone.localtime(record.submit_time, billing_zone())  # the billing month it falls in
+
+    def reconcile() -> tuple[int, list[str]]:
+        out = io.StringIO()
+        try:
+            call_command("reconcile_usage", "--month", f"{month:%Y-%m}", "--cluster", K8S_CLUSTER, stdout=out)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        lines = out.getvalue().splitlines()
+        assert f"{month:%Y-%m} {K8S_CLUSTER}: the ended Jobs the Kubernetes API holds against their usage records" in lines
+        return code, [line for line in lines if f"job {record.job_id} " in line]
+
+    code, mine = reconcile()
+    assert mine == []  # (other runs' Jobs in other managed namespaces may differ: only this one is asserted)
+    UsageRecord.objects.filter(pk=record.pk).update(gpu_seconds=record.gpu_seconds + 5)
+    code, mine = reconcile()
+    assert code == 1
+    assert mine == [f"DIFFERENCE {K8S_CLUSTER}: job {record.job_id} in namespace {k8s_namespace}: {record.gpu_seconds} "
+                    f"GPU-seconds in Kubernetes, {record.gpu_seconds + 5} in the portal"]  # fmt: skip
