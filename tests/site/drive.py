@@ -341,10 +341,12 @@ class Load:
     # --- bookings and quota decisions ------------------------------------------------------------------
     def decisions(self) -> None:
         n = 0
-        base = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0) + dt.timedelta(days=20)
+        # a window of this run's own (whole a100 nodes are booked: runs must not meet each other's bookings)
+        base = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0) + dt.timedelta(
+            days=2, hours=int.from_bytes(os.urandom(2), "big") % (24 * 20))
         while not self.stop.is_set():
             n += 1
-            start = base + dt.timedelta(hours=n)
+            start = base + dt.timedelta(minutes=30 * n)
             status, answer = self._api("decide", "bob", "POST", "/api/v1/bookings/", {
                 "team": "vision", "gpu_type": "a100", "gpus": 4, "start": start.isoformat(),
                 "end": (start + dt.timedelta(minutes=30)).isoformat(), "note": f"site-{n}"}, what="POST booking")
@@ -452,26 +454,35 @@ def run_fault(name: str, recorder: Recorder) -> dict:
 # --------------------------------------------------------------------------- the counts
 
 
-def sacct_by_tag(since: str) -> tuple[dict[str, list[str]], dict[str, int]]:
-    """{portal job id: [Slurm job ids]} from accounting and the queue, and {Slurm id: GPU-seconds} of sacct."""
+def slurm_view(since: str, slurm_ids: list[int]) -> tuple[dict[str, list[str]], dict[str, int], dict[str, str], set[str]]:
+    """What Slurm holds: {portal job id: [Slurm job ids carrying its tag]}, {Slurm id: GPU-seconds} and
+    {Slurm id: state} from accounting (the run's window, and the portal's Slurm ids by id: a record whose
+    job never became eligible is outside any -S/-E window), and the ids the controller's queue holds."""
     env = {**os.environ, "SLURM_CONF": "/var/lib/gpuportal-site/slurm/etc/slurm.conf"}
-    out = subprocess.run(["sacct", "-a", "-X", "-n", "--parsable2", "-S", since, "-E", "now",
-                          "-o", "JobID,Comment,AllocTRES,ElapsedRaw,State"],
+    fields = ["-o", "JobID,Comment,AllocTRES,ElapsedRaw,State"]
+    out = subprocess.run(["sacct", "-a", "-X", "-n", "--parsable2", "-S", since, "-E", "now"] + fields,
                          capture_output=True, text=True, timeout=60, env=env).stdout
+    if slurm_ids:
+        out += subprocess.run(["sacct", "-a", "-X", "-n", "--parsable2", "-j", ",".join(map(str, slurm_ids))] + fields,
+                              capture_output=True, text=True, timeout=60, env=env).stdout
     by_tag: dict[str, set[str]] = {}
     gpu_seconds: dict[str, int] = {}
+    states: dict[str, str] = {}
     for line in out.splitlines():
-        job, comment, tres, elapsed, _state = (line.split("|") + [""] * 5)[:5]
+        job, comment, tres, elapsed, state = (line.split("|") + [""] * 5)[:5]
         gpus = re.search(r"gres/gpu=(\d+)", tres)
         gpu_seconds[job] = int(gpus.group(1)) * int(elapsed or 0) if gpus else 0
+        states[job] = state.split()[0] if state else ""
         if comment.startswith(TAG):
             by_tag.setdefault(comment.removeprefix(TAG), set()).add(job)
     queue = subprocess.run(["squeue", "-h", "-o", "%A|%k"], capture_output=True, text=True, timeout=60, env=env).stdout
+    queued = set()
     for line in queue.splitlines():
         job, _, comment = line.partition("|")
+        queued.add(job)
         if comment.startswith(TAG):
             by_tag.setdefault(comment.removeprefix(TAG), set()).add(job)
-    return {tag: sorted(ids) for tag, ids in by_tag.items()}, gpu_seconds
+    return {tag: sorted(ids) for tag, ids in by_tag.items()}, gpu_seconds, states, queued
 
 
 def db_rows(dsn: str, jobs: list[str], bookings: list[str], quotas: list[int]) -> dict:
@@ -508,9 +519,18 @@ def counts(load: Load, env: dict[str, str], since: str) -> dict:
     subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "manage.py", "ingest_usage"], cwd=ROOT, capture_output=True,
                    timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": "/root", **env, "DATABASE_URL": dsn})
     rows = db_rows(dsn, ids, list(load.bookings), list(load.quotas))
-    by_tag, gpu_seconds = sacct_by_tag(since)
+    slurm_ids = sorted({r["slurm_job_id"] for r in rows["jobs"].values() if r["slurm_job_id"]})
+    by_tag, gpu_seconds, states, queued = slurm_view(since, slurm_ids)
+
+    def in_slurm(job: str) -> bool:
+        """Slurm has the job: its tag on a job the controller holds or that left the queue having run
+        (accounting's PENDING for an id the queue no longer holds: the controller lost it)."""
+        return any(sid in queued or states.get(sid, "PENDING") != "PENDING" for sid in by_tag.get(job, []))
+
     lost = [j for j in ids if j not in rows["jobs"]
-            or (not by_tag.get(j) and not (rows["jobs"][j]["state"] == "CANCELLED" and not rows["jobs"][j]["slurm_job_id"]))]
+            or (not in_slurm(j) and not (rows["jobs"][j]["state"] == "CANCELLED" and not rows["jobs"][j]["slurm_job_id"]))]
+    lost_detail = [{"job": j, **rows["jobs"].get(j, {}), "tagged": by_tag.get(j, []),
+                    "accounting": [states.get(sid) for sid in by_tag.get(j, [])]} for j in lost]
     duplicated = {j: by_tag[j] for j in ids if len(by_tag.get(j, [])) > 1}
     records: dict[str, list] = {}
     for job, slurm_id, seconds in rows["usage"]:
@@ -527,7 +547,7 @@ def counts(load: Load, env: dict[str, str], since: str) -> dict:
                       and load.bookings[b] != "requested"] + [b for b in load.bookings if b not in rows["bookings"]] + \
         [q for q in load.quotas if rows["quotas"].get(q, "requested") == "requested"]
     return {"jobs_accepted": len(ids), "jobs_cancelled_by_clients": sum(1 for j in jobs.values() if j["cancelled"]),
-            "jobs_in_slurm": sum(1 for j in ids if by_tag.get(j)), "jobs_lost": len(lost), "lost_ids": lost[:10],
+            "jobs_in_slurm": sum(1 for j in ids if in_slurm(j)), "jobs_lost": len(lost), "lost": lost_detail[:10],
             "jobs_duplicated_in_slurm": len(duplicated), "duplicated": dict(list(duplicated.items())[:10]),
             "usage_records": len(rows["usage"]), "gpu_seconds_counted_twice": twice,
             "bookings_answered": len(load.bookings), "quota_approvals_answered": len(load.quotas),
