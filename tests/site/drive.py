@@ -435,7 +435,7 @@ def fault(name: str) -> tuple[str, str, callable]:
 def run_fault(name: str, recorder: Recorder) -> dict:
     what, host, back = fault(name)
     log(f"fault {name}: {what}")
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     if name.startswith("cut-"):
         site("cut", host)
     else:
@@ -446,6 +446,7 @@ def run_fault(name: str, recorder: Recorder) -> dict:
     whole = time.monotonic() - t0
     time.sleep(3)
     figures = {"fault": name, "what": what, "host": host, "whole_again_s": round(whole, 1) if whole_ok else None,
+               "wall": [wall0, time.time()],
                **recorder.window(t0, time.monotonic())}
     log(f"fault {name}: {json.dumps(figures)}")
     return figures
@@ -489,8 +490,9 @@ def db_rows(dsn: str, jobs: list[str], bookings: list[str], quotas: list[int]) -
     import psycopg  # the portal's own driver (the venv's)
 
     with psycopg.connect(dsn) as conn:
-        job_rows = {str(r[0]): {"state": r[1], "slurm_job_id": r[2]} for r in conn.execute(
-            "select id, state, slurm_job_id from jobs_job where id = any(%s)", [jobs])}
+        job_rows = {str(r[0]): {"state": r[1], "slurm_job_id": r[2], "created": r[3].timestamp(),
+                                "submitted": r[4].timestamp() if r[4] else None} for r in conn.execute(
+            "select id, state, slurm_job_id, created_at, submitted_at from jobs_job where id = any(%s)", [jobs])}
         usage = [(str(r[0]), str(r[1]), r[2]) for r in conn.execute(
             "select portal_job_uuid, job_id, gpu_seconds from accounting_usagerecord where portal_job_uuid = any(%s)",
             [jobs])]
@@ -501,7 +503,16 @@ def db_rows(dsn: str, jobs: list[str], bookings: list[str], quotas: list[int]) -
     return {"jobs": job_rows, "usage": usage, "bookings": booking_rows, "quotas": quota_rows}
 
 
-def counts(load: Load, env: dict[str, str], since: str) -> dict:
+def relay_waits(rows: dict, faults: list[dict]) -> None:
+    """Each fault's longest wait of a job accepted during it for its Slurm id (created → submitted)."""
+    for figures in faults:
+        start, end = figures.pop("wall")
+        waits = [r["submitted"] - r["created"] for r in rows.values() if start <= r["created"] <= end and r["submitted"]]
+        figures["jobs_accepted"] = sum(1 for r in rows.values() if start <= r["created"] <= end)
+        figures["longest_accept_to_slurm_s"] = round(max(waits), 1) if waits else None
+
+
+def counts(load: Load, env: dict[str, str], since: str, faults: list[dict]) -> dict:
     jobs = dict(load.jobs)
     ids = list(jobs)
     dsn = env["DATABASE_URL"]
@@ -519,6 +530,7 @@ def counts(load: Load, env: dict[str, str], since: str) -> dict:
     subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "manage.py", "ingest_usage"], cwd=ROOT, capture_output=True,
                    timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": "/root", **env, "DATABASE_URL": dsn})
     rows = db_rows(dsn, ids, list(load.bookings), list(load.quotas))
+    relay_waits(rows["jobs"], faults)
     slurm_ids = sorted({r["slurm_job_id"] for r in rows["jobs"].values() if r["slurm_job_id"]})
     by_tag, gpu_seconds, states, queued = slurm_view(since, slurm_ids)
 
@@ -571,20 +583,19 @@ def tokens_for(env: dict[str, str], users: list[str]) -> dict[str, str]:
 
 def budgets(tokens: dict[str, str]) -> None:
     """Both teams get a quota large enough that no job of the run is refused for its budget."""
+    def call(user: str, path: str, body: dict):
+        status, _, data = Http().call("POST", path, json.dumps(body).encode(), {
+            "Authorization": f"Token {tokens[user]}", "Content-Type": "application/json"})
+        return status, json.loads(data or b"null")
+
     for team, manager in (("vision", "bob"), ("nlp", "dave")):
-        answers = []
-        for user, path, body in ((manager, "/api/v1/quotas/", {"team": team, "gpu_hours": "100000.00",
-                                                              "justification": "site test"}),):
-            status, _, data = Http().call("POST", path, json.dumps(body).encode(), {
-                "Authorization": f"Token {tokens[user]}", "Content-Type": "application/json"})
-            answers.append((status, json.loads(data)))
-        status, quota = answers[0]
+        status, quota = call(manager, "/api/v1/quotas/", {"team": team, "gpu_hours": "100000.00",
+                                                          "justification": "site test"})
         if status != 201:
             raise SystemExit(f"quota request for {team}: {status} {quota}")
-        status, _, data = Http().call("POST", f"/api/v1/quotas/{quota['id']}/approve/", b"{}", {
-            "Authorization": f"Token {tokens['admin']}", "Content-Type": "application/json"})
+        status, answer = call("admin", f"/api/v1/quotas/{quota['id']}/approve/", {})
         if status != 200:
-            raise SystemExit(f"quota approval for {team}: {status} {data[:300]!r}")
+            raise SystemExit(f"quota approval for {team}: {status} {answer}")
 
 
 def main() -> int:
@@ -613,7 +624,7 @@ def main() -> int:
     for name in [f for f in args.faults.split(",") if f]:
         results.append(run_fault(name, recorder))
     load.finish()
-    totals = counts(load, env, since)
+    totals = counts(load, env, since, results)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     report = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
               "ha_urls": ha, "load": os.getloadavg(), "baseline": baseline, "faults": results, "counts": totals,
@@ -621,10 +632,11 @@ def main() -> int:
     print(json.dumps(report, indent=2), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n| fault | requests | failed | longest gap (s) | whole again (s) |\n|---|---|---|---|---|")
+    print("\n| fault | requests | failed | longest gap (s) | whole again (s) | jobs accepted | longest accept → Slurm id (s) |"
+          "\n|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['what']} | {r['requests']} | {r['failed']} | {r['longest_gap_s']} ({r['longest_gap_client']}) "
-              f"| {r['whole_again_s']} |")
+              f"| {r['whole_again_s']} | {r.get('jobs_accepted')} | {r.get('longest_accept_to_slurm_s')} |")
     print(f"\njobs accepted {totals['jobs_accepted']}, lost {totals['jobs_lost']}, duplicated in Slurm "
           f"{totals['jobs_duplicated_in_slurm']}, GPU-seconds counted twice {totals['gpu_seconds_counted_twice']}, "
           f"decisions lost {totals['decisions_lost']} (of {totals['bookings_answered']} bookings, "
