@@ -134,13 +134,33 @@ class Load:
         self.bookings: dict[str, str] = {}  # booking id -> status answered
         self.quotas: dict[int, str] = {}  # quota id -> status answered by the approval
         self.errors: list[str] = []
+        self.ages: list[tuple[float, float]] = []
         self.threads: list[threading.Thread] = []
+
+    def sync_ages(self) -> None:
+        """The Slurm inventory sync's age as /healthz reports it, every second: beat sends the sync every
+        30 s, so an age well past that means no beat is sending (its host died and nobody took over)."""
+        while not self.stop.is_set():
+            try:
+                status, _, data = Http(timeout=5).call("GET", "/healthz")
+                age = json.loads(data)["checks"]["slurm"].get("age_seconds")
+                if age is not None:
+                    with self.lock:
+                        self.ages.append((time.monotonic(), float(age)))
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(1)
+
+    def max_sync_age(self, start: float, end: float) -> float | None:
+        with self.lock:
+            ages = [age for at, age in self.ages if start <= at <= end]
+        return round(max(ages), 1) if ages else None
 
     def start(self) -> None:
         for name, target in (("api-alice", lambda: self.api_client("api-alice", "alice", "vision")),
                              ("api-carol", lambda: self.api_client("api-carol", "carol", "nlp")),
                              ("cli-bob", self.cli_client), ("form-dave", self.form_client),
-                             ("decide", self.decisions)):
+                             ("decide", self.decisions), ("sync-age", self.sync_ages)):
             thread = threading.Thread(target=self._guard, args=(name, target), name=name, daemon=True)
             thread.start()
             self.threads.append(thread)
@@ -432,7 +452,7 @@ def fault(name: str) -> tuple[str, str, callable]:
     raise SystemExit(f"unknown fault {name}")
 
 
-def run_fault(name: str, recorder: Recorder) -> dict:
+def run_fault(name: str, recorder: Recorder, load: Load) -> dict:
     what, host, back = fault(name)
     log(f"fault {name}: {what}")
     t0, wall0 = time.monotonic(), time.time()
@@ -447,7 +467,7 @@ def run_fault(name: str, recorder: Recorder) -> dict:
     time.sleep(3)
     figures = {"fault": name, "what": what, "host": host, "whole_again_s": round(whole, 1) if whole_ok else None,
                "wall": [wall0, time.time()],
-               **recorder.window(t0, time.monotonic())}
+               **recorder.window(t0, time.monotonic()), "max_sync_age_s": load.max_sync_age(t0, time.monotonic())}
     log(f"fault {name}: {json.dumps(figures)}")
     return figures
 
@@ -622,7 +642,7 @@ def main() -> int:
     log(f"baseline: {json.dumps(baseline)}")
     results = []
     for name in [f for f in args.faults.split(",") if f]:
-        results.append(run_fault(name, recorder))
+        results.append(run_fault(name, recorder, load))
     load.finish()
     totals = counts(load, env, since, results)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -632,11 +652,12 @@ def main() -> int:
     print(json.dumps(report, indent=2), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n| fault | requests | failed | longest gap (s) | whole again (s) | jobs accepted | longest accept → Slurm id (s) |"
-          "\n|---|---|---|---|---|---|---|")
+    print("\n| fault | requests | failed | longest gap (s) | whole again (s) | jobs accepted | longest accept → Slurm id (s) "
+          "| oldest Slurm sync (s) |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['what']} | {r['requests']} | {r['failed']} | {r['longest_gap_s']} ({r['longest_gap_client']}) "
-              f"| {r['whole_again_s']} | {r.get('jobs_accepted')} | {r.get('longest_accept_to_slurm_s')} |")
+              f"| {r['whole_again_s']} | {r.get('jobs_accepted')} | {r.get('longest_accept_to_slurm_s')} "
+              f"| {r['max_sync_age_s']} |")
     print(f"\njobs accepted {totals['jobs_accepted']}, lost {totals['jobs_lost']}, duplicated in Slurm "
           f"{totals['jobs_duplicated_in_slurm']}, GPU-seconds counted twice {totals['gpu_seconds_counted_twice']}, "
           f"decisions lost {totals['decisions_lost']} (of {totals['bookings_answered']} bookings, "
