@@ -195,7 +195,7 @@ class Load:
         started = time.monotonic()
         try:
             status, _, data = Http().call(method, path, body, headers)
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             self.rec.add(client, started, False, f"{what or method}: {type(exc).__name__}")
             return None, None
         # an answer of the portal's (a 4xx refusal included) is the site working; no answer or a 5xx is not
@@ -299,7 +299,7 @@ class Load:
             started = time.monotonic()
             try:
                 status, headers, page = fetch(method, path, form)
-            except OSError as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 self.rec.add("form-dave", started, False, f"{what}: {type(exc).__name__}")
                 return None, None, None
             self.rec.add("form-dave", started, status in ok or status in (400, 409), f"{what}: {status}")
