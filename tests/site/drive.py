@@ -528,8 +528,10 @@ def db_rows(dsn: str, jobs: list[str], bookings: list[str], quotas: list[int]) -
 
 def relay_waits(rows: dict, faults: list[dict]) -> None:
     """Each fault's longest wait of a job accepted during it for its Slurm id (created → submitted)."""
-    for figures in faults:
-        start, end = figures.pop("wall")
+    # each fault's jobs: from its start to the next fault's (a job accepted between two windows counts)
+    ends = [f["wall"][0] for f in faults[1:]] + [float("inf")]
+    for figures, end in zip(faults, ends):
+        start, _ = figures.pop("wall")
         waits = [r["submitted"] - r["created"] for r in rows.values() if start <= r["created"] <= end and r["submitted"]]
         figures["jobs_accepted"] = sum(1 for r in rows.values() if start <= r["created"] <= end)
         figures["longest_accept_to_slurm_s"] = round(max(waits), 1) if waits else None
