@@ -2,7 +2,7 @@
 """`make test-site`: each host of the site (scripts/site, issue 42) killed in turn under load, and what
 was lost counted. Not a pytest test (it needs the whole site, ~5 min): run after `scripts/site up`.
 
-    .venv/bin/python tests/site/drive.py [--faults web1,redis,db,ctld,cut-web2] [--json FILE]
+    .venv/bin/python tests/site/drive.py [--faults web1,redis,db,ctld,cut-web2,cut-db] [--json FILE]
 
 Clients run through the load balancer the whole time, each in its own thread:
   api-alice, api-carol  the REST API with an API token: POST a job (an Idempotency-Key, the same key
@@ -625,7 +625,7 @@ def budgets(tokens: dict[str, str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--faults", default="web1,redis,db,ctld,cut-web2")
+    parser.add_argument("--faults", default="web1,redis,db,ctld,cut-web2,cut-db")
     parser.add_argument("--warmup", type=float, default=8.0)
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
