@@ -122,7 +122,7 @@ bench: install pyslurm cluster cluster25
 # A small site with failover on this machine (scripts/site, issue 42): two portal hosts behind HAProxy,
 # PostgreSQL under pg_auto_failover, Redis with three sentinels, slurmctld on two hosts, each host a
 # network namespace. Ends by printing the load balancer's URL.
-site: install
+site: $(STAMP)
 	@scripts/site up
 
 stop-site:
