@@ -56,6 +56,7 @@ PASSWORD = os.environ.get("DEMO_PASSWORD", "gpuportal-demo")
 TAG = "gpuportal:"
 SCRIPT = "#!/bin/bash\ntrue\n"
 LB = "10.77.0.10"
+LOST_WAIT = 150.0  # JOB_LOST_AFTER_SECONDS (60) and a few job syncs, on a loaded machine
 
 
 def log(message: str) -> None:
@@ -554,18 +555,26 @@ def counts(load: Load, env: dict[str, str], since: str, faults: list[dict]) -> d
     log(f"counts: settled after {waited:.1f} s; ingesting usage once more")
     subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "manage.py", "ingest_usage"], cwd=ROOT, capture_output=True,
                    timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": "/root", **env, "DATABASE_URL": dsn})
-    rows = db_rows(dsn, ids, list(load.bookings), list(load.quotas))
+    # A job a controller lost in a takeover is sent again by the jobs sync once JOB_LOST_AFTER_SECONDS
+    # (60 s) have passed: the counts are read again until nothing is missing or LOST_WAIT has passed
+    deadline = time.monotonic() + LOST_WAIT
+    while True:
+        rows = db_rows(dsn, ids, list(load.bookings), list(load.quotas))
+        slurm_ids = sorted({r["slurm_job_id"] for r in rows["jobs"].values() if r["slurm_job_id"]})
+        by_tag, gpu_seconds, states, queued = slurm_view(since, slurm_ids)
+
+        def in_slurm(job: str) -> bool:
+            """Slurm has the job: its tag on a job the controller holds or that left the queue having run
+            (accounting's PENDING for an id the queue no longer holds: the controller lost it)."""
+            return any(sid in queued or states.get(sid, "PENDING") != "PENDING" for sid in by_tag.get(job, []))
+
+        lost = [j for j in ids if j not in rows["jobs"]
+                or (not in_slurm(j) and not (rows["jobs"][j]["state"] == "CANCELLED" and not rows["jobs"][j]["slurm_job_id"]))]
+        if not lost or time.monotonic() > deadline:
+            break
+        log(f"counts: {len(lost)} accepted job(s) not in Slurm yet; again in 5 s")
+        time.sleep(5)
     relay_waits(rows["jobs"], faults)
-    slurm_ids = sorted({r["slurm_job_id"] for r in rows["jobs"].values() if r["slurm_job_id"]})
-    by_tag, gpu_seconds, states, queued = slurm_view(since, slurm_ids)
-
-    def in_slurm(job: str) -> bool:
-        """Slurm has the job: its tag on a job the controller holds or that left the queue having run
-        (accounting's PENDING for an id the queue no longer holds: the controller lost it)."""
-        return any(sid in queued or states.get(sid, "PENDING") != "PENDING" for sid in by_tag.get(job, []))
-
-    lost = [j for j in ids if j not in rows["jobs"]
-            or (not in_slurm(j) and not (rows["jobs"][j]["state"] == "CANCELLED" and not rows["jobs"][j]["slurm_job_id"]))]
     lost_detail = [{"job": j, **rows["jobs"].get(j, {}), "tagged": by_tag.get(j, []),
                     "accounting": [states.get(sid) for sid in by_tag.get(j, [])]} for j in lost]
     duplicated = {j: by_tag[j] for j in ids if len(by_tag.get(j, [])) > 1}
