@@ -25,7 +25,8 @@ its link down), each host started again (or its link mended) once the site has m
 For each: requests failed (attempts of every client between the fault and the site whole again), the
 longest gap a client saw between two answers, the time until `scripts/site wait-whole` passed.
 At the end, the counts: jobs lost (accepted, not cancelled before relay, no Slurm id / not in Slurm by
-its tag), jobs duplicated in Slurm (a tag `gpuportal:<uuid>` on more than one Slurm job), GPU-seconds
+its tag, read again until the jobs sync has re-sent what a controller lost), apart from them the jobs
+the portal saw start that Slurm then forgot (a controller killed before its state save), jobs duplicated in Slurm (a tag `gpuportal:<uuid>` on more than one Slurm job), GPU-seconds
 counted twice (usage records of a job beyond one, or their sum above sacct's GPUs × elapsed), decisions
 lost (an answered booking or quota approval missing from the database). Exit 1 when any is not 0."""
 
@@ -515,8 +516,9 @@ def db_rows(dsn: str, jobs: list[str], bookings: list[str], quotas: list[int]) -
 
     with psycopg.connect(dsn) as conn:
         job_rows = {str(r[0]): {"state": r[1], "slurm_job_id": r[2], "created": r[3].timestamp(),
-                                "submitted": r[4].timestamp() if r[4] else None} for r in conn.execute(
-            "select id, state, slurm_job_id, created_at, submitted_at from jobs_job where id = any(%s)", [jobs])}
+                                "submitted": r[4].timestamp() if r[4] else None, "started": r[5] is not None}
+                    for r in conn.execute("select id, state, slurm_job_id, created_at, submitted_at, started_at "
+                                          "from jobs_job where id = any(%s)", [jobs])}
         usage = [(str(r[0]), str(r[1]), r[2]) for r in conn.execute(
             "select portal_job_uuid, job_id, gpu_seconds from accounting_usagerecord where portal_job_uuid = any(%s)",
             [jobs])]
@@ -568,15 +570,20 @@ def counts(load: Load, env: dict[str, str], since: str, faults: list[dict]) -> d
             (accounting's PENDING for an id the queue no longer holds: the controller lost it)."""
             return any(sid in queued or states.get(sid, "PENDING") != "PENDING" for sid in by_tag.get(job, []))
 
-        lost = [j for j in ids if j not in rows["jobs"]
-                or (not in_slurm(j) and not (rows["jobs"][j]["state"] == "CANCELLED" and not rows["jobs"][j]["slurm_job_id"]))]
+        missing = [j for j in ids if j not in rows["jobs"]
+                   or (not in_slurm(j) and not (rows["jobs"][j]["state"] == "CANCELLED" and not rows["jobs"][j]["slurm_job_id"]))]
+        # a job the portal saw start (the queue said RUNNING) that Slurm then forgot — a controller killed
+        # before saving it, its accounting never sent: it ran, so it is not sent again, and it is not lost
+        # (it has its Slurm id); counted apart: its state and its GPU-seconds are never known
+        unrecorded = [j for j in missing if j in rows["jobs"] and rows["jobs"][j]["started"] and rows["jobs"][j]["slurm_job_id"]]
+        lost = [j for j in missing if j not in unrecorded]
         if not lost or time.monotonic() > deadline:
             break
         log(f"counts: {len(lost)} accepted job(s) not in Slurm yet; again in 5 s")
         time.sleep(5)
     relay_waits(rows["jobs"], faults)
     lost_detail = [{"job": j, **rows["jobs"].get(j, {}), "tagged": by_tag.get(j, []),
-                    "accounting": [states.get(sid) for sid in by_tag.get(j, [])]} for j in lost]
+                    "accounting": [states.get(sid) for sid in by_tag.get(j, [])]} for j in missing]
     duplicated = {j: by_tag[j] for j in ids if len(by_tag.get(j, [])) > 1}
     records: dict[str, list] = {}
     for job, slurm_id, seconds in rows["usage"]:
@@ -593,7 +600,8 @@ def counts(load: Load, env: dict[str, str], since: str, faults: list[dict]) -> d
                       and load.bookings[b] != "requested"] + [b for b in load.bookings if b not in rows["bookings"]] + \
         [q for q in load.quotas if rows["quotas"].get(q, "requested") == "requested"]
     return {"jobs_accepted": len(ids), "jobs_cancelled_by_clients": sum(1 for j in jobs.values() if j["cancelled"]),
-            "jobs_in_slurm": sum(1 for j in ids if in_slurm(j)), "jobs_lost": len(lost), "lost": lost_detail[:10],
+            "jobs_in_slurm": sum(1 for j in ids if in_slurm(j)), "jobs_lost": len(lost),
+            "jobs_started_then_unknown_to_slurm": len(unrecorded), "lost": lost_detail[:10],
             "jobs_duplicated_in_slurm": len(duplicated), "duplicated": dict(list(duplicated.items())[:10]),
             "usage_records": len(rows["usage"]), "gpu_seconds_counted_twice": twice,
             "bookings_answered": len(load.bookings), "quota_approvals_answered": len(load.quotas),
@@ -672,7 +680,8 @@ def main() -> int:
         print(f"| {r['what']} | {r['requests']} | {r['failed']} | {r['longest_gap_s']} ({r['longest_gap_client']}) "
               f"| {r['whole_again_s']} | {r.get('jobs_accepted')} | {r.get('longest_accept_to_slurm_s')} "
               f"| {r['max_sync_age_s']} |")
-    print(f"\njobs accepted {totals['jobs_accepted']}, lost {totals['jobs_lost']}, duplicated in Slurm "
+    print(f"\njobs accepted {totals['jobs_accepted']}, lost {totals['jobs_lost']} (started, then unknown to Slurm: "
+          f"{totals['jobs_started_then_unknown_to_slurm']}), duplicated in Slurm "
           f"{totals['jobs_duplicated_in_slurm']}, GPU-seconds counted twice {totals['gpu_seconds_counted_twice']}, "
           f"decisions lost {totals['decisions_lost']} (of {totals['bookings_answered']} bookings, "
           f"{totals['quota_approvals_answered']} quota approvals)")
