@@ -14,7 +14,7 @@ GPUPORTAL_PROMETHEUS_PORT ?= 9090
 export GPUPORTAL_PROMETHEUS_PORT
 export PROMETHEUS_URL ?= http://127.0.0.1:$(GPUPORTAL_PROMETHEUS_PORT)
 
-.PHONY: demo stop test test-fast lint-imports install pyslurm services cluster cluster25 k8s browser migrate bench clean-run help cli-zipapp prometheus
+.PHONY: site stop-site test-site demo stop test test-fast lint-imports install pyslurm services cluster cluster25 k8s browser migrate bench clean-run help cli-zipapp prometheus
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
@@ -25,6 +25,9 @@ help:
 	@echo "make prometheus — Prometheus + the emulated GPU exporter for the local clusters (part of demo and test)"
 	@echo "make test-fast — the pure and database tests only (no cluster, Celery worker or Chromium)"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
+	@echo "make site   — a small site with failover in network namespaces (scripts/site; issue 42); prints the load balancer's URL"
+	@echo "make stop-site — take the site down (every process of its hosts; data kept)"
+	@echo "make test-site — kill each host of the site under load and count what was lost (tests/site/drive.py)"
 	@echo "make cli-zipapp — dist/gpuportal.pyz: the CLI as one file for any python3 >= 3.9"
 
 $(STAMP): pyproject.toml setup.py cli/pyproject.toml cli/setup.py sbatch/pyproject.toml
@@ -115,3 +118,17 @@ test-fast: install lint-imports services
 
 bench: install pyslurm cluster cluster25
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py
+
+# A small site with failover on this machine (scripts/site, issue 42): two portal hosts behind HAProxy,
+# PostgreSQL under pg_auto_failover, Redis with three sentinels, slurmctld on two hosts, each host a
+# network namespace. Ends by printing the load balancer's URL.
+site: $(STAMP)
+	@scripts/site up
+
+stop-site:
+	@scripts/site down
+
+# Each host of the site killed in turn under load (API, CLI, browser form), with what clients saw and
+# what was lost (tests/site/drive.py; figures in docs/reliability.md). Brings the site up first.
+test-site: site
+	@$(PY) tests/site/drive.py
