@@ -147,7 +147,8 @@ def _lost_in_takeover(need_accounting: list[Job], entries: dict, records: dict, 
         record = records.get(job.slurm_job_id)
         if record is not None and not _is_ours(record, job):
             record = None  # another job under a reused id
-        if record is None or (record.start_time is None and state_from_slurm(record.state) == JobState.PENDING):
+        # sacct shows a pending job's Start as when it may start: PENDING without an end never ran
+        if record is None or (record.end_time is None and state_from_slurm(record.state) == JobState.PENDING):
             lost.append(job)
     return lost
 

@@ -87,7 +87,7 @@ class SlurmGateway(abc.ABC):
         if wanted - found.keys():
             now = dt.datetime.now(dt.UTC)
             for record in self.accounting(now - dt.timedelta(days=FIND_BY_COMMENT_DAYS), now):
-                if record.start_time is None and record.end_time is None:
+                if record.end_time is None and (record.start_time is None or record.state.split()[0] == "PENDING"):
                     continue  # pending in accounting yet not in the queue: lost by its controller, not ours to adopt
                 if record.comment in wanted and record.comment not in found:
                     found[record.comment] = record.array_job_id or record.job_id

@@ -148,6 +148,29 @@ def test_a_job_whose_id_slurm_gave_another_after_losing_its_state_is_sent_again(
     assert (running.state, ended.state, ended.slurm_job_id) == (JobState.PENDING, JobState.ACCEPTED, None)
 
 
+
+def test_a_job_pending_in_accounting_but_gone_from_the_queue_is_sent_again(world, fake, settings):
+    """What the site test saw after a controller takeover (make test-site): slurmdbd holds the lost job's
+    record as PENDING, with a Start (sacct shows when a pending job may start) and no end, and the queue
+    does not have it. A job that started and ended is not sent again."""
+    import dataclasses
+    import datetime as dt
+
+    settings.JOB_LOST_AFTER_SECONDS = 60
+    lost, ran = make_jobs(world, 2)
+    earlier = timezone.now() - dt.timedelta(minutes=5)
+    Job.objects.filter(pk__in=[lost.pk, ran.pk]).update(created_at=earlier, submitted_at=earlier)
+    fake.queue_entries = []
+    fake.records = [
+        dataclasses.replace(accounting_record(lost.slurm_job_id, "PENDING", "", submitted=earlier), start_time=earlier, end_time=None),
+        accounting_record(ran.slurm_job_id, "COMPLETED", ran.slurm_tag, submitted=earlier),
+    ]
+    assert jobs_sync()["resent"] == 1
+    lost.refresh_from_db()
+    ran.refresh_from_db()
+    assert (lost.state, lost.slurm_job_id, ran.state) == (JobState.ACCEPTED, None, JobState.COMPLETED)
+
+
 def test_sync_without_live_jobs_does_not_call_slurm(world, fake):
     make_jobs(world, 2, state=JobState.COMPLETED)
     jobs_sync()

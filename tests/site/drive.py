@@ -33,10 +33,12 @@ lost (an answered booking or quota approval missing from the database). Exit 1 w
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import http.client
 import http.cookiejar
 import json
+import shutil
 import os
 import re
 import shlex
@@ -254,7 +256,11 @@ class Load:
 
     # --- the CLI -------------------------------------------------------------------------------------
     def cli_client(self) -> None:
-        with tempfile.TemporaryDirectory() as tmp:
+        # the directory `gpuportal submit` runs in is the job's submit directory: it must outlive the
+        # clients, as a user's does, for a job Slurm lost to be sent again from it (removed at exit)
+        tmp = tempfile.mkdtemp(prefix="gpuportal-site-cli-")
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        if True:
             script = Path(tmp) / "job.sh"
             script.write_text(SCRIPT)
             n = 0
