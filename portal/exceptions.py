@@ -185,6 +185,21 @@ def unavailable_response(request, exc: BaseException):
     return response
 
 
+def server_error(request):
+    """The URLconf's handler500, which Django calls while the exception is being handled — from a view
+    or from a middleware's own work (a session saved on a database that has just become read-only):
+    what the database or Redis could not serve is the 503 of ``unavailable_response``, anything else
+    Django's own 500 page."""
+    import sys
+
+    from django.views.defaults import server_error as django_server_error
+
+    exc = sys.exc_info()[1]
+    if exc is not None and backend_unavailable(exc):
+        return unavailable_response(request, exc)
+    return django_server_error(request)
+
+
 def internal_error_response(request, exc_info=None) -> JsonResponse:
     """A 500 for an API client: ``Internal error (id …)``; the same id is logged (with the traceback
     when ``exc_info`` is given) so that an operator finds the request a user reports."""

@@ -45,3 +45,7 @@ urlpatterns = [
 # Under /api/ every error answers JSON, DEBUG on or off (portal.middleware.ApiErrorMiddleware);
 # pages keep Django's default handlers, which render templates/403.html, 404.html and 500.html (the
 # portal's layout with ways back, templates/portal/error.html) when DEBUG is off.
+
+# A request the database or Redis could not serve, wherever it failed (a view or a middleware): 503 with
+# Retry-After, not 500 (portal.exceptions.server_error; the rest is Django's own 500 page)
+handler500 = "portal.exceptions.server_error"

@@ -63,6 +63,29 @@ def test_a_page_post_on_a_read_only_database_answers_a_503_page(world, inventory
     assert "switching servers" in response.content.decode()
 
 
+def test_a_database_that_refuses_connections_before_any_view_is_a_503_too(world):
+    """The database host gone (a primary killed, the standby not promoted yet): the first query of a
+    page is a middleware's (the user's time zone, before any view), outside process_exception —
+    Django's handler500 (portal.exceptions.server_error) answers 503 too. Real PostgreSQL on a port
+    where nothing listens."""
+    from django.test import Client
+
+    member = Client(raise_request_exception=False)  # as a server answers: the handler's response
+    member.force_login(world.alice)
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = str(_closed_port())
+    try:
+        response = member.get("/jobs/")
+        api = member.get("/api/v1/jobs/")
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = port
+    assert response.status_code == 503 and response["Retry-After"] == str(FAILOVER_RETRY_AFTER_SECONDS)
+    assert "switching servers" in response.content.decode()
+    assert api.status_code == 503 and set(api.json()) == {"detail", "errors"} and api["Retry-After"]
+
+
 def test_an_api_post_while_redis_does_not_answer_answers_503(world, inventory, relays, settings):
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                                    "LOCATION": f"redis://127.0.0.1:{_closed_port()}/1"}}  # fmt: skip
