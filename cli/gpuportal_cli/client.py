@@ -33,7 +33,11 @@ from typing import Any, Tuple
 
 USER_AGENT = "gpuportal-cli/1"
 RETRY_STATUSES = {502, 503, 504}  # retried for repeatable requests
-RETRY_BACKOFF_SECONDS = 1.0  # first wait; doubles on each retry
+RETRY_BACKOFF_SECONDS = 1.0  # first wait; doubles on each retry, up to RETRY_BACKOFF_MAX_SECONDS
+RETRY_BACKOFF_MAX_SECONDS = 8.0
+# retries of a request that may be repeated: enough to ride out a server's failover (a database's takes
+# 9–30 s, docs/reliability.md: the portal and its load balancer answer 503 with Retry-After meanwhile)
+RETRIES = 8
 RETRY_AFTER_MAX_SECONDS = 120.0  # a longer Retry-After is reported, not waited for
 MAX_REDIRECTS = 5
 # Sending on a kept-alive connection the server has closed: the request never reached it.
@@ -73,7 +77,7 @@ def origin_of(url: str) -> Origin:
 
 
 class Client:
-    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retries: int = 3, backoff: float | None = None):
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retries: int = RETRIES, backoff: float | None = None):
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout
@@ -140,7 +144,7 @@ class Client:
             except (OSError, http.client.HTTPException) as exc:
                 if repeatable and retries_left > 0:
                     retries_left -= 1
-                    time.sleep(self._backoff() * 2**attempt)
+                    time.sleep(min(self._backoff() * 2**attempt, RETRY_BACKOFF_MAX_SECONDS))
                     attempt += 1
                     continue
                 reason_text = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
@@ -156,7 +160,7 @@ class Client:
             if status in (429, *RETRY_STATUSES) and retries_left > 0 and (status == 429 or repeatable):
                 wait = retry_after_seconds(answer_headers.get("Retry-After"))
                 if wait is None:
-                    wait = self._backoff() * 2**attempt
+                    wait = min(self._backoff() * 2**attempt, RETRY_BACKOFF_MAX_SECONDS)
                 if wait <= RETRY_AFTER_MAX_SECONDS:
                     retries_left -= 1
                     attempt += 1

@@ -129,6 +129,20 @@ def test_submit_retries_a_failed_post_with_the_same_idempotency_key(fake_api, tm
     assert len(keys) == 2 and keys[0] == keys[1]
 
 
+def test_submit_rides_out_a_failover_of_503s_with_one_job(fake_api, tmp_path):
+    """A database failover keeps the portal answering 503 for 9–30 s (docs/reliability.md): a keyed
+    submit retries through six of them (Retry-After honoured) and makes one job, not an error."""
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    for _ in range(6):
+        fake_api.add("POST", "/api/v1/jobs/", 503, {"detail": "The portal's database or cache is not answering.", "errors": {}})
+    fake_api.add("POST", "/api/v1/jobs/", 201, _job())
+
+    assert main(["submit", str(script), "--team", "vision"]) == 0
+    keys = {r["headers"]["Idempotency-Key"] for r in fake_api.requests_to("POST", "/api/v1/jobs/")}
+    assert len(fake_api.requests_to("POST", "/api/v1/jobs/")) == 7 and len(keys) == 1
+
+
 @pytest.mark.parametrize("flag", [["--cluster", "east"], ["-M", "east"], ["-Meast"], ["--clusters=east"]])
 def test_submit_sends_the_cluster_flag_as_the_cluster_field(fake_api, tmp_path, flag):
     script = tmp_path / "job.sh"
