@@ -102,7 +102,7 @@ def test_a_job_whose_node_agent_is_killed_is_charged_what_ran_as_kubernetes_says
     agent returned, and the portal's job ends as Kubernetes says (FAILED, exit 3)."""
     api = APIClient()
     api.force_authenticate(user=world.alice)
-    body = job_payload(cluster=K8S_CLUSTER, name="outlives-agent", script="#!/bin/bash\necho up\nsleep 3\nexit 3\n",
+    body = job_payload(cluster=K8S_CLUSTER, name="outlives-agent", script="#!/bin/bash\necho up\nsleep 3.01\nexit 3\n",
                        gpus=2, gpu_type="a100", cpus_per_gpu=1, memory_gb=1, time_limit_minutes=5)  # fmt: skip
     body.pop("partition")
     job_id = api.post("/api/v1/jobs/", body, format="json").json()["id"]
@@ -116,7 +116,9 @@ def test_a_job_whose_node_agent_is_killed_is_charged_what_ran_as_kubernetes_says
     pod = wait_for(running, what="the job's pod to run")
     usage_ingest(cluster=K8S_CLUSTER)  # a reading while it runs
     _k8s("kill", "node-agent")
-    wait_for(lambda: not subprocess.run(["pgrep", "-f", "sleep 3"], check=False, capture_output=True).stdout,
+    # the pod's own process, by its whole command line: other tests' jobs sleep 30, 300 or 3000 (CI: a
+    # pattern matching any of them kept this waiting)
+    wait_for(lambda: not subprocess.run(["pgrep", "-fx", "sleep 3.01"], check=False, capture_output=True).stdout,
              timeout=30, what="the process to end while no agent runs")  # fmt: skip
     _k8s("up")
 
