@@ -163,8 +163,12 @@ def reservations(cluster):
         gateway.reservation_delete(name)
 
 
+_last_sync: dict = {}
+
+
 def _synced(jobs) -> list[Job]:
-    jobs_sync()
+    _last_sync.clear()
+    _last_sync.update(jobs_sync())  # its figures (an "error" when squeue failed) for a failure's message
     return [Job.objects.get(pk=j.pk) for j in jobs]
 
 
@@ -252,11 +256,16 @@ def test_each_pending_reason_slurm_gives_is_stored_and_explained(slurm_target, s
 
     seen: list = []
     try:
-        synced, oracle = wait_for(stored, timeout=60, interval=1, what=f"the reasons {sorted(expected.values())}")
+        synced, oracle = wait_for(stored, timeout=90, interval=1, what=f"the reasons {sorted(expected.values())}")
     except BaseException:
         ours = {j.slurm_job_id: (code, j.name) for j, code in expected.items()}
-        stored_now = {j.slurm_job_id: j.state_reason for j in Job.objects.filter(pk__in=[j.pk for j in expected])}
-        pytest.fail(f"wanted {ours}; Slurm said {seen[-1] if seen else None}; the portal stored {stored_now}")
+        stored_now = {
+            j.slurm_job_id: (j.state, j.state_reason) for j in Job.objects.filter(pk__in=[j.pk for j in expected])
+        }
+        pytest.fail(
+            f"wanted {ours}; Slurm said {seen[-1] if seen else None}; the portal stored {stored_now}; "
+            f"the last jobs_sync said {_last_sync}"
+        )
     for job_id, job in synced.items():
         explained = reason_explained(job.state_reason)
         assert explained is not None and explained.text, job.state_reason  # every one of them in the table
