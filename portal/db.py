@@ -1,13 +1,16 @@
 """Database helpers the ORM lacks, each kept because an alternating end-to-end benchmark shows it
 pays (bench/results.md, "Issue 38: portal/db.py through documented APIs"), and each through
-documented surfaces or a maintained library: django-pgbulk (``pgbulk.update``, ``pgbulk.copy``),
+documented surfaces or a maintained library: django-pgbulk (``pgbulk.update``),
 psycopg's ``Cursor.copy`` on the DB-API cursor Django hands out, ``Model._meta`` and ``Model._state``
 (both in Django's reference). No query compiler, no Django internals."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+import uuid
 from collections.abc import Iterable, Sequence
+from decimal import Decimal
 from typing import Any
 
 import pgbulk
@@ -38,24 +41,34 @@ def bulk_update(model: type[Model], objs: Sequence[Model], fields: Sequence[str]
     return len(objs)
 
 
-def bulk_insert_copy(objs: Sequence[Model]) -> int:
-    """Insert new rows of one model with ``COPY … FROM STDIN`` (django-pgbulk's ``pgbulk.copy``) and
+def bulk_insert_copy(objs: Sequence[Model], *, using: str = "default") -> int:
+    """Insert new rows of one model with one ``COPY … FROM STDIN`` (psycopg's ``Cursor.copy``) and
     return how many: what ``bulk_create`` does for rows whose database-generated ids nobody needs
     back, without one INSERT holding a placeholder per value that Django compiles and psycopg binds
-    (for usage slices that was two thirds of the ingestion's time; bench/bench_reports.py)."""
-    if objs:
-        pgbulk.copy(type(objs[0]), objs)
+    (for usage slices that was two thirds of the ingestion's time; bench/bench_reports.py). The
+    values are _copy_rows', as bulk_upsert_copy's."""
+    if not objs:
+        return 0
+    connection = connections[using]
+    meta = type(objs[0])._meta
+    qn = connection.ops.quote_name
+    fields = [field for field in meta.concrete_fields if not field.db_returning]
+    columns = ", ".join(qn(field.column) for field in fields)
+    with connection.cursor() as cursor, cursor.copy(f"COPY {qn(meta.db_table)} ({columns}) FROM STDIN") as copy:
+        for row in _copy_rows(objs, fields, connection):
+            copy.write_row(row)
     return len(objs)
 
 
 def _copy_rows(objs: Sequence[Model], fields, connection):
     """Each object's values of ``fields`` as the database takes them: ``get_db_prep_save`` of the
     field's ``pre_save``, as ``bulk_create`` does, except where that is the value itself (_plain_fields)."""
-    plain = _plain_fields(fields)
+    plain = _plain_fields(fields, connection)
     for obj in objs:
         yield [
             value if (kind := plain[index]) is not None and (value := getattr(obj, field.attname)) is not None
-            and type(value) is kind else field.get_db_prep_save(field.pre_save(obj, add=True), connection)
+            and type(value) is kind[0] and (kind[1] is None or kind[1](value))
+            else field.get_db_prep_save(field.pre_save(obj, add=True), connection)
             for index, field in enumerate(fields)
         ]  # fmt: skip
 
@@ -107,20 +120,44 @@ def bulk_upsert_copy(
 
 
 # Fields whose database value is the Python value itself when it has exactly this type (the field's
-# own class, not a subclass, so no get_prep_value of someone else's): psycopg adapts them as they are.
-_PLAIN_FIELDS = {
-    models.CharField: str, models.TextField: str, models.BooleanField: bool, models.IntegerField: int,
-    models.BigIntegerField: int, models.PositiveIntegerField: int, models.PositiveBigIntegerField: int,
-    models.SmallIntegerField: int, models.PositiveSmallIntegerField: int,
+# own class, not a subclass, so no get_prep_value of someone else's) and passes the check beside it:
+# psycopg adapts them as they are. What Django's own code does with such a value on PostgreSQL (5.2):
+# Char/Text/Boolean/Integer fields return it; DateField.to_python returns a date as it is and
+# adapt_datefield_value returns it; DateTimeField returns an aware datetime as it is (a naive one takes
+# the slow path: Django warns and makes it aware); DecimalField makes Decimal(value) of a Decimal (the
+# same number) and refuses one that is not finite (the slow path raises as Django does);
+# adapt_decimalfield_value returns it; a UUIDField on a database with native UUIDs returns the UUID.
+def _aware(value: dt.datetime) -> bool:
+    return value.utcoffset() is not None
+
+
+_PLAIN_FIELDS: dict[type, tuple[type, Any]] = {
+    models.CharField: (str, None), models.TextField: (str, None), models.BooleanField: (bool, None),
+    models.IntegerField: (int, None), models.BigIntegerField: (int, None), models.PositiveIntegerField: (int, None),
+    models.PositiveBigIntegerField: (int, None), models.SmallIntegerField: (int, None),
+    models.PositiveSmallIntegerField: (int, None), models.AutoField: (int, None), models.BigAutoField: (int, None),
+    models.DateField: (dt.date, None), models.DateTimeField: (dt.datetime, _aware),
+    models.DecimalField: (Decimal, Decimal.is_finite),
 }  # fmt: skip
 
 
-def _plain_fields(fields) -> list[type | None]:
-    """For each field, the Python type whose values it writes unchanged (``get_db_prep_save`` is the
-    identity for them), or None: a row of COPY then skips two or three calls per such value (40 fields
-    × 7 400 usage records of a day: 0.4 s of the ingestion, bench/results.md)."""
-    return [None if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False) else _PLAIN_FIELDS.get(type(field))
-            for field in fields]  # fmt: skip
+def _plain_fields(fields, connection) -> list[tuple[type, Any] | None]:
+    """For each field, (the Python type whose values it writes unchanged — ``get_db_prep_save`` is the
+    identity for them —, a check such a value must pass too, or None), or None. A foreign key writes
+    its target field's value (ForeignKey.get_db_prep_save delegates to it). A row of COPY then skips
+    two or three calls per such value (40 fields × 7 400 usage records of a day: 0.4 s of the
+    ingestion, bench/results.md)."""
+    out = []
+    for field in fields:
+        if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
+            out.append(None)
+            continue
+        target = field.target_field if type(field) in (models.ForeignKey, models.OneToOneField) else field
+        if type(target) is models.UUIDField and connection.features.has_native_uuid_field:
+            out.append((uuid.UUID, None))
+        else:
+            out.append(_PLAIN_FIELDS.get(type(target)))
+    return out
 
 
 def any_of(values, db_type: str):

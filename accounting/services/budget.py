@@ -35,6 +35,7 @@ from accounting.charging import bookings_charge_reserved
 from accounting.models import BudgetHold, BudgetTotal, UsageRecord
 from accounting.selectors.budgets import budget_copies_current, budget_rows, budget_total_figures, quotas_effective
 from portal import money
+from portal.db import any_of
 from portal.exceptions import Conflict
 from portal.models import AuditEvent, Team
 from portal.services import audit_event
@@ -304,7 +305,9 @@ def budget_holds_release(*, job_uuids: Iterable, at: dt.datetime | None = None, 
     at = at or timezone.now()
     with transaction.atomic(savepoint=False):
         holds = list(
-            BudgetHold.objects.select_for_update().filter(job_uuid__in=wanted, released_at__isnull=True).order_by("job_uuid")
+            BudgetHold.objects.select_for_update()
+            .filter(job_uuid__in=any_of(wanted, "uuid"), released_at__isnull=True)
+            .order_by("job_uuid")
         )
         if not holds:
             return 0
@@ -382,7 +385,7 @@ def _holds_refigure(holds: Sequence[BudgetHold], usage: dict, *, at: dt.datetime
 def _usage_of(job_uuids: Iterable) -> dict:
     """{job uuid: [(provisional, GPU-hours, GPU type), ...]} of every usage record of these jobs (one query)."""
     usage: dict = {}
-    rows = UsageRecord.objects.filter(portal_job_uuid__in=list(job_uuids)).values_list(
+    rows = UsageRecord.objects.filter(portal_job_uuid__in=any_of(job_uuids, "uuid")).values_list(
         "portal_job_uuid", "provisional", "gpu_hours", "gpu_type"
     )
     for job_uuid, provisional, hours, gpu_type in rows:
@@ -399,7 +402,9 @@ def budget_holds_convert(*, job_uuids: Iterable, team_ids: Iterable[int], since:
     ``used`` figures again from the slices. Call inside the ingestion's transaction."""
     wanted = list(job_uuids)
     holds = list(
-        BudgetHold.objects.select_for_update().filter(job_uuid__in=wanted, released_at__isnull=True).order_by("job_uuid")
+        BudgetHold.objects.select_for_update()
+        .filter(job_uuid__in=any_of(wanted, "uuid"), released_at__isnull=True)
+        .order_by("job_uuid")
     ) if wanted else []  # fmt: skip
     usage = _usage_of(h.job_uuid for h in holds) if holds else {}
     deltas = _holds_refigure(holds, usage, at=at)

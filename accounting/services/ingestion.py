@@ -219,7 +219,7 @@ def _bookings_by_portal_job(uuids: set) -> dict:
     """Booking id per portal job for jobs submitted into a booking (their budget hold names it); one query."""
     if not uuids:
         return {}
-    return dict(BudgetHold.objects.filter(job_uuid__in=uuids, booking_id__isnull=False).values_list("job_uuid", "booking_id"))
+    return dict(BudgetHold.objects.filter(job_uuid__in=any_of(uuids, "uuid"), booking_id__isnull=False).values_list("job_uuid", "booking_id"))
 
 
 def _slurm_key(record: AccountingRecord, cluster_default: str) -> tuple[str, int]:
