@@ -144,6 +144,52 @@ def test_copy_upsert_writes_what_bulk_create_writes_plain_values_or_not(world):
     assert got[0]["environment"] == "just a string" and got[0]["gpus"] == 2 and got[0]["state"] == "PENDING"
 
 
+def test_copy_insert_writes_dates_datetimes_decimals_and_keys_as_bulk_create_does(world, settings):
+    """The COPY rows pass a date, an aware datetime, a finite Decimal, a foreign key's id and a UUID as
+    they are; a naive datetime (Django makes it aware in the current time zone, with a warning), a
+    datetime in a DateField (Django keeps its date), a Decimal with more places than the column
+    and a string for a Decimal take Django's own conversion: the rows read back are bulk_create's. The
+    site's time zone is not the connection's (UTC), so a naive datetime passed as it is would land 8 h off."""
+    import warnings
+    from zoneinfo import ZoneInfo
+
+    from accounting.models import UsageRecord, UsageSlice
+
+    settings.TIME_ZONE = "Asia/Shanghai"
+    start = dt.datetime(2026, 3, 31, 22, 30, tzinfo=ZoneInfo("Asia/Shanghai"))
+    record = UsageRecord.objects.create(
+        cluster="c", job_id=7, submit_time=start, start_time=start, state="COMPLETED", account="vision",
+        team=world.vision, unix_user="alice", gpus=1, gpu_seconds=60, elapsed_seconds=60, known_until=start,
+        first_seen_at=start,
+    )  # fmt: skip
+
+    def slices(offset):
+        return [
+            UsageSlice(record=record, period=dt.date(2026, 3, 1), slice_start=start + dt.timedelta(hours=offset),
+                       slice_end=start + dt.timedelta(hours=offset, minutes=1), cluster="c", account="vision",
+                       team_id=world.vision.pk, unix_user="alice", gpus=1, gpu_seconds=60, requested_gpu_seconds=60,
+                       price_per_gpu_hour=Decimal("8.0000"), cost=Decimal("0.133333")),
+            UsageSlice(record=record, period=dt.datetime(2026, 4, 1, 12, 0), slice_start=dt.datetime(2026, 4, 1, 1 + offset),
+                       slice_end=dt.datetime(2026, 4, 1, 2 + offset), cluster="c", account="vision", team=None,
+                       unix_user="alice", gpus=2, gpu_seconds=7200, requested_gpu_seconds=7200,
+                       price_per_gpu_hour="7.5", cost=Decimal("1.23456789")),
+        ]  # fmt: skip
+
+    fields = ["period", "slice_start", "slice_end", "team_id", "record_id", "price_per_gpu_hour", "cost", "gpus"]
+    copied, created = slices(0), slices(10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # Django's naive-datetime warning, both ways
+        assert bulk_insert_copy(copied) == 2
+        UsageSlice.objects.bulk_create(created)
+    got = list(UsageSlice.objects.filter(slice_start__in=[s.slice_start for s in copied]).order_by("gpus").values(*fields))
+    want = list(UsageSlice.objects.filter(slice_start__in=[s.slice_start for s in created]).order_by("gpus").values(*fields))
+    shift = dt.timedelta(hours=10)
+    assert [{**row, "slice_start": row["slice_start"] + shift, "slice_end": row["slice_end"] + shift} for row in got] == want
+    assert got[0]["slice_start"] == start and got[1]["period"] == dt.date(2026, 4, 1)
+    assert got[1]["cost"] == Decimal("1.234568") and got[0]["team_id"] == world.vision.pk
+    assert got[1]["slice_start"] == dt.datetime(2026, 3, 31, 17, tzinfo=dt.UTC)  # 01:00 in Shanghai
+
+
 def test_any_of_binds_one_array_parameter_and_filters_like_a_list(world):
     jobs = _jobs(world, 3)
     wanted = {jobs[0].pk, jobs[2].pk, uuid.uuid4()}
