@@ -26,19 +26,50 @@ def copied_fields(source: object, names: Iterable[str]) -> dict[str, Any]:
     return {name: getattr(source, name) for name in names}
 
 
-def bulk_update(model: type[Model], objs: Sequence[Model], fields: Sequence[str], *, batch_size: int = 1000) -> int:
-    """Write ``fields`` of ``objs`` (instances with their primary key) with one
-    ``UPDATE t SET f = v.f, … FROM (VALUES (…), …) AS v WHERE t.pk = v.pk`` per batch
-    (django-pgbulk's ``pgbulk.update``); returns how many objects were given.
+# From this many rows, bulk_update writes through COPY and a temporary table: one statement of
+# ``rows × fields`` placeholders is parsed by psycopg on the client (4 000 GPU rows × 12 fields: 2 s of
+# the GPU sync's 5.6 s at load 18, its values converted one by one for 2.4 s more; bench/results.md).
+BULK_UPDATE_COPY_FROM = 500
 
-    What ``QuerySet.bulk_update`` does, without its ``CASE WHEN pk = … THEN …`` per row and field,
-    which Django builds and compiles in Python: for 50 jobs × 10 fields that was 86 % of the batched
-    relay's own time (3.7 of 4.3 ms per job, bench/bench_relay.py; bench/results.md "portal/db.py
-    through documented APIs" for the figures that keep it). Every row is written: callers lock the
-    rows they mean (``select_for_update`` with their conditions) in the same transaction first."""
+
+def bulk_update(model: type[Model], objs: Sequence[Model], fields: Sequence[str], *, batch_size: int = 1000) -> int:
+    """Write ``fields`` of ``objs`` (instances with their primary key) and return how many objects
+    were given: what ``QuerySet.bulk_update`` does, without its ``CASE WHEN pk = … THEN …`` per row and
+    field, which Django builds and compiles in Python (for 50 jobs × 10 fields that was 86 % of the
+    batched relay's own time, 3.7 of 4.3 ms per job, bench/bench_relay.py; bench/results.md
+    "portal/db.py through documented APIs" for the figures that keep it).
+
+    Fewer than BULK_UPDATE_COPY_FROM objects: one ``UPDATE t SET f = v.f, … FROM (VALUES (…), …) AS v
+    WHERE t.pk = v.pk`` per batch (django-pgbulk's ``pgbulk.update``). More: the values COPYed into a
+    temporary table (psycopg's ``Cursor.copy``, _copy_rows' values) and one ``UPDATE … FROM`` it. Every
+    row is written: callers lock the rows they mean (``select_for_update`` with their conditions) in
+    the same transaction first."""
+    if len(objs) >= BULK_UPDATE_COPY_FROM:
+        _update_by_copy(model, objs, fields)
+        return len(objs)
     for start in range(0, len(objs), batch_size):  # a statement's parameters are bounded (65 535)
         pgbulk.update(model, objs[start : start + batch_size], list(fields))
     return len(objs)
+
+
+def _update_by_copy(model: type[Model], objs: Sequence[Model], names: Sequence[str], using: str = "default") -> None:
+    connection = connections[using]
+    meta = model._meta
+    qn = connection.ops.quote_name
+    fields = [meta.pk, *(meta.get_field(name) for name in names)]
+    columns = ", ".join(qn(field.column) for field in fields)
+    table, temp = qn(meta.db_table), qn(f"update_{meta.db_table}")
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {temp}")
+        cursor.execute(f"CREATE TEMPORARY TABLE {temp} AS SELECT {columns} FROM {table} WITH NO DATA")
+        with cursor.copy(f"COPY {temp} ({columns}) FROM STDIN") as copy:
+            for row in _copy_rows(objs, fields, connection, add=False):
+                copy.write_row(row)
+        cursor.execute(
+            f"UPDATE {table} SET " + ", ".join(f"{qn(f.column)} = v.{qn(f.column)}" for f in fields[1:])
+            + f" FROM {temp} AS v WHERE {table}.{qn(meta.pk.column)} = v.{qn(meta.pk.column)}"
+        )
+        cursor.execute(f"DROP TABLE {temp}")
 
 
 def bulk_insert_copy(objs: Sequence[Model], *, using: str = "default") -> int:
@@ -60,15 +91,17 @@ def bulk_insert_copy(objs: Sequence[Model], *, using: str = "default") -> int:
     return len(objs)
 
 
-def _copy_rows(objs: Sequence[Model], fields, connection):
+def _copy_rows(objs: Sequence[Model], fields, connection, *, add: bool = True):
     """Each object's values of ``fields`` as the database takes them: ``get_db_prep_save`` of the
-    field's ``pre_save``, as ``bulk_create`` does, except where that is the value itself (_plain_fields)."""
+    field's ``pre_save`` for a new row (``add``: auto_now fields filled in), as ``bulk_create`` does, or
+    of the attribute's value for an update, as ``bulk_update`` does — except where that is the value
+    itself (_plain_fields)."""
     plain = _plain_fields(fields, connection)
     for obj in objs:
         yield [
             value if (kind := plain[index]) is not None and (value := getattr(obj, field.attname)) is not None
             and type(value) is kind[0] and (kind[1] is None or kind[1](value))
-            else field.get_db_prep_save(field.pre_save(obj, add=True), connection)
+            else field.get_db_prep_save(field.pre_save(obj, add=True) if add else getattr(obj, field.attname), connection)
             for index, field in enumerate(fields)
         ]  # fmt: skip
 

@@ -29,7 +29,7 @@ from jobs.gpu_report import SYNC_KIND
 from jobs.services.gpu_alerts import job_idle_policies
 from jobs.models import Job, JobArrayTask, JobGpuSample, JobGpuSummary, JobGpuUsage
 from portal import prometheus
-from portal.db import bulk_update
+from portal.db import bulk_insert_copy, bulk_update
 from portal.models import SyncStatus
 
 # the first cycle ever reads this far back
@@ -123,9 +123,9 @@ def gpu_usage_record(series: list[prometheus.GpuSeries], *, step: int) -> dict:
             if fresh or usage.pk is None:
                 rows.append(usage)
                 points += len(fresh)
-        # the rows locked above: one UPDATE … FROM (VALUES …) a batch; new ones: one INSERT (their ids come back)
+        # the rows locked above: portal.db.bulk_update (one UPDATE from VALUES or from a COPY); new ones: one COPY
         bulk_update(JobGpuUsage, [u for u in rows if u.pk is not None], _USAGE_FIELDS)
-        JobGpuUsage.objects.bulk_create([u for u in rows if u.pk is None], batch_size=1000)
+        bulk_insert_copy([u for u in rows if u.pk is None])
     return {"gpus": len(rows), "points": points}
 
 

@@ -31,7 +31,13 @@ def _jobs(world, n, *, state=JobState.ACCEPTED):
     ]
 
 
-def test_writes_each_rows_own_values_of_every_field_type(world):
+@pytest.mark.parametrize("path", ["values", "copy"])
+def test_writes_each_rows_own_values_of_every_field_type(world, path, monkeypatch):
+    """Both ways bulk_update writes: one UPDATE … FROM (VALUES …), or (from BULK_UPDATE_COPY_FROM rows)
+    COPY into a temporary table and one UPDATE … FROM it."""
+    import portal.db
+
+    monkeypatch.setattr(portal.db, "BULK_UPDATE_COPY_FROM", 1000 if path == "values" else 1)
     jobs = _jobs(world, 3)
     at = timezone.now().replace(microsecond=123456) - dt.timedelta(hours=1)
     for i, job in enumerate(jobs):
@@ -44,8 +50,10 @@ def test_writes_each_rows_own_values_of_every_field_type(world):
         job.unix_uid = 1000 + i
         job.state_reason = "" if i else "with 'quotes' and ; semicolons"
     fields = ["state", "slurm_job_id", "submitted_at", "relay_token", "environment", "estimated_cost", "unix_uid", "state_reason"]
-    written = bulk_update(Job, jobs, fields)
+    with CaptureQueriesContext(connection) as queries:
+        written = bulk_update(Job, jobs, fields)
     assert written == 3
+    assert any(q["sql"].startswith("COPY") for q in queries.captured_queries) == (path == "copy")
     for i, job in enumerate(jobs):
         row = Job.objects.get(pk=job.pk)
         assert row.state == JobState.PENDING
