@@ -93,6 +93,16 @@ class SlurmGateway(abc.ABC):
                     found[record.comment] = record.array_job_id or record.job_id
         return found
 
+    def runaway_jobs_fix(self) -> list[int]:
+        """Slurm's own repair of runaway jobs — records slurmdbd holds as started and not ended whose
+        controller does not know the job (one it forgot in a takeover, before its state save): ``sacctmgr -i
+        show runawayjobs`` ends each at its start (the latest of start, eligible and submit) as COMPLETED
+        and has slurmdbd roll the usage up again, so sacct and sreport stop counting them as running.
+        Every runaway of the cluster, whoever's (Slurm's tool has no per-job form). Needs AdminLevel
+        Operator (or root / SlurmUser): SlurmRejected without it. Returns the ids it fixed. Backends
+        without Slurm accounting cannot say so."""
+        raise t.SlurmRejected("This scheduler keeps no Slurm accounting to repair.")
+
     # Inventory
     @abc.abstractmethod
     def partitions(self) -> list[t.Partition]:

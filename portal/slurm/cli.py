@@ -324,6 +324,11 @@ class CliGateway(SlurmGateway):
             ok_patterns=parsing.NOTHING_TO_DO_PATTERNS if ok else (),
         )
 
+    def runaway_jobs_fix(self) -> list[int]:
+        out = self._sacctmgr("show", "runawayjobs", f"cluster={self.cluster}", "format=ID")
+        # -n -P: a NOTE line, then one id per line; or "Runaway Jobs: No runaway jobs found on cluster …"
+        return [int(line) for line in (line.strip() for line in out.splitlines()) if line.isdigit()]
+
     def associations(self) -> list[t.Association]:
         assoc = self._sacctmgr("show", "assoc", f"cluster={self.cluster}", "format=Cluster,Account,User,ParentName")
         users = self._sacctmgr("show", "user", "withassoc", f"cluster={self.cluster}", "format=User,DefaultAccount")
