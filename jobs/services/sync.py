@@ -314,7 +314,7 @@ def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, 
     start = min((j.submitted_at or j.created_at) for j in need_accounting) - dt.timedelta(minutes=5)
     ids = {j.slurm_job_id for j in need_accounting if j.slurm_job_id is not None}
     rows = gateway.accounting(start, timezone.now(), job_ids=ids if len(ids) <= ACCOUNTING_BY_ID_MAX else None)
-    records = {r.job_id: r for r in rows if r.array_job_id is None}
+    records = _records_by_id(rows, {j.slurm_job_id: j for j in need_accounting if j.slurm_job_id is not None})
     for job in need_accounting:
         if job.array and job.slurm_job_id is not None:
             array_rows = group_by_array(rows).get(job.slurm_job_id, [])
@@ -328,6 +328,25 @@ def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, 
             if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
                 if _array_final(record, {**known, **array_tasks[job.id]}):
                     records[job.slurm_job_id] = record
+    return records
+
+
+def _records_by_id(rows, jobs_by_id: dict[int, Job]) -> dict[int, Any]:
+    """One record per Slurm id: where an id has several (Slurm gave it again after a controller lost
+    its state: the first may be our job's runaway, the second another job), the one that is the portal
+    job's (_is_ours), else the latest submitted."""
+    records: dict[int, Any] = {}
+    oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
+    for r in rows:
+        if r.array_job_id is not None:
+            continue
+        current, job = records.get(r.job_id), jobs_by_id.get(r.job_id)
+        if current is None:
+            records[r.job_id] = r
+            continue
+        mine, current_mine = job is not None and _is_ours(r, job), job is not None and _is_ours(current, job)
+        if (mine and not current_mine) or (mine == current_mine and (r.submit_time or oldest) >= (current.submit_time or oldest)):
+            records[r.job_id] = r
     return records
 
 

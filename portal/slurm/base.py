@@ -58,7 +58,8 @@ class SlurmGateway(abc.ABC):
     ) -> list[t.AccountingRecord]:
         """Every job allocation (all users) that was eligible/running/ended in [start, end]; one call.
         ``job_ids``: only these jobs (``sacct -j``: the sync asking for the jobs that just ended reads
-        them, not every job of the window — 97 ms instead of 670 ms for 1 000 jobs)."""
+        them, not every job of the window — 97 ms instead of 670 ms for 1 000 jobs), every record of
+        each id (``-D``: an id Slurm gave twice after losing its state has two)."""
 
     def job_log(self, job_id: int, *, account: str, limit_bytes: int) -> bytes | None:
         """The job's output as its scheduler serves it (Kubernetes: the pod's log through

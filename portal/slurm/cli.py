@@ -238,7 +238,9 @@ class CliGateway(SlurmGateway):
         if job_ids is not None:
             if not job_ids:
                 return []
-            argv += ["-j", ",".join(str(int(job_id)) for job_id in sorted(job_ids))]
+            # -D: every record of each id, not only its latest — a controller that lost its state gives
+            # an id again, and the record the caller wants may be the older one (a runaway's)
+            argv += ["-D", "-j", ",".join(str(int(job_id)) for job_id in sorted(job_ids))]
         if self.cluster:
             argv += ["-M", self.cluster]
         return parse_sacct(self._run(argv))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import uuid
 
 import pytest
 from django.utils import timezone
@@ -59,10 +60,12 @@ def test_a_running_job_the_controller_forgot_is_ended_charged_once_as_slurm_fixe
     forgotten = _running(world, fake, "forgotten")
     still = _running(world, fake, "still-running")
     fake.queue_entries = [e for e in fake.queue_entries if e.job_id == still.slurm_job_id]  # the takeover's queue
-    fake.records = [_runaway(forgotten)]
+    # the new controller gave the id again (its state was older): sacct -D -j has both records
+    again = accounting_record(forgotten.slurm_job_id, "CANCELLED", f"gpuportal:{uuid.uuid4()}", submitted=timezone.now())
+    fake.records = [again, _runaway(forgotten)]
 
     # the ingestion reads the runaway meanwhile: provisional, "so far"
-    usage_records_upsert(records=fake.records)
+    usage_records_upsert(records=fake.records[1:])
     assert UsageRecord.objects.get(job_id=forgotten.slurm_job_id).provisional
 
     stats = jobs_sync()  # first miss: marked, not ended
@@ -78,14 +81,14 @@ def test_a_running_job_the_controller_forgot_is_ended_charged_once_as_slurm_fixe
     assert forgotten.ended_at == forgotten.started_at  # where Slurm's fix puts its end
     assert Job.objects.get(pk=still.pk).state == JobState.RUNNING  # in the queue: untouched
 
-    row = UsageRecord.objects.get(job_id=forgotten.slurm_job_id)
+    row = UsageRecord.objects.get(job_id=forgotten.slurm_job_id, submit_time=forgotten.submitted_at)
     assert (row.provisional, row.state, row.end_time, row.gpu_seconds) == (False, "COMPLETED", forgotten.started_at, 0)
     assert row.portal_job_uuid == forgotten.pk
     assert BudgetHold.objects.get(job_uuid=forgotten.pk).released_at is not None
 
     # later readings: the runaway still running (no fix), or fixed by sacctmgr — nothing changes
     usage_records_upsert(records=[_runaway(forgotten)])
-    assert usage_records_upsert(records=fake.records).written == 0  # the fake's fix: COMPLETED at its start
+    assert usage_records_upsert(records=fake.records[1:]).written == 0  # the fake's fix: COMPLETED at its start
     assert UsageRecord.objects.filter(job_id=forgotten.slurm_job_id).count() == 1
     row.refresh_from_db()
     assert (row.provisional, row.gpu_seconds, row.portal_job_uuid) == (False, 0, forgotten.pk)
