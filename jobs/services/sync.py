@@ -137,6 +137,8 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
     if ttl:  # said on every cycle, so a namespace that is usable again clears it
         data["namespaces_skipped"] = stats.get("delete_skipped", [])
+    if "runaway_fix_error" in stats:  # ended and charged by the portal; slurmdbd still counts them running
+        data["runaway_fix_error"] = stats["runaway_fix_error"]
     if "accounting_error" in stats:
         sync_record_failure(kind, error=f"sacct: {stats['accounting_error']}")
     else:

@@ -127,6 +127,9 @@ def test_without_the_operator_level_the_portal_closes_the_usage_alone(world, inv
     Job.objects.filter(pk=job.pk).update(gone_from_queue_at=timezone.now() - dt.timedelta(seconds=61))
     stats = jobs_sync()
     assert stats["forgotten_ended"] == 1 and "denied" in stats["runaway_fix_error"]
+    from portal.models import SyncStatus
+
+    assert "denied" in SyncStatus.objects.get(kind="jobs").data["runaway_fix_error"]  # what an operator sees
     # sacct keeps it RUNNING, its Elapsed growing: the ingestion never charges it so
     later = dataclasses.replace(_runaway(job), elapsed_seconds=7200)
     usage_records_upsert(records=[later])
