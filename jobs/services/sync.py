@@ -15,7 +15,13 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from accounting.services import budget_holds_identify, budget_holds_release, budget_holds_tasks_settle
+from accounting.services import (
+    budget_holds_identify,
+    budget_holds_release,
+    budget_holds_tasks_settle,
+    runaway_fixed,
+    usage_runaway_close,
+)
 from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array, tasks_without_exit_code
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
 from jobs.dependencies import NEVER_SATISFIED, dependents_waiting, never_satisfied_cancel
@@ -202,8 +208,6 @@ def _forgotten_end(gateway, forgotten: list[Job], records: dict, *, queue_read_a
     Then Slurm's fix (gateway.runaway_jobs_fix, ``sacctmgr -i show runawayjobs``), outside the
     transaction; without the AdminLevel it needs the portal's figures stand alone and the failure
     is reported. Returns figures for the sync's stats."""
-    from accounting.services import runaway_fixed, usage_runaway_close
-
     unmarked = [job.pk for job in forgotten if job.gone_from_queue_at is None]
     if unmarked:
         Job.objects.filter(pk__in=unmarked, gone_from_queue_at__isnull=True).update(gone_from_queue_at=queue_read_at)
