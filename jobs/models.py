@@ -86,6 +86,9 @@ class Job(models.Model):
     submitted_at = models.DateTimeField(null=True, blank=True)  # Slurm gave it an id
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # The first queue read that no longer showed this started job while its accounting had no end (a
+    # controller that forgot it in a takeover: jobs.services.sync); cleared if the queue shows it again
+    gone_from_queue_at = models.DateTimeField(null=True, blank=True)
     # The job-end e-mail was dealt with (sent, or not wanted: the submitter had not opted in), set by
     # the claim that decides it (jobs.services.job_end_notify_send). Null on an ended job that
     # reached Slurm: its notice is owed (the sweeper's, jobs.services.job_end_notify_sweep).
@@ -103,7 +106,7 @@ class Job(models.Model):
     request_fingerprint = models.CharField(max_length=64, blank=True)
     relay_attempts = models.PositiveIntegerField(default=0)
     relay_token = models.UUIDField(null=True, blank=True)  # which relay run holds the claim
-    relay_started_at = models.DateTimeField(null=True, blank=True)  # claim lease start
+    relay_started_at = models.DateTimeField(null=True, blank=True)  # claim lease start, renewed while the relay works
     last_relay_error = models.TextField(blank=True)
     # What the job holds of its team's budget is accounting's row (accounting.models.BudgetHold, placed
     # in the transaction that stores the job, released or converted to usage by accounting).

@@ -27,7 +27,7 @@ RELAY_TASK_OPTIONS = {
     "retry_jitter": True,
     "max_retries": RELAY_MAX_RETRIES,
     "soft_time_limit": services.RELAY_SOFT_TIME_LIMIT,
-    "time_limit": services.RELAY_HARD_TIME_LIMIT,  # < RELAY_LEASE_SECONDS: an expired claim means a dead relay
+    "time_limit": services.RELAY_HARD_TIME_LIMIT,  # a relay killed at it stops renewing its lease: another takes its jobs
 }
 
 

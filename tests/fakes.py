@@ -147,6 +147,19 @@ class FakeGateway(SlurmGateway):
                 return item.job_id
         return None
 
+    def runaway_jobs_fix(self):
+        """As sacctmgr: every record started, not ended and not in the queue ends at its start, COMPLETED."""
+        import dataclasses
+
+        self._call("runaway_jobs_fix")
+        queued = {e.job_id for e in self.queue_entries}
+        fixed = []
+        for i, r in enumerate(self.records):
+            if r.start_time is not None and r.end_time is None and r.job_id not in queued:
+                self.records[i] = dataclasses.replace(r, state="COMPLETED", end_time=max(r.start_time, r.submit_time), elapsed_seconds=0)
+                fixed.append(r.job_id)
+        return fixed
+
     def partitions(self):
         self._call("partitions")
         return list(self.partition_list)

@@ -102,7 +102,7 @@ def relay_crashed_after_sbatch(job) -> int:
     assert services._claim([job.pk])[1] == 1
     row = Job.objects.select_related("team", "submitter__profile").get(pk=job.pk)
     slurm_id = get_gateway().submit(services._submission_for(row))
-    expired = timezone.now() - timezone.timedelta(seconds=services.RELAY_LEASE_SECONDS + 1)
+    expired = timezone.now() - timezone.timedelta(seconds=services.relay_lease_seconds() + 1)
     Job.objects.filter(pk=job.pk).update(relay_started_at=expired)
     return slurm_id
 

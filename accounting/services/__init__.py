@@ -53,7 +53,14 @@ from accounting.services.budget import (
 )
 from accounting.services.gpu_busy import usage_busy_record
 from accounting.services.idle_savings import idle_saving_record
-from accounting.services.ingestion import IngestResult, usage_ingest, usage_records_upsert, usage_window_start
+from accounting.services.ingestion import (
+    IngestResult,
+    runaway_fixed,
+    usage_ingest,
+    usage_records_upsert,
+    usage_runaway_close,
+    usage_window_start,
+)
 from accounting.services.quotas import quota_approve, quota_cancel, quota_reject, quota_request
 from accounting.services.rates import may_set_prices, rate_create
 from accounting.services.repricing import (
@@ -96,7 +103,7 @@ __all__ = [
     "budget_holds_tasks_settle",
     "quota_approve", "quota_cancel", "quota_expected_limits", "quota_limit_drift", "quota_limits_apply",
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",
-    "usage_ingest", "usage_records_upsert", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",
+    "usage_ingest", "usage_records_upsert", "usage_runaway_close", "runaway_fixed", "usage_reprice", "usage_reprice_owed", "usage_reprice_pending",
     "usage_reprice_sweep", "usage_window_start",
     "ClusterReconciliation", "kubernetes_usage_reconcile", "rolled_up_to", "rollup_record", "usage_reconcile", "idle_saving_record",
     "last_closed_month", "usage_month_roll", "usage_months_reopen", "usage_rollup", "invoice_issue", "may_issue_invoices",

@@ -19,6 +19,7 @@ Portal jobs' usage moves from their budget holds to the teams' used figures in t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 import uuid
@@ -169,6 +170,32 @@ def usage_records_upsert(
                 data = {**(status.data or {}), "high_water_mark": high_water_mark.isoformat()}
                 SyncStatus.objects.filter(pk=status.pk).update(data=data)
     return result
+
+
+# What ``sacctmgr show runawayjobs`` sets when it fixes a runaway (Slurm's default EndState).
+RUNAWAY_END_STATE = "COMPLETED"
+
+
+def runaway_fixed(record: AccountingRecord) -> AccountingRecord:
+    """A runaway record (started, no end: its controller forgot the job) as Slurm's own fix leaves it:
+    ``sacctmgr show runawayjobs`` (sacctmgr(1), RunawayJobs) sets the end "to the latest of the job's
+    start, eligible, and submit times" — its start: nothing ran, as far as slurmdbd and sreport will
+    ever say — and the state to completed."""
+    end = max(record.start_time, record.submit_time or record.start_time)
+    return dataclasses.replace(record, state=RUNAWAY_END_STATE, end_time=end,
+                               elapsed_seconds=int((end - record.start_time).total_seconds()))  # fmt: skip
+
+
+def usage_runaway_close(*, records: Sequence[AccountingRecord], cluster: str | None = None,
+                        now: dt.datetime | None = None) -> IngestResult:  # fmt: skip
+    """Record the final usage of jobs Slurm forgot while they ran (the jobs sync decides which:
+    jobs.services.sync): each runaway record closed as Slurm's fix closes it (``runaway_fixed``),
+    through the ingestion's one upsert (usage_records_upsert: the same rows, slices, money and hold
+    conversion as every record). Idempotent; the later readings of a closed record — still running
+    (no fix), or fixed by ``sacctmgr`` (the same figures) — change nothing (_changed_rows)."""
+    closed = [runaway_fixed(r) for r in records
+              if r.start_time is not None and r.end_time is None and r.state.split(" ")[0] in RUNNING_STATES]  # fmt: skip
+    return usage_records_upsert(records=closed, now=now, cluster=cluster)
 
 
 def _holds_convert(rows: list[UsageRecord], changed: list[UsageRecord], now: dt.datetime) -> None:
@@ -323,12 +350,24 @@ def _comparable(values: tuple) -> tuple:
     return tuple(out)
 
 
+_PORTAL_JOB = RECORD_FIELDS.index("portal_job_uuid")
+
+
 def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
     """Rows that are new or differ from what is stored (one query, read as tuples: no model
-    instances for the stored side)."""
+    instances for the stored side). Two rules about what a later reading may change:
+
+    - **A final record stays final.** A running reading of an allocation whose record is final is a
+      runaway (slurmdbd has its start and no end: its controller forgot it in a takeover, and sacct's
+      Elapsed for it is "until now" for ever): the stored figures are kept, never charged up to now
+      (usage_runaway_close closed it; docs/reliability.md, "Jobs a takeover controller forgot").
+    - **A portal job once identified stays identified.** A reading without the tag (sacct fills Comment
+      only at a normal end; a runaway fixed by ``sacctmgr`` never gets one) and without an open hold to
+      name it keeps the portal job the stored record names: same cluster, id and submit time, same
+      allocation. The row passed in is given it (it is the row stored and compared)."""
     clusters = {r.cluster for r in rows}
     existing = {
-        (cluster, job_id, submit_time): _comparable(tuple(values))
+        (cluster, job_id, submit_time): tuple(values)
         for cluster, job_id, submit_time, *values in UsageRecord.objects.filter(
             cluster__in=clusters, job_id__in=any_of({r.job_id for r in rows}, "bigint")
         ).values_list("cluster", "job_id", "submit_time", *RECORD_FIELDS)
@@ -336,7 +375,14 @@ def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
     changed = []
     for row in rows:
         old = existing.get((row.cluster, row.job_id, row.submit_time))
-        if old is None or old != _comparable(tuple(getattr(row, name) for name in RECORD_FIELDS)):
+        if old is None:
+            changed.append(row)
+            continue
+        if row.provisional and not old[_PROVISIONAL]:
+            continue  # a runaway's running reading after its end was recorded
+        if row.portal_job_uuid is None and old[_PORTAL_JOB] is not None:
+            row.portal_job_uuid = old[_PORTAL_JOB]
+        if _comparable(old) != _comparable(tuple(getattr(row, name) for name in RECORD_FIELDS)):
             changed.append(row)
     return changed
 

@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -28,15 +28,59 @@ from portal.slurm import JobRequest, JobSubmission, NotPermitted, SlurmRejected,
 logger = logging.getLogger(__name__)
 
 
-# A relay's claim on a job expires after this long (longer than the task's hard time limit, so a
-# relay whose claim expired is dead for sure and another may take over).
-RELAY_LEASE_SECONDS = 120
+# A relay's claim on a job (``relay_started_at``, with its token) expires this long after it was taken
+# or last renewed. The relay renews it (one UPDATE of its claims) every RELAY_LEASE_RENEW_SECONDS while it
+# works — a round of a few sbatch calls ends before the first renewal is due and costs none — and starts
+# no sbatch that could outlive the lease as last renewed (_Lease.start_by): so a claim that expired is a
+# dead relay's, or one's that could not renew and starts nothing more, and another relay may take its
+# jobs (looking their tags up first). A host that dies holds its jobs for at most this long (it was a
+# fixed 120 s, longer than the task's hard time limit, before renewals).
+RELAY_LEASE_SECONDS = 30
+RELAY_LEASE_RENEW_SECONDS = 5
 RELAY_SOFT_TIME_LIMIT = 60
 RELAY_HARD_TIME_LIMIT = 90
 
 
+def relay_lease_seconds() -> int:
+    """The lease: RELAY_LEASE_SECONDS, or longer where SLURM_TIMEOUT needs it — an sbatch may start up
+    to a renewal period after the last renewal and must end within the lease, so the lease is at least
+    SLURM_TIMEOUT + two renewal periods + 2 s (27 s with the default SLURM_TIMEOUT of 15 s)."""
+    return max(RELAY_LEASE_SECONDS, settings.SLURM_TIMEOUT + 2 * RELAY_LEASE_RENEW_SECONDS + 2)
+
+
 def _lease_free() -> Q:
-    return Q(relay_started_at__isnull=True) | Q(relay_started_at__lt=timezone.now() - dt.timedelta(seconds=RELAY_LEASE_SECONDS))
+    return Q(relay_started_at__isnull=True) | Q(relay_started_at__lt=timezone.now() - dt.timedelta(seconds=relay_lease_seconds()))
+
+
+class _Lease:
+    """One relay run's claims (its token) and how long they are sure to hold. ``renewed``: the
+    time.monotonic() taken just before the claim's or the last renewal's UPDATE (so the stored lease is
+    never earlier than this process believes). ``renew_if_due`` (the run's own thread, between its Slurm
+    calls) renews every RELAY_LEASE_RENEW_SECONDS: ONE UPDATE of the rows still claimed with the
+    token; a renewal that fails (the database failing over) leaves ``start_by`` where it was, so the
+    run starts no sbatch past the lease other relays see."""
+
+    def __init__(self, token: uuid.UUID, *, claimed_at: float):
+        self.token, self.renewed, self.renewals = token, claimed_at, 0
+        self.seconds = relay_lease_seconds()
+
+    def start_by(self) -> float:
+        """The last time.monotonic() at which an sbatch may start: it ends (SLURM_TIMEOUT, plus 2 s) within the lease."""
+        return self.renewed + self.seconds - settings.SLURM_TIMEOUT - 2
+
+    def renew_if_due(self) -> None:
+        at = time.monotonic()
+        if at - self.renewed < RELAY_LEASE_RENEW_SECONDS:
+            return
+        try:
+            Job.objects.filter(relay_token=self.token, state=JobState.ACCEPTED, slurm_job_id__isnull=True).update(
+                relay_started_at=timezone.now()
+            )
+        except DatabaseError as exc:
+            logger.warning("relay lease %s not renewed: %s", self.token, exc)
+            return
+        self.renewed = at
+        self.renewals += 1
 
 
 def _claim(job_ids: list) -> tuple[uuid.UUID, int]:
@@ -121,10 +165,12 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
        raised after the others are recorded, for the task to retry with backoff (the retry claims
        only the jobs still ACCEPTED).
     Returns counts by outcome."""
+    claimed_at = time.monotonic()
     token, claimed = _claim(job_ids)
     result = _relay_result(claimed, not_claimed=len(set(map(str, job_ids))) - claimed)
     if claimed:
-        _relay_claimed(token, result, threads=threads, deadline=time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS)
+        _relay_claimed(_Lease(token, claimed_at=claimed_at), result, threads=threads,
+                       deadline=time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS)  # fmt: skip
     if result["out_of_time"]:  # released for the retry, as when Slurm does not answer
         raise SlurmUnavailable(f"{result['out_of_time']} of {claimed} jobs not relayed: time budget spent")
     return result
@@ -132,24 +178,26 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
 
 def _relay_result(claimed: int, *, not_claimed: int = 0) -> dict:
     return {"claimed": claimed, "not_claimed": not_claimed, "submitted": 0, "adopted": 0, "submit_failed": 0,
-            "cancelled": 0, "unavailable": 0, "out_of_time": 0, "already_recorded": 0}  # fmt: skip
+            "cancelled": 0, "unavailable": 0, "out_of_time": 0, "already_recorded": 0, "lease_renewals": 0}  # fmt: skip
 
 
-def _relay_claimed(token: uuid.UUID, result: dict, *, threads: int, deadline: float) -> None:
-    """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``token`` just now (the batched
+def _relay_claimed(lease: _Lease, result: dict, *, threads: int, deadline: float) -> None:
+    """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``lease.token`` just now (the batched
     relay and the drain share them): read; ONE look-up by tag for the jobs claimed before
     (find_by_comments: two Slurm calls at most, not two per job); the gateway's submit (sbatch, or
-    pyslurm on 25.11) ``threads`` at a time; one bulk write; counts added to ``result``. No sbatch
-    starts after ``deadline`` (time.monotonic()) nor so late that it could outlive the claim's lease
-    (RELAY_LEASE_SECONDS, less one SLURM_TIMEOUT and a margin): the jobs not started are released (``result["out_of_time"]``). Raises
-    SlurmUnavailable after recording the others when Slurm did not answer for some (their claims
-    released)."""
-    deadline = min(deadline, time.monotonic() + RELAY_LEASE_SECONDS - settings.SLURM_TIMEOUT - 2)
+    pyslurm on 25.11) ``threads`` at a time, the lease renewed between them when due; one bulk write;
+    counts added to ``result``. No sbatch starts after ``deadline`` (time.monotonic()) nor so late that
+    it could outlive the claim's lease as last renewed (_Lease.start_by): the jobs not started are
+    released (``result["out_of_time"]``). Raises SlurmUnavailable after recording the others when Slurm
+    did not answer for some (their claims released)."""
+    token = lease.token
     run = _RelayRound(list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile", "cluster")),
-                      deadline=deadline)  # fmt: skip
+                      deadline=deadline, lease=lease)  # fmt: skip
     todo = run.submissions()
     run.look_up_repeats(todo)
+    lease.renew_if_due()
     run.submit_all(todo, threads=threads)
+    result["lease_renewals"] += lease.renewals
     updates, held, released = _record_outcomes(token, run, result)
     _after_recording(run, updates, held)
     if run.unavailable:
@@ -161,15 +209,15 @@ class _RelayRound:
     those claimed before, the submits, and what happened to each (``outcomes``: job pk -> (kind,
     Slurm id or message); kinds: submitted, adopted, rejected, cancel, unavailable, out_of_time)."""
 
-    def __init__(self, jobs: list[Job], *, deadline: float):
-        self.jobs, self.deadline = jobs, deadline
+    def __init__(self, jobs: list[Job], *, deadline: float, lease: _Lease):
+        self.jobs, self.deadline, self.lease = jobs, deadline, lease
         self.gateways = {job.cluster.name: get_gateway(job.cluster.name) for job in jobs}  # each job to its cluster
         self.outcomes: dict[Any, tuple[str, Any]] = {}
         # per cluster: set once its Slurm does not answer, so its remaining jobs are not tried
         self.down: dict[str, list[str]] = {name: [] for name in self.gateways}
         self.waiting: list[str] = []  # jobs denied by the scheduler in one namespace only (NotPermitted)
         # those jobs: released with their lease kept, so no relay claims them again before it expires
-        # (RELAY_LEASE_SECONDS): a namespace that stays unusable is retried every lease, and its jobs,
+        # (relay_lease_seconds()): a namespace that stays unusable is retried every lease, and its jobs,
         # the oldest, do not fill every drain round ahead of the other teams' (claims are oldest first)
         self.backed_off: set = set()
         self.in_slurm: dict[str, int] = {}  # tag -> Slurm id of the repeats found there
@@ -208,7 +256,7 @@ class _RelayRound:
         """What happens to a job without a submit (None: it is submitted)."""
         if self.down[job.cluster.name]:
             return ("unavailable", self.down[job.cluster.name][0])
-        if time.monotonic() > self.deadline:
+        if time.monotonic() > min(self.deadline, self.lease.start_by()):
             return ("out_of_time", None)
         existing = self.in_slurm.get(job.slurm_tag) if job.relay_attempts > 1 else None
         if existing is not None:
@@ -238,14 +286,21 @@ class _RelayRound:
             return job.pk, ("unavailable", exc.message)
 
     def submit_all(self, todo, *, threads: int) -> None:
-        """The submits, ``threads`` at a time (Slurm is called outside any transaction)."""
-        from concurrent.futures import ThreadPoolExecutor
+        """The submits, ``threads`` at a time (Slurm is called outside any transaction); this thread
+        renews the lease between them when it is due (the pool's threads touch no database)."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
         if min(threads, len(todo)) <= 1:  # one at a time: in this thread
-            self.outcomes.update(map(self._relay_one, todo))
-        else:
-            with ThreadPoolExecutor(min(threads, len(todo))) as pool:
-                self.outcomes.update(pool.map(self._relay_one, todo))
+            for item in todo:
+                self.lease.renew_if_due()
+                self.outcomes.update([self._relay_one(item)])
+            return
+        with ThreadPoolExecutor(min(threads, len(todo))) as pool:
+            pending = {pool.submit(self._relay_one, item) for item in todo}
+            while pending:
+                done, pending = wait(pending, timeout=RELAY_LEASE_RENEW_SECONDS, return_when=FIRST_COMPLETED)
+                self.outcomes.update(future.result() for future in done)
+                self.lease.renew_if_due()
 
 
 _RECORDED_FIELDS = ["slurm_job_id", "slurm_cluster", "state", "submitted_at", "relay_token", "relay_started_at",
@@ -421,7 +476,7 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
     coalescing flag and claims ONCE more (a job committed while the flag was up is taken here, one
     committed after publishes a new drain). Several drains may run at once: each job is claimed by
     one of them. Exactly once as with job_relay_run: a drain killed after sbatch leaves its claims
-    to expire (RELAY_LEASE_SECONDS), the sweeper's drain re-claims them and adopts by tag.
+    to expire (relay_lease_seconds(): no renewal comes), the sweeper's drain re-claims them and adopts by tag.
 
     Bounded in time: after RELAY_BATCH_SUBMIT_SECONDS it publishes a fresh drain for what is left and
     returns. SlurmUnavailable: the round's other outcomes are recorded, its unsent claims released,
@@ -433,6 +488,7 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
     idle_since = None
     try:
         while True:
+            claimed_at = time.monotonic()
             token, claimed = _claim_waiting(limit)
             if not claimed:
                 now = time.monotonic()
@@ -441,6 +497,7 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
                     time.sleep(RELAY_DRAIN_POLL_SECONDS)
                     continue
                 coalesced_done(key)
+                claimed_at = time.monotonic()
                 token, claimed = _claim_waiting(limit)
                 if not claimed:
                     return totals
@@ -450,7 +507,7 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
             totals["rounds"] += 1
             gather = linger > 0 and claimed < RELAY_DRAIN_GATHER_BELOW
             try:
-                _relay_claimed(token, result, threads=threads, deadline=deadline)
+                _relay_claimed(_Lease(token, claimed_at=claimed_at), result, threads=threads, deadline=deadline)
             finally:
                 for name, count in result.items():
                     totals[name] += count

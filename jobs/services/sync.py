@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import time
 import uuid
 from typing import Any
@@ -14,7 +15,13 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from accounting.services import budget_holds_identify, budget_holds_release, budget_holds_tasks_settle
+from accounting.services import (
+    budget_holds_identify,
+    budget_holds_release,
+    budget_holds_tasks_settle,
+    runaway_fixed,
+    usage_runaway_close,
+)
 from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array, tasks_without_exit_code
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
 from jobs.dependencies import NEVER_SATISFIED, dependents_waiting, never_satisfied_cancel
@@ -24,15 +31,21 @@ from jobs.services.relay import jobs_lost_resend, relay_drain_after_commit
 from portal.db import bulk_update
 from portal.models import SyncStatus
 from portal.outbox import after_commit
-from portal.slurm import SlurmUnavailable, cluster_config, get_gateway
+from portal.slurm import SlurmError, SlurmUnavailable, cluster_config, get_gateway
 from portal.slurm.tags import SLURM_TAG_PREFIX, record_is_job
 from portal.unix import unix_ids
+
+logger = logging.getLogger(__name__)
 
 # Fields the sync reads and may write.
 _SYNC_FIELDS = [
     "id", "state", "state_reason", "cancel_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
     "exit_code", "created_at", "array", "array_tasks", "expected_start_at", "queue_position", "expected_start_moved_from",
+    "gone_from_queue_at",
 ]  # fmt: skip
+# A job the portal has seen start: while in these states, its absence from the queue with no end in
+# accounting means its controller forgot it (_forgotten_while_running)
+STARTED_STATES = (JobState.RUNNING, JobState.SUSPENDED, JobState.COMPLETING)
 # A job that ended in the queue but is not in accounting yet (slurmdbd lags a little) is left
 # live for this long, so its final state and exit code come from accounting next cycle.
 ACCOUNTING_GRACE_SECONDS = 120
@@ -96,6 +109,8 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
         entry = entries.get(job.id)
         job_outlook = outlook.get(entry.job_id) if entry is not None else None
         values = _plan_job(job, entry, record, now, accounting_ok=accounting_ok, outlook=job_outlook)
+        if entry is not None and job.gone_from_queue_at is not None:
+            values["gone_from_queue_at"] = None  # back in the queue after all
         if values:
             planned[job.id] = values
 
@@ -105,6 +120,10 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     if accounting_ok and not config.is_kubernetes:
         lost = _lost_in_takeover(need_accounting, entries, records, queue_read_at)
         stats["resent"] = jobs_lost_resend(jobs=lost, now=now) if lost else 0
+        # jobs it forgot while they ran (killed on their node; accounting has their start, never an end)
+        forgotten = _forgotten_while_running(need_accounting, entries, records)
+        if forgotten:
+            stats |= _forgotten_end(gateway, forgotten, records, queue_read_at=queue_read_at, now=now, cluster=name)
     stats["array_tasks"] = array_tasks_record(array_tasks) if array_tasks else 0
     ended_arrays = [job_id for job_id, values in planned.items() if job_id in array_tasks and values.get("state") in TERMINAL_STATES]
     if ended_arrays:
@@ -124,6 +143,8 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
     if ttl:  # said on every cycle, so a namespace that is usable again clears it
         data["namespaces_skipped"] = stats.get("delete_skipped", [])
+    if "runaway_fix_error" in stats:  # ended and charged by the portal; slurmdbd still counts them running
+        data["runaway_fix_error"] = stats["runaway_fix_error"]
     if "accounting_error" in stats:
         sync_record_failure(kind, error=f"sacct: {stats['accounting_error']}")
     else:
@@ -147,10 +168,86 @@ def _lost_in_takeover(need_accounting: list[Job], entries: dict, records: dict, 
         record = records.get(job.slurm_job_id)
         if record is not None and not _is_ours(record, job):
             record = None  # another job under a reused id
-        # sacct shows a pending job's Start as when it may start: PENDING without an end never ran
-        if record is None or (record.end_time is None and state_from_slurm(record.state) == JobState.PENDING):
+        # sacct shows a pending job's Start as when it may start: PENDING without an end never ran; nor
+        # did a COMPLETED one without a start (a runaway pending record that `sacctmgr` fixed)
+        if record is None or (record.end_time is None and state_from_slurm(record.state) == JobState.PENDING) or (
+            record.start_time is None and state_from_slurm(record.state) == JobState.COMPLETED
+        ):
             lost.append(job)
     return lost
+
+
+def _forgotten_while_running(need_accounting: list[Job], entries: dict, records: dict) -> list[Job]:
+    """The jobs the portal saw start that the controller's queue no longer shows while accounting has
+    no end for them (a record started and not ended — slurmdbd's "runaway" —, one that never
+    started, or none): what a controller killed just after starting them, before its state save,
+    leaves when its backup takes over without them (the node's slurmd then has them killed as
+    unknown). A job that ended normally stays in the queue for MinJobAge (300 s by default) and has
+    its end in accounting by then. Array jobs are left alone."""
+    forgotten = []
+    for job in need_accounting:
+        if job.slurm_job_id is None or job.array or job.id in entries or job.state not in STARTED_STATES:
+            continue
+        record = records.get(job.slurm_job_id)
+        if record is not None and not _is_ours(record, job):
+            record = None  # another job under a reused id: ours is not in accounting
+        if record is None or record.end_time is None:
+            forgotten.append(job)
+    return forgotten
+
+
+def _forgotten_end(gateway, forgotten: list[Job], records: dict, *, queue_read_at: dt.datetime, now: dt.datetime,
+                   cluster: str) -> dict:  # fmt: skip
+    """What the sync does with the jobs _forgotten_while_running found. A job first missed is marked
+    (``gone_from_queue_at``, one UPDATE); one missed for JOB_LOST_AFTER_SECONDS is ended, in one
+    transaction: FAILED, its reason saying the controller forgot it, ``ended_at`` where Slurm's own
+    fix of a runaway puts its end — its start (accounting.services.runaway_fixed: so the job, its usage,
+    sacct and sreport say the same whoever fixes it, the portal or an operator); its usage closed at
+    that (usage_runaway_close: the ingestion's upsert, which converts and releases its budget hold;
+    never charged as running until now), or its hold released when accounting has no start of it.
+    Then Slurm's fix (gateway.runaway_jobs_fix, ``sacctmgr -i show runawayjobs``), outside the
+    transaction; without the AdminLevel it needs the portal's figures stand alone and the failure
+    is reported. Returns figures for the sync's stats."""
+    unmarked = [job.pk for job in forgotten if job.gone_from_queue_at is None]
+    if unmarked:
+        Job.objects.filter(pk__in=unmarked, gone_from_queue_at__isnull=True).update(gone_from_queue_at=queue_read_at)
+    before = queue_read_at - dt.timedelta(seconds=settings.JOB_LOST_AFTER_SECONDS)
+    due = {job.pk: job.slurm_job_id for job in forgotten if job.gone_from_queue_at is not None and job.gone_from_queue_at <= before}
+    stats: dict[str, Any] = {"forgotten_seen": len(unmarked), "forgotten_ended": 0}
+    if not due:
+        return stats
+    runaways = {}
+    with transaction.atomic():
+        rows = [job for job in Job.objects.select_for_update().filter(pk__in=list(due), state__in=STARTED_STATES)
+                .only(*_SYNC_FIELDS) if job.slurm_job_id == due[job.pk]]  # fmt: skip
+        events = []
+        for job in rows:
+            record = records.get(job.slurm_job_id)
+            if (record is not None and record.start_time is not None and record.end_time is None
+                    and state_from_slurm(record.state) in STARTED_STATES and _is_ours(record, job)):  # fmt: skip
+                runaways[job.pk] = record
+            end = runaway_fixed(record).end_time if job.pk in runaways else (job.started_at or queue_read_at)
+            job.state, job.ended_at, job.exit_code = JobState.FAILED, end, None
+            job.state_reason = (f"Slurm's controller forgot job {job.slurm_job_id} while it ran (a failover before its state "
+                                "was saved) and had it killed on its node; Slurm's accounting ends it at its start: nothing is charged")  # fmt: skip
+            events.append(JobEvent(job_id=job.pk, state=job.state, reason=job.state_reason, at=now))
+            logger.warning("job %s: Slurm job %s forgotten by its controller while running; ended", job.pk, job.slurm_job_id)
+        if not rows:
+            return stats
+        bulk_update(Job, rows, ["state", "state_reason", "ended_at", "exit_code"])
+        JobEvent.objects.bulk_create(events)
+        if runaways:
+            usage_runaway_close(records=list(runaways.values()), cluster=cluster, now=now)
+        budget_holds_release(job_uuids=[job.pk for job in rows if job.pk not in runaways], at=now)
+        after_commit("jobs.tasks.job_end_notify", [str(job.pk) for job in rows])
+    stats["forgotten_ended"] = len(rows)
+    if runaways:
+        try:
+            stats["runaway_fixed"] = len(gateway.runaway_jobs_fix())
+        except SlurmError as exc:  # no Operator level (or slurmdbd gone again): sacct keeps them running
+            logger.warning("sacctmgr show runawayjobs (fix) failed: %s", exc)
+            stats["runaway_fix_error"] = str(exc)
+    return stats
 
 
 def _finished_jobs_delete(gateway, queue, *, cluster: str, older_than: dt.datetime) -> tuple[int, list[str]]:
@@ -223,7 +320,7 @@ def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, 
     start = min((j.submitted_at or j.created_at) for j in need_accounting) - dt.timedelta(minutes=5)
     ids = {j.slurm_job_id for j in need_accounting if j.slurm_job_id is not None}
     rows = gateway.accounting(start, timezone.now(), job_ids=ids if len(ids) <= ACCOUNTING_BY_ID_MAX else None)
-    records = {r.job_id: r for r in rows if r.array_job_id is None}
+    records = _records_by_id(rows, {j.slurm_job_id: j for j in need_accounting if j.slurm_job_id is not None})
     for job in need_accounting:
         if job.array and job.slurm_job_id is not None:
             array_rows = group_by_array(rows).get(job.slurm_job_id, [])
@@ -237,6 +334,25 @@ def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, 
             if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
                 if _array_final(record, {**known, **array_tasks[job.id]}):
                     records[job.slurm_job_id] = record
+    return records
+
+
+def _records_by_id(rows, jobs_by_id: dict[int, Job]) -> dict[int, Any]:
+    """One record per Slurm id: where an id has several (Slurm gave it again after a controller lost
+    its state: the first may be our job's runaway, the second another job), the one that is the portal
+    job's (_is_ours), else the latest submitted."""
+    records: dict[int, Any] = {}
+    oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
+    for r in rows:
+        if r.array_job_id is not None:
+            continue
+        current, job = records.get(r.job_id), jobs_by_id.get(r.job_id)
+        if current is None:
+            records[r.job_id] = r
+            continue
+        mine, current_mine = job is not None and _is_ours(r, job), job is not None and _is_ours(current, job)
+        if (mine and not current_mine) or (mine == current_mine and (r.submit_time or oldest) >= (current.submit_time or oldest)):
+            records[r.job_id] = r
     return records
 
 

@@ -58,7 +58,8 @@ class SlurmGateway(abc.ABC):
     ) -> list[t.AccountingRecord]:
         """Every job allocation (all users) that was eligible/running/ended in [start, end]; one call.
         ``job_ids``: only these jobs (``sacct -j``: the sync asking for the jobs that just ended reads
-        them, not every job of the window — 97 ms instead of 670 ms for 1 000 jobs)."""
+        them, not every job of the window — 97 ms instead of 670 ms for 1 000 jobs), every record of
+        each id (``-D``: an id Slurm gave twice after losing its state has two)."""
 
     def job_log(self, job_id: int, *, account: str, limit_bytes: int) -> bytes | None:
         """The job's output as its scheduler serves it (Kubernetes: the pod's log through
@@ -92,6 +93,16 @@ class SlurmGateway(abc.ABC):
                 if record.comment in wanted and record.comment not in found:
                     found[record.comment] = record.array_job_id or record.job_id
         return found
+
+    def runaway_jobs_fix(self) -> list[int]:
+        """Slurm's own repair of runaway jobs — records slurmdbd holds as started and not ended whose
+        controller does not know the job (one it forgot in a takeover, before its state save): ``sacctmgr -i
+        show runawayjobs`` ends each at its start (the latest of start, eligible and submit) as COMPLETED
+        and has slurmdbd roll the usage up again, so sacct and sreport stop counting them as running.
+        Every runaway of the cluster, whoever's (Slurm's tool has no per-job form). Needs AdminLevel
+        Operator (or root / SlurmUser): SlurmRejected without it. Returns the ids it fixed. Backends
+        without Slurm accounting cannot say so."""
+        raise t.SlurmRejected("This scheduler keeps no Slurm accounting to repair.")
 
     # Inventory
     @abc.abstractmethod

@@ -238,7 +238,9 @@ class CliGateway(SlurmGateway):
         if job_ids is not None:
             if not job_ids:
                 return []
-            argv += ["-j", ",".join(str(int(job_id)) for job_id in sorted(job_ids))]
+            # -D: every record of each id, not only its latest — a controller that lost its state gives
+            # an id again, and the record the caller wants may be the older one (a runaway's)
+            argv += ["-D", "-j", ",".join(str(int(job_id)) for job_id in sorted(job_ids))]
         if self.cluster:
             argv += ["-M", self.cluster]
         return parse_sacct(self._run(argv))
@@ -323,6 +325,11 @@ class CliGateway(SlurmGateway):
             [self._exe("sacctmgr"), "-i", "-n", "-P", *args],
             ok_patterns=parsing.NOTHING_TO_DO_PATTERNS if ok else (),
         )
+
+    def runaway_jobs_fix(self) -> list[int]:
+        out = self._sacctmgr("show", "runawayjobs", f"cluster={self.cluster}", "format=ID")
+        # -n -P: a NOTE line, then one id per line; or "Runaway Jobs: No runaway jobs found on cluster …"
+        return [int(line) for line in (line.strip() for line in out.splitlines()) if line.isdigit()]
 
     def associations(self) -> list[t.Association]:
         assoc = self._sacctmgr("show", "assoc", f"cluster={self.cluster}", "format=Cluster,Account,User,ParentName")

@@ -486,6 +486,9 @@ class PyslurmGateway(SlurmGateway):
     def associations(self) -> list[t.Association]:
         return self._cli.associations()
 
+    def runaway_jobs_fix(self) -> list[int]:
+        return self._cli.runaway_jobs_fix()  # pyslurm 25.11 has no runaway-jobs API
+
     def policy(self) -> t.ClusterPolicy:
         # QOS, account QOS, MaxArraySize, OverTimeLimit, KillWait: read as the cli backend reads them
         # (three calls; none reads the nodes or partitions again: nodes() and partitions() carry

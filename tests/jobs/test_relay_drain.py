@@ -233,7 +233,7 @@ def test_no_sbatch_starts_that_could_outlive_the_claims_lease(world, inventory, 
     from portal.slurm import SlurmUnavailable
 
     settings.SLURM_TIMEOUT = 15
-    monkeypatch.setattr(relay, "RELAY_LEASE_SECONDS", 10)  # shorter than one Slurm call: nothing fits
+    monkeypatch.setattr(relay, "relay_lease_seconds", lambda: 10)  # shorter than one Slurm call: nothing fits
     jobs = [_submit(world, f"t-{i}") for i in range(3)]
     with pytest.raises(SlurmUnavailable, match="time budget"):
         job_relay_batch_run([str(j.pk) for j in jobs])

@@ -63,14 +63,14 @@ def _account(world, namespace):
 
 
 def _lease_expired(job_id):
-    """As if the relay's lease on the job had run out (RELAY_LEASE_SECONDS, 120 s) — not waited for here."""
+    """As if the relay's lease on the job had run out (relay_lease_seconds(), 30 s) — not waited for here."""
     import datetime as dt
 
     from django.utils import timezone
 
-    from jobs.services.relay import RELAY_LEASE_SECONDS
+    from jobs.services.relay import relay_lease_seconds
 
-    Job.objects.filter(pk=job_id).update(relay_started_at=timezone.now() - dt.timedelta(seconds=RELAY_LEASE_SECONDS + 1))
+    Job.objects.filter(pk=job_id).update(relay_started_at=timezone.now() - dt.timedelta(seconds=relay_lease_seconds() + 1))
 
 
 def _restore_binding(namespace, k8s_portal):
