@@ -224,8 +224,12 @@ def test_expected_start_and_place_are_what_squeue_start_says(slurm_target, slurm
 def test_each_pending_reason_slurm_gives_is_stored_and_explained(slurm_target, slurm_jobs, capped_team, fresh_teams, reservations):
     if slurm_target.backend != "cli":
         pytest.skip("the reasons are Slurm's, not the backend's: the cli backend on each cluster is enough")
-    held_user = slurm_jobs(name="held-user", gpus=1, gpu_type="a100", minutes=5)
-    held_admin = slurm_jobs(name="held-admin", gpus=1, gpu_type="a100", minutes=5)
+    # held before they can start: Slurm holds a RUNNING job too (22.05 and 25.11: it keeps running, squeue's
+    # reason JobHeldAdmin), and a job sent to free GPUs may start between its sbatch and the hold; a
+    # held job's reason is the hold's, whatever its begin time
+    not_yet = ["--begin=now+2hours"]
+    held_user = slurm_jobs(name="held-user", gpus=1, gpu_type="a100", minutes=5, directives=not_yet)
+    held_admin = slurm_jobs(name="held-admin", gpus=1, gpu_type="a100", minutes=5, directives=not_yet)
     slurm("scontrol", "uhold", str(held_user.slurm_job_id))
     slurm("scontrol", "hold", str(held_admin.slurm_job_id))
     later = slurm_jobs(name="begin", gpus=1, gpu_type="a100", minutes=5, directives=["--begin=now+2hours"])
