@@ -101,12 +101,13 @@ class _Requests:
         import logging
 
         self.logger.addHandler(self.handler)
-        self.level, self.logger.level = self.logger.level, logging.DEBUG
+        self.level = self.logger.level
+        self.logger.setLevel(logging.DEBUG)
         return self
 
     def __exit__(self, *exc):
         self.logger.removeHandler(self.handler)
-        self.logger.level = self.level
+        self.logger.setLevel(self.level)
 
 
 def profile(world, gateway, jobs: int) -> None:
@@ -126,7 +127,9 @@ def profile(world, gateway, jobs: int) -> None:
           f"API requests per job: {sum(requests.counts.values()) / jobs:.2f}, new connections {requests.connections}")  # fmt: skip
     for (method, path), count in requests.counts.most_common():
         print(f"    {count / jobs:6.2f} a job  {method} {path}")
-    pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("cumulative").print_stats(r"gpuportal|jobs/|portal/|accounting/|kubernetes/client/api|urllib3/connectionpool", 40)
+    stats.sort_stats("tottime").print_stats(15)
 
 
 def clean(gateway) -> None:

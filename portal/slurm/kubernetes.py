@@ -14,6 +14,7 @@ namespaces, and the lists of Jobs, pods and events the sync makes).
   Slurm's words. Kubernetes keeps no accounting: an ended Job is its own record, and a Job the API no
   longer has (the portal's cancel deletes it) is reported CANCELLED when asked for by id. Without ids
   (the usage ingestion, as ``sacct -S -E``): every Job of the window, a running one's figures so far.
+- ``find_by_comments`` (a relay claimed again): ONE list of Jobs by the tags' job uuids (their label).
 - ``cancel``: delete the Job with ``propagationPolicy=Foreground`` (its pod goes with it), and
   return what a running one ran up to the deletion the API server reports (the portal records it);
   ``jobs_delete``: finished Jobs, in bulk (the sync's, once their usage is recorded and their pods'
@@ -135,6 +136,29 @@ class KubernetesGateway(SlurmGateway):
             if (existing.metadata.labels or {}).get(kj.LABEL_JOB) != body["metadata"]["labels"][kj.LABEL_JOB]:
                 raise t.SlurmRejected(f"a Job named {body['metadata']['name']} exists and is not this job's") from None
         return number
+
+    def find_by_comments(self, comments) -> dict[str, int]:
+        """The job number of the portal's Job carrying each tag (a relay claimed again looks up the jobs
+        an interrupted run may have created), for those the API server holds: ONE list of Jobs by the
+        tags' job uuids (label ``gpuportal.io/job in (…)``, up to DELETE_BATCH a call) — what the
+        Job's name and labels are made of — instead of the base's queue() and accounting(), each the
+        sync's cluster-wide lists of the namespaces and of every portal Job and pod (up to six
+        requests, growing with the Jobs the cluster holds). A Job being deleted is still held."""
+        from .tags import tagged_job_id
+
+        wanted: dict[str, str] = {}
+        for comment in comments:
+            if comment and (found := tagged_job_id(comment)) is not None:
+                wanted[str(found)] = comment
+        batch, out = self._api("BatchV1Api"), {}
+        uuids = sorted(wanted)
+        for i in range(0, len(uuids), DELETE_BATCH):
+            selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_JOB} in ({','.join(uuids[i : i + DELETE_BATCH])})"
+            for job in self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector).items:
+                labels = job.metadata.labels or {}
+                if labels.get(kj.LABEL_JOB) in wanted:
+                    out[wanted[labels[kj.LABEL_JOB]]] = int(labels[kj.LABEL_NUMBER])
+        return out
 
     def cancel(self, job_id: int) -> t.AccountingRecord | None:
         """Delete the job's Job, found by its number's label with one cluster-scoped list, with
