@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 KEEP_BATCH = 64
 
 
-def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -> list[tuple[str, int]]:
+def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -> tuple[list[tuple[str, int]], list[str]]:
     """Keep the pod logs of these finished Jobs of a Kubernetes cluster, given as (namespace, job
     number): each job's newest started pod's log (what the reader showed while it ran), its first
     GPUPORTAL_K8S_LOG_COPY_MAX_BYTES (``truncated`` when there was more), one JobLogCopy per portal
@@ -30,14 +30,16 @@ def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -
     cycle), that had none (no pod of theirs started), or whose portal job is unknown — never one
     whose log could not be read (its node's kubelet not answering, the API server down): that Job
     stays for the next cycle, its log with it. With the setting 0, no copy is kept and every Job may go.
+    Also returns a message per namespace whose logs the portal may not read (gateway.job_logs).
 
     Per batch of KEEP_BATCH Jobs: one query of their portal jobs, one list of their pods and one
     pods/log read a pod (gateway.job_logs), one insert."""
     cap = settings.GPUPORTAL_K8S_LOG_COPY_MAX_BYTES
     jobs = sorted(set((str(namespace), int(number)) for namespace, number in jobs))
     if not cap or not jobs:
-        return jobs
+        return jobs, []
     deletable: list[tuple[str, int]] = []
+    skipped: list[str] = []
     for i in range(0, len(jobs), KEEP_BATCH):
         batch = jobs[i : i + KEEP_BATCH]
         known = {number: (pk, ended_at, kept) for pk, number, ended_at, kept in Job.objects.filter(
@@ -48,10 +50,11 @@ def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -
         if not wanted:
             continue
         try:
-            logs = gateway.job_logs(wanted, limit_bytes=cap + 1)  # one byte more: whether the log went on
+            logs, denied = gateway.job_logs(wanted, limit_bytes=cap + 1)  # one byte more: whether the log went on
         except SlurmUnavailable as exc:
             logger.warning("cluster %s: pod logs not kept, their Jobs not deleted this cycle: %s", cluster, exc.message)
-            return deletable
+            return deletable, skipped
+        skipped += [message for message in denied if message not in skipped]
         now = timezone.now()
         copies = [
             JobLogCopy(job_id=known[n][0], ended_at=known[n][1] or now, saved_at=now, pod=pod, data=data[:cap],
@@ -60,4 +63,4 @@ def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -
         ]  # fmt: skip
         JobLogCopy.objects.bulk_create(copies, ignore_conflicts=True)  # a copy kept meanwhile is the same log
         deletable += [(ns, n) for ns, n in wanted if n in logs]
-    return deletable
+    return deletable, skipped

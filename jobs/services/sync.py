@@ -270,8 +270,9 @@ def _finished_jobs_delete(gateway, queue, *, cluster: str, older_than: dt.dateti
     charged = usage_final_job_ids(cluster=cluster, job_ids=[e.job_id for e in old if e.start_time is not None])
     doomed = [(e.account, e.job_id) for e in old if e.job_id in done and (e.start_time is None or e.job_id in charged)]
     # their pods' logs (the jobs' output) kept first: a Job whose log cannot be read now stays (jobs.services.output)
-    doomed = job_logs_keep(gateway=gateway, cluster=cluster, jobs=doomed) if doomed else []
-    return gateway.jobs_delete(doomed) if doomed else (0, [])
+    doomed, unread = job_logs_keep(gateway=gateway, cluster=cluster, jobs=doomed) if doomed else ([], [])
+    deleted, skipped = gateway.jobs_delete(doomed) if doomed else (0, [])
+    return deleted, unread + skipped
 
 
 def _is_ours(record, job: Job) -> bool:

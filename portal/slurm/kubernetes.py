@@ -240,14 +240,16 @@ class KubernetesGateway(SlurmGateway):
         except ApiException as exc:  # 404: the pod went meanwhile (a cancel)
             raise t.SlurmRejected(f"pods/log: {exc.status} {_message(exc)}") from None
 
-    def job_logs(self, jobs: Collection[tuple[str, int]], *, limit_bytes: int) -> dict[int, tuple[str, bytes]]:
+    def job_logs(self, jobs: Collection[tuple[str, int]], *, limit_bytes: int) -> tuple[dict[int, tuple[str, bytes]], list[str]]:
         """What ``job_log`` serves, for many Jobs given as (namespace, job number): by number, the
         newest started pod's name and its log's first ``limit_bytes`` (("", b"") when no pod of the
         Job started, or its pods are gone). ONE cluster-scoped list of their pods (by the numbers'
         label, up to DELETE_BATCH numbers a call), then one pods/log read per pod: Kubernetes has no
         read of many logs. A Job whose log cannot be read now (its node's kubelet not answering: the
-        API server's 5xx; its pod going meanwhile) is left out and said in the log; the list failing
-        raises SlurmUnavailable."""
+        API server's 5xx; its pod going meanwhile) is left out and said in the log; in a namespace
+        where the portal's account may not read logs (NotPermitted: its RoleBinding missing) the
+        namespace's other Jobs are not tried, and a message says so. The list failing raises
+        SlurmUnavailable. Returns (the logs by job number, a message per namespace skipped)."""
         from kubernetes.client.exceptions import ApiException
 
         core = self._api("CoreV1Api")
@@ -262,10 +264,13 @@ class KubernetesGateway(SlurmGateway):
                 if wanted.get(number) == pod.metadata.namespace:
                     pods.setdefault(number, []).append(pod)
         out: dict[int, tuple[str, bytes]] = {}
+        denied: dict[str, str] = {}
         for number in numbers:
             pod = _newest_started(pods.get(number, []))
             if pod is None:
                 out[number] = ("", b"")
+                continue
+            if pod.metadata.namespace in denied:
                 continue
             try:
                 out[number] = (pod.metadata.name, self._pod_log(core, pod, limit_bytes))
@@ -273,7 +278,11 @@ class KubernetesGateway(SlurmGateway):
                 message = exc.message if isinstance(exc, t.SlurmError) else f"{exc.status} {_message(exc)}"
                 logger.warning("cluster %s: the log of pod %s/%s not read: %s", self.cluster, pod.metadata.namespace,
                                pod.metadata.name, message)  # fmt: skip
-        return out
+                if isinstance(exc, t.NotPermitted) and exc.namespace:
+                    denied[exc.namespace] = (f"namespace {exc.namespace}: its finished Jobs are not deleted, the portal's "
+                                             "service account may not read their pods' logs there to keep them (its "
+                                             "RoleBinding missing?)")  # fmt: skip
+        return out, list(denied.values())
 
     def _pod_log(self, core, pod, limit_bytes: int) -> bytes:
         """One pods/log read (CoreV1Api.read_namespaced_pod_log) of the job's container: its first
