@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0018_budget_holds_slurm_id_known_at'),
+        ('jobs', '0019_job_gone_from_queue_at'),
     ]
 
     operations = [
