@@ -1,6 +1,7 @@
 """Kubernetes Job creates per second (issue 41 item 5): through the portal against a plain loop of creates.
 
     eval "$(scripts/services up)" && BENCH_DB=<yours> .venv/bin/python bench/bench_k8s_creates.py [--jobs 100] [--rounds 3]
+    … bench/bench_k8s_creates.py --profile [--jobs 50]   # where a portal create's time goes (cProfile, API requests)
 
 Needs the local Kubernetes cluster (scripts/k8s up). In the same run, alternating, each round:
   raw     a plain loop of ``create_namespaced_job`` with the Job the portal builds for the same request
@@ -73,6 +74,64 @@ def portal_round(world, jobs: int) -> tuple[float, float]:
     return time.perf_counter() - began, posted
 
 
+class _Requests:
+    """The HTTP requests the kubernetes client's transport (urllib3) makes, counted by (method, path),
+    from the DEBUG line urllib3's connection pool logs for each response (as tests/k8s count them)."""
+
+    def __init__(self):
+        import collections
+        import logging
+
+        self.counts: collections.Counter = collections.Counter()
+        self.connections = 0
+        outer = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                if record.getMessage().startswith("Starting new HTTPS connection"):
+                    outer.connections += 1
+                elif isinstance(record.args, tuple) and len(record.args) >= 5:
+                    path = str(record.args[4]).split("?")[0]
+                    outer.counts[(record.args[3], "/".join("NAME" if part.startswith("gpuportal-") else part
+                                                           for part in path.split("/")))] += 1  # fmt: skip
+
+        self.handler, self.logger = Handler(logging.DEBUG), logging.getLogger("urllib3.connectionpool")
+
+    def __enter__(self):
+        import logging
+
+        self.logger.addHandler(self.handler)
+        self.level = self.logger.level
+        self.logger.setLevel(logging.DEBUG)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+
+
+def profile(world, gateway, jobs: int) -> None:
+    """One portal round of ``jobs`` under cProfile: the functions by cumulative time, and the API
+    requests (and new connections) it made, per job."""
+    import cProfile
+    import pstats
+
+    clean(gateway)
+    profiler = cProfile.Profile()
+    with _Requests() as requests:
+        profiler.enable()
+        total, _ = portal_round(world, jobs)
+        profiler.disable()
+    clean(gateway)
+    print(f"  {jobs} jobs through the portal in {total:.2f} s ({1000 * total / jobs:.1f} ms a job); "
+          f"API requests per job: {sum(requests.counts.values()) / jobs:.2f}, new connections {requests.connections}")  # fmt: skip
+    for (method, path), count in requests.counts.most_common():
+        print(f"    {count / jobs:6.2f} a job  {method} {path}")
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("cumulative").print_stats(r"gpuportal|jobs/|portal/|accounting/|kubernetes/client/api|urllib3/connectionpool", 40)
+    stats.sort_stats("tottime").print_stats(15)
+
+
 def clean(gateway) -> None:
     """Delete the namespace's bench Jobs, one by one (the portal's account may not deletecollection)."""
     batch = gateway._api("BatchV1Api")
@@ -80,7 +139,7 @@ def clean(gateway) -> None:
         batch.delete_namespaced_job(job.metadata.name, NAMESPACE, propagation_policy="Background")
 
 
-def run(*, jobs: int, rounds: int, quick: bool = False) -> common.Section:
+def run(*, jobs: int, rounds: int, quick: bool = False, profile_only: bool = False) -> common.Section:
     from jobs.services.relay import _submission_for
     from portal.models import TeamClusterAccount
     from portal.services import cluster_row, cluster_sync, clusters_record
@@ -113,6 +172,9 @@ def run(*, jobs: int, rounds: int, quick: bool = False) -> common.Section:
         return dataclasses.replace(built, request=dataclasses.replace(built.request, options=options))
 
     clean(gateway)
+    if profile_only:
+        profile(world, gateway, jobs)
+        return section
     raw_rates, portal_rates, left = [], [], []
     for _ in range(rounds):
         raw_rates.append(jobs / raw_round(gateway, jobs, submission))
@@ -134,4 +196,6 @@ if __name__ == "__main__":
     parser = common.arguments(__doc__, quick="20 jobs, one round")
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", dest="profile_only", action="store_true",
+                        help="one portal round under cProfile, with the API requests it made counted (no figures)")
     common.main(run, parser)

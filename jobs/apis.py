@@ -512,7 +512,7 @@ class JobOutputApi(APIView):
         size = serializers.IntegerField()
         eof = serializers.BooleanField(help_text="Read up to the current end of the file.")
         final = serializers.BooleanField(help_text="The job ended: the file will not grow.")
-        message = serializers.CharField(help_text="Why there is no data (empty when there is).")
+        message = serializers.CharField(help_text="Why there is no data; with data, a note on it (a Kubernetes job's log kept cut short).")
 
     @extend_schema(
         summary="A chunk of the job's stdout or stderr",

@@ -408,6 +408,29 @@ class JobGpuSummary(models.Model):
         return f"GPU summary {self.job_id}"
 
 
+class JobLogCopy(models.Model):
+    """The log of a job's pod on a Kubernetes cluster (issue 41), kept by the jobs sync just before it
+    deletes the finished Job (GPUPORTAL_K8S_FINISHED_JOB_TTL_SECONDS): with the Job go its pod and the
+    pod's log, which is the job's output there. Its first GPUPORTAL_K8S_LOG_COPY_MAX_BYTES bytes
+    (``truncated``: the log was longer), in the database so that every portal process serves it
+    without a filesystem shared with the cluster; jobs.selectors.job_output reads it once the pod is
+    gone. Expires under RETENTION_JOB_OUTPUT_DAYS (jobs.services.retention_apply)."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="log_copy")
+    ended_at = models.DateTimeField()  # the job's end (retention's cut, without a join)
+    saved_at = models.DateTimeField()
+    pod = models.CharField(max_length=253)  # the pod the log is of (a Kubernetes object name)
+    data = models.BinaryField()  # bytes as the API server served them (TOAST compresses them)
+    truncated = models.BooleanField(default=False)
+
+    class Meta:
+        # retention: the copies of jobs ended before a date (BRIN: rows arrive in end order)
+        indexes = [BrinIndex(fields=["ended_at"], name="joblogcopy_ended")]
+
+    def __str__(self) -> str:
+        return f"Log of {self.job_id}"
+
+
 class JobGpuIdleAlert(models.Model):
     """A running job whose GPUs all stayed idle GPU_IDLE_ALERT_MINUTES: recorded once per job (the
     primary key decides between concurrent checks), mailed to its submitter and POSTed to the team's

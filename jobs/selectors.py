@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from accounting.selectors import jobs_usage
 from jobs.choices import STREAM_SUFFIX, TERMINAL_STATES, JobState, OutputStream
-from jobs.models import Job, JobEvent, JobTemplate
+from jobs.models import Job, JobEvent, JobLogCopy, JobTemplate
 from jobs.output_paths import expand_output_pattern
 from jobs.workdirs import cluster_username
 from portal.roles import is_admin, member_team_ids
@@ -154,7 +154,10 @@ def _on_kubernetes(job: Job) -> bool:
 
 def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty) -> OutputChunk:
     """A chunk of the output of a job on a cluster whose scheduler serves it (Kubernetes: the pod's
-    log through pods/log, stdout and stderr as one), as job_output returns a file's."""
+    log through pods/log, stdout and stderr as one), as job_output returns a file's. Once the pod is
+    gone (the sync deleted the finished Job) the copy the sync kept before (jobs.services.output):
+    read first when it is whole (an ended job's log does not change), else only when the pod's log
+    cannot be had any more. One more query, for a job that has ended."""
     from portal.slurm import SlurmError, get_gateway
     from portal.slurm.types import JobRequest
 
@@ -162,22 +165,41 @@ def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty)
         return empty("On Kubernetes a job's stdout and stderr are one log: see stdout.")
     if job.slurm_job_id is None:
         return empty("The job has not reached the cluster yet; output appears once it runs.")
+    final = job.state in TERMINAL_STATES
+    copy = JobLogCopy.objects.filter(job=job).only("data", "truncated").first() if final else None
+    if copy is not None and not copy.truncated:
+        return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=True)
     account = dict(JobRequest.from_json(job.request).options).get("account") or ""
     try:
         raw = get_gateway(job.slurm_cluster).job_log(job.slurm_job_id, account=account, limit_bytes=offset + length)
     except SlurmError as exc:
+        if copy is not None:
+            return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=False)
         return empty(f"The job's log cannot be read ({exc.message}).")
     raw = raw or b""
+    if not raw and copy is not None:  # its pod is gone: the copy, cut short
+        return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=False)
     if not raw and job.state in (JobState.PENDING, JobState.ACCEPTED):
         return empty("The job has not started yet; output appears once it runs.")
-    final = job.state in TERMINAL_STATES
+    return _log_chunk(raw, offset=offset, length=length, final=final, whole=None)
+
+
+def _log_chunk(raw: bytes, *, offset: int, length: int, final: bool, whole: bool | None) -> OutputChunk:
+    """The chunk at ``offset`` of a log read from its start (``raw``: as much as was asked for, or all
+    of a kept copy). ``whole``: None for the pod's own log (it may go on past what was read), True
+    for a whole copy, False for a copy cut at GPUPORTAL_K8S_LOG_COPY_MAX_BYTES, which says so at its end."""
     chunk = raw[offset : offset + length]
-    more = len(raw) >= offset + length  # the log may go on past what was asked for
+    more = len(raw) >= offset + length if whole is None else offset + length < len(raw)
     if more or not final:
         chunk = _utf8_cut(chunk) or chunk
     next_offset = offset + len(chunk)
-    return OutputChunk(chunk.decode("utf-8", errors="replace"), offset, next_offset, max(len(raw), next_offset),
-                       not more and next_offset >= len(raw), final, "")  # fmt: skip
+    eof = not more and next_offset >= len(raw)
+    message = ""
+    if whole is False and eof:
+        message = (f"The log was longer than the first {len(raw)} bytes the portal kept of it "
+                   "(GPUPORTAL_K8S_LOG_COPY_MAX_BYTES) before its Kubernetes Job was deleted; the rest went with it.")  # fmt: skip
+    return OutputChunk(chunk.decode("utf-8", errors="replace"), offset, next_offset, max(len(raw), next_offset), eof,
+                       final, message)  # fmt: skip
 
 
 def job_output(

@@ -360,7 +360,11 @@ def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
     - **A final record stays final.** A running reading of an allocation whose record is final is a
       runaway (slurmdbd has its start and no end: its controller forgot it in a takeover, and sacct's
       Elapsed for it is "until now" for ever): the stored figures are kept, never charged up to now
-      (usage_runaway_close closed it; docs/reliability.md, "Jobs a takeover controller forgot").
+      (usage_runaway_close closed it; docs/reliability.md, "Jobs a takeover controller forgot"). It is
+      also a reading taken before the end and written after it: an ingestion that read a Kubernetes
+      Job while the portal's cancel deleted it and recorded what ran up to the Job's deletion as
+      final (jobs.services.cancel) — written, it would undercut that charge, and with the Job gone
+      nothing would correct it (tests/k8s/test_kubernetes_output.py).
     - **A portal job once identified stays identified.** A reading without the tag (sacct fills Comment
       only at a normal end; a runaway fixed by ``sacctmgr`` never gets one) and without an open hold to
       name it keeps the portal job the stored record names: same cluster, id and submit time, same

@@ -106,8 +106,8 @@ def _drain_output(client: Client, job_id: str, stream: str, offset: int, length:
         if data:
             sys.stdout.write(data)
             sys.stdout.flush()
-        message = chunk.get("message") or ""
-        if message and not data and message not in shown:
+        message = chunk.get("message") or ""  # why there is no data, or a note on it (a kept log cut short)
+        if message and message not in shown:
             _err(message)
             shown.add(message)
         next_offset = chunk.get("next_offset")

@@ -7,7 +7,7 @@ trail by its age; 0 keeps a kind for ever (a site that must keep seven years set
 | GPU working rows | RETENTION_GPU_ROWS_DAYS | 7 | JobGpuUsage (and legacy JobGpuSample) of jobs whose JobGpuSummary is stored |
 | GPU summary + series | RETENTION_GPU_SUMMARY_DAYS | 0 | JobGpuSummary (the figures and chart of an ended job) |
 | job events | RETENTION_JOB_EVENTS_DAYS | 0 | JobEvent (the state history on the job page) |
-| output references | RETENTION_JOB_OUTPUT_DAYS | 0 | nothing is deleted: the job page stops reading the output files (jobs.selectors.job_output) |
+| output references | RETENTION_JOB_OUTPUT_DAYS | 0 | the job page stops reading the output files (jobs.selectors.job_output); the copies of Kubernetes jobs' logs (JobLogCopy) go |
 | audit | RETENTION_AUDIT_DAYS | 0 | AuditEvent older than that |
 
 Never touched: the Job row itself (accounting and budgets refer to it), and everything accounting
@@ -26,7 +26,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES
-from jobs.models import Job, JobEvent, JobGpuSummary, JobGpuUsage
+from jobs.models import Job, JobEvent, JobGpuSummary, JobGpuUsage, JobLogCopy
 from portal.models import AuditEvent, SyncStatus
 from portal.services import sync_record_success
 
@@ -88,6 +88,8 @@ def retention_apply(*, now: dt.datetime | None = None) -> dict:
     )  # fmt: skip
     cut = _cut(settings.RETENTION_GPU_SUMMARY_DAYS, now)
     out["gpu_summaries"] = _delete_in_batches(JobGpuSummary.objects.filter(ended_at__lt=cut), batch=batch) if cut else 0
+    cut = _cut(settings.RETENTION_JOB_OUTPUT_DAYS, now)
+    out["log_copies"] = _delete_in_batches(JobLogCopy.objects.filter(ended_at__lt=cut), batch=batch) if cut else 0
     cut = _cut(settings.RETENTION_JOB_EVENTS_DAYS, now)
     out["job_events"] = _job_events_expire(cut, batch=batch) if cut else 0
     cut = _cut(settings.RETENTION_AUDIT_DAYS, now)

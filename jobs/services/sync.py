@@ -27,6 +27,7 @@ from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slur
 from jobs.dependencies import NEVER_SATISFIED, dependents_waiting, never_satisfied_cancel
 from jobs.models import Job, JobEvent
 from jobs.pending import Outlook, estimate_moved, queue_outlook
+from jobs.services.output import job_logs_keep
 from jobs.services.relay import jobs_lost_resend, relay_drain_after_commit
 from portal.db import bulk_update
 from portal.models import SyncStatus
@@ -254,8 +255,9 @@ def _finished_jobs_delete(gateway, queue, *, cluster: str, older_than: dt.dateti
     """Kubernetes (issue 41): the Jobs of this cycle's list that ended before ``older_than`` and that
     the portal has done with — its job is terminal (state, exit code read) and their final usage is
     recorded, or they never started (nothing to charge) — deleted in bulk (``gateway.jobs_delete``:
-    one call per namespace, propagationPolicy Background; their pods and logs go with them). Two
-    queries, only when some Job is old enough. Returns (Jobs deleted, namespaces skipped: no right)."""
+    one call per namespace, propagationPolicy Background; their pods and logs go with them), once
+    their pods' logs are kept (``job_logs_keep``). Two queries, only when some Job is old enough,
+    and the keeping's. Returns (Jobs deleted, namespaces skipped: no right)."""
     from accounting.selectors import usage_final_job_ids
 
     old = [e for e in queue if e.end_time is not None and e.end_time <= older_than
@@ -267,7 +269,10 @@ def _finished_jobs_delete(gateway, queue, *, cluster: str, older_than: dt.dateti
                .values_list("slurm_job_id", flat=True))  # fmt: skip
     charged = usage_final_job_ids(cluster=cluster, job_ids=[e.job_id for e in old if e.start_time is not None])
     doomed = [(e.account, e.job_id) for e in old if e.job_id in done and (e.start_time is None or e.job_id in charged)]
-    return gateway.jobs_delete(doomed) if doomed else (0, [])
+    # their pods' logs (the jobs' output) kept first: a Job whose log cannot be read now stays (jobs.services.output)
+    doomed, unread = job_logs_keep(gateway=gateway, cluster=cluster, jobs=doomed) if doomed else ([], [])
+    deleted, skipped = gateway.jobs_delete(doomed) if doomed else (0, [])
+    return deleted, unread + skipped
 
 
 def _is_ours(record, job: Job) -> bool:

@@ -282,6 +282,10 @@ GPUPORTAL_K8S_IMAGES = env.list("GPUPORTAL_K8S_IMAGES", [])
 # A finished Job (and its pod, with its log: the job's output) is deleted from Kubernetes this long after
 # it ended, once the portal has recorded its final usage (the jobs sync, in bulk). 0: never deleted.
 GPUPORTAL_K8S_FINISHED_JOB_TTL_SECONDS = env.int("GPUPORTAL_K8S_FINISHED_JOB_TTL_SECONDS", 3600, minimum=0)
+# Before it deletes a finished Job the sync keeps its pod's log (the job's output there) in the database,
+# its first this many bytes (a longer log's copy says it was cut): the job page, the API and `gpuportal
+# logs` serve it once the pod is gone (jobs.models.JobLogCopy). 1 MiB: one read of output. 0: none kept.
+GPUPORTAL_K8S_LOG_COPY_MAX_BYTES = env.int("GPUPORTAL_K8S_LOG_COPY_MAX_BYTES", 1024 * 1024, minimum=0, maximum=256 * 1024 * 1024)
 
 # Jobs
 # Where a job is submitted from when the request names no directory (jobs/workdirs.py): a template

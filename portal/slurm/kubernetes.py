@@ -14,9 +14,11 @@ namespaces, and the lists of Jobs, pods and events the sync makes).
   Slurm's words. Kubernetes keeps no accounting: an ended Job is its own record, and a Job the API no
   longer has (the portal's cancel deletes it) is reported CANCELLED when asked for by id. Without ids
   (the usage ingestion, as ``sacct -S -E``): every Job of the window, a running one's figures so far.
+- ``find_by_comments`` (a relay claimed again): ONE list of Jobs by the tags' job uuids (their label).
 - ``cancel``: delete the Job with ``propagationPolicy=Foreground`` (its pod goes with it), and
   return what a running one ran up to the deletion the API server reports (the portal records it);
-  ``jobs_delete``: finished Jobs, in bulk (the sync's, once their usage is recorded).
+  ``jobs_delete``: finished Jobs, in bulk (the sync's, once their usage is recorded and their pods'
+  logs kept: ``job_logs``).
 - errors: an RBAC denial of the portal's own account is ``NotPermitted`` (unavailable: retried), a
   refusal by the API server's admission (a quota, a webhook) ``SlurmRejected`` (``_call``).
 - the inventory: the GPU nodes (type from ``gpu_type_label``, GPUs from ``allocatable``) in one
@@ -135,6 +137,29 @@ class KubernetesGateway(SlurmGateway):
                 raise t.SlurmRejected(f"a Job named {body['metadata']['name']} exists and is not this job's") from None
         return number
 
+    def find_by_comments(self, comments) -> dict[str, int]:
+        """The job number of the portal's Job carrying each tag (a relay claimed again looks up the jobs
+        an interrupted run may have created), for those the API server holds: ONE list of Jobs by the
+        tags' job uuids (label ``gpuportal.io/job in (…)``, up to DELETE_BATCH a call) — what the
+        Job's name and labels are made of — instead of the base's queue() and accounting(), each the
+        sync's cluster-wide lists of the namespaces and of every portal Job and pod (up to six
+        requests, growing with the Jobs the cluster holds). A Job being deleted is still held."""
+        from .tags import tagged_job_id
+
+        wanted: dict[str, str] = {}
+        for comment in comments:
+            if comment and (found := tagged_job_id(comment)) is not None:
+                wanted[str(found)] = comment
+        batch, out = self._api("BatchV1Api"), {}
+        uuids = sorted(wanted)
+        for i in range(0, len(uuids), DELETE_BATCH):
+            selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_JOB} in ({','.join(uuids[i : i + DELETE_BATCH])})"
+            for job in self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector).items:
+                labels = job.metadata.labels or {}
+                if labels.get(kj.LABEL_JOB) in wanted:
+                    out[wanted[labels[kj.LABEL_JOB]]] = int(labels[kj.LABEL_NUMBER])
+        return out
+
     def cancel(self, job_id: int) -> t.AccountingRecord | None:
         """Delete the job's Job, found by its number's label with one cluster-scoped list, with
         propagationPolicy Foreground: the API server answers with the Job and the deletionTimestamp
@@ -207,16 +232,64 @@ class KubernetesGateway(SlurmGateway):
 
         core = self._api("CoreV1Api")
         selector = f"{kj.LABEL_NUMBER}={int(job_id)}"
-        pods = self._call("list pods", core.list_namespaced_pod, account, label_selector=selector).items
-        started = [p for p in pods if p.spec.node_name and p.status.phase != "Pending"]
-        if not started:
+        pod = _newest_started(self._call("list pods", core.list_namespaced_pod, account, label_selector=selector).items)
+        if pod is None:
             return b""
-        pod = max(started, key=lambda p: p.metadata.creation_timestamp)
         try:
-            response = self._call("pods/log", core.read_namespaced_pod_log, pod.metadata.name, account,
-                                  container=kj.CONTAINER, limit_bytes=max(int(limit_bytes), 1), _preload_content=False)  # fmt: skip
+            return self._pod_log(core, pod, limit_bytes)
         except ApiException as exc:  # 404: the pod went meanwhile (a cancel)
             raise t.SlurmRejected(f"pods/log: {exc.status} {_message(exc)}") from None
+
+    def job_logs(self, jobs: Collection[tuple[str, int]], *, limit_bytes: int) -> tuple[dict[int, tuple[str, bytes]], list[str]]:
+        """What ``job_log`` serves, for many Jobs given as (namespace, job number): by number, the
+        newest started pod's name and its log's first ``limit_bytes`` (("", b"") when no pod of the
+        Job started, or its pods are gone). ONE cluster-scoped list of their pods (by the numbers'
+        label, up to DELETE_BATCH numbers a call), then one pods/log read per pod: Kubernetes has no
+        read of many logs. A Job whose log cannot be read now (its node's kubelet not answering: the
+        API server's 5xx; its pod going meanwhile) is left out and said in the log; in a namespace
+        where the portal's account may not read logs (NotPermitted: its RoleBinding missing) the
+        namespace's other Jobs are not tried, and a message says so. The list failing raises
+        SlurmUnavailable. Returns (the logs by job number, a message per namespace skipped)."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._api("CoreV1Api")
+        wanted = {int(number): namespace for namespace, number in jobs}
+        numbers = sorted(wanted)
+        pods: dict[int, list] = {}
+        for i in range(0, len(numbers), DELETE_BATCH):
+            chunk = numbers[i : i + DELETE_BATCH]
+            selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER} in ({','.join(map(str, chunk))})"
+            for pod in self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items:
+                number = int((pod.metadata.labels or {}).get(kj.LABEL_NUMBER, "0"))
+                if wanted.get(number) == pod.metadata.namespace:
+                    pods.setdefault(number, []).append(pod)
+        out: dict[int, tuple[str, bytes]] = {}
+        denied: dict[str, str] = {}
+        for number in numbers:
+            pod = _newest_started(pods.get(number, []))
+            if pod is None:
+                out[number] = ("", b"")
+                continue
+            if pod.metadata.namespace in denied:
+                continue
+            try:
+                out[number] = (pod.metadata.name, self._pod_log(core, pod, limit_bytes))
+            except (ApiException, t.SlurmError) as exc:  # ApiException: 404, the pod went meanwhile
+                message = exc.message if isinstance(exc, t.SlurmError) else f"{exc.status} {_message(exc)}"
+                logger.warning("cluster %s: the log of pod %s/%s not read: %s", self.cluster, pod.metadata.namespace,
+                               pod.metadata.name, message)  # fmt: skip
+                if isinstance(exc, t.NotPermitted) and exc.namespace:
+                    denied[exc.namespace] = (f"namespace {exc.namespace}: its finished Jobs are not deleted, the portal's "
+                                             "service account may not read their pods' logs there to keep them (its "
+                                             "RoleBinding missing?)")  # fmt: skip
+        return out, list(denied.values())
+
+    def _pod_log(self, core, pod, limit_bytes: int) -> bytes:
+        """One pods/log read (CoreV1Api.read_namespaced_pod_log) of the job's container: its first
+        ``limit_bytes`` as the API server cuts them ("slightly more or slightly less", says its
+        documentation), as bytes."""
+        response = self._call("pods/log", core.read_namespaced_pod_log, pod.metadata.name, pod.metadata.namespace,
+                              container=kj.CONTAINER, limit_bytes=max(int(limit_bytes), 1), _preload_content=False)  # fmt: skip
         return response.data
 
     def queue(self) -> list[t.QueueEntry]:
@@ -435,6 +508,12 @@ def _state(job, pod) -> str:
     if pod is not None and pod.status.phase in ("Running", "Succeeded", "Failed"):
         return "RUNNING"  # a pod that ended: the Job controller's condition comes next
     return "PENDING"
+
+
+def _newest_started(pods):
+    """The pod a Job's log is read from: its newest that was bound to a node and left Pending (None: none)."""
+    started = [p for p in pods if p.spec.node_name and p.status.phase != "Pending"]
+    return max(started, key=lambda p: p.metadata.creation_timestamp) if started else None
 
 
 def _waits(job, pod) -> bool:

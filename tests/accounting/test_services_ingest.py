@@ -81,6 +81,18 @@ def test_running_job_is_provisional_then_final(rates, world):
     assert sum(UsageSlice.objects.filter(record=row).values_list("gpu_seconds", flat=True)) == 3 * 3600
 
 
+def test_a_running_reading_written_after_the_final_record_does_not_undercut_it(rates, world):
+    """A reading taken while the job ran (1 h so far), written after the final record (the portal's
+    Kubernetes cancel records what ran up to the Job's deletion, 3 h) — an ingestion racing the
+    cancel: the final charge stays."""
+    done = acct(hours=3, job_id=78, state="CANCELLED")
+    usage_records_upsert(records=[done])
+    assert usage_records_upsert(records=[acct(hours=None, job_id=78)]).written == 0
+    row = UsageRecord.objects.get(job_id=78)
+    assert (row.provisional, row.state, row.gpu_seconds, row.end_time) == (False, "CANCELLED", 3 * 3600, done.end_time)
+    assert sum(UsageSlice.objects.filter(record=row).values_list("gpu_seconds", flat=True)) == 3 * 3600
+
+
 def test_month_boundary_split(rates, world, settings):
     settings.TIME_ZONE = "UTC"
     start = at(2026, 1, 31, 22)

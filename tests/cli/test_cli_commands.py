@@ -407,6 +407,15 @@ def test_logs_stderr_without_follow_prints_what_is_there(fake_api, capsys):
     assert fake_api.requests_to("GET", JOB_PATH + "output/")[0]["query"]["stream"] == "stderr"
 
 
+def test_logs_prints_a_note_that_comes_with_data_once_on_stderr(fake_api, capsys):
+    note = "The log was longer than the first 4 bytes the portal kept of it"  # a Kubernetes job's kept log, cut
+    fake_api.add("GET", JOB_PATH + "output/", 200, {"data": "abcd", "offset": 0, "next_offset": 4, "size": 4, "eof": True,
+                                                     "final": True, "message": note})  # fmt: skip
+    assert main(["logs", JOB_ID]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "abcd" and captured.err.count(note) == 1
+
+
 def test_cancel_of_an_ended_job_prints_the_conflict(fake_api, capsys):
     fake_api.add("POST", JOB_PATH + "cancel/", 409, {"detail": "The job has already ended (COMPLETED).", "errors": {}})
     assert main(["cancel", JOB_ID]) == 65

@@ -23,7 +23,7 @@ from accounting.services import usage_records_upsert
 from jobs.choices import JobState
 from jobs.gpu_report import job_gpu_report
 from jobs.gpu_summary import summary_encode
-from jobs.models import JobEvent, JobGpuIdleAlert, JobGpuSample, JobGpuSummary, JobGpuUsage
+from jobs.models import JobEvent, JobGpuIdleAlert, JobGpuSample, JobGpuSummary, JobGpuUsage, JobLogCopy
 from jobs.selectors import job_output
 from jobs.services import gpu_idle_alerts_sweep, retention_apply
 from jobs.services.gpu_usage import gpu_busy_hand_over
@@ -64,6 +64,8 @@ def january(world, settings):
         JobEvent.objects.create(job=job, state=state, at=when)
     audit_record(actor=world.alice, action="job.submit", target=job, team=world.vision)
     AuditEvent.objects.update(at=at(2026, 1, 5, 9))
+    # as the sync keeps a Kubernetes job's pod log before it deletes the Job (jobs.services.output)
+    JobLogCopy.objects.create(job=job, ended_at=job.ended_at, saved_at=at(2026, 1, 5, 14), pod="p", data=b"epoch 1\n")
     return job
 
 
@@ -73,10 +75,12 @@ def test_expiring_every_detail_of_a_job_changes_neither_its_issued_invoice_nor_t
     by_user = cost_report(start=JANUARY, end=dt.date(2026, 1, 31), group_by="user")
     assert issued["busy_gpu_hours"] == Decimal("3.00") and report[0]["cost"] == Decimal("48.00")
 
-    for name in ("RETENTION_GPU_ROWS_DAYS", "RETENTION_GPU_SUMMARY_DAYS", "RETENTION_JOB_EVENTS_DAYS", "RETENTION_AUDIT_DAYS"):
+    for name in ("RETENTION_GPU_ROWS_DAYS", "RETENTION_GPU_SUMMARY_DAYS", "RETENTION_JOB_EVENTS_DAYS", "RETENTION_AUDIT_DAYS",
+                 "RETENTION_JOB_OUTPUT_DAYS"):
         setattr(settings, name, 1)
     gone = retention_apply(now=at(2026, 3, 1, 0))
-    assert gone == {"gpu_rows": 2, "gpu_summaries": 1, "job_events": 3, "audit_events": 1}
+    assert gone == {"gpu_rows": 2, "gpu_summaries": 1, "log_copies": 1, "job_events": 3, "audit_events": 1}
+    assert not JobLogCopy.objects.exists()
     assert not JobGpuUsage.objects.exists() and not JobGpuSummary.objects.exists() and not JobEvent.objects.exists()
     assert not AuditEvent.objects.exists()
     january.refresh_from_db()  # the job itself stays
@@ -93,11 +97,12 @@ def test_by_default_only_the_gpu_working_rows_expire_and_only_once_the_summary_i
                               slurm_cluster="gpuportal", started_at=at(2026, 1, 6, 10), ended_at=at(2026, 1, 6, 11))  # fmt: skip
     _gpu_rows(unsummarised, slurm_job_id=5002, start=at(2026, 1, 6, 10), hours=1, utils=(50.0,))
     assert retention_apply(now=at(2026, 1, 5, 13) + dt.timedelta(days=6)) == {
-        "gpu_rows": 0, "gpu_summaries": 0, "job_events": 0, "audit_events": 0}  # fmt: skip
+        "gpu_rows": 0, "gpu_summaries": 0, "log_copies": 0, "job_events": 0, "audit_events": 0}  # fmt: skip
     assert retention_apply(now=at(2026, 1, 5, 13) + dt.timedelta(days=8))["gpu_rows"] == 2  # RETENTION_GPU_ROWS_DAYS = 7
     assert list(JobGpuUsage.objects.values_list("job_id", flat=True)) == [unsummarised.pk]  # its record is not written yet
     # kept for ever by default: the summary, the events, the audit trail
     assert JobGpuSummary.objects.count() == 1 and JobEvent.objects.count() == 3 and AuditEvent.objects.count() == 1
+    assert JobLogCopy.objects.count() == 1
     [gpu0, gpu1] = job_gpu_report(january)["gpus"]  # from the record
     assert (gpu0["util_mean"], gpu1["util_mean"]) == (90.0, 10.0)
 

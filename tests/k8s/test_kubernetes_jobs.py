@@ -117,7 +117,12 @@ def test_a_retried_create_makes_no_second_job_and_a_relay_that_died_after_it_ado
     assert gateway.submit(_submission_for(job)) == job.slurm_job_id  # 409 AlreadyExists: the same Job
     # a relay that died after its create: the row still ACCEPTED, claimed before
     Job.objects.filter(pk=job_id).update(state=JobState.ACCEPTED, slurm_job_id=None, slurm_cluster="", relay_attempts=1)
-    assert job_relay_run(job_id) == "adopted"
+    from urllib.parse import urlsplit
+
+    server = urlsplit(k8s_portal.configuration.host)
+    with RequestLog(f"{server.hostname}:{server.port}").recording() as requests:
+        assert job_relay_run(job_id) == "adopted"
+    assert requests == [("GET", "/apis/batch/v1/jobs")]  # one list by the job's label, not the sync's three
     assert Job.objects.get(pk=job_id).slurm_job_id == job.slurm_job_id
     assert len(_kube_jobs(k8s_portal, k8s_namespace, job_id)) == 1
     job_cancel(user=world.alice, job=Job.objects.get(pk=job_id))

@@ -153,7 +153,8 @@ def test_finished_jobs_are_deleted_in_bulk_once_their_usage_is_recorded_and_a_na
     records = {r.portal_job_uuid: r for r in UsageRecord.objects.filter(cluster=K8S_CLUSTER, portal_job_uuid__in=ids)}
     assert sorted(map(str, records)) == sorted(map(str, ids)) and not any(r.provisional for r in records.values())
 
-    # the portal may not delete there (its RoleBinding gone): skipped, and the cluster's health says so
+    # the portal may not read its pods' logs there to keep them, nor delete (its RoleBinding gone): skipped, and the
+    # cluster's health says so
     client.RbacAuthorizationV1Api(k8s_admin).delete_namespaced_role_binding(BINDING, k8s_namespace)
     wait_for(lambda: not _may_create_jobs(k8s_portal, k8s_namespace), timeout=30, what="the portal's right to be gone")
     stats = jobs_sync(cluster=K8S_CLUSTER)
