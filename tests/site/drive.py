@@ -835,15 +835,17 @@ def slurm_view(since: str, slurm_ids: list[int]) -> tuple[dict[str, list[str]], 
         states[job] = state.split()[0] if state else ""
         if comment.startswith(TAG):
             by_tag.setdefault(comment.removeprefix(TAG), set()).add(job)
-    # a Slurm id a takeover controller handed out again (the job that had it lost) has two records: -D
-    # lists both, and each usage record is compared with the one of its own job (its tag), not the newest
+    # a Slurm id with several accounting records — handed out again after a takeover, or a job Slurm
+    # requeued and ran again (finding 8) — has one per run: -D lists them all, each keyed by id, tag and
+    # start, so that a usage record is compared with the run it stands for, not with the newest
     if slurm_ids:
-        for line in subprocess.run(["sacct", "-a", "-X", "-n", "-D", "--parsable2", "-j", ",".join(map(str, slurm_ids))]
-                                   + fields, capture_output=True, text=True, timeout=60, env=env).stdout.splitlines():
-            job, comment, tres, elapsed, state = (line.split("|") + [""] * 5)[:5]
+        for line in subprocess.run(["sacct", "-a", "-X", "-n", "-D", "--parsable2", "-j", ",".join(map(str, slurm_ids)),
+                                    "-o", "JobID,Comment,AllocTRES,ElapsedRaw,Start"],
+                                   capture_output=True, text=True, timeout=60, env=env).stdout.splitlines():
+            job, comment, tres, elapsed, start = (line.split("|") + [""] * 5)[:5]
             gpus = re.search(r"gres/gpu=(\d+)", tres)
-            if comment.startswith(TAG):
-                key = f"{job}|{comment.removeprefix(TAG)}"
+            if comment.startswith(TAG) and start[:2] == "20":
+                key = f"{job}|{comment.removeprefix(TAG)}|{dt.datetime.fromisoformat(start).timestamp():.0f}"
                 gpu_seconds[key] = max(gpu_seconds.get(key, 0), int(gpus.group(1)) * int(elapsed or 0) if gpus else 0)
     queue = subprocess.run(["squeue", "-h", "-o", "%A|%k"], capture_output=True, text=True, timeout=60, env=env).stdout
     queued = set()
@@ -863,8 +865,9 @@ def db_rows(dsn: str, jobs: list[str], bookings: list[str], quotas: list[int]) -
                                 "submitted": r[4].timestamp() if r[4] else None, "started": r[5] is not None}
                     for r in conn.execute("select id, state, slurm_job_id, created_at, submitted_at, started_at "
                                           "from jobs_job where id = any(%s)", [jobs])}
-        usage = [(str(r[0]), str(r[1]), r[2]) for r in conn.execute(
-            "select portal_job_uuid, job_id, gpu_seconds from accounting_usagerecord where portal_job_uuid = any(%s)",
+        usage = [(str(r[0]), str(r[1]), r[2], r[3].timestamp()) for r in conn.execute(
+            "select portal_job_uuid, job_id, gpu_seconds, start_time from accounting_usagerecord "
+            "where portal_job_uuid = any(%s)",
             [jobs])]
         booking_rows = {str(r[0]): r[1] for r in conn.execute(
             "select id, status from accounting_booking where id = any(%s)", [bookings])}
@@ -935,15 +938,20 @@ def counts(load: Load, env: dict[str, str], since: str, faults: list[dict]) -> d
         tally["accepted"] += 1
         tally["lost"] += job in lost
         tally["duplicated"] += job in duplicated
-    records: dict[str, list] = {}
-    for job, slurm_id, seconds in rows["usage"]:
-        records.setdefault(job, []).append((slurm_id, seconds))
+    # counted twice: two usage records of one run (a job's Slurm id and start), or a record above what
+    # accounting says that run used; a job Slurm ran twice (requeued: finding 8) has a record per run
+    records: dict[tuple, list] = {}
+    for job, slurm_id, seconds, start in rows["usage"]:
+        records.setdefault((job, slurm_id, round(start)), []).append(seconds)
     twice = 0
-    for job, recs in records.items():
-        if len(recs) > 1:
-            twice += sum(s for _, s in recs[1:])
-        for slurm_id, seconds in recs:
-            twice += max(0, seconds - gpu_seconds.get(f"{slurm_id}|{job}", gpu_seconds.get(slurm_id, seconds)))
+    for (job, slurm_id, start), recs in records.items():
+        twice += sum(recs[1:])
+        accounted = gpu_seconds.get(f"{slurm_id}|{job}|{start}", gpu_seconds.get(slurm_id, recs[0]))
+        twice += max(0, recs[0] - accounted)
+    runs_per_job: dict[str, int] = {}
+    for job, _, _ in records:
+        runs_per_job[job] = runs_per_job.get(job, 0) + 1
+    ran_twice = sorted(job for job, n in runs_per_job.items() if n > 1)
     # a decision the client was told of is lost when its row is gone or back to "requested" (an approved
     # quota may since be superseded by a later approval, a booking cancelled by its cleanup: both decided)
     decisions_lost = [b for b in load.bookings if rows["bookings"].get(b, "requested") == "requested"
@@ -955,6 +963,7 @@ def counts(load: Load, env: dict[str, str], since: str, faults: list[dict]) -> d
             "jobs_duplicated_in_slurm": len(duplicated), "duplicated": dict(list(duplicated.items())[:10]),
             "jobs_by_client": by_client,
             "usage_records": len(rows["usage"]), "gpu_seconds_counted_twice": twice,
+            "jobs_run_twice_by_slurm": len(ran_twice), "run_twice": ran_twice[:10],
             "bookings_answered": len(load.bookings), "quota_approvals_answered": len(load.quotas),
             "decisions_lost": len(decisions_lost), "lost_decisions": decisions_lost[:10], "settle_s": round(waited, 1)}
 
@@ -1043,6 +1052,8 @@ def main() -> int:
           f"{totals['jobs_duplicated_in_slurm']}, GPU-seconds counted twice {totals['gpu_seconds_counted_twice']}, "
           f"decisions lost {totals['decisions_lost']} (of {totals['bookings_answered']} bookings, "
           f"{totals['quota_approvals_answered']} quota approvals)")
+    print(f"jobs Slurm ran twice under one id (requeued after a takeover; each run charged once): "
+          f"{totals['jobs_run_twice_by_slurm']}")
     print("by client (accepted / lost / duplicated): " + ", ".join(
         f"{c} {t['accepted']}/{t['lost']}/{t['duplicated']}" for c, t in sorted(totals["jobs_by_client"].items())))
     if load.browser:
