@@ -128,7 +128,7 @@ site: $(STAMP)
 stop-site:
 	@scripts/site down
 
-# Each host of the site killed in turn under load (API, CLI, browser form), with what clients saw and
-# what was lost (tests/site/drive.py; figures in docs/reliability.md). Brings the site up first.
-test-site: site
+# Each host of the site killed in turn under load (API, CLI, the job form in Chromium), with what clients
+# saw and what was lost (tests/site/drive.py; figures in docs/reliability.md). Brings the site up first.
+test-site: site browser
 	@$(PY) tests/site/drive.py

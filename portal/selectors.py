@@ -185,6 +185,14 @@ def cluster_health(status: SyncStatus | None, nodes, jobs_status: SyncStatus | N
     if down:
         conditions.append({"code": "nodes_unavailable", "message": f"{len(down)} of {len(nodes)} nodes down or drained: "
                                                                    + ", ".join(f"{n.name} ({n.state})" for n in down[:10])})  # fmt: skip
+    # Slurm 22.05 after a controller takeover and failback: nodes IDLE (no job, CPUs free) whose GPUs
+    # Slurm still counts allocated, so jobs that need them wait on an idle cluster; `scontrol reconfigure`
+    # rebuilds the allocations from the jobs (docs/deploy.md, "A site with failover")
+    held = [n for n in nodes if n.gpus_allocated and n.state.split("+")[0] == "IDLE"]
+    if held:
+        conditions.append({"code": "gpus_held_by_no_job", "message": f"{len(held)} idle nodes with GPUs allocated to no job "
+                           "(`scontrol reconfigure` frees them): " + ", ".join(f"{n.name} ({n.gpus_allocated} of {n.gpus_total})"
+                                                                                 for n in held[:10])})  # fmt: skip
     return {"ok": not conditions, "conditions": conditions}
 
 

@@ -1,4 +1,5 @@
 """GET /healthz: database, broker and Slurm, as JSON; 200 when all answer, 503 naming what does not.
+GET /livez: this process answers requests (200, nothing else asked): what a load balancer checks.
 
 The web process never talks to Slurm: Slurm's health is what the workers last saw (the cluster
 inventory sync runs every 30 s per cluster), and a cluster counts as down when its read failed or is
@@ -95,3 +96,15 @@ def healthz(request):
     status = "ok" if not failing else "degraded" if degraded else "unavailable"
     body = {"status": status, "failing": failing, "checks": checks}
     return JsonResponse(body, status=200 if not failing or degraded else 503)
+
+
+@never_cache
+@require_GET
+def livez(request):
+    """200 as long as this process answers: no database, broker, cache or Slurm call (the middlewares
+    touch none of them for a request without a session cookie). A load balancer checks this, not
+    /healthz: the database, Redis and Slurm are shared by every portal host, so when one of them fails
+    over every host's /healthz says 503 at once and taking them all out helps nobody — the pages that
+    need none of them go down too. Each request that needs one answers 503 with Retry-After by itself
+    meanwhile (portal.exceptions.backend_unavailable). /healthz stays what monitoring watches."""
+    return JsonResponse({"status": "ok"})

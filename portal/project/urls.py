@@ -23,6 +23,7 @@ urlpatterns = [
     path("partials/cluster/", views.cluster_partial, name="cluster-partial"),
     path("clusters/", views.cluster_status, name="cluster-status"),
     path("healthz", health.healthz, name="healthz"),
+    path("livez", health.livez, name="livez"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", views.LogoutView.as_view(), name="logout"),

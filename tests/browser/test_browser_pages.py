@@ -72,7 +72,7 @@ def _matrix_pages(objects) -> list[tuple[str, tuple]]:
     """The pages of the URL matrix (GET, HTML, whole pages: no API, partials, downloads or probes)."""
     from tests.security.test_url_matrix import MATRIX
 
-    skip_names = {"cluster-partial", "jobs:live-states", "jobs:quote", "jobs:output", "healthz", "metrics", "api-schema", "api-docs",
+    skip_names = {"cluster-partial", "jobs:live-states", "jobs:quote", "jobs:output", "healthz", "livez", "metrics", "api-schema", "api-docs",
                   "oidc_authentication_init", "oidc_authentication_callback", "accounting:invoice-pdf", "accounting:invoice-jobs-csv",
                   "logout"}  # fmt: skip
     pages = []

@@ -94,3 +94,17 @@ def test_the_sync_records_the_slurm_version_and_relay_backend_and_a_dead_cluster
     assert down["slurm_version"] == "" and [c["code"] for c in down["health"]["conditions"]] == ["never_read"]
     html = client_for("member").get("/clusters/").content.decode()
     assert live["slurm_version"] in html and 'data-condition="never_read"' in html
+
+
+def test_idle_nodes_with_gpus_allocated_are_a_condition_of_their_cluster(two_clusters, settings):
+    """Slurm 22.05 can keep GPUs allocated on idle nodes after a controller takes control back (issue 42's
+    site test: jobs pending on an idle cluster until `scontrol reconfigure`): the cluster's health names
+    those nodes; an allocated or mixed node with GPUs allocated is not one."""
+    main_cluster, _ = two_clusters
+    NodeInfo.objects.create(cluster=main_cluster, name="a100-02", state="IDLE", partitions=["gpu"], gpu_type="a100",
+                            gpus_total=4, gpus_allocated=4, cpus_total=32, memory_mb=256000, seen_at=timezone.now())  # fmt: skip
+    main, east = clusters_status()
+    assert [c["code"] for c in main["health"]["conditions"]] == ["nodes_unavailable", "gpus_held_by_no_job"]
+    assert "a100-02 (4 of 4)" in main["health"]["conditions"][1]["message"]
+    assert "a100-01" not in main["health"]["conditions"][1]["message"]  # MIXED with 1 allocated: a job holds it
+    assert "gpus_held_by_no_job" not in [c["code"] for c in east["health"]["conditions"]]  # ALLOCATED 8 of 8

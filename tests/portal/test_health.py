@@ -80,3 +80,16 @@ def test_healthz_before_any_rollup_check(client):
         "rolled_up_to": None, "checked_at": None, "stale": False,
         "message": "the accounting roll-up has not been checked yet",
     }  # fmt: skip
+
+
+def test_livez_answers_200_without_the_database_or_redis(client, settings, django_assert_num_queries):
+    """What the load balancer checks (docs/deploy.md, "A site with failover"): the process answers,
+    whatever the shared backends do — with the broker and the cache on a port where nothing listens,
+    /healthz says 503 and /livez 200, with no query."""
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
+    settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": ["redis://127.0.0.1:1/0"]}}
+    assert client.get("/healthz").status_code == 503
+    with django_assert_num_queries(0):
+        response = client.get("/livez")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert "no-cache" in response["Cache-Control"]

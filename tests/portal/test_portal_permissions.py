@@ -27,6 +27,7 @@ PAGES = {
     **{f"/teams/{path}": (302, *codes) for path, codes in TEAMS_SIGNED_IN.items()},
     "/account/tokens/": (302, 200, 200, 200, 200, 200),
     "/healthz": (503, 503, 503, 503, 503, 503),  # public; no Slurm read in these tests
+    "/livez": (200, 200, 200, 200, 200, 200),  # public: the process answers (the load balancer's check)
     "/login/": (200, 302, 302, 302, 302, 302),
 }
 API = {

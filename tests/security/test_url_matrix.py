@@ -92,6 +92,7 @@ MATRIX: dict[str, list[Req]] = {
     "cluster-partial": [Req("GET", lambda o: "/partials/cluster/", LOGIN_THEN_200)],
     "cluster-status": [Req("GET", lambda o: "/clusters/", LOGIN_THEN_200)],
     "healthz": [Req("GET", lambda o: "/healthz", ALL_200)],  # public: status only, no data
+    "livez": [Req("GET", lambda o: "/livez", ALL_200)],  # public: the process answers, nothing else
     "metrics": [Req("GET", lambda o: "/metrics", ALL_200)],  # by address (127.0.0.1) / bearer token, not by role
     "login": [Req("GET", lambda o: "/login/", (200, 302, 302, 302, 302, 302))],
     "logout": [Req("GET", lambda o: "/logout/", (405,) * 6), Req("POST", lambda o: "/logout/", (302,) * 6)],

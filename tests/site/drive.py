@@ -8,10 +8,16 @@ Clients run through the load balancer the whole time, each in its own thread:
   api-alice, api-carol  the REST API with an API token: POST a job (an Idempotency-Key, the same key
                         again after a failure, as a careful script does), GET it, cancel every third;
   cli-bob               `gpuportal submit` (the CLI retries a keyed POST by itself), one job a time;
-  form-dave             the browser's job form as a plain HTTP session (login, GET /jobs/new/, POST with
-                        the CSRF token and the form's hidden idempotency key, again after a failure:
-                        what a browser's resubmit does) — not Chromium: a page's own JavaScript is not
-                        what fails over here, and a browser costs a core for minutes;
+  form-dave             the job form as a plain HTTP session (login, GET /jobs/new/, POST with the CSRF
+                        token and the form's hidden idempotency key, again after a failure: what a
+                        browser's resubmit does), a submission every ~1 s;
+  browser-dave          Debian's Chromium through Playwright, as tests/browser drives it (one headless
+                        browser, one page, JavaScript on): logs in through the form, fills the job form,
+                        clicks "Submit job"; on a 503 page waits its Retry-After and reloads (the form's
+                        POST sent again: its key makes it one job). One submission every ~4 s: a
+                        browser's CPU on 2 cores shared with CI's fast tier (--no-browser: without it);
+  page-anon             GET /login/ with no session every second: a page that needs neither the database
+                        nor Redis stays up while they fail over (the balancer checks /livez);
   decide-bob/admin      bookings by bob (auto-approved) and quota requests approved by admin: decisions
                         whose answer the client saw must all be in the database afterwards.
 Meanwhile the site's Celery beat runs the job sync, the sweeper and the usage ingestion as usual.
@@ -21,14 +27,18 @@ its link down), each host started again (or its link mended) once the site has m
   web1   a portal host                        redis  the Redis master (as Sentinel names it)
   db     the PostgreSQL primary (as the pg_auto_failover monitor names it)
   ctld   the primary slurmctld (ctl1)         cut-web2  web2's link cut for 8 s, then mended
+  dbd    the site's slurmdbd (single: its messages wait in the controller), down 20 s
   cut-db the PostgreSQL primary's link cut until the standby is promoted, then mended
 For each: requests failed (attempts of every client between the fault and the site whole again), the
-longest gap a client saw between two answers, the time until `scripts/site wait-whole` passed.
+longest gap a client saw between two answers, the time until `scripts/site wait-whole` passed; then
+the cluster runs jobs again: a job starts, and no node stays idle with GPUs allocated while jobs wait
+(Slurm 22.05 after a failback; the run fails otherwise).
 At the end, the counts: jobs lost (accepted, not cancelled before relay, no Slurm id / not in Slurm by
 its tag, read again until the jobs sync has re-sent what a controller lost), apart from them the jobs
 the portal saw start that Slurm then forgot (a controller killed before its state save), jobs duplicated in Slurm (a tag `gpuportal:<uuid>` on more than one Slurm job), GPU-seconds
 counted twice (usage records of a job beyond one, or their sum above sacct's GPUs × elapsed), decisions
-lost (an answered booking or quota approval missing from the database). Exit 1 when any is not 0."""
+lost (an answered booking or quota approval missing from the database), each client's jobs apart.
+Exit 1 when any is not 0, or a client died."""
 
 from __future__ import annotations
 
@@ -54,12 +64,17 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # tests.browser's Chromium settings
 SITE = [str(ROOT / "scripts" / "site")]
 PASSWORD = os.environ.get("DEMO_PASSWORD", "gpuportal-demo")
 TAG = "gpuportal:"
 SCRIPT = "#!/bin/bash\ntrue\n"
 LB = "10.77.0.10"
-LOST_WAIT = 150.0  # JOB_LOST_AFTER_SECONDS (60) and a few job syncs, on a loaded machine
+LOST_WAIT = 150.0
+CTLD_FAILBACK = "stop-backup"  # or "handover" (--ctld-failback): how control goes back to ctl1
+DBD_DOWN_S = 20  # slurmdbd down: jobs start and end meanwhile, their accounting waits in the controller
+DBD_QUEUE_MAX: list[int] = []  # the controller's queue of accounting messages at its longest, per dbd fault
+BROWSER_PAUSE = 3.0  # seconds between the browser's submissions: one browser on 2 cores beside CI's fast tier  # JOB_LOST_AFTER_SECONDS (60) and a few job syncs, on a loaded machine
 
 
 def log(message: str) -> None:
@@ -110,7 +125,12 @@ class Recorder:
         kinds: dict[str, int] = {}
         for a in failed:
             kinds[a[4]] = kinds.get(a[4], 0) + 1
-        return {"requests": len(inside), "failed": len(failed), "failed_by": kinds,
+        by_client: dict[str, list[int]] = {}
+        for a in inside:
+            tally = by_client.setdefault(a[0], [0, 0])
+            tally[0] += 1
+            tally[1] += 0 if a[3] else 1
+        return {"requests": len(inside), "failed": len(failed), "failed_by": kinds, "by_client": by_client,
                 "longest_gap_s": round(gap, 1), "longest_gap_client": gap_client}
 
 
@@ -131,8 +151,11 @@ class Http:
 
 
 class Load:
-    def __init__(self, tokens: dict[str, str], recorder: Recorder, cli_env: dict[str, str]):
-        self.tokens, self.rec, self.cli_env = tokens, recorder, cli_env
+    def __init__(self, tokens: dict[str, str], recorder: Recorder, cli_env: dict[str, str], browser: bool = True):
+        self.tokens, self.rec, self.cli_env, self.browser = tokens, recorder, cli_env, browser
+        self.browser_jobs = 0
+        self.browser_cpu_s: float | None = None  # the browser's processes' CPU time over the run
+        self.died: list[str] = []  # clients that ended with an exception: the run fails
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.jobs: dict[str, dict] = {}  # portal job id -> {"client", "cancelled"}
@@ -165,7 +188,9 @@ class Load:
         for name, target in (("api-alice", lambda: self.api_client("api-alice", "alice", "vision")),
                              ("api-carol", lambda: self.api_client("api-carol", "carol", "nlp")),
                              ("cli-bob", self.cli_client), ("form-dave", self.form_client),
-                             ("decide", self.decisions), ("sync-age", self.sync_ages)):
+                             ("decide", self.decisions), ("sync-age", self.sync_ages),
+                             ("page-anon", self.anon_page)) + (
+                                 (("browser-dave", self.browser_client),) if self.browser else ()):
             thread = threading.Thread(target=self._guard, args=(name, target), name=name, daemon=True)
             thread.start()
             self.threads.append(thread)
@@ -180,6 +205,7 @@ class Load:
             target()
         except Exception as exc:  # noqa: BLE001 — a client that dies is reported, the run fails
             self.errors.append(f"{name}: {exc!r}")
+            self.died.append(name)
             log(f"client {name} died: {exc!r}")
 
     def _accepted(self, job_id: str, client: str) -> None:
@@ -259,6 +285,7 @@ class Load:
         # the directory `gpuportal submit` runs in is the job's submit directory: it must outlive the
         # clients, as a user's does, for a job Slurm lost to be sent again from it (removed at exit)
         tmp = tempfile.mkdtemp(prefix="gpuportal-site-cli-")
+        os.chmod(tmp, 0o1777)  # the job runs as bob and writes its slurm-<id>.out here (mkdtemp: 0700 root)
         atexit.register(shutil.rmtree, tmp, ignore_errors=True)
         if True:
             script = Path(tmp) / "job.sh"
@@ -367,6 +394,148 @@ class Load:
                 self._accepted(job_id, "form-dave")
             time.sleep(0.7)
 
+    # --- a page that needs neither the database nor Redis -------------------------------------------------
+    def anon_page(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                status, _, _ = Http(timeout=10).call("GET", "/login/")
+                self.rec.add("page-anon", started, status == 200, f"GET login anonymous: {status}")
+            except (OSError, http.client.HTTPException) as exc:
+                self.rec.add("page-anon", started, False, f"GET login anonymous: {type(exc).__name__}")
+            time.sleep(1)
+
+    # --- the browser ----------------------------------------------------------------------------------
+    def browser_client(self) -> None:
+        """Debian's Chromium driven by Playwright, as the browser tests drive it (tests/browser/conftest.py:
+        the same binary and flags; `playwright install` is never run): one headless browser, one page, with
+        JavaScript (htmx posts the estimate as fields change). Logs in through the form, opens the job
+        form, fills it and clicks "Submit job", one job every BROWSER_PAUSE seconds. A 5xx page (the
+        portal's or HAProxy's 503) is met as a person meets it: wait for its Retry-After, reload — for the
+        form's POST that sends the same form again (its hidden idempotency key: one job); no answer at
+        all (a cut connection) likewise. Every navigation is an attempt in the same records as the other
+        clients'; the job it lands on counts with the others'."""
+        from playwright.sync_api import Error as PlaywrightError
+        from playwright.sync_api import sync_playwright
+
+        from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+
+        client = "browser-dave"
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, timeout=60_000,
+                                                 args=CHROMIUM_ARGS + ["--renderer-process-limit=1"])
+            try:
+                context = browser.new_context(base_url=f"http://{LB}", locale="en-GB", timezone_id="UTC")
+                context.set_default_timeout(30_000)
+                page = context.new_page()
+
+                def answered(what: str, navigate) -> tuple[int | None, float]:
+                    """One navigation (a goto, a reload, a click that loads a page): its final status (None
+                    when no page came) and the wait its Retry-After asks for (2 s without one); recorded."""
+                    started = time.monotonic()
+                    try:
+                        response = navigate()
+                    except PlaywrightError as exc:
+                        self.rec.add(client, started, False, f"{what}: {str(exc).splitlines()[0][:60]}")
+                        return None, 2.0
+                    status = response.status if response is not None else 200
+                    self.rec.add(client, started, status < 500, f"{what}: {status}")
+                    retry_after = (response.headers.get("retry-after") or "") if response is not None else ""
+                    return status, min(float(retry_after), 10.0) if retry_after.isdigit() else 2.0
+
+                def until_page(what: str, first) -> bool:
+                    """first(), then after each 5xx page a reload once its Retry-After passed (after no
+                    answer at all, first() again: the page in front of the user is still the one before)."""
+                    status, wait = answered(what, first)
+                    tries = 0
+                    while (status is None or status >= 500) and not self.stop.is_set() and tries < 120:
+                        tries += 1
+                        time.sleep(wait)
+                        if status is None:
+                            status, wait = answered(f"{what} (again)", first)
+                        else:
+                            status, wait = answered(f"{what} (reload)", lambda: page.reload(wait_until="load"))
+                    return status is not None and status < 500
+
+                def log_in() -> bool:
+                    if not until_page("GET login", lambda: page.goto("/login/")):
+                        return False
+                    if "/login/" not in page.url:  # still logged in
+                        return True
+                    page.get_by_label("User name").fill("dave")
+                    page.get_by_label("Password").fill(PASSWORD)
+                    button = page.get_by_role("button", name="Log in")
+                    ok = until_page("POST login", lambda: self._click_to_page(page, button))
+                    return ok and "/login/" not in page.url
+
+                n = 0
+                logged_in = False
+                while not self.stop.is_set():
+                    if not logged_in:
+                        logged_in = log_in()
+                        if not logged_in:
+                            time.sleep(1)
+                        continue
+                    if not until_page("GET form", lambda: page.goto("/jobs/new/")):
+                        continue
+                    if "/login/" in page.url:  # the session is gone
+                        logged_in = False
+                        continue
+                    if not page.url.endswith("/jobs/new/"):
+                        self.errors.append(f"{client}: GET /jobs/new/ ended on {page.url}")
+                        time.sleep(1)
+                        continue
+                    n += 1
+                    name = f"site-browser-{n}"
+                    try:
+                        page.get_by_label("Team:", exact=True).select_option("nlp")
+                        page.get_by_label("Name:", exact=True).fill(name)
+                        page.get_by_label("Partition:", exact=True).select_option("debug")
+                        page.get_by_label("GPUs:", exact=True).fill("1")
+                        page.get_by_label("Time limit:", exact=True).fill("1")
+                        page.get_by_label("Script:", exact=True).fill(SCRIPT)
+                        page.get_by_label("Script:", exact=True).press("Tab")
+                        # the estimate's htmx request (on change, and on keyup after 300 ms) settles first:
+                        # a click racing its swap can miss the button, as a person's can
+                        time.sleep(0.5)
+                        page.locator("form.htmx-request").wait_for(state="detached", timeout=30_000)
+                    except PlaywrightError as exc:  # the form's page went away under us (a reload, a fault)
+                        self.rec.add(client, time.monotonic(), False, f"fill form: {str(exc).splitlines()[0][:60]}")
+                        continue
+                    button = page.get_by_role("button", name="Submit job")
+                    status, wait = answered("POST form", lambda: self._click_to_page(page, button))
+                    tries = 0
+                    while (status is None or status >= 500) and not self.stop.is_set() and tries < 120:
+                        tries += 1
+                        time.sleep(wait)
+                        if button.count():  # no page came: the form is still there, its key unchanged
+                            status, wait = answered("POST form (again)", lambda: self._click_to_page(page, button))
+                        else:  # the 503 page of the POST: reloading it sends the same form again
+                            status, wait = answered("POST form (reload)", lambda: page.reload(wait_until="load"))
+                    if status is None or status >= 500:
+                        continue
+                    found = re.search(r"/jobs/([0-9a-f-]{36})/$", page.url)
+                    if found:
+                        self._accepted(found.group(1), client)
+                        with self.lock:
+                            self.browser_jobs += 1
+                    elif "/login/" in page.url:
+                        logged_in = False
+                    else:
+                        self.errors.append(f"{client}: the form's POST ended on {page.url}: "
+                                           f"{page.locator('[role=alert]').all_inner_texts()[:3]}")
+                    time.sleep(BROWSER_PAUSE)
+                self.browser_cpu_s = chromium_cpu_seconds()
+            finally:
+                browser.close()
+
+    @staticmethod
+    def _click_to_page(page, button):
+        """Click and wait for the page it loads; its response (the redirect's target, after a POST)."""
+        with page.expect_navigation(wait_until="load") as navigation:
+            button.click()
+        return navigation.value
+
     # --- bookings and quota decisions ------------------------------------------------------------------
     def decisions(self) -> None:
         n = 0
@@ -414,6 +583,36 @@ def ctld_primary_answers() -> bool:
     return "at ctl1 is UP" in out
 
 
+def chromium_cpu_seconds() -> float:
+    """CPU seconds (user + system, their reaped children's included) of the Chromium processes under this
+    one (Playwright's driver starts the browser, the browser its renderer and GPU/network processes)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    stats: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        parents[int(entry.name)] = int(fields[1])
+        stats[int(entry.name)] = (comm, sum(int(v) for v in fields[11:15]) / tick)
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    # the browser's main process has its descendants' CPU time in its children fields once they are reaped;
+    # the live ones are added up separately (a process's own fields never include a live child's)
+    return round(sum(cpu for pid, (comm, cpu) in stats.items() if comm.startswith("chrom") and ours(pid)), 1)
+
+
 def wait_for(predicate, limit: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < limit:
@@ -447,9 +646,28 @@ def fault(name: str) -> tuple[str, str, callable]:
         return f"SIGKILL every process of the PostgreSQL primary {host}", host, back
     if name == "ctld":
         def back(h):
-            time.sleep(10)  # SlurmctldTimeout (6 s) and the backup's takeover
-            site("start", h)
+            # the backup takes over after SlurmctldTimeout (6 s) of silence and loads the saved state; ctl1
+            # comes back once ctl2 serves (squeue answers: a backup in standby refuses it), as an operator
+            # brings a repaired host back — not while ctl2 is still loading what ctl1 left
+            waited = wait_for(lambda: subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, timeout=30,
+                                                     env=SITE_SLURM).returncode == 0, 90)
+            log(f"fault ctld: ctl2 serves after {waited:.1f} s")
+            time.sleep(5)
+            if CTLD_FAILBACK == "handover":  # ctl1 started while ctl2 is in control: Slurm's REQUEST_CONTROL
+                site("start", h)
+            else:  # docs/deploy.md's failback: ctl2 stopped (its state saved whole), then ctl1, then ctl2
+                site("ctld-failback")
         return "SIGKILL every process of the primary slurmctld's host ctl1", "ctl1", back
+    if name == "dbd":  # accounting: single (docs/deploy.md); the controllers keep its messages meanwhile
+        def back(h):
+            queued = []
+            for _ in range(DBD_DOWN_S):
+                found = re.search(r"DBD Agent queue size:\s*(\d+)", slurm_out("sdiag"))
+                queued.append(int(found.group(1)) if found else 0)
+                time.sleep(1)
+            DBD_QUEUE_MAX.append(max(queued, default=0))
+            site("start", h)
+        return f"SIGKILL slurmdbd, down {DBD_DOWN_S} s", "dbd", back
     if name == "cut-db":  # the primary cut off: it must stop taking writes before the standby is promoted
         host = pg_primary()
 
@@ -463,6 +681,107 @@ def fault(name: str) -> tuple[str, str, callable]:
     raise SystemExit(f"unknown fault {name}")
 
 
+SITE_SLURM = {**os.environ, "SLURM_CONF": "/var/lib/gpuportal-site/slurm/etc/slurm.conf"}
+
+
+def slurm_out(*command: str) -> str:
+    return subprocess.run(list(command), capture_output=True, text=True, timeout=30, env=SITE_SLURM).stdout
+
+
+def gpus_held_by_no_job() -> list[str]:
+    """Nodes IDLE (no job) on which Slurm still counts GPUs allocated: "a100-01 gres/gpu=4"."""
+    held = []
+    for line in slurm_out("scontrol", "show", "node", "-o").splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        gpus = re.search(r"gres/gpu=(\d+)", fields.get("AllocTRES", ""))
+        if gpus and int(gpus.group(1)) and fields.get("State", "").split("+")[0] == "IDLE":
+            held.append(f"{fields.get('NodeName')} gres/gpu={gpus.group(1)}")
+    return held
+
+
+def runs_jobs(since: float, limit: float) -> dict:
+    """Within `limit` s: a job starts after `since` (wall clock; the clients keep submitting; a pending
+    job's StartTime is only Slurm's guess, not counted), and no node stays idle with GPUs allocated
+    while jobs wait. Sampled every 2 s; held GPUs that clear are not counted."""
+    started_after = None
+    held: list[str] = []
+    pending = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        try:
+            held = gpus_held_by_no_job()
+            queue = [line.split("|") for line in slurm_out("squeue", "-h", "-t", "all", "-o", "%T|%S").splitlines()]
+        except (OSError, subprocess.SubprocessError):
+            time.sleep(2)
+            continue
+        pending = sum(1 for state, _ in queue if state == "PENDING")
+        starts = [dt.datetime.fromisoformat(start).timestamp() for state, start in queue
+                  if state != "PENDING" and start[:2] == "20"]
+        if started_after is None and any(start >= since for start in starts):
+            started_after = round(time.monotonic() - t0, 1)
+        if started_after is not None and not held:
+            break
+        time.sleep(2)
+    return {"job_started": started_after is not None, "gpus_held_by_no_job": held if pending else [],
+            "pending": pending}
+
+
+def portal_conditions(token: str) -> list[str]:
+    """The condition codes of the site cluster's health as the portal shows them (GET /api/v1/clusters/)."""
+    try:
+        status, _, data = Http(timeout=10).call("GET", "/api/v1/clusters/", headers={"Authorization": f"Token {token}"})
+        return [c["code"] for cluster in json.loads(data)["results"] for c in cluster["health"]["conditions"]] \
+            if status == 200 else []
+    except (OSError, ValueError, KeyError, http.client.HTTPException):
+        return []
+
+
+def cluster_runs_jobs(since: float, token: str) -> dict:
+    """After a fault, the cluster runs jobs again (runs_jobs). Slurm 22.05 has left GPUs allocated on idle
+    nodes after the primary controller took control back (finding 7): when that holds, the portal's
+    cluster health must name it (`gpus_held_by_no_job`, read through the API once the inventory sync has
+    seen it), and the operator's remedy in docs/deploy.md — `scontrol reconfigure` — must make the
+    cluster run jobs again. The run fails when jobs do not run again after it, or the portal missed it."""
+    runs = runs_jobs(since, 45)
+    if not runs["gpus_held_by_no_job"]:
+        return runs
+    held = runs["gpus_held_by_no_job"]
+    log(f"GPUs held by no job on idle nodes while {runs['pending']} jobs wait: {held}; the portal must say so")
+    runs["portal_saw_it"] = wait_for(lambda: "gpus_held_by_no_job" in portal_conditions(token), 100) < 100
+    remedy = time.time()
+    slurm_out("scontrol", "reconfigure")
+    after = runs_jobs(remedy, 60)
+    log(f"after scontrol reconfigure: {after}")
+    return {**after, "held_before_remedy": held, "portal_saw_it": runs["portal_saw_it"], "remedy": "scontrol reconfigure"}
+
+
+CTLD_EVENTS = {  # what the controllers' logs say of jobs across a takeover and a failback
+    "jobs_lost": ("Vestigial state files for JobId", "Purged files for defunct batch JobId"),
+    "jobs_requeued_missing_from_node": ("missing from batch node",),
+}
+
+
+def ctld_events(since: float) -> dict[str, int]:
+    """Counts of CTLD_EVENTS in ctl1's and ctl2's slurmctld logs from `since` (wall clock) on."""
+    counts = {name: 0 for name in CTLD_EVENTS}
+    for host in ("ctl1", "ctl2"):
+        try:
+            lines = Path(f"/var/lib/gpuportal-site/hosts/{host}/slurmctld.log").read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if not line.startswith("[20"):
+                continue
+            try:
+                at = dt.datetime.fromisoformat(line[1:24]).timestamp()
+            except ValueError:
+                continue
+            if at >= since:
+                for name, needles in CTLD_EVENTS.items():
+                    counts[name] += any(needle in line for needle in needles)
+    return counts
+
+
 def run_fault(name: str, recorder: Recorder, load: Load) -> dict:
     what, host, back = fault(name)
     log(f"fault {name}: {what}")
@@ -474,11 +793,19 @@ def run_fault(name: str, recorder: Recorder, load: Load) -> dict:
     back(host)
     log(f"fault {name}: {host} back after {time.monotonic() - t0:.1f} s; waiting until the site is whole")
     whole_ok = subprocess.run(SITE + ["wait-whole", "150"], capture_output=True, text=True).returncode == 0
-    whole = time.monotonic() - t0
+    whole, whole_wall = time.monotonic() - t0, time.time()
     time.sleep(3)
     figures = {"fault": name, "what": what, "host": host, "whole_again_s": round(whole, 1) if whole_ok else None,
                "wall": [wall0, time.time()],
                **recorder.window(t0, time.monotonic()), "max_sync_age_s": load.max_sync_age(t0, time.monotonic())}
+    if name == "dbd" and DBD_QUEUE_MAX:
+        figures["dbd_agent_queue_max"] = DBD_QUEUE_MAX[-1]
+    figures["runs_jobs_again"] = runs = cluster_runs_jobs(whole_wall, load.tokens["admin"])
+    if name == "ctld":
+        figures["ctld_failback"] = CTLD_FAILBACK
+        figures["ctld_events"] = ctld_events(wall0)
+    if not runs["job_started"] or runs["gpus_held_by_no_job"]:
+        log(f"fault {name}: the cluster does not run jobs again: {runs}")
     log(f"fault {name}: {json.dumps(figures)}")
     return figures
 
@@ -487,7 +814,8 @@ def run_fault(name: str, recorder: Recorder, load: Load) -> dict:
 
 
 def slurm_view(since: str, slurm_ids: list[int]) -> tuple[dict[str, list[str]], dict[str, int], dict[str, str], set[str]]:
-    """What Slurm holds: {portal job id: [Slurm job ids carrying its tag]}, {Slurm id: GPU-seconds} and
+    """What Slurm holds: {portal job id: [Slurm job ids carrying its tag]}, {Slurm id (and "id|portal job id",
+    each record of a reused id apart): GPU-seconds} and
     {Slurm id: state} from accounting (the run's window, and the portal's Slurm ids by id: a record whose
     job never became eligible is outside any -S/-E window), and the ids the controller's queue holds."""
     env = {**os.environ, "SLURM_CONF": "/var/lib/gpuportal-site/slurm/etc/slurm.conf"}
@@ -507,6 +835,18 @@ def slurm_view(since: str, slurm_ids: list[int]) -> tuple[dict[str, list[str]], 
         states[job] = state.split()[0] if state else ""
         if comment.startswith(TAG):
             by_tag.setdefault(comment.removeprefix(TAG), set()).add(job)
+    # a Slurm id with several accounting records — handed out again after a takeover, or a job Slurm
+    # requeued and ran again (finding 8) — has one per run: -D lists them all, each keyed by id, tag and
+    # start, so that a usage record is compared with the run it stands for, not with the newest
+    if slurm_ids:
+        for line in subprocess.run(["sacct", "-a", "-X", "-n", "-D", "--parsable2", "-j", ",".join(map(str, slurm_ids)),
+                                    "-o", "JobID,Comment,AllocTRES,ElapsedRaw,Start"],
+                                   capture_output=True, text=True, timeout=60, env=env).stdout.splitlines():
+            job, comment, tres, elapsed, start = (line.split("|") + [""] * 5)[:5]
+            gpus = re.search(r"gres/gpu=(\d+)", tres)
+            if comment.startswith(TAG) and start[:2] == "20":
+                key = f"{job}|{comment.removeprefix(TAG)}|{dt.datetime.fromisoformat(start).timestamp():.0f}"
+                gpu_seconds[key] = max(gpu_seconds.get(key, 0), int(gpus.group(1)) * int(elapsed or 0) if gpus else 0)
     queue = subprocess.run(["squeue", "-h", "-o", "%A|%k"], capture_output=True, text=True, timeout=60, env=env).stdout
     queued = set()
     for line in queue.splitlines():
@@ -525,8 +865,9 @@ def db_rows(dsn: str, jobs: list[str], bookings: list[str], quotas: list[int]) -
                                 "submitted": r[4].timestamp() if r[4] else None, "started": r[5] is not None}
                     for r in conn.execute("select id, state, slurm_job_id, created_at, submitted_at, started_at "
                                           "from jobs_job where id = any(%s)", [jobs])}
-        usage = [(str(r[0]), str(r[1]), r[2]) for r in conn.execute(
-            "select portal_job_uuid, job_id, gpu_seconds from accounting_usagerecord where portal_job_uuid = any(%s)",
+        usage = [(str(r[0]), str(r[1]), r[2], r[3].timestamp()) for r in conn.execute(
+            "select portal_job_uuid, job_id, gpu_seconds, start_time from accounting_usagerecord "
+            "where portal_job_uuid = any(%s)",
             [jobs])]
         booking_rows = {str(r[0]): r[1] for r in conn.execute(
             "select id, status from accounting_booking where id = any(%s)", [bookings])}
@@ -591,15 +932,26 @@ def counts(load: Load, env: dict[str, str], since: str, faults: list[dict]) -> d
     lost_detail = [{"job": j, **rows["jobs"].get(j, {}), "tagged": by_tag.get(j, []),
                     "accounting": [states.get(sid) for sid in by_tag.get(j, [])]} for j in missing]
     duplicated = {j: by_tag[j] for j in ids if len(by_tag.get(j, [])) > 1}
-    records: dict[str, list] = {}
-    for job, slurm_id, seconds in rows["usage"]:
-        records.setdefault(job, []).append((slurm_id, seconds))
+    by_client: dict[str, dict[str, int]] = {}
+    for job, seen in jobs.items():
+        tally = by_client.setdefault(seen["client"], {"accepted": 0, "lost": 0, "duplicated": 0})
+        tally["accepted"] += 1
+        tally["lost"] += job in lost
+        tally["duplicated"] += job in duplicated
+    # counted twice: two usage records of one run (a job's Slurm id and start), or a record above what
+    # accounting says that run used; a job Slurm ran twice (requeued: finding 8) has a record per run
+    records: dict[tuple, list] = {}
+    for job, slurm_id, seconds, start in rows["usage"]:
+        records.setdefault((job, slurm_id, round(start)), []).append(seconds)
     twice = 0
-    for job, recs in records.items():
-        if len(recs) > 1:
-            twice += sum(s for _, s in recs[1:])
-        for slurm_id, seconds in recs:
-            twice += max(0, seconds - gpu_seconds.get(slurm_id, seconds))
+    for (job, slurm_id, start), recs in records.items():
+        twice += sum(recs[1:])
+        accounted = gpu_seconds.get(f"{slurm_id}|{job}|{start}", gpu_seconds.get(slurm_id, recs[0]))
+        twice += max(0, recs[0] - accounted)
+    runs_per_job: dict[str, int] = {}
+    for job, _, _ in records:
+        runs_per_job[job] = runs_per_job.get(job, 0) + 1
+    ran_twice = sorted(job for job, n in runs_per_job.items() if n > 1)
     # a decision the client was told of is lost when its row is gone or back to "requested" (an approved
     # quota may since be superseded by a later approval, a booking cancelled by its cleanup: both decided)
     decisions_lost = [b for b in load.bookings if rows["bookings"].get(b, "requested") == "requested"
@@ -609,7 +961,9 @@ def counts(load: Load, env: dict[str, str], since: str, faults: list[dict]) -> d
             "jobs_in_slurm": sum(1 for j in ids if in_slurm(j)), "jobs_lost": len(lost),
             "jobs_started_then_unknown_to_slurm": len(unrecorded), "lost": lost_detail[:10],
             "jobs_duplicated_in_slurm": len(duplicated), "duplicated": dict(list(duplicated.items())[:10]),
+            "jobs_by_client": by_client,
             "usage_records": len(rows["usage"]), "gpu_seconds_counted_twice": twice,
+            "jobs_run_twice_by_slurm": len(ran_twice), "run_twice": ran_twice[:10],
             "bookings_answered": len(load.bookings), "quota_approvals_answered": len(load.quotas),
             "decisions_lost": len(decisions_lost), "lost_decisions": decisions_lost[:10], "settle_s": round(waited, 1)}
 
@@ -648,10 +1002,15 @@ def budgets(tokens: dict[str, str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--faults", default="web1,redis,db,ctld,cut-web2,cut-db")
+    parser.add_argument("--faults", default="web1,redis,db,ctld,dbd,cut-web2,cut-db")
     parser.add_argument("--warmup", type=float, default=8.0)
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    parser.add_argument("--no-browser", action="store_true", help="no Chromium client (what it costs: compare)")
+    parser.add_argument("--ctld-failback", choices=("stop-backup", "handover"), default="stop-backup",
+                        help="ctl1 back by docs/deploy.md's procedure, or started while ctl2 is in control")
     args = parser.parse_args()
+    global CTLD_FAILBACK
+    CTLD_FAILBACK = args.ctld_failback
     started = time.monotonic()
     site("wait-whole", "120")
     env = site_env()
@@ -663,7 +1022,7 @@ def main() -> int:
     recorder = Recorder()
     cli_env = {"PATH": "/usr/bin:/bin", "HOME": "/root", "GPUPORTAL_URL": f"http://{LB}/",
                "GPUPORTAL_TOKEN": tokens["bob"]}
-    load = Load(tokens, recorder, cli_env)
+    load = Load(tokens, recorder, cli_env, browser=not args.no_browser)
     load.start()
     time.sleep(args.warmup)
     baseline = recorder.window(started, time.monotonic())
@@ -676,7 +1035,9 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     report = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
               "ha_urls": ha, "load": os.getloadavg(), "baseline": baseline, "faults": results, "counts": totals,
-              "client_errors": load.errors[:20], "total_s": round(time.monotonic() - started, 1)}
+              "client_errors": load.errors[:20], "clients_died": load.died,
+              "browser": {"jobs": load.browser_jobs, "cpu_s": load.browser_cpu_s} if load.browser else None,
+              "total_s": round(time.monotonic() - started, 1)}
     print(json.dumps(report, indent=2), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -691,8 +1052,19 @@ def main() -> int:
           f"{totals['jobs_duplicated_in_slurm']}, GPU-seconds counted twice {totals['gpu_seconds_counted_twice']}, "
           f"decisions lost {totals['decisions_lost']} (of {totals['bookings_answered']} bookings, "
           f"{totals['quota_approvals_answered']} quota approvals)")
+    print(f"jobs Slurm ran twice under one id (requeued after a takeover; each run charged once): "
+          f"{totals['jobs_run_twice_by_slurm']}")
+    print("by client (accepted / lost / duplicated): " + ", ".join(
+        f"{c} {t['accepted']}/{t['lost']}/{t['duplicated']}" for c, t in sorted(totals["jobs_by_client"].items())))
+    if load.browser:
+        print(f"the browser: {load.browser_jobs} jobs through the form, Chromium's CPU {load.browser_cpu_s} s "
+              f"over {report['total_s']} s")
+    if load.died:
+        print(f"clients that died: {load.died} (see client_errors)")
     bad = totals["jobs_lost"] or totals["jobs_duplicated_in_slurm"] or totals["gpu_seconds_counted_twice"] \
-        or totals["decisions_lost"] or any(r["whole_again_s"] is None for r in results)
+        or totals["decisions_lost"] or any(r["whole_again_s"] is None for r in results) or load.died \
+        or any(not r["runs_jobs_again"]["job_started"] or r["runs_jobs_again"]["gpus_held_by_no_job"]
+               or r["runs_jobs_again"].get("portal_saw_it") is False for r in results)
     return 1 if bad else 0
 
 
