@@ -25,13 +25,12 @@ from jobs.models import Job, JobEvent
 from jobs.services.relay import relay_drain_after_commit
 from jobs.spec import ParsedScript, ValidSpec, spec_accounts, validate_job_spec
 from jobs.workdirs import default_submit_dir
+from portal.db import rows_insert
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
 from portal.roles import is_member
-from portal.db import rows_insert
 from portal.services import audit_event
 from portal.slurm.tags import slurm_tag
-
 
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")  # printable ASCII, no spaces
 
