@@ -2,11 +2,15 @@
 pays (bench/results.md, "Issue 38: portal/db.py through documented APIs"), and each through
 documented surfaces or a maintained library: django-pgbulk (``pgbulk.update``),
 psycopg's ``Cursor.copy`` on the DB-API cursor Django hands out, ``Model._meta`` and ``Model._state``
-(both in Django's reference). No query compiler, no Django internals."""
+(both in Django's reference), the Field API (``pre_save``, ``get_prep_value``, ``get_db_prep_save``)
+and PostgreSQL's ``json_populate_recordset``. No query compiler, no Django internals."""
 
 from __future__ import annotations
 
 import datetime as dt
+import decimal
+import ipaddress
+import json
 import re
 import uuid
 from collections.abc import Iterable, Sequence
@@ -200,3 +204,79 @@ def any_of(values, db_type: str):
     if not re.fullmatch(r"[a-z ]+", db_type):
         raise ValueError(f"any_of: {db_type!r} is not a plain SQL type name")
     return RawSQL(f"SELECT unnest(%s::{db_type}[])", [list(values)])
+
+
+def rows_insert(*groups: Sequence[Model], using: str = "default") -> None:
+    """Insert the new rows of several models in ONE statement: each group (objects of one model, or
+    empty) is ONE JSON parameter that PostgreSQL expands into rows (``json_populate_recordset``),
+    ``WITH i0 AS (INSERT INTO t0 (…) SELECT … FROM json_populate_recordset(NULL::t0, %s::json)), i1
+    AS (…) SELECT 1``. The rows' values are what ``bulk_create`` writes (each field's ``pre_save``
+    and ``get_db_prep_save``; JSONField's ``get_prep_value``), except that an ``auto_now_add`` field
+    the caller set is kept (one timestamp for several rows); a primary key the database generates
+    (an AutoField) is left to it and not read back. The objects are then marked saved
+    (``Model._state``). Foreign keys between the groups are checked at the end of the statement, so
+    a group may refer to the rows of an earlier one.
+
+    Kept for the submission's job, its first event and its audit event (jobs.services.submit): one
+    statement instead of three ``bulk_create``/``save`` calls, whose SQL Django compiles for every
+    job (56 columns: ~1 ms of CPU) and whose 56 parameters psycopg splits and binds one by one (more
+    than its query cache takes); here the statement's text is the same for every submission (one
+    parameter per table: psycopg caches it and PostgreSQL runs it prepared). bench/results.md,
+    "Issue 38: the POST's CPU (nineteenth session)"."""
+    groups = [objs for objs in groups if objs]
+    if not groups:
+        return
+    connection = connections[using]
+    statements, params = [], []
+    for index, objs in enumerate(groups):
+        fields, plain, statement = _json_insert(type(objs[0]), connection)
+        statements.append(f"i{index} AS ({statement})")
+        rows = [_json_row(obj, fields, plain, connection) for obj in objs]
+        params.append(json.dumps(rows, default=_json_value, ensure_ascii=False, separators=(",", ":")))
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(statements)} SELECT 1", params)
+    for objs in groups:
+        for obj in objs:
+            obj._state.adding, obj._state.db = False, using  # Model._state: documented (ref/models/instances)
+
+
+_JSON_INSERTS: dict[type[Model], tuple[list, list, str]] = {}
+
+
+def _json_insert(model: type[Model], connection) -> tuple[list, list, str]:
+    """(the fields written, _plain_fields of them, the INSERT … SELECT of rows_insert) of a model,
+    made once per process: every field but a primary key the database generates."""
+    made = _JSON_INSERTS.get(model)
+    if made is None:
+        qn = connection.ops.quote_name
+        fields = [field for field in model._meta.concrete_fields if not field.db_returning]
+        columns = ", ".join(qn(field.column) for field in fields)
+        table = qn(model._meta.db_table)
+        statement = f"INSERT INTO {table} ({columns}) SELECT {columns} FROM json_populate_recordset(NULL::{table}, %s::json)"
+        made = _JSON_INSERTS[model] = (fields, _plain_fields(fields, connection), statement)
+    return made
+
+
+def _json_row(obj: Model, fields, plain, connection) -> dict[str, Any]:
+    """One object's row for rows_insert: {column: value as bulk_create writes it}."""
+    row = {}
+    for field, kind in zip(fields, plain, strict=True):
+        value = getattr(obj, field.attname)
+        if kind is None or value is None or type(value) is not kind[0] or (kind[1] is not None and not kind[1](value)):
+            if not (value is not None and getattr(field, "auto_now_add", False)):  # set by the caller: kept
+                value = field.pre_save(obj, add=True)
+            value = field.get_prep_value(value) if isinstance(field, models.JSONField) else field.get_db_prep_save(value, connection)
+        row[field.column] = value
+    return row
+
+
+_IP_TYPES = (ipaddress.IPv4Address, ipaddress.IPv6Address, ipaddress.IPv4Interface, ipaddress.IPv6Interface)
+
+
+def _json_value(value):
+    """What json.dumps cannot write itself, as PostgreSQL reads it back into its column's type."""
+    if isinstance(value, (uuid.UUID, decimal.Decimal, *_IP_TYPES)):
+        return str(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    raise TypeError(f"rows_insert: no JSON form for {type(value).__name__}")

@@ -18,6 +18,7 @@ knows how many Sentinels there are."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -159,3 +160,31 @@ class UrlConnectionPool:
     @classmethod
     def from_url(cls, url: str, **options) -> redis.ConnectionPool:
         return redis_pool(url, **options)
+
+
+def cache_write_server() -> str:
+    """The first server of the default cache's LOCATION (a URL, a comma-separated list, or a list):
+    the one Django's Redis cache writes to (settings: a list of one URL, which may be a Sentinel URL)."""
+    from django.conf import settings
+
+    location = settings.CACHES["default"]["LOCATION"]
+    servers = location.split(",") if isinstance(location, str) else list(location)
+    return servers[0].strip()
+
+
+def cache_redis() -> redis.Redis | None:
+    """One redis-py client per process of the default cache's server (``cache_write_server``; a
+    Sentinel URL's client follows a failover), or None when the default cache is not Django's Redis
+    cache. For the hot path's own keys (portal.throttles, portal.snapshots): Django's RedisCache
+    makes a new redis-py client for every operation (~0.1 ms of CPU each)."""
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
+
+    if not isinstance(caches["default"], RedisCache):
+        return None
+    return _cache_client(cache_write_server())
+
+
+@functools.cache
+def _cache_client(server: str) -> redis.Redis:
+    return redis_client(server)

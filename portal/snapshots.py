@@ -36,6 +36,8 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, models, transaction
 
+from portal.redis_client import cache_redis
+
 logger = logging.getLogger(__name__)
 
 # The snapshots there are, and what moves their version (the models' SnapshotManager: every write):
@@ -53,22 +55,49 @@ _local = threading.local()  # .scope: {name: version} of the current request; .d
 
 
 def _key(name: str) -> str:
-    return f"snapshot:{name}:version"
+    return f"snapshot:{name}:v"
+
+
+# The versions live in the default cache's Redis as plain strings under the cache's own key names
+# (cache.make_key), read and written through one redis-py client per process
+# (portal.redis_client.cache_redis): a request's MGET without Django's new client per operation.
+# Another cache backend (tests' local memory): through Django's cache API.
+
+
+def _versions_get(names: list[str]) -> dict[str, str]:
+    client = cache_redis()
+    if client is None:
+        found = cache.get_many([_key(n) for n in names])
+        return {n: found[_key(n)] for n in names if _key(n) in found}
+    values = client.mget([cache.make_key(_key(n)) for n in names])
+    return {n: value.decode() for n, value in zip(names, values, strict=True) if value is not None}
+
+
+def _versions_set(name: str, value: str, *, only_new: bool = False) -> None:
+    client = cache_redis()
+    if client is None:
+        (cache.add if only_new else cache.set)(_key(name), value, timeout=None)
+    else:
+        client.set(cache.make_key(_key(name)), value, nx=only_new)
+
+
+def snapshot_version(name: str) -> str | None:
+    """The version of ``name`` in the cache now (None: none yet), as every process reads it."""
+    return _versions_get([name]).get(name)
 
 
 def _version(name: str) -> str:
     scope = getattr(_local, "scope", None)
     if scope is not None:
         if not scope:  # the request's first snapshot: every version in one round trip
-            found = cache.get_many([_key(n) for n in NAMES])
-            scope.update({n: found[_key(n)] for n in NAMES if _key(n) in found})
+            scope.update(_versions_get(list(NAMES)))
             scope.setdefault("", "")  # read once, even if nothing was found
         if name in scope:
             return scope[name]
-    version = cache.get(_key(name))
+    version = _versions_get([name]).get(name)
     if version is None:  # first use, or the cache lost it: a new version (every process re-reads)
-        cache.add(_key(name), uuid.uuid4().hex, timeout=None)
-        version = cache.get(_key(name))
+        _versions_set(name, uuid.uuid4().hex, only_new=True)
+        version = _versions_get([name])[name]
     if scope is not None:
         scope[name] = version
     return version
@@ -135,7 +164,7 @@ def _move(name: str) -> None:
     if scope:
         scope.pop(name, None)  # this request re-reads it too
     try:
-        cache.set(_key(name), uuid.uuid4().hex, timeout=None)
+        _versions_set(name, uuid.uuid4().hex)
     except Exception:  # noqa: BLE001 — copies expire within SNAPSHOT_MAX_AGE_SECONDS anyway
         logger.warning("snapshot %s: the cache does not answer; copies expire within %s s", name,
                        settings.SNAPSHOT_MAX_AGE_SECONDS, exc_info=True)  # fmt: skip

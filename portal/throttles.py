@@ -13,13 +13,12 @@ import functools
 import math
 import threading
 
-from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 from rest_framework.throttling import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 
 from portal.proxies import client_address
-from portal.redis_client import redis_client
+from portal.redis_client import cache_write_server, redis_client
 
 
 class CellRateThrottle(SimpleRateThrottle):
@@ -67,12 +66,7 @@ def _redis_script(server: str):
     return redis_client(server).register_script(_CELL_RATE_LUA)
 
 
-def _cache_write_server() -> str:
-    """The first server of the default cache's LOCATION (a URL, a comma-separated list, or a list):
-    the one Django's Redis cache writes to (settings: a list of one URL, which may be a Sentinel URL)."""
-    location = settings.CACHES["default"]["LOCATION"]
-    servers = location.split(",") if isinstance(location, str) else list(location)
-    return servers[0].strip()
+_cache_write_server = cache_write_server  # the name tests/support.py imports
 
 
 def _cell_rate(key: str, *, now: float, interval: float, period: float) -> float | None:

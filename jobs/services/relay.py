@@ -191,7 +191,7 @@ def _relay_claimed(lease: _Lease, result: dict, *, threads: int, deadline: float
     released (``result["out_of_time"]``). Raises SlurmUnavailable after recording the others when Slurm
     did not answer for some (their claims released)."""
     token = lease.token
-    run = _RelayRound(list(Job.objects.filter(relay_token=token).select_related("team", "submitter__profile", "cluster")),
+    run = _RelayRound(list(Job.objects.filter(relay_token=token).select_related("submitter__profile", "cluster")),
                       deadline=deadline, lease=lease)  # fmt: skip
     todo = run.submissions()
     run.look_up_repeats(todo)
@@ -322,22 +322,24 @@ def _outcome_applied(job: Job, kind: str, value, now) -> str:
     return "Cancelled before it reached Slurm"
 
 
-def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[list[Job], set, list]:
+def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[list[Job], dict, list]:
     """ONE transaction: the still-claimed rows locked (conditional on the token, ACCEPTED, no Slurm
     id), ONE bulk UPDATE of their outcomes, ONE bulk INSERT of their events, the holds of those that
     never ran released; then the claims of the jobs not sent released (one UPDATE). Returns (the
-    rows written, the pks still held, the pks released)."""
+    rows written, {pk still held: its cancel_requested_at as the lock read it}, the pks released)."""
     now = timezone.now()
     by_pk = {job.pk: job for job in run.jobs}
     events, updates = [], []
     released = [pk for pk, (kind, _) in run.outcomes.items() if kind in ("unavailable", "out_of_time")]
     counted = {"submitted": "submitted", "adopted": "adopted", "rejected": "submit_failed", "cancel": "cancelled"}
     with transaction.atomic():
-        held = set(
+        # with each row's cancel request as of its lock: a cancel asked later waits for this
+        # transaction and then finds the Slurm id (jobs.services.cancel passes it on itself)
+        held = dict(
             Job.objects.select_for_update()
             .filter(pk__in=[pk for pk in run.outcomes if pk not in released], relay_token=token,
                     state=JobState.ACCEPTED, slurm_job_id__isnull=True)
-            .values_list("pk", flat=True)
+            .values_list("pk", "cancel_requested_at")
         )  # fmt: skip
         for pk, (kind, value) in run.outcomes.items():
             if kind in ("unavailable", "out_of_time"):
@@ -368,10 +370,10 @@ def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[
     return updates, held, released
 
 
-def _after_recording(run: _RelayRound, updates: list[Job], held: set) -> None:
+def _after_recording(run: _RelayRound, updates: list[Job], held: dict) -> None:
     """Submitted but recorded by someone else (the sync adopting it by its tag): a different id there
     would be a duplicate (never expected) and is cancelled. Cancels asked while we were submitting:
-    passed on now."""
+    passed on now (as _record_outcomes's lock read them: no query)."""
     lost = {pk: value for pk, (kind, value) in run.outcomes.items() if kind in ("submitted", "adopted") and pk not in held}
     if lost:
         by_pk = {job.pk: job for job in run.jobs}
@@ -379,10 +381,9 @@ def _after_recording(run: _RelayRound, updates: list[Job], held: set) -> None:
             if recorded not in (None, lost[pk]):
                 logger.error("job %s: duplicate Slurm job %s cancelled (kept %s)", pk, lost[pk], recorded)
                 run.gateways[by_pk[pk].cluster.name].cancel(lost[pk])
-    recorded_ids = [job.pk for job in updates if job.state == JobState.PENDING]
-    if recorded_ids:
-        for pk in Job.objects.filter(pk__in=recorded_ids, cancel_requested_at__isnull=False).values_list("pk", flat=True):
-            publish("jobs.tasks.job_cancel_relay", str(pk))  # lost: jobs_sweep sends it
+    for job in updates:
+        if job.state == JobState.PENDING and held[job.pk] is not None:
+            publish("jobs.tasks.job_cancel_relay", str(job.pk))  # lost: jobs_sweep sends it
 
 
 def jobs_lost_resend(*, jobs: list[Job], now: dt.datetime) -> int:

@@ -25,12 +25,12 @@ from jobs.models import Job, JobEvent
 from jobs.services.relay import relay_drain_after_commit
 from jobs.spec import ParsedScript, ValidSpec, spec_accounts, validate_job_spec
 from jobs.workdirs import default_submit_dir
+from portal.db import rows_insert
 from portal.exceptions import ApplicationError, Conflict
 from portal.models import Team
 from portal.roles import is_member
-from portal.services import audit_record
+from portal.services import audit_event
 from portal.slurm.tags import slurm_tag
-
 
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")  # printable ASCII, no spaces
 
@@ -327,14 +327,14 @@ def _submit(*, user, team: Team | None, items: list[dict], idempotency_key: str 
 
     @transaction.atomic
     def insert() -> list[Job]:
-        # the jobs, their first events and the audit event, before the budget lock (the new rows are
-        # this transaction's own; nobody waits for them)
-        Job.objects.bulk_create(rows)
+        # the jobs, their first events and the audit event, in one statement (portal.db.rows_insert),
+        # before the budget lock (the new rows are this transaction's own; nobody waits for them)
+        created_at = timezone.now()
+        for job in rows:
+            job.created_at = created_at
+        events = [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=created_at) for job in rows]
+        rows_insert(rows, events, [audit_event(actor=user, target=rows[0], team=team, request=request, **audit)])
         dependencies_record(jobs=rows, parents=parents)
-        JobEvent.objects.bulk_create(
-            [JobEvent(job=job, state=JobState.ACCEPTED, reason="Accepted by the portal", at=job.created_at) for job in rows]
-        )
-        audit_record(actor=user, target=rows[0], team=team, request=request, **audit)
         # last (the budget lock is held from here to COMMIT): one placement for all the jobs, every
         # quota checked for the sum of its jobs, so the next submission for the team waits for one
         # statement or two and then sees them

@@ -111,6 +111,15 @@ TEMPLATES = [
 # "HOST1,HOST2" and PORT "5432,5432" reach psycopg as they are; CONN_HEALTH_CHECKS (on) replaces a
 # connection the failover killed at the next request.
 DATABASES = {"default": env.database("DATABASE_URL", "postgres://gpuportal@127.0.0.1:5432/gpuportal")}
+# Prepared statements (issue 38): Django's documented OPTIONS "server_side_binding" (the parameters
+# travel apart from the statement) and psycopg's connect() parameter "prepare_threshold" (a statement
+# run that many times on a connection is prepared: parsed and planned once per connection, not at
+# every run; psycopg keeps at most 100 per connection, the least recently used deallocated). A
+# single-job POST's PostgreSQL CPU fell by about a third (bench/results.md, nineteenth session).
+# DATABASE_PREPARED_STATEMENTS=0 behind a pooler that cannot keep them (PgBouncer in transaction
+# mode without max_prepared_statements).
+if env.bool("DATABASE_PREPARED_STATEMENTS", True):
+    DATABASES["default"]["OPTIONS"] |= {"server_side_binding": True, "prepare_threshold": 5}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

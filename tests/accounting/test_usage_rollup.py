@@ -172,10 +172,10 @@ def test_every_change_of_the_months_state_moves_its_snapshot(usage):
     """Reports keep which months are rolled in each process (portal.snapshots USAGE_MONTHS): the roll-up,
     a late record's re-opening and any update of the rows move its version, so no process reads a
     re-opened month from its old totals."""
-    from django.core.cache import cache
+    from portal.snapshots import USAGE_MONTHS, snapshot_version
 
     def version():
-        return cache.get("snapshot:usage_months:version")
+        return snapshot_version(USAGE_MONTHS)
 
     before = version()
     usage_rollup(now=CLOSED)

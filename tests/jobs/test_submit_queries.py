@@ -24,8 +24,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # Queries of one single-job POST, warm, as django_assert_num_queries counts them (BEGIN and COMMIT
 # included: they are round trips too):
 #   1  BEGIN
-#   3  the job, its ACCEPTED event and its audit event: one INSERT each, through the ORM (issue 29:
-#      two more than the one INSERT … WITH of the removed portal.db.insert_together)
+#   1  the job, its ACCEPTED event and its audit event: one statement (portal.db.rows_insert, each
+#      table's rows one JSON parameter; issue 38, nineteenth session: 2 fewer than the three ORM
+#      INSERTs of issue 29, and the same text for every job, so PostgreSQL runs it prepared)
 #   1  the budget check (accounting.services.budget.budget_holds_place): one statement locks the
 #      team row, inserts the hold, adds it to the team's running totals under their row locks and
 #      returns the team's budget version as the lock read it — no aggregate over live jobs or usage.
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # directory: issue 38, one query fewer), the inventory, the prices and the team with the submitter's
 # role cost none while this process's copies are current (portal/snapshots.py; before issue 16: 19
 # statements, bench/post_profile_before.md; session 5: 7; issue 29: 9).
-SINGLE_JOB_POST_QUERIES = 6  # 4 besides BEGIN/COMMIT (issue 16's bound: 6)
+SINGLE_JOB_POST_QUERIES = 4  # 2 besides BEGIN/COMMIT (issue 16's bound: 6)
 
 
 @pytest.fixture(autouse=True)
@@ -64,9 +65,14 @@ def priced(world):
 def test_one_job_post_costs_a_fixed_number_of_queries(token_client, inventory, priced, relays, django_assert_num_queries):
     for _ in range(2):  # warm: the first builds the team's running totals, the second reads the copies
         assert token_client.post("/api/v1/jobs/", job_payload(), format="json").status_code == 201
-    with django_assert_num_queries(SINGLE_JOB_POST_QUERIES):
+    with django_assert_num_queries(SINGLE_JOB_POST_QUERIES) as captured:
         response = token_client.post("/api/v1/jobs/", job_payload(name="counted"), format="json")
     assert response.status_code == 201
+    # the breakdown above, in order
+    statements = [" ".join(query["sql"].split())[:60] for query in captured.captured_queries]
+    assert statements[0] == "BEGIN" and statements[-1] == "COMMIT", statements
+    assert statements[1].startswith('WITH i0 AS (INSERT INTO "jobs_job"'), statements
+    assert statements[2].startswith("WITH team AS (SELECT id, budget_version FROM portal_team"), statements
     job = Job.objects.get(pk=response.json()["id"])
     # nothing traded: the job priced, its event and its audit event written with it
     assert job.estimated_cost is not None and job.currency

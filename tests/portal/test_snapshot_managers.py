@@ -6,12 +6,11 @@ moved (every other process); and a new job never points at the snapshot's shared
 from __future__ import annotations
 
 import pytest
-from django.core.cache import cache
 from django.utils import timezone
 
 from jobs.inventory import inventory
 from portal.models import Cluster, ClusterPolicyInfo, NodeInfo, PartitionInfo
-from portal.snapshots import INVENTORY
+from portal.snapshots import INVENTORY, snapshot_version
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +22,7 @@ def private_cache(settings):
 
 
 def _version() -> str | None:
-    return cache.get(f"snapshot:{INVENTORY}:version")
+    return snapshot_version(INVENTORY)
 
 
 def _warm() -> str | None:

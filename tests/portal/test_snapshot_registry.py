@@ -13,12 +13,21 @@ import itertools
 from decimal import Decimal
 
 import pytest
-from django.core.cache import cache
 from django.utils import timezone
 
 from accounting.models import Booking, Quota, Rate, UsageMonth
 from portal.models import Cluster, ClusterPolicyInfo, Membership, NodeInfo, PartitionInfo, Role, Team
-from portal.snapshots import _CACHED_MODELS, BOOKINGS, INVENTORY, QUOTAS, RATES, ROLES, USAGE_MONTHS, SnapshotManager
+from portal.snapshots import (
+    _CACHED_MODELS,
+    BOOKINGS,
+    INVENTORY,
+    QUOTAS,
+    RATES,
+    ROLES,
+    USAGE_MONTHS,
+    SnapshotManager,
+    snapshot_version,
+)
 from tests.factories import BookingFactory, NodeFactory, QuotaFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -38,7 +47,7 @@ def private_cache(settings):
 
 
 def _version(model) -> str | None:
-    return cache.get(f"snapshot:{CACHED[model]}:version")
+    return snapshot_version(CACHED[model])
 
 
 def _new(model, world):

@@ -109,28 +109,22 @@ def test_a_booking_counts_from_its_approval_and_stops_at_its_cancellation(world)
 
 
 def test_a_request_reads_every_version_in_one_cache_call(world, api_client_for):
-    from django.core.cache import cache
+    from portal import snapshots
 
     client = api_client_for("member")
-    assert client.get("/api/v1/jobs/").status_code == 200  # warm
-    many, single = [], []
-    real_many, real_get = cache.get_many, cache.get
+    body = {"team": "vision", "script": "#!/bin/bash\ntrue\n", "partition": "nosuch"}
+    assert client.post("/api/v1/jobs/", body, format="json").status_code == 400  # warm: every version exists
+    reads = []
+    real = snapshots._versions_get
 
-    def get_many(keys, *args, **kwargs):
-        many.append(list(keys))
-        return real_many(keys, *args, **kwargs)
+    def versions_get(names):
+        reads.append(list(names))
+        return real(names)
 
-    def get(key, *args, **kwargs):
-        if "snapshot:" in key and not (many and key in many[-1]):  # LocMemCache's get_many calls get
-            single.append(key)
-        return real_get(key, *args, **kwargs)
-
-    with mock.patch.object(cache, "get_many", get_many), mock.patch.object(cache, "get", get):
-        response = client.post("/api/v1/jobs/", {"team": "vision", "script": "#!/bin/bash\ntrue\n",
-                                                 "partition": "nosuch"}, format="json")  # fmt: skip
+    with mock.patch.object(snapshots, "_versions_get", versions_get):
+        response = client.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 400  # validated against the inventory: a snapshot was read
-    assert len(many) == 1 and all("snapshot:" in key for key in many[0])
-    assert single == []
+    assert reads == [list(snapshots.NAMES)]  # one MGET of every version, none read alone
 
 
 def test_a_token_is_looked_up_once_per_process_and_a_revocation_is_seen_at_once(world):
