@@ -47,11 +47,11 @@ def test_a_relay_round_longer_than_the_renewal_period_renews_its_lease(world, in
     submit = fake.submit
 
     def slow_submit(submission):
-        time.sleep(0.15)
+        time.sleep(0.25)
         return submit(submission)
 
     monkeypatch.setattr(fake, "submit", slow_submit)
-    jobs = _submit(world, 12)  # 12 x 0.15 s / 4 threads: ~0.45 s, two renewals or more
+    jobs = _submit(world, 16)  # 16 x 0.25 s / 4 threads: 1 s at the least, two renewals or more (0.45 s gave one)
     seen = []
     renew = relay._Lease.renew_if_due
 
@@ -62,7 +62,7 @@ def test_a_relay_round_longer_than_the_renewal_period_renews_its_lease(world, in
     monkeypatch.setattr(relay._Lease, "renew_if_due", watched)
     before = timezone.now()
     result = job_relay_drain_run(limit=100)
-    assert result["submitted"] == 12 and result["lease_renewals"] >= 2
+    assert result["submitted"] == 16 and result["lease_renewals"] >= 2
     assert max(seen) > before + dt.timedelta(seconds=0.2)  # the claims' lease moved on while the round worked
     assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True)) == {JobState.PENDING}
 
