@@ -25,7 +25,7 @@ pytestmark = pytest.mark.k8s
 
 SCRIPT = ('#!/bin/bash\n#SBATCH --array=0-2\n'
           'echo "task=$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT ($SLURM_ARRAY_TASK_MIN-$SLURM_ARRAY_TASK_MAX) '
-          'array=$SLURM_ARRAY_JOB_ID"\n')  # fmt: skip
+          'array=$SLURM_ARRAY_JOB_ID"\nsleep "$SLURM_ARRAY_TASK_ID"\n')  # fmt: skip
 
 
 def _post(user, **fields) -> str:
@@ -76,6 +76,11 @@ def test_an_array_of_three_runs_as_three_jobs_each_task_sees_its_index_and_the_j
     assert {i: (t.state, t.exit_code, t.slurm_job_id) for i, t in tasks.items()} == {
         i: (JobState.COMPLETED, 0, task_number(job.slurm_job_id, i)) for i in range(3)}  # fmt: skip
     assert all(t.started_at is not None and t.ended_at >= t.started_at for t in tasks.values())
+    # each task's times are its own pod's (they sleep for their index: they end apart)
+    for pod in client.CoreV1Api(k8s_portal).list_namespaced_pod(k8s_namespace, label_selector=f"gpuportal.io/job={job_id}").items:
+        ended = pod.status.container_statuses[0].state.terminated
+        index = int(pod.metadata.labels["gpuportal.io/array-task"])
+        assert (tasks[index].started_at, tasks[index].ended_at) == (ended.started_at, ended.finished_at), index
 
     # each task's output, read through the portal: its own pod's log
     api = APIClient()
