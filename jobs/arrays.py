@@ -94,6 +94,20 @@ def array_view(job: Job, rows: list, *, kind: str, known: dict[int, dict] | None
     return dataclasses.replace(first, **changes), (tasks_out if known else tasks)
 
 
+def forgotten_tasks(job: Job, record, known: dict[int, dict]) -> list:
+    """Rows for the tasks of an array the scheduler has forgotten but for one record of the whole job
+    (Kubernetes: a cancel deleted its tasks' Jobs, and no accounting keeps them): each task not
+    already ended ends in that record's state and at its end, keeping the id and start the portal
+    recorded for it. One query."""
+    seen = {index: (own, started) for index, own, started in
+            JobArrayTask.objects.filter(job=job).values_list("index", "slurm_job_id", "started_at")}  # fmt: skip
+    return [
+        dataclasses.replace(record, job_id=seen.get(index, (None, None))[0] or record.job_id, array_job_id=job.slurm_job_id,
+                            array_tasks=str(index), start_time=seen.get(index, (None, None))[1], exit_code=None)  # fmt: skip
+        for index in _indexes(job.array) if index not in known
+    ]
+
+
 def tasks_without_exit_code(tasks: dict[int, dict]) -> list[int]:
     """Tasks that ended (not cancelled before they ran) and whose exit code accounting has not
     given yet: slurmdbd lags the controller, so the array is not final until they have one."""

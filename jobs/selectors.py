@@ -152,13 +152,14 @@ def _on_kubernetes(job: Job) -> bool:
     return bool(job.slurm_cluster) and any(c.name == job.slurm_cluster and c.is_kubernetes for c in configured_clusters())
 
 
-def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty) -> OutputChunk:
+def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty, task: int | None = None) -> OutputChunk:
     """A chunk of the output of a job on a cluster whose scheduler serves it (Kubernetes: the pod's
     log through pods/log, stdout and stderr as one), as job_output returns a file's. Once the pod is
     gone (the sync deleted the finished Job) the copy the sync kept before (jobs.services.output):
     read first when it is whole (an ended job's log does not change), else only when the pod's log
     cannot be had any more. One more query, for a job that has ended."""
     from portal.slurm import SlurmError, get_gateway
+    from portal.slurm.kube_job import array_indexes
     from portal.slurm.types import JobRequest
 
     if stream != OutputStream.STDOUT:
@@ -166,12 +167,16 @@ def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty)
     if job.slurm_job_id is None:
         return empty("The job has not reached the cluster yet; output appears once it runs.")
     final = job.state in TERMINAL_STATES
-    copy = JobLogCopy.objects.filter(job=job).only("data", "truncated").first() if final else None
+    if job.array and task is None:
+        task = next(iter(array_indexes(job.array)), None)  # the first task's, as on Slurm
+    # an array task's log is its own pod's (the one copy kept is of the array's last-started pod)
+    copy = JobLogCopy.objects.filter(job=job).only("data", "truncated").first() if final and not job.array else None
     if copy is not None and not copy.truncated:
         return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=True)
     account = dict(JobRequest.from_json(job.request).options).get("account") or ""
     try:
-        raw = get_gateway(job.slurm_cluster).job_log(job.slurm_job_id, account=account, limit_bytes=offset + length)
+        kwargs = {"task": task} if job.array else {}
+        raw = get_gateway(job.slurm_cluster).job_log(job.slurm_job_id, account=account, limit_bytes=offset + length, **kwargs)
     except SlurmError as exc:
         if copy is not None:
             return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=False)
@@ -227,7 +232,7 @@ def job_output(
     if days and job.ended_at and job.ended_at < timezone.now() - dt.timedelta(days=days):
         return empty(f"The job ended more than {days} days ago: its output is no longer shown here (RETENTION_JOB_OUTPUT_DAYS).")
     if _on_kubernetes(job):
-        return _scheduler_output(job, stream, offset=offset, length=length, empty=empty)
+        return _scheduler_output(job, stream, offset=offset, length=length, empty=empty, task=task)
     task_job_id = None
     if task is not None and job.array:
         task_job_id = job.array_task_rows.filter(index=task).values_list("slurm_job_id", flat=True).first()

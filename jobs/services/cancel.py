@@ -87,8 +87,8 @@ def job_cancel_relay_run(job_id) -> str:
         except SlurmRejected as exc:
             logger.warning("AdminComment of Slurm job %s refused: %s", job.slurm_job_id, exc)
     ran = gateway.cancel(job.slurm_job_id)
-    if ran is not None:  # Kubernetes: no accounting keeps what ran up to the deletion — recorded now, final
-        usage_records_upsert(records=[ran], now=timezone.now(), cluster=job.cluster.name)
+    if ran:  # Kubernetes: no accounting keeps what ran up to the deletion — recorded now, final (an array: a list)
+        usage_records_upsert(records=ran if isinstance(ran, list) else [ran], now=timezone.now(), cluster=job.cluster.name)
     Job.objects.filter(pk=job.pk).update(cancel_sent_at=timezone.now())
     return "sent"
 

@@ -22,7 +22,7 @@ from accounting.services import (
     runaway_fixed,
     usage_runaway_close,
 )
-from jobs.arrays import array_tasks_record, array_view, ended_tasks, group_by_array, tasks_without_exit_code
+from jobs.arrays import array_tasks_record, array_view, ended_tasks, forgotten_tasks, group_by_array, tasks_without_exit_code
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
 from jobs.dependencies import NEVER_SATISFIED, dependents_waiting, never_satisfied_cancel
 from jobs.models import Job, JobEvent
@@ -332,6 +332,9 @@ def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, 
             # tasks ended by the queue's word count as ended here too (slurmdbd may not have them yet)
             queue_ended = {i: v for i, v in array_tasks.get(job.id, {}).items() if v["state"] in TERMINAL_STATES}
             known = {**array_ended.get(job.id, {}), **queue_ended}
+            whole = records.get(job.slurm_job_id)
+            if not array_rows and whole is not None and state_from_slurm(whole.state) in TERMINAL_STATES:
+                array_rows = forgotten_tasks(job, whole, known)  # Kubernetes: its tasks' Jobs deleted (a cancel)
             record, done = array_view(job, array_rows, kind="accounting", known=known)
             array_tasks.setdefault(job.id, {}).update(done)
             # one task's raw row is not the array's; the array has ended once every task has

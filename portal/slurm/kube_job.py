@@ -14,6 +14,12 @@ What the Job gets:
 - the namespace: the team's account on the cluster (``--account``; the team's TeamClusterAccount);
 - one pod (``parallelism``/``completions`` 1, ``backoffLimit`` 0, ``restartPolicy: Never``): a
   failed job is not run again, as Slurm's batch jobs are not requeued by the portal;
+- an array job (``--array``): one such Job per task (Kubernetes 1.20 has no Indexed Jobs),
+  ``gpuportal-<uuid>-<index>``, labelled with the index (``LABEL_TASK``) besides the job's uuid and
+  number, its pod's environment carrying SLURM_ARRAY_JOB_ID (the job's number), SLURM_ARRAY_TASK_ID,
+  _COUNT, _MIN, _MAX and _STEP as sbatch sets them; the task's own id (Slurm's %A of a task) is
+  ``task_number``. A ``%N`` limit on the tasks running at once is refused (``refusal``): nothing
+  would hold the next tasks back;
 - GPUs in ``limits["nvidia.com/gpu"]``, the type as the node selector ``gpu_type_label`` (the label
   GPU nodes carry), the time limit as ``activeDeadlineSeconds``, CPUs (``--cpus-per-task``,
   ``--cpus-per-gpu`` × GPUs) and memory (``--mem``, ``--mem-per-cpu``, ``--mem-per-gpu``) as
@@ -35,6 +41,7 @@ from .types import JobRequest, JobSubmission, SlurmRejected
 GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_JOB = "gpuportal.io/job"  # the portal's job uuid
 LABEL_NUMBER = "gpuportal.io/job-number"  # job_number(uuid): the job's id as the portal records it
+LABEL_TASK = "gpuportal.io/array-task"  # an array task's index (array jobs only)
 LABEL_MANAGED = "gpuportal.io/managed-by"
 MANAGED_BY = "gpuportal"
 ANNOTATION_NAME = "gpuportal.io/job-name"
@@ -45,12 +52,11 @@ CONTAINER = "job"
 _MEANINGFUL = {
     "job-name", "account", "partition", "comment", "chdir", "output", "error", "open-mode", "time",
     "cpus-per-task", "cpus-per-gpu", "mem", "mem-per-cpu", "mem-per-gpu", "gres", "gpus", "gpus-per-node",
-    "nodes", "ntasks", "ntasks-per-node", "export", "get-user-env", "uid", "gid",
+    "nodes", "ntasks", "ntasks-per-node", "export", "get-user-env", "uid", "gid", "array",
 }  # fmt: skip
 # Why some options are refused, in words; the others: no meaning for a Kubernetes Job.
 _WHY = {
     "reservation": "a Slurm reservation has no counterpart on Kubernetes",
-    "array": "array jobs are not run on Kubernetes yet: submit the tasks as separate jobs",
     "dependency": "dependencies between Kubernetes jobs are not supported yet",
     "qos": "a Slurm QOS has no counterpart on Kubernetes",
     "constraint": "node features are Slurm's; on Kubernetes the GPU type chooses the nodes",
@@ -72,6 +78,11 @@ def refusal(option: str, value: str | None) -> str | None:
         return "only GPUs are generic resources on Kubernetes (nvidia.com/gpu)"
     if option in ("mem", "mem-per-cpu", "mem-per-gpu") and re.fullmatch(r"0+[KMGT]?B?", (value or "").strip().upper()):
         return "0 (all of the node's memory) has no counterpart on Kubernetes: give an amount"
+    if option == "array" and "%" in (value or ""):
+        return ("a %N limit on the tasks running at once is not enforced on Kubernetes (every task's Job is "
+                "created at submission): submit the array without it")
+    if option == "array" and not array_indexes(value or ""):
+        return f"not an array specification: {value!r}"
     if option in _MEANINGFUL:
         return None
     return _WHY.get(option, "an sbatch option with no meaning for a Kubernetes Job")
@@ -100,8 +111,25 @@ def job_number(job_uuid: uuid.UUID) -> int:
     return int(job_uuid.hex[:13], 16)
 
 
-def job_name(job_uuid: uuid.UUID) -> str:
-    return f"gpuportal-{job_uuid}"
+def job_name(job_uuid: uuid.UUID, index: int | None = None) -> str:
+    return f"gpuportal-{job_uuid}" if index is None else f"gpuportal-{job_uuid}-{index}"
+
+
+def task_number(number: int, index: int) -> int:
+    """An array task's own id (what Slurm's %A is for a task; its usage record's job id): the job's
+    number + 1 + the index, distinct from the job's and from its other tasks'."""
+    return int(number) + 1 + int(index)
+
+
+def array_indexes(value: str) -> list[int]:
+    """The indexes of an ``--array`` value (sbatch's syntax: ``0-15``, ``1,3,5-7``, ``0-15:4``); [] when
+    it is none."""
+    from gpuportal_sbatch.directives import DirectiveError, parse_array
+
+    try:
+        return parse_array(value.strip())[0]
+    except DirectiveError:
+        return []
 
 
 def submission_uuid(request: JobRequest) -> uuid.UUID:
@@ -114,8 +142,16 @@ def submission_uuid(request: JobRequest) -> uuid.UUID:
 
 
 def job_manifest(submission: JobSubmission, *, image: str, gpu_type_label: str) -> tuple[str, dict]:
-    """(namespace, the batch/v1 Job) for a submission. SlurmRejected when it cannot be expressed (the
-    validation refuses such a request at submission; this is the backstop)."""
+    """(namespace, the batch/v1 Job) for a submission that is not an array (job_manifests)."""
+    namespace, bodies = job_manifests(submission, image=image, gpu_type_label=gpu_type_label)
+    if len(bodies) != 1 or LABEL_TASK in bodies[0]["metadata"]["labels"]:
+        raise SlurmRejected("an array job is several Kubernetes Jobs: job_manifests")
+    return namespace, bodies[0]
+
+
+def job_manifests(submission: JobSubmission, *, image: str, gpu_type_label: str) -> tuple[str, list[dict]]:
+    """(namespace, the batch/v1 Jobs) for a submission: one, or one per task of an array. SlurmRejected
+    when it cannot be expressed (the validation refuses such a request at submission; this is the backstop)."""
     request = submission.request
     refused = [f"--{o}: {why}" for o, v in request.options if (why := refusal(o, v))]
     if submission.reservation:
@@ -131,11 +167,32 @@ def job_manifest(submission: JobSubmission, *, image: str, gpu_type_label: str) 
     if not namespace:
         raise SlurmRejected("the job names no namespace (the team's account on the cluster)")
     job_uuid = submission_uuid(request)
-    labels = {LABEL_MANAGED: MANAGED_BY, LABEL_JOB: str(job_uuid), LABEL_NUMBER: str(job_number(job_uuid))}
+    number = job_number(job_uuid)
+    labels = {LABEL_MANAGED: MANAGED_BY, LABEL_JOB: str(job_uuid), LABEL_NUMBER: str(number)}
+    indexes = array_indexes(options["array"]) if options.get("array") else []
+    if not indexes:
+        return namespace, [_manifest(request, options, submission, namespace, labels, job_name(job_uuid), [],
+                                     image=image, gpu_type_label=gpu_type_label)]  # fmt: skip
+    step = min((b - a for a, b in zip(indexes, indexes[1:])), default=1)
+    array_env = [("SLURM_ARRAY_JOB_ID", str(number)), ("SLURM_ARRAY_TASK_COUNT", str(len(indexes))),
+                 ("SLURM_ARRAY_TASK_MIN", str(indexes[0])), ("SLURM_ARRAY_TASK_MAX", str(indexes[-1])),
+                 ("SLURM_ARRAY_TASK_STEP", str(step))]  # fmt: skip
+    return namespace, [
+        _manifest(request, options, submission, namespace, {**labels, LABEL_TASK: str(index)}, job_name(job_uuid, index),
+                  [*array_env, ("SLURM_ARRAY_TASK_ID", str(index)), ("SLURM_JOB_ID", str(task_number(number, index)))],
+                  image=image, gpu_type_label=gpu_type_label)  # fmt: skip
+        for index in indexes
+    ]
+
+
+def _manifest(request: JobRequest, options: dict, submission: JobSubmission, namespace: str, labels: dict, name: str,
+              extra_env: list, *, image: str, gpu_type_label: str) -> dict:
+    container = _container(request, options, request.image or image)
+    container["env"] += [{"name": key, "value": value} for key, value in extra_env]
     pod_spec: dict = {
         "restartPolicy": "Never",
         "securityContext": {"runAsUser": int(submission.uid), "runAsGroup": int(submission.gid or submission.uid)},
-        "containers": [_container(request, options, request.image or image)],
+        "containers": [container],
     }
     if request.gpu_type:
         pod_spec["nodeSelector"] = {gpu_type_label: request.gpu_type}
@@ -143,9 +200,9 @@ def job_manifest(submission: JobSubmission, *, image: str, gpu_type_label: str) 
                   "template": {"metadata": {"labels": labels}, "spec": pod_spec}}  # fmt: skip
     if request.time_limit_minutes:
         spec["activeDeadlineSeconds"] = request.time_limit_minutes * 60
-    metadata = {"name": job_name(job_uuid), "namespace": namespace, "labels": labels,
+    metadata = {"name": name, "namespace": namespace, "labels": labels,
                 "annotations": {ANNOTATION_NAME: request.name, ANNOTATION_TAG: options.get("comment") or ""}}  # fmt: skip
-    return namespace, {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
 def _container(request: JobRequest, options: dict, image: str) -> dict:

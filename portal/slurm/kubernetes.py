@@ -123,18 +123,19 @@ class KubernetesGateway(SlurmGateway):
     def submit(self, submission: t.JobSubmission) -> int:
         from kubernetes.client.exceptions import ApiException
 
-        namespace, body = kj.job_manifest(submission, image=self.image, gpu_type_label=self.gpu_type_label)
-        number = int(body["metadata"]["labels"][kj.LABEL_NUMBER])
+        namespace, bodies = kj.job_manifests(submission, image=self.image, gpu_type_label=self.gpu_type_label)
+        number = int(bodies[0]["metadata"]["labels"][kj.LABEL_NUMBER])
         batch = self._api("BatchV1Api")
-        try:
-            self._call("create job", batch.create_namespaced_job, namespace, body)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise t.SlurmRejected(f"namespace {namespace!r} does not exist on {self.cluster}") from None
-            # 409: a create retried after it went through (the name is the portal job's): that Job
-            existing = self._call("read job", batch.read_namespaced_job, body["metadata"]["name"], namespace)
-            if (existing.metadata.labels or {}).get(kj.LABEL_JOB) != body["metadata"]["labels"][kj.LABEL_JOB]:
-                raise t.SlurmRejected(f"a Job named {body['metadata']['name']} exists and is not this job's") from None
+        for body in bodies:  # an array: one Job per task, in index order
+            try:
+                self._call("create job", batch.create_namespaced_job, namespace, body)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise t.SlurmRejected(f"namespace {namespace!r} does not exist on {self.cluster}") from None
+                # 409: a create retried after it went through (the name is the portal job's, and task's): that Job
+                existing = self._call("read job", batch.read_namespaced_job, body["metadata"]["name"], namespace)
+                if (existing.metadata.labels or {}).get(kj.LABEL_JOB) != body["metadata"]["labels"][kj.LABEL_JOB]:
+                    raise t.SlurmRejected(f"a Job named {body['metadata']['name']} exists and is not this job's") from None
         return number
 
     def find_by_comments(self, comments) -> dict[str, int]:
@@ -177,7 +178,7 @@ class KubernetesGateway(SlurmGateway):
         selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(job_id)}"
         jobs = self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector).items
         pods = self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items if jobs else []
-        ran = None
+        ran: list[t.AccountingRecord] = []
         for job in jobs:
             try:
                 response = self._call("delete job", batch.delete_namespaced_job, job.metadata.name, job.metadata.namespace,
@@ -188,12 +189,29 @@ class KubernetesGateway(SlurmGateway):
                 stamp = (json.loads(response.data).get("metadata") or {}).get("deletionTimestamp")
             except ValueError:
                 stamp = None
-            mine = [p for p in pods if (p.metadata.labels or {}).get(kj.LABEL_JOB) == job.metadata.labels.get(kj.LABEL_JOB)]
+            mine = [p for p in pods if _owner(p) == _owner(job)]
             pod = max(mine, key=lambda p: p.metadata.creation_timestamp) if mine else None
             if stamp and _state(job, pod) == "RUNNING" and _started(pod) and _terminated(pod) is None:
                 deleted_at = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-                ran = dataclasses.replace(_record(job, pod, deleted_at), state="CANCELLED", end_time=deleted_at)
-        return ran
+                ran.append(dataclasses.replace(_record(job, pod, deleted_at), state="CANCELLED", end_time=deleted_at))
+        if len(jobs) == 1 and kj.LABEL_TASK not in (jobs[0].metadata.labels or {}):
+            return ran[0] if ran else None
+        return ran or None  # an array: what each of its running tasks ran
+
+    def cancel_array_task(self, array_job_id: int, index: int) -> None:
+        """Delete one task's Job of an array (its label), propagationPolicy Foreground; gone already: no error."""
+        batch = self._api("BatchV1Api")
+        selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(array_job_id)},{kj.LABEL_TASK}={int(index)}"
+        self._call("delete jobs", batch.delete_collection_namespaced_job, self._namespace_of(array_job_id),
+                   label_selector=selector, propagation_policy="Foreground")  # fmt: skip
+
+    def _namespace_of(self, number: int) -> str:
+        batch = self._api("BatchV1Api")
+        selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(number)}"
+        jobs = self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector, limit=1).items
+        if not jobs:
+            raise t.SlurmRejected(f"job {number} is not on {self.cluster} any more")
+        return jobs[0].metadata.namespace
 
     def jobs_delete(self, jobs: Collection[tuple[str, int]]) -> tuple[int, list[str]]:
         """Delete finished Jobs, given as (namespace, job number), in bulk: one ``deletecollection`` per
@@ -225,13 +243,13 @@ class KubernetesGateway(SlurmGateway):
                 deleted += len(chunk)
         return deleted, skipped
 
-    def job_log(self, job_id: int, *, account: str, limit_bytes: int) -> bytes | None:
+    def job_log(self, job_id: int, *, account: str, limit_bytes: int, task: int | None = None) -> bytes | None:
         """The newest pod's log (stdout and stderr as one), its first ``limit_bytes``; b"" before a pod
-        runs. One list of the namespace's pods of the job, one pods/log read."""
+        runs; ``task``: of that array task's Job. One list of the namespace's pods of the job, one pods/log read."""
         from kubernetes.client.exceptions import ApiException
 
         core = self._api("CoreV1Api")
-        selector = f"{kj.LABEL_NUMBER}={int(job_id)}"
+        selector = f"{kj.LABEL_NUMBER}={int(job_id)}" + (f",{kj.LABEL_TASK}={int(task)}" if task is not None else "")
         pod = _newest_started(self._call("list pods", core.list_namespaced_pod, account, label_selector=selector).items)
         if pod is None:
             return b""
@@ -305,8 +323,8 @@ class KubernetesGateway(SlurmGateway):
             return [r for r in listed if r.submit_time <= end and (r.end_time is None or r.end_time >= start)]
         records = [r for r in listed if r.state not in ("PENDING", "RUNNING")]
         if job_ids is not None:  # every managed namespace was read: a Job not listed is gone
-            known = {r.job_id for r in listed}
-            records = [r for r in records if r.job_id in job_ids]
+            known = {r.array_job_id or r.job_id for r in listed}  # an array's tasks: as sacct -j <array id>
+            records = [r for r in records if (r.array_job_id or r.job_id) in job_ids]
             records += [_deleted(number, now) for number in job_ids if number not in known]
         return records
 
@@ -327,16 +345,16 @@ class KubernetesGateway(SlurmGateway):
             return []
         pods: dict[str, object] = {}
         for pod in self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items:
-            owner = (pod.metadata.labels or {}).get(kj.LABEL_JOB, "")
+            owner = _owner(pod)
             if owner not in pods or pod.metadata.creation_timestamp > pods[owner].metadata.creation_timestamp:
                 pods[owner] = pod
-        waiting = {j.metadata.uid for j in jobs if _waits(j, pods.get(j.metadata.labels.get(kj.LABEL_JOB)))}
+        waiting = {j.metadata.uid for j in jobs if _waits(j, pods.get(_owner(j)))}
         events = []
         if with_reasons and waiting:
             events = self._call("list events", core.list_event_for_all_namespaces, field_selector="type=Warning").items
         out = []
         for job in jobs:
-            pod = pods.get(job.metadata.labels.get(kj.LABEL_JOB))
+            pod = pods.get(_owner(job))
             out.append((job, pod, _waiting_reason(job, pod, events) if job.metadata.uid in waiting else ""))
         return out
 
@@ -542,12 +560,22 @@ def _gpu_type(job, label_default: str = "") -> str:
     return next(iter(selector.values()), label_default)
 
 
+def _owner(item) -> tuple[str, str]:
+    """A Job's or pod's portal job uuid and array task index ("" for a job that is not an array)."""
+    labels = item.metadata.labels or {}
+    return labels.get(kj.LABEL_JOB, ""), labels.get(kj.LABEL_TASK, "")
+
+
 def _common(job, pod) -> dict:
     labels = job.metadata.labels or {}
     annotations = job.metadata.annotations or {}
     deadline = job.spec.active_deadline_seconds
+    number = int(labels.get(kj.LABEL_NUMBER, "0"))
+    task = labels.get(kj.LABEL_TASK)  # an array task: its own id, and its array's (as squeue %A, %F, %K)
     return {
-        "job_id": int(labels.get(kj.LABEL_NUMBER, "0")),
+        "job_id": kj.task_number(number, int(task)) if task is not None else number,
+        "array_job_id": number if task is not None else None,
+        "array_tasks": task or "",
         "name": annotations.get(kj.ANNOTATION_NAME, job.metadata.name),
         "user": str(job.spec.template.spec.security_context.run_as_user or "")
         if job.spec.template.spec.security_context else "",

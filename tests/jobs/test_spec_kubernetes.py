@@ -71,7 +71,7 @@ def test_a_job_kubernetes_can_run_is_accepted_on_that_cluster_under_the_teams_na
         ({"nodes": None, "script": "#!/bin/bash\n#SBATCH --nodes=3\necho hi\n"}, "script", "--nodes=3: --nodes cannot run"),
         ({"script": "#!/bin/bash\n#SBATCH --reservation=maint\necho hi\n"}, "script", "a Slurm reservation has no counterpart"),
         ({"script": "#!/bin/bash\n#SBATCH --qos=high\necho hi\n"}, "script", "a Slurm QOS"),
-        ({"array": "0-3"}, "array", "array jobs are not run on Kubernetes yet"),
+        ({"array": "0-3%2"}, "array", "a %N limit on the tasks running at once is not enforced on Kubernetes"),
         ({"script": "#!/bin/bash\necho start\nsrun python train.py\n"}, "script", "Line 3: srun steps"),
     ],
 )

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from portal.slurm.clusters import ClusterConfig, ClusterConfigError, parse_clusters
-from portal.slurm.kube_job import job_manifest, job_name, job_number, refusal, script_refusal
+from portal.slurm.kube_job import job_manifest, job_manifests, job_name, job_number, refusal, script_refusal, task_number
 from portal.slurm.tags import slurm_tag
 from portal.slurm.types import SlurmRejected
 from tests.support import slurm_job
@@ -72,6 +72,28 @@ def test_memory_per_gpu_and_per_cpu_and_no_type_no_time():
     assert pod["containers"][0]["command"][:2] == ["/bin/sh", "-c"]
 
 
+def test_an_array_is_one_job_per_task_named_and_labelled_by_its_index_with_slurms_array_variables():
+    job, submission = _submission("#!/bin/bash\n#SBATCH --array=1,3,5-7\necho $SLURM_ARRAY_TASK_ID\n")
+    namespace, bodies = job_manifests(submission, image="i", gpu_type_label=LABEL)
+    number = job_number(job)
+    assert namespace == "team-vision"
+    assert [b["metadata"]["name"] for b in bodies] == [f"gpuportal-{job}-{i}" for i in (1, 3, 5, 6, 7)]
+    for index, body in zip((1, 3, 5, 6, 7), bodies):
+        labels = body["metadata"]["labels"]
+        assert labels["gpuportal.io/array-task"] == str(index) and labels["gpuportal.io/job-number"] == str(number)
+        assert body["spec"]["template"]["metadata"]["labels"] == labels  # the pod says its task too
+        env = {e["name"]: e["value"] for e in body["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env == {"EPOCHS": "3", "SLURM_ARRAY_JOB_ID": str(number), "SLURM_ARRAY_TASK_ID": str(index),
+                       "SLURM_ARRAY_TASK_COUNT": "5", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "7",
+                       "SLURM_ARRAY_TASK_STEP": "1", "SLURM_JOB_ID": str(task_number(number, index))}  # fmt: skip
+    assert len({task_number(number, i) for i in (1, 3, 5, 6, 7)} | {number}) == 6
+    with pytest.raises(SlurmRejected, match="job_manifests"):
+        job_manifest(submission, image="i", gpu_type_label=LABEL)
+    _, limited = _submission("#!/bin/bash\n#SBATCH --array=0-9%2\ntrue\n")
+    with pytest.raises(SlurmRejected, match="--array: a %N limit"):
+        job_manifests(limited, image="i", gpu_type_label=LABEL)
+
+
 @pytest.mark.parametrize(
     ("option", "value", "says"),
     [
@@ -79,7 +101,8 @@ def test_memory_per_gpu_and_per_cpu_and_no_type_no_time():
         ("nodes", "1-3", "several nodes"),
         ("ntasks", "4", "srun"),
         ("reservation", "maint", "Slurm reservation"),
-        ("array", "0-9", "array jobs"),
+        ("array", "0-9%2", "a %N limit on the tasks running at once"),
+        ("array", "x", "not an array specification"),
         ("qos", "high", "QOS"),
         ("constraint", "nvlink", "node features"),
         ("exclusive", None, "to itself"),
@@ -94,7 +117,8 @@ def test_what_kubernetes_cannot_express_is_refused_with_why(option, value, says)
 
 @pytest.mark.parametrize(
     ("option", "value"), [("nodes", "1"), ("nodes", None), ("ntasks", "1"), ("time", "10"), ("gres", "gpu:a100:2"),
-                          ("mem", "4G"), ("cpus-per-task", "4"), ("job-name", "x"), ("account", "ns")],
+                          ("mem", "4G"), ("cpus-per-task", "4"), ("job-name", "x"), ("account", "ns"),
+                          ("array", "0-3"), ("array", "1,3,5-7"), ("array", "0-15:4")],
 )  # fmt: skip
 def test_what_it_expresses_passes(option, value):
     assert refusal(option, value) is None
