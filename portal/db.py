@@ -61,19 +61,30 @@ def _update_by_copy(model: type[Model], objs: Sequence[Model], names: Sequence[s
     meta = model._meta
     qn = connection.ops.quote_name
     fields = [meta.pk, *(meta.get_field(name) for name in names)]
-    columns = ", ".join(qn(field.column) for field in fields)
-    table, temp = qn(meta.db_table), qn(f"update_{meta.db_table}")
+    table, pk = qn(meta.db_table), qn(meta.pk.column)
     with transaction.atomic(using=using), connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {temp}")
-        cursor.execute(f"CREATE TEMPORARY TABLE {temp} AS SELECT {columns} FROM {table} WITH NO DATA")
-        with cursor.copy(f"COPY {temp} ({columns}) FROM STDIN") as copy:
-            for row in _copy_rows(objs, fields, connection, add=False):
-                copy.write_row(row)
+        temp = _temporary_copy(cursor, connection, meta, fields, objs, prefix="update", add=False)
         cursor.execute(
             f"UPDATE {table} SET " + ", ".join(f"{qn(f.column)} = v.{qn(f.column)}" for f in fields[1:])
-            + f" FROM {temp} AS v WHERE {table}.{qn(meta.pk.column)} = v.{qn(meta.pk.column)}"
+            + f" FROM {temp} AS v WHERE {table}.{pk} = v.{pk}"
         )
         cursor.execute(f"DROP TABLE {temp}")
+
+
+def _temporary_copy(cursor, connection, meta, fields, objs: Sequence[Model], *, prefix: str, add: bool) -> str:
+    """A temporary table of ``fields``' columns of the model's table holding the objects' values
+    (_copy_rows'), written with ONE ``COPY … FROM STDIN`` (psycopg's ``Cursor.copy``, on the DB-API
+    cursor Django hands out: docs topics/db/sql); returns its quoted name. The caller, inside its
+    transaction, uses it in one statement and drops it."""
+    qn = connection.ops.quote_name
+    columns = ", ".join(qn(field.column) for field in fields)
+    temp = qn(f"{prefix}_{meta.db_table}")
+    cursor.execute(f"DROP TABLE IF EXISTS {temp}")
+    cursor.execute(f"CREATE TEMPORARY TABLE {temp} AS SELECT {columns} FROM {qn(meta.db_table)} WITH NO DATA")
+    with cursor.copy(f"COPY {temp} ({columns}) FROM STDIN") as copy:
+        for row in _copy_rows(objs, fields, connection, add=add):
+            copy.write_row(row)
+    return temp
 
 
 def bulk_insert_copy(objs: Sequence[Model], *, using: str = "default") -> int:
@@ -130,14 +141,9 @@ def bulk_upsert_copy(
     keys = [meta.get_field(name) for name in unique_fields]
     updates = [meta.get_field(name) for name in update_fields]
     columns = ", ".join(qn(field.column) for field in fields)
-    table, temp = qn(meta.db_table), qn(f"upsert_{meta.db_table}")
+    table = qn(meta.db_table)
     with transaction.atomic(using=using), connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {temp}")
-        cursor.execute(f"CREATE TEMPORARY TABLE {temp} AS SELECT {columns} FROM {table} WITH NO DATA")
-        # psycopg's Cursor.copy, on the DB-API cursor Django hands out (docs: topics/db/sql)
-        with cursor.copy(f"COPY {temp} ({columns}) FROM STDIN") as copy:
-            for row in _copy_rows(objs, fields, connection):
-                copy.write_row(row)
+        temp = _temporary_copy(cursor, connection, meta, fields, objs, prefix="upsert", add=True)
         cursor.execute(
             f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {temp} "
             f"ON CONFLICT ({', '.join(qn(field.column) for field in keys)}) DO UPDATE SET "
