@@ -414,9 +414,13 @@ class JobLogCopy(models.Model):
     pod's log, which is the job's output there. Its first GPUPORTAL_K8S_LOG_COPY_MAX_BYTES bytes
     (``truncated``: the log was longer), in the database so that every portal process serves it
     without a filesystem shared with the cluster; jobs.selectors.job_output reads it once the pod is
-    gone. Expires under RETENTION_JOB_OUTPUT_DAYS (jobs.services.retention_apply)."""
+    gone. Expires under RETENTION_JOB_OUTPUT_DAYS (jobs.services.retention_apply). One per job, or for an
+    array job one per task (each task is a Job and a pod of its own; ``task``: its index) — kept by the
+    sync before it deletes the Jobs, or by the cancel before it deletes a running job's."""
 
-    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="log_copy")
+    # no index of its own: joblogcopy_one_per_task (job, task) serves the look-ups by job
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_copies", db_index=False)
+    task = models.PositiveIntegerField(null=True, blank=True)  # the array task's index; null: not an array
     ended_at = models.DateTimeField()  # the job's end (retention's cut, without a join)
     saved_at = models.DateTimeField()
     pod = models.CharField(max_length=253)  # the pod the log is of (a Kubernetes object name)
@@ -426,9 +430,14 @@ class JobLogCopy(models.Model):
     class Meta:
         # retention: the copies of jobs ended before a date (BRIN: rows arrive in end order)
         indexes = [BrinIndex(fields=["ended_at"], name="joblogcopy_ended")]
+        # one copy per job and task (null the same as null: one for a job that is not an array); also the
+        # reader's look-up (jobs.selectors.job_output: a job's copy, or its task's)
+        constraints = [
+            models.UniqueConstraint(fields=["job", "task"], nulls_distinct=False, name="joblogcopy_one_per_task"),
+        ]
 
     def __str__(self) -> str:
-        return f"Log of {self.job_id}"
+        return f"Log of {self.job_id}" + (f" task {self.task}" if self.task is not None else "")
 
 
 class JobGpuIdleAlert(models.Model):

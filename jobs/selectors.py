@@ -152,15 +152,23 @@ def _on_kubernetes(job: Job) -> bool:
     return bool(job.slurm_cluster) and any(c.name == job.slurm_cluster and c.is_kubernetes for c in configured_clusters())
 
 
+def kubernetes_namespace(job: Job) -> str:
+    """The namespace a job's Jobs are in on a Kubernetes cluster: the account its request names (the
+    team's account on that cluster, portal.slurm.kube_job.job_manifests); "" when it names none."""
+    from portal.slurm.types import JobRequest
+
+    return dict(JobRequest.from_json(job.request).options).get("account") or ""
+
+
 def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty, task: int | None = None) -> OutputChunk:
     """A chunk of the output of a job on a cluster whose scheduler serves it (Kubernetes: the pod's
     log through pods/log, stdout and stderr as one), as job_output returns a file's. Once the pod is
-    gone (the sync deleted the finished Job) the copy the sync kept before (jobs.services.output):
+    gone (the sync deleted the finished Job, or a cancel the running one) the copy kept before it
+    (jobs.services.output; an array task's: its own, ``task``):
     read first when it is whole (an ended job's log does not change), else only when the pod's log
     cannot be had any more. One more query, for a job that has ended."""
     from portal.slurm import SlurmError, get_gateway
     from portal.slurm.kube_job import array_indexes
-    from portal.slurm.types import JobRequest
 
     if stream != OutputStream.STDOUT:
         return empty("On Kubernetes a job's stdout and stderr are one log: see stdout.")
@@ -169,11 +177,12 @@ def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty,
     final = job.state in TERMINAL_STATES
     if job.array and task is None:
         task = next(iter(array_indexes(job.array)), None)  # the first task's, as on Slurm
-    # an array task's log is its own pod's (the one copy kept is of the array's last-started pod)
-    copy = JobLogCopy.objects.filter(job=job).only("data", "truncated").first() if final and not job.array else None
+    # an array task's log is its own pod's, and so is its copy (task: null for a job that is not an array)
+    copy = (JobLogCopy.objects.filter(job=job, task=task if job.array else None).only("data", "truncated").first()
+            if final else None)  # fmt: skip
     if copy is not None and not copy.truncated:
         return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=True)
-    account = dict(JobRequest.from_json(job.request).options).get("account") or ""
+    account = kubernetes_namespace(job)
     try:
         kwargs = {"task": task} if job.array else {}
         raw = get_gateway(job.slurm_cluster).job_log(job.slurm_job_id, account=account, limit_bytes=offset + length, **kwargs)

@@ -14,12 +14,14 @@ from gpuportal_sbatch.directives import parse_array
 from accounting.services import budget_holds_release, idle_saving_record, usage_records_upsert
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from jobs.models import Job, JobArrayTask, JobEvent, JobGpuUsage
+from jobs.selectors import kubernetes_namespace
+from jobs.services.output import job_logs_keep
 from jobs.services.relay import job_relay_run
 from portal.exceptions import ApplicationError, Conflict
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
-from portal.slurm import SlurmRejected, get_gateway
+from portal.slurm import SlurmError, SlurmRejected, cluster_config, get_gateway
 
 logger = logging.getLogger(__name__)
 
@@ -86,11 +88,28 @@ def job_cancel_relay_run(job_id) -> str:
             gateway.admin_comment_set(job.slurm_job_id, job.cancel_reason)
         except SlurmRejected as exc:
             logger.warning("AdminComment of Slurm job %s refused: %s", job.slurm_job_id, exc)
+    if cluster_config(job.cluster.name).is_kubernetes:
+        _logs_keep_before_delete(gateway, job)
     ran = gateway.cancel(job.slurm_job_id)
     if ran:  # Kubernetes: no accounting keeps what ran up to the deletion — recorded now, final (an array: a list)
         usage_records_upsert(records=ran if isinstance(ran, list) else [ran], now=timezone.now(), cluster=job.cluster.name)
     Job.objects.filter(pk=job.pk).update(cancel_sent_at=timezone.now())
     return "sent"
+
+
+def _logs_keep_before_delete(gateway, job: Job) -> None:
+    """Kubernetes: the cancel deletes the job's Jobs, and with their pods go their logs (the job's
+    output): kept first, a running job's log so far, each task's for an array (job_logs_keep, as
+    the sync keeps a finished job's). A log that cannot be read now (its node's kubelet not answering)
+    is lost and said in the log: a user's cancel does not wait for it."""
+    try:
+        kept, _ = job_logs_keep(gateway=gateway, cluster=job.cluster.name,
+                                jobs=[(kubernetes_namespace(job), job.slurm_job_id)])  # fmt: skip
+    except SlurmError as exc:
+        logger.warning("job %s: its log not kept before its cancel: %s", job.pk, exc.message)
+        return
+    if not kept:
+        logger.warning("job %s: its log could not be read before its cancel: lost with its Kubernetes Job", job.pk)
 
 
 def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:

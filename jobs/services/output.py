@@ -11,6 +11,7 @@ import logging
 from collections.abc import Collection
 
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
 
 from jobs.models import Job, JobLogCopy
@@ -23,17 +24,20 @@ KEEP_BATCH = 64
 
 
 def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -> tuple[list[tuple[str, int]], list[str]]:
-    """Keep the pod logs of these finished Jobs of a Kubernetes cluster, given as (namespace, job
-    number): each job's newest started pod's log (what the reader showed while it ran), its first
-    GPUPORTAL_K8S_LOG_COPY_MAX_BYTES (``truncated`` when there was more), one JobLogCopy per portal
-    job. Returns the Jobs that may now be deleted: those whose log is kept (now or by an earlier
-    cycle), that had none (no pod of theirs started), or whose portal job is unknown — never one
-    whose log could not be read (its node's kubelet not answering, the API server down): that Job
-    stays for the next cycle, its log with it. With the setting 0, no copy is kept and every Job may go.
-    Also returns a message per namespace whose logs the portal may not read (gateway.job_logs).
+    """Keep the pod logs of these Jobs of a Kubernetes cluster, given as (namespace, job number):
+    each job's newest started pod's log (what the reader showed while it ran) — for an array job, each
+    task's (a Job and a pod of its own) — its first GPUPORTAL_K8S_LOG_COPY_MAX_BYTES (``truncated``
+    when there was more), one JobLogCopy per portal job and task. The sync calls it for finished
+    Jobs before it deletes them, the cancel for a job's Jobs before it deletes them (a running job's
+    log so far). Returns the Jobs that may now be deleted: those whose logs are kept (now or by an
+    earlier cycle), that had none (no pod of theirs started), or whose portal job is unknown — never
+    one with a log that could not be read (its node's kubelet not answering, the API server down):
+    that job's Jobs stay for the next cycle, their logs with them. With the setting 0, no copy is
+    kept and every Job may go. Also returns a message per namespace whose logs the portal may not
+    read (gateway.job_logs).
 
-    Per batch of KEEP_BATCH Jobs: one query of their portal jobs, one list of their pods and one
-    pods/log read a pod (gateway.job_logs), one insert."""
+    Per batch of KEEP_BATCH jobs: one query of their portal jobs (and their copies' count), one list
+    of their pods and one pods/log read a pod (gateway.job_logs), one insert."""
     cap = settings.GPUPORTAL_K8S_LOG_COPY_MAX_BYTES
     jobs = sorted(set((str(namespace), int(number)) for namespace, number in jobs))
     if not cap or not jobs:
@@ -42,24 +46,25 @@ def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -
     skipped: list[str] = []
     for i in range(0, len(jobs), KEEP_BATCH):
         batch = jobs[i : i + KEEP_BATCH]
-        known = {number: (pk, ended_at, kept) for pk, number, ended_at, kept in Job.objects.filter(
-            slurm_cluster=cluster, slurm_job_id__in=[n for _, n in batch]
-        ).values_list("pk", "slurm_job_id", "ended_at", "log_copy")}  # fmt: skip
-        deletable += [(ns, n) for ns, n in batch if n not in known or known[n][2] is not None]
-        wanted = [(ns, n) for ns, n in batch if n in known and known[n][2] is None]
+        rows = (Job.objects.filter(slurm_cluster=cluster, slurm_job_id__in=[n for _, n in batch])
+                .annotate(copies=Count("log_copies")).values_list("pk", "slurm_job_id", "ended_at", "array_tasks", "copies"))  # fmt: skip
+        # kept: a copy per task (an array's task that never started has none: its tasks are read again)
+        known = {number: (pk, ended_at, copies >= tasks) for pk, number, ended_at, tasks, copies in rows}
+        deletable += [(ns, n) for ns, n in batch if n not in known or known[n][2]]
+        wanted = [(ns, n) for ns, n in batch if n in known and not known[n][2]]
         if not wanted:
             continue
         try:
             logs, denied = gateway.job_logs(wanted, limit_bytes=cap + 1)  # one byte more: whether the log went on
         except SlurmUnavailable as exc:
-            logger.warning("cluster %s: pod logs not kept, their Jobs not deleted this cycle: %s", cluster, exc.message)
+            logger.warning("cluster %s: pod logs not kept, their Jobs not deleted: %s", cluster, exc.message)
             return deletable, skipped
         skipped += [message for message in denied if message not in skipped]
         now = timezone.now()
         copies = [
-            JobLogCopy(job_id=known[n][0], ended_at=known[n][1] or now, saved_at=now, pod=pod, data=data[:cap],
+            JobLogCopy(job_id=known[n][0], task=task, ended_at=known[n][1] or now, saved_at=now, pod=pod, data=data[:cap],
                        truncated=len(data) > cap)
-            for n, (pod, data) in ((n, logs[n]) for _, n in wanted if n in logs) if pod
+            for _, n in wanted for task, (pod, data) in logs.get(n, {}).items() if pod
         ]  # fmt: skip
         JobLogCopy.objects.bulk_create(copies, ignore_conflicts=True)  # a copy kept meanwhile is the same log
         deletable += [(ns, n) for ns, n in wanted if n in logs]

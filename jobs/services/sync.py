@@ -256,19 +256,27 @@ def _finished_jobs_delete(gateway, queue, *, cluster: str, older_than: dt.dateti
     the portal has done with — its job is terminal (state, exit code read) and their final usage is
     recorded, or they never started (nothing to charge) — deleted in bulk (``gateway.jobs_delete``:
     one call per namespace, propagationPolicy Background; their pods and logs go with them), once
-    their pods' logs are kept (``job_logs_keep``). Two queries, only when some Job is old enough,
-    and the keeping's. Returns (Jobs deleted, namespaces skipped: no right)."""
+    their pods' logs are kept (``job_logs_keep``). An array job's Jobs (one per task, each entry with
+    its own id and the array's) go together, by the array's number, once every task's has ended
+    before ``older_than`` and each task's usage is final or the task never started. Two queries,
+    only when some Job is old enough, and the keeping's. Returns (jobs whose Jobs were deleted,
+    namespaces skipped: no right)."""
     from accounting.selectors import usage_final_job_ids
 
-    old = [e for e in queue if e.end_time is not None and e.end_time <= older_than
-           and state_from_slurm(e.state) in TERMINAL_STATES]  # fmt: skip
+    by_number: dict[int, list] = {}  # an array's task entries under the array's number (the portal's slurm_job_id)
+    for e in queue:
+        by_number.setdefault(e.array_job_id if e.array_job_id is not None else e.job_id, []).append(e)
+    old = {number: entries for number, entries in by_number.items()
+           if all(e.end_time is not None and e.end_time <= older_than and state_from_slurm(e.state) in TERMINAL_STATES
+                  for e in entries)}  # fmt: skip
     if not old:
         return 0, []
-    numbers = {e.job_id for e in old}
-    done = set(Job.objects.filter(slurm_cluster=cluster, slurm_job_id__in=numbers, state__in=TERMINAL_STATES)
+    done = set(Job.objects.filter(slurm_cluster=cluster, slurm_job_id__in=list(old), state__in=TERMINAL_STATES)
                .values_list("slurm_job_id", flat=True))  # fmt: skip
-    charged = usage_final_job_ids(cluster=cluster, job_ids=[e.job_id for e in old if e.start_time is not None])
-    doomed = [(e.account, e.job_id) for e in old if e.job_id in done and (e.start_time is None or e.job_id in charged)]
+    started = [e.job_id for entries in old.values() for e in entries if e.start_time is not None]
+    charged = usage_final_job_ids(cluster=cluster, job_ids=started) if started else set()
+    doomed = [(entries[0].account, number) for number, entries in old.items()
+              if number in done and all(e.start_time is None or e.job_id in charged for e in entries)]  # fmt: skip
     # their pods' logs (the jobs' output) kept first: a Job whose log cannot be read now stays (jobs.services.output)
     doomed, unread = job_logs_keep(gateway=gateway, cluster=cluster, jobs=doomed) if doomed else ([], [])
     deleted, skipped = gateway.jobs_delete(doomed) if doomed else (0, [])

@@ -258,48 +258,53 @@ class KubernetesGateway(SlurmGateway):
         except ApiException as exc:  # 404: the pod went meanwhile (a cancel)
             raise t.SlurmRejected(f"pods/log: {exc.status} {_message(exc)}") from None
 
-    def job_logs(self, jobs: Collection[tuple[str, int]], *, limit_bytes: int) -> tuple[dict[int, tuple[str, bytes]], list[str]]:
-        """What ``job_log`` serves, for many Jobs given as (namespace, job number): by number, the
-        newest started pod's name and its log's first ``limit_bytes`` (("", b"") when no pod of the
-        Job started, or its pods are gone). ONE cluster-scoped list of their pods (by the numbers'
-        label, up to DELETE_BATCH numbers a call), then one pods/log read per pod: Kubernetes has no
-        read of many logs. A Job whose log cannot be read now (its node's kubelet not answering: the
-        API server's 5xx; its pod going meanwhile) is left out and said in the log; in a namespace
-        where the portal's account may not read logs (NotPermitted: its RoleBinding missing) the
-        namespace's other Jobs are not tried, and a message says so. The list failing raises
-        SlurmUnavailable. Returns (the logs by job number, a message per namespace skipped)."""
+    def job_logs(self, jobs: Collection[tuple[str, int]], *, limit_bytes: int) -> tuple[dict[int, dict[int | None, tuple[str, bytes]]], list[str]]:
+        """What ``job_log`` serves, for many Jobs given as (namespace, job number): by number, by array
+        task index (None: a job that is not an array; an array's tasks are a Job each), the newest
+        started pod's name and its log's first ``limit_bytes`` — {} when no pod of the job started, or
+        its pods are gone. ONE cluster-scoped list of their pods (by the numbers' label, up to
+        DELETE_BATCH numbers a call), then one pods/log read per pod: Kubernetes has no read of many
+        logs. A job one of whose logs cannot be read now (its node's kubelet not answering: the API
+        server's 5xx; its pod going meanwhile) is left out and said in the log; in a namespace where the
+        portal's account may not read logs (NotPermitted: its RoleBinding missing) the namespace's other
+        jobs are not tried, and a message says so. The list failing raises SlurmUnavailable. Returns
+        (the logs by job number and task, a message per namespace skipped)."""
         from kubernetes.client.exceptions import ApiException
 
         core = self._api("CoreV1Api")
         wanted = {int(number): namespace for namespace, number in jobs}
         numbers = sorted(wanted)
-        pods: dict[int, list] = {}
+        pods: dict[int, dict[int | None, list]] = {}
         for i in range(0, len(numbers), DELETE_BATCH):
             chunk = numbers[i : i + DELETE_BATCH]
             selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER} in ({','.join(map(str, chunk))})"
             for pod in self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items:
-                number = int((pod.metadata.labels or {}).get(kj.LABEL_NUMBER, "0"))
+                labels = pod.metadata.labels or {}
+                number, task = int(labels.get(kj.LABEL_NUMBER, "0")), labels.get(kj.LABEL_TASK)
                 if wanted.get(number) == pod.metadata.namespace:
-                    pods.setdefault(number, []).append(pod)
-        out: dict[int, tuple[str, bytes]] = {}
+                    pods.setdefault(number, {}).setdefault(int(task) if task is not None else None, []).append(pod)
+        out: dict[int, dict[int | None, tuple[str, bytes]]] = {}
         denied: dict[str, str] = {}
         for number in numbers:
-            pod = _newest_started(pods.get(number, []))
-            if pod is None:
-                out[number] = ("", b"")
-                continue
-            if pod.metadata.namespace in denied:
-                continue
-            try:
-                out[number] = (pod.metadata.name, self._pod_log(core, pod, limit_bytes))
-            except (ApiException, t.SlurmError) as exc:  # ApiException: 404, the pod went meanwhile
-                message = exc.message if isinstance(exc, t.SlurmError) else f"{exc.status} {_message(exc)}"
-                logger.warning("cluster %s: the log of pod %s/%s not read: %s", self.cluster, pod.metadata.namespace,
-                               pod.metadata.name, message)  # fmt: skip
-                if isinstance(exc, t.NotPermitted) and exc.namespace:
-                    denied[exc.namespace] = (f"namespace {exc.namespace}: its finished Jobs are not deleted, the portal's "
-                                             "service account may not read their pods' logs there to keep them (its "
-                                             "RoleBinding missing?)")  # fmt: skip
+            namespace, logs = wanted[number], {}
+            for task, candidates in sorted(pods.get(number, {}).items(), key=lambda item: -1 if item[0] is None else item[0]):
+                pod = _newest_started(candidates)
+                if pod is None or namespace in denied:
+                    continue
+                try:
+                    logs[task] = (pod.metadata.name, self._pod_log(core, pod, limit_bytes))
+                except (ApiException, t.SlurmError) as exc:  # ApiException: 404, the pod went meanwhile
+                    message = exc.message if isinstance(exc, t.SlurmError) else f"{exc.status} {_message(exc)}"
+                    logger.warning("cluster %s: the log of pod %s/%s not read: %s", self.cluster, namespace,
+                                   pod.metadata.name, message)  # fmt: skip
+                    if isinstance(exc, t.NotPermitted) and exc.namespace:
+                        denied[exc.namespace] = (f"namespace {exc.namespace}: its finished Jobs are not deleted, the portal's "
+                                                 "service account may not read their pods' logs there to keep them (its "
+                                                 "RoleBinding missing?)")  # fmt: skip
+                    logs = None
+                    break
+            if logs is not None and namespace not in denied:
+                out[number] = logs
         return out, list(denied.values())
 
     def _pod_log(self, core, pod, limit_bytes: int) -> bytes:

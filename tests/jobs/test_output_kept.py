@@ -61,3 +61,19 @@ def test_a_copy_cut_short_is_served_when_the_pods_log_is_gone_and_says_so_at_its
     page.force_login(world.alice)
     html = page.get(f"/jobs/{ended_kube_job.pk}/output/", HTTP_HX_REQUEST="true").content.decode()
     assert "epoch 1 loss 0.9" in html and "the portal kept of it" in html  # the data, and the note beside it
+
+
+def test_an_array_tasks_output_is_its_own_kept_copy_on_the_api_and_the_page(ended_kube_job, world):
+    ended_kube_job.array, ended_kube_job.array_tasks = "0-2", 3
+    ended_kube_job.save(update_fields=["array", "array_tasks"])
+    for index in range(3):
+        JobLogCopy.objects.create(job=ended_kube_job, task=index, ended_at=ended_kube_job.ended_at, saved_at=timezone.now(),
+                                  pod=f"p-{index}", data=f"task {index}\n".encode())  # fmt: skip
+    assert [job_output(job=ended_kube_job, task=i).data for i in range(3)] == [f"task {i}\n" for i in range(3)]
+    assert job_output(job=ended_kube_job).data == "task 0\n"  # default: the first task's, as on Slurm
+    api = APIClient()
+    api.force_authenticate(user=world.alice)
+    assert api.get(f"/api/v1/jobs/{ended_kube_job.pk}/output/", {"task": 2}).json()["data"] == "task 2\n"
+    page = APIClient()
+    page.force_login(world.alice)
+    assert "task 1" in page.get(f"/jobs/{ended_kube_job.pk}/output/?task=1", HTTP_HX_REQUEST="true").content.decode()
