@@ -6,6 +6,8 @@ its own id and its array's). A cancel deletes every task's Job; a retried create
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kubernetes import client
 from rest_framework.test import APIClient
@@ -13,7 +15,7 @@ from rest_framework.test import APIClient
 from accounting.models import UsageRecord
 from accounting.services.ingestion import usage_ingest
 from jobs.choices import JobState
-from jobs.models import Job
+from jobs.models import Job, JobLogCopy
 from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, jobs_sync
 from jobs.services.relay import _submission_for
 from portal.slurm import get_gateway
@@ -129,3 +131,32 @@ def test_a_throttled_array_is_a_400_naming_array_and_never_reaches_kubernetes(k8
     assert any("--array" in m and "%N limit" in m for m in messages), messages
     assert not Job.objects.exists()
     assert client.BatchV1Api(k8s_portal).list_namespaced_job(k8s_namespace).items == []
+
+
+def test_a_finished_arrays_jobs_are_deleted_by_the_ttl_and_each_tasks_output_is_read_from_its_kept_copy(
+    k8s_cluster, k8s_namespace, k8s_portal, world, settings
+):
+    settings.GPUPORTAL_K8S_FINISHED_JOB_TTL_SECONDS = 1
+    job_id = _post(world.alice, script=SCRIPT)
+    job = _synced_until(job_id, {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+    assert job.state == JobState.COMPLETED
+    api = APIClient()
+    api.force_authenticate(user=world.alice)
+    live = {i: api.get(f"/api/v1/jobs/{job_id}/output/", {"task": i}).json()["data"] for i in range(3)}
+    assert live == {i: f"task={i} of 3 (0-2) array={job.slurm_job_id}\n" for i in range(3)}
+    assert jobs_sync(cluster=K8S_CLUSTER).get("deleted", 0) == 0  # usage not final yet: the Jobs stay
+    assert len(_kube_jobs(k8s_portal, k8s_namespace, job_id)) == 3
+
+    usage_ingest(cluster=K8S_CLUSTER)  # each task's final usage
+    time.sleep(settings.GPUPORTAL_K8S_FINISHED_JOB_TTL_SECONDS + 1)
+    assert jobs_sync(cluster=K8S_CLUSTER)["deleted"] == 1  # the array: its three Jobs in one deletecollection
+    wait_for(lambda: not client.CoreV1Api(k8s_portal).list_namespaced_pod(k8s_namespace, label_selector=f"gpuportal.io/job={job_id}").items,
+             timeout=30, what="the tasks' pods (and their logs) to be gone")  # fmt: skip
+    assert _kube_jobs(k8s_portal, k8s_namespace, job_id) == []
+    assert {c.task: bytes(c.data).decode() for c in JobLogCopy.objects.filter(job_id=job_id)} == live
+    for index in range(3):
+        chunk = api.get(f"/api/v1/jobs/{job_id}/output/", {"task": index}).json()
+        assert (chunk["data"], chunk["eof"], chunk["final"], chunk["message"]) == (live[index], True, True, ""), index
+    page = APIClient()
+    page.force_login(world.alice)
+    assert live[2].strip() in page.get(f"/jobs/{job_id}/output/?task=2", HTTP_HX_REQUEST="true").content.decode()

@@ -169,3 +169,30 @@ def test_a_reading_taken_before_a_cancel_and_written_after_it_leaves_the_cancels
     usage_ingest(cluster=K8S_CLUSTER)
     charged.refresh_from_db()
     assert (charged.end_time, charged.gpu_seconds, charged.state, charged.provisional) == final
+
+
+def test_a_job_cancelled_while_running_keeps_its_output_after_its_job_is_deleted(k8s_cluster, k8s_namespace, k8s_portal, world):
+    job_id = _post(world.alice, name="cancelled", script='#!/bin/bash\necho "epoch 1 loss 0.7"\nexec sleep 600\n')
+    core = client.CoreV1Api(k8s_portal)
+
+    def printed():
+        jobs_sync(cluster=K8S_CLUSTER)
+        pods = _labelled(k8s_portal, k8s_namespace, "pods")
+        return Job.objects.get(pk=job_id).state == JobState.RUNNING and pods and "epoch 1" in core.read_namespaced_pod_log(
+            pods[0].metadata.name, k8s_namespace)  # fmt: skip
+
+    wait_for(printed, timeout=60, interval=0.5, what="the job to run and print")
+    job_cancel(user=world.alice, job=Job.objects.get(pk=job_id))
+    assert job_cancel_relay_run(job_id) == "sent"
+    wait_for(lambda: not _labelled(k8s_portal, k8s_namespace, "pods"), timeout=60, what="its Job and pod to be gone")
+
+    def cancelled():
+        jobs_sync(cluster=K8S_CLUSTER)
+        return Job.objects.get(pk=job_id).state == JobState.CANCELLED
+
+    wait_for(cancelled, timeout=30, interval=0.5, what="the portal's job to be cancelled")
+    assert bytes(JobLogCopy.objects.get(job_id=job_id, task=None).data) == b"epoch 1 loss 0.7\n"
+    api = APIClient()
+    api.force_authenticate(user=world.alice)
+    chunk = api.get(f"/api/v1/jobs/{job_id}/output/").json()
+    assert (chunk["data"], chunk["final"], chunk["message"]) == ("epoch 1 loss 0.7\n", True, "")
