@@ -22,7 +22,6 @@ pytestmark = pytest.mark.django_db
 class Cancelling(KeptLogs):
     def cancel(self, job_id):
         self.cancelled = job_id
-        return None
 
 
 @pytest.fixture
