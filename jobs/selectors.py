@@ -145,7 +145,7 @@ def job_output_owner_uid(job: Job) -> int | None:
     return ids[0] if ids else None
 
 
-def _on_kubernetes(job: Job) -> bool:
+def job_on_kubernetes(job: Job) -> bool:
     """The job was relayed to a Kubernetes cluster (its recorded cluster's kind in the settings: no query)."""
     from portal.slurm import configured_clusters
 
@@ -240,7 +240,7 @@ def job_output(
     days = settings.RETENTION_JOB_OUTPUT_DAYS
     if days and job.ended_at and job.ended_at < timezone.now() - dt.timedelta(days=days):
         return empty(f"The job ended more than {days} days ago: its output is no longer shown here (RETENTION_JOB_OUTPUT_DAYS).")
-    if _on_kubernetes(job):
+    if job_on_kubernetes(job):
         return _scheduler_output(job, stream, offset=offset, length=length, empty=empty, task=task)
     task_job_id = None
     if task is not None and job.array:

@@ -14,14 +14,14 @@ from gpuportal_sbatch.directives import parse_array
 from accounting.services import budget_holds_release, idle_saving_record, usage_records_upsert
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from jobs.models import Job, JobArrayTask, JobEvent, JobGpuUsage
-from jobs.selectors import kubernetes_namespace
+from jobs.selectors import job_on_kubernetes, kubernetes_namespace
 from jobs.services.output import job_logs_keep
 from jobs.services.relay import job_relay_run
 from portal.exceptions import ApplicationError, Conflict
 from portal.outbox import after_commit
 from portal.roles import is_admin, is_manager
 from portal.services import audit_record
-from portal.slurm import SlurmError, SlurmRejected, cluster_config, get_gateway
+from portal.slurm import SlurmError, SlurmRejected, get_gateway
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def job_cancel_relay_run(job_id) -> str:
             gateway.admin_comment_set(job.slurm_job_id, job.cancel_reason)
         except SlurmRejected as exc:
             logger.warning("AdminComment of Slurm job %s refused: %s", job.slurm_job_id, exc)
-    if cluster_config(job.cluster.name).is_kubernetes:
+    if job_on_kubernetes(job):
         _logs_keep_before_delete(gateway, job)
     ran = gateway.cancel(job.slurm_job_id)
     if ran:  # Kubernetes: no accounting keeps what ran up to the deletion — recorded now, final (an array: a list)
