@@ -33,7 +33,7 @@ from portal.slurm import get_gateway
 from tests.conftest import ROOT
 from tests.support import slurm_cancel_tagged, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
+pytestmark = [pytest.mark.slurm, pytest.mark.django_db, pytest.mark.runaway_fix]
 
 
 def _cluster_dir() -> Path:
