@@ -96,7 +96,7 @@ def pytest_collection_modifyitems(config, items):
         if not any(item.get_closest_marker(name) for name in SLOW_MARKERS):
             item.add_marker(pytest.mark.fast)
     # Last: tests that run Slurm's runaway-job fix (`sacctmgr -i show runawayjobs`, issue 42). slurmdbd then
-    # sets its roll-ups back (to the start of the week on 22.05 and 25.11: measured 2026-12-06) and redoes
+    # sets its roll-ups back (here, 2026-12-06, to 2026-11-30 00:00, a Monday: seemingly the week's start) and redoes
     # them at its next hourly roll-up; until then sreport's hours are not what the reconciliation tests of
     # the same shared clusters compare with (the clean-clone CI run of 716ae31 failed 9 of them so).
     items.sort(key=lambda item: item.get_closest_marker("runaway_fix") is not None)

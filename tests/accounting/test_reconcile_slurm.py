@@ -154,7 +154,7 @@ def _reroll_pending(hourly: dt.datetime | None) -> bool:
 def _set_back(hourly: dt.datetime | None, registered: dt.datetime | None) -> bool:
     """A roll-up set back before the cluster's first registration: not a young cluster but Slurm's
     runaway-job fix (`sacctmgr -i show runawayjobs`, which the portal's sync runs: issue 42), which sets
-    the roll-ups back to the start of the week, on the hour, and has them redone at the next roll-up."""
+    the roll-ups back (seen: to 2026-11-30 00:00, a Monday, on the hour) and has them redone at the next roll-up."""
     return hourly is not None and registered is not None and hourly < registered - dt.timedelta(hours=1)
 
 
