@@ -130,9 +130,9 @@ def array_tasks_to_start(indexes: list[int], limit: int, listed: dict[int, str],
     """An array under a ``%N`` limit whose scheduler does not hold its tasks back (Kubernetes: each task
     is a Job the portal creates): (the tasks to start now, the tasks still waiting), lowest index
     first as Slurm starts them. ``listed``: the tasks the scheduler holds, by index, in the portal's
-    state (an ended one no longer counts against the limit); ``done``: the tasks the portal recorded as
-    ended (a task cancelled alone has no Job any more: never started again). At most ``limit`` tasks
-    are unfinished at once."""
+    state (an ended one no longer counts against the limit); ``done``: the tasks never to start (again):
+    recorded as ended, cancelled alone (no Job any more), or held by the scheduler once (a Job deleted
+    by hand is not run twice). At most ``limit`` tasks are unfinished at once."""
     unfinished = sum(1 for state in listed.values() if state not in TERMINAL_STATES)
     waiting = [index for index in indexes if index not in listed and index not in done]
     room = max(0, limit - unfinished)

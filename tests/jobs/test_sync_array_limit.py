@@ -106,3 +106,12 @@ def test_a_create_that_fails_is_tried_again_next_cycle_and_the_tasks_stay_pendin
     held.down = False
     jobs_sync(cluster=K8S)
     assert held.created == [[2, 3]]
+
+
+def test_a_task_the_cluster_held_once_is_never_created_again(held):
+    held.tasks = {0: "RUNNING", 1: "RUNNING"}
+    jobs_sync(cluster=K8S)
+    del held.tasks[1]  # its Job deleted by hand: the task is not run a second time
+    held.tasks[0] = "COMPLETED"
+    jobs_sync(cluster=K8S)
+    assert held.created == [[2, 3]]  # two slots (0 ended, 1 gone): the next two, not task 1
