@@ -302,7 +302,7 @@ def _array_tasks_start(gateway, followed: list[Job], queue, array_ended: dict) -
     """Kubernetes (issue 41): the ``%N`` limit of its live array jobs, which no scheduler enforces there
     (each task is a Job the portal creates; the submission created the first N). From this cycle's
     one list of Jobs: the tasks to start now (jobs.arrays.array_tasks_to_start: at most N unfinished,
-    never a task the portal recorded as ended — one cancelled alone has no Job any more), created
+    never a task the portal recorded as ended, cancelled alone, or saw held once), created
     through the submission's create (gateway.array_tasks_start: named after the job and the task, so a
     create retried is that Job); none for a job whose cancel was asked for. Returns (queue rows for the
     tasks not held by the scheduler yet — still waiting: PENDING, reason JobArrayTaskLimit, as squeue
@@ -310,23 +310,29 @@ def _array_tasks_start(gateway, followed: list[Job], queue, array_ended: dict) -
     shows every task; figures for the stats). A job none of whose Jobs is held (deleted: a cancel, an
     admin) gets none, and its accounting says what became of it — unless the portal cancelled one of its
     tasks alone (the only one running, its Job gone): the next one is started. One query of the tasks
-    cancelled alone (asked for or done: never started again), one of the jobs whose tasks start (their
+    cancelled alone or held once (never started again), one of the jobs whose tasks start (their
     stored requests), and two afterwards for a cancel asked for meanwhile (the whole job's, or that
     task's: its relay is sent again); no API call but the creates."""
     throttled = [j for j in followed if j.array and j.array_throttle and j.slurm_job_id is not None and j.cancel_requested_at is None]
     if not throttled:
         return [], {}
-    cancelled: dict[uuid.UUID, set[int]] = {}  # tasks cancelled alone: asked for (maybe not passed on yet) or done
-    for job_id, index in JobArrayTask.objects.filter(job_id__in=[j.id for j in throttled]).filter(
-        Q(cancel_requested_at__isnull=False) | Q(state=JobState.CANCELLED)
-    ).values_list("job_id", "index"):
-        cancelled.setdefault(job_id, set()).add(index)
+    # tasks never created again: cancelled alone (asked for, maybe not passed on yet, or done), or held by the
+    # scheduler once (a Job of theirs was listed: their own id recorded) — a Job deleted by hand is not run twice
+    cancelled: dict[uuid.UUID, set[int]] = {}
+    held_once: dict[uuid.UUID, set[int]] = {}
+    for job_id, index, asked, state, own_id in JobArrayTask.objects.filter(job_id__in=[j.id for j in throttled]).filter(
+        Q(cancel_requested_at__isnull=False) | Q(state=JobState.CANCELLED) | Q(slurm_job_id__isnull=False)
+    ).values_list("job_id", "index", "cancel_requested_at", "state", "slurm_job_id"):
+        if asked is not None or state == JobState.CANCELLED:
+            cancelled.setdefault(job_id, set()).add(index)
+        if own_id is not None:
+            held_once.setdefault(job_id, set()).add(index)
     by_array = group_by_array(queue)
     rows_out: list = []
     starts: dict[uuid.UUID, tuple[Job, list[int]]] = {}
     for job in throttled:
         rows = [r for r in by_array.get(job.slurm_job_id, []) if _is_ours(r, job)]
-        done = set(array_ended.get(job.id, {})) | cancelled.get(job.id, set())
+        done = set(array_ended.get(job.id, {})) | cancelled.get(job.id, set()) | held_once.get(job.id, set())
         if not rows and not cancelled.get(job.id):
             continue
         listed = {int(r.array_tasks): state_from_slurm(r.state) or JobState.PENDING for r in rows}
