@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from accounting.selectors.rollup import RUNAWAY_FIX_KIND
 from accounting.services import (
     budget_holds_identify,
     budget_holds_release,
@@ -42,6 +43,7 @@ from jobs.services.relay import _submission_for, jobs_lost_resend, relay_drain_a
 from portal.db import bulk_update
 from portal.models import SyncStatus
 from portal.outbox import after_commit
+from portal.services import sync_record_failure, sync_record_success
 from portal.slurm import SlurmError, SlurmRejected, SlurmUnavailable, cluster_config, get_gateway
 from portal.slurm.tags import SLURM_TAG_PREFIX, record_is_job
 from portal.unix import unix_ids
@@ -80,8 +82,6 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     Slurm unavailable: the failure is recorded (SyncStatus "jobs", another cluster's "jobs:NAME")
     and nothing changes; the next
     cycle catches up. Returns figures: live, changed, queue_calls, accounting_calls, duration_ms."""
-    from portal.services import sync_record_failure, sync_record_success
-
     started = time.monotonic()
     config = cluster_config(cluster)
     name = config.name
@@ -260,6 +260,8 @@ def _forgotten_end(gateway, forgotten: list[Job], records: dict, *, queue_read_a
     if runaways:
         try:
             stats["runaway_fixed"] = len(gateway.runaway_jobs_fix())
+            # slurmdbd rolls those hours up again at its next roll-up: the reconciliation waits for it
+            sync_record_success(SyncStatus.kind_for(RUNAWAY_FIX_KIND, cluster), data={"jobs": stats["runaway_fixed"]})
         except SlurmError as exc:  # no Operator level (or slurmdbd gone again): sacct keeps them running
             logger.warning("sacctmgr show runawayjobs (fix) failed: %s", exc)
             stats["runaway_fix_error"] = str(exc)
