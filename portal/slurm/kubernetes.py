@@ -537,10 +537,14 @@ def _started(pod) -> dt.datetime | None:
 
 
 def _state(job, pod) -> str:
-    """Slurm's word for the Job's state (jobs.choices.state_from_slurm reads it)."""
-    if job.metadata.deletion_timestamp is not None:
-        return "CANCELLED"
+    """Slurm's word for the Job's state (jobs.choices.state_from_slurm reads it). A Job being deleted is
+    CANCELLED, unless it had ended before (its Complete or Failed condition older than the deletion:
+    a finished task of an array cancelled whole keeps its end)."""
     conditions = _conditions(job)
+    deleted = job.metadata.deletion_timestamp
+    ended = conditions.get("Complete") or conditions.get("Failed")
+    if deleted is not None and (ended is None or ended.last_transition_time is None or ended.last_transition_time >= deleted):
+        return "CANCELLED"
     if "Complete" in conditions:
         return "COMPLETED"
     if "Failed" in conditions:
