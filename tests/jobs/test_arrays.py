@@ -7,7 +7,13 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs.arrays import array_index_ranges, array_task_counts, array_tasks_record, array_tasks_to_start, array_view
+from jobs.arrays import (
+    array_index_ranges,
+    array_task_counts,
+    array_tasks_record,
+    array_tasks_to_start,
+    array_view,
+)
 from jobs.choices import JobState
 from jobs.models import JobArrayTask
 from jobs.services import job_submit
