@@ -109,6 +109,20 @@ def forgotten_tasks(job: Job, record, known: dict[int, dict]) -> list:
     ]
 
 
+def ended_array_record(job: Job, whole, known: dict[int, dict]):
+    """The record of an array the scheduler no longer holds but for one record of the whole job,
+    every task of which the portal has recorded as ended already (Kubernetes: the cancel deleted the
+    Jobs after the sync had seen each task end, so forgotten_tasks has none left to end): that record,
+    in the state folded from the tasks' and with their highest exit code. None while a task is not
+    recorded as ended."""
+    if len(known) < (job.array_tasks or 0):
+        return None
+    states = [values["state"] for values in known.values()]
+    codes = [values["exit_code"] for values in known.values() if values.get("exit_code") is not None]
+    return dataclasses.replace(whole, job_id=job.slurm_job_id, state=str(_fold_state(states, job.array_tasks, len(known))),
+                               exit_code=max(codes) if codes else None)  # fmt: skip
+
+
 def array_task_indexes(job: Job) -> list[int]:
     """The indexes of the array's tasks (its --array value; no query)."""
     return _indexes(job.array)

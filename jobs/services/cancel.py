@@ -159,10 +159,12 @@ def job_array_task_cancel_relay_run(job_id, index: int) -> str:
     if job_on_kubernetes(job):
         _logs_keep_before_delete(gateway, job, task=index)
     try:
-        gateway.cancel_array_task(job.slurm_job_id, index)
+        ran = gateway.cancel_array_task(job.slurm_job_id, index)
     except SlurmRejected as exc:
         logger.warning("job %s: task %s not cancelled: %s", job.pk, index, exc.message)
         return "rejected"
+    if ran:  # Kubernetes: what the task ran up to its deletion, final, as a whole job's cancel records it
+        usage_records_upsert(records=ran, now=timezone.now(), cluster=job.cluster.name)
     # the scheduler took it: the task is cancelled (a pending one may never show as a row of its own)
     JobArrayTask.objects.filter(pk=task.pk).exclude(state__in=TERMINAL_STATES).update(state=JobState.CANCELLED)
     return "sent"

@@ -29,6 +29,7 @@ from jobs.arrays import (
     array_tasks_record,
     array_tasks_to_start,
     array_view,
+    ended_array_record,
     ended_tasks,
     forgotten_tasks,
     group_by_array,
@@ -431,14 +432,18 @@ def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, 
             queue_ended = {i: v for i, v in array_tasks.get(job.id, {}).items() if v["state"] in TERMINAL_STATES}
             known = {**array_ended.get(job.id, {}), **queue_ended}
             whole = records.get(job.slurm_job_id)
-            if not array_rows and whole is not None and state_from_slurm(whole.state) in TERMINAL_STATES:
+            forgotten = not array_rows and whole is not None and state_from_slurm(whole.state) in TERMINAL_STATES
+            if forgotten:
                 array_rows = forgotten_tasks(job, whole, known)  # Kubernetes: its tasks' Jobs deleted (a cancel)
             record, done = array_view(job, array_rows, kind="accounting", known=known)
+            if forgotten and not array_rows:  # every task had ended already: the array has
+                record = ended_array_record(job, whole, known)
             array_tasks.setdefault(job.id, {}).update(done)
             # one task's raw row is not the array's; the array has ended once every task has
             records.pop(job.slurm_job_id, None)
+            # (a forgotten array's missing exit codes never come: the Jobs that held them are gone)
             if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
-                if _array_final(record, {**known, **array_tasks[job.id]}):
+                if forgotten or _array_final(record, {**known, **array_tasks[job.id]}):
                     records[job.slurm_job_id] = record
     return records
 

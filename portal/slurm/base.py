@@ -44,8 +44,10 @@ class SlurmGateway(abc.ABC):
         say so."""
         raise t.SlurmRejected("This Slurm backend cannot set a job's AdminComment.")
 
-    def cancel_array_task(self, array_job_id: int, index: int) -> None:
-        """Cancel one task of an array job (``scancel 123_4``). Backends that cannot say so."""
+    def cancel_array_task(self, array_job_id: int, index: int) -> list[t.AccountingRecord] | None:
+        """Cancel one task of an array job (``scancel 123_4``). None, or (a scheduler that keeps no
+        accounting: Kubernetes) what the task ran up to its cancel, for the portal to record as the
+        job cancel's ``cancel`` returns it. Backends that cannot say so."""
         raise t.SlurmRejected("This Slurm backend cannot cancel one task of an array job.")
 
     def array_tasks_start(self, submission: t.JobSubmission, indexes: Collection[int]) -> None:

@@ -176,21 +176,40 @@ class KubernetesGateway(SlurmGateway):
                     out[wanted[labels[kj.LABEL_JOB]]] = int(labels[kj.LABEL_NUMBER])
         return out
 
-    def cancel(self, job_id: int) -> t.AccountingRecord | None:
-        """Delete the job's Job, found by its number's label with one cluster-scoped list, with
-        propagationPolicy Foreground: the API server answers with the Job and the deletionTimestamp
-        it set, and keeps the Job until its pod is gone. A Job already gone is no error.
+    def cancel(self, job_id: int) -> t.AccountingRecord | list[t.AccountingRecord] | None:
+        """Delete the job's Job (an array's: each task's), found by its number's label with one
+        cluster-scoped list, with propagationPolicy Foreground: the API server answers with the Job and
+        the deletionTimestamp it set, and keeps the Job until its pod is gone. A Job already gone is no
+        error.
 
         Kubernetes keeps no accounting, and a deleted Job's pod leaves no reading of its end: so a
         running job's cancel returns what ran — its pod's start to that deletionTimestamp, CANCELLED
         (the portal records it at once: jobs.services.cancel) — None when its pod never started or
-        had ended (the usage ingestion reads those). One more list (its pods) when the Job exists."""
+        had ended (the usage ingestion reads those); an array's, a list of its running tasks'. One more
+        list (its pods) when the Job exists."""
+        jobs, ran = self._jobs_delete_foreground(f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(job_id)}")
+        if len(jobs) == 1 and kj.LABEL_TASK not in (jobs[0].metadata.labels or {}):
+            return ran[0] if ran else None
+        return ran or None  # an array: what each of its running tasks ran
+
+    def cancel_array_task(self, array_job_id: int, index: int) -> list[t.AccountingRecord] | None:
+        """Delete one task's Job of an array (its labels), as ``cancel`` deletes a job's: what the task
+        ran up to its deletion returned, for the portal to record (a list of one; None when it was not
+        running). A task whose Job does not exist (not created yet under the array's %N limit, or gone)
+        has nothing to delete: no error."""
+        selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(array_job_id)},{kj.LABEL_TASK}={int(index)}"
+        _, ran = self._jobs_delete_foreground(selector)
+        return ran or None
+
+    def _jobs_delete_foreground(self, selector: str) -> tuple[list, list[t.AccountingRecord]]:
+        """The Jobs of ``selector`` (one cluster-scoped list) deleted with propagationPolicy Foreground,
+        and what each running one ran up to the deletionTimestamp the API server answered (its pods:
+        one more list, when there are Jobs). Returns (the Jobs listed, those records)."""
         import json
 
         from kubernetes.client.exceptions import ApiException
 
         batch, core = self._api("BatchV1Api"), self._api("CoreV1Api")
-        selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(job_id)}"
         jobs = self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector).items
         pods = self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items if jobs else []
         ran: list[t.AccountingRecord] = []
@@ -209,24 +228,7 @@ class KubernetesGateway(SlurmGateway):
             if stamp and _state(job, pod) == "RUNNING" and _started(pod) and _terminated(pod) is None:
                 deleted_at = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
                 ran.append(dataclasses.replace(_record(job, pod, deleted_at), state="CANCELLED", end_time=deleted_at))
-        if len(jobs) == 1 and kj.LABEL_TASK not in (jobs[0].metadata.labels or {}):
-            return ran[0] if ran else None
-        return ran or None  # an array: what each of its running tasks ran
-
-    def cancel_array_task(self, array_job_id: int, index: int) -> None:
-        """Delete one task's Job of an array (its label), propagationPolicy Foreground; gone already: no error."""
-        batch = self._api("BatchV1Api")
-        selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(array_job_id)},{kj.LABEL_TASK}={int(index)}"
-        self._call("delete jobs", batch.delete_collection_namespaced_job, self._namespace_of(array_job_id),
-                   label_selector=selector, propagation_policy="Foreground")  # fmt: skip
-
-    def _namespace_of(self, number: int) -> str:
-        batch = self._api("BatchV1Api")
-        selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER}={int(number)}"
-        jobs = self._call("list jobs", batch.list_job_for_all_namespaces, label_selector=selector, limit=1).items
-        if not jobs:
-            raise t.SlurmRejected(f"job {number} is not on {self.cluster} any more")
-        return jobs[0].metadata.namespace
+        return jobs, ran
 
     def jobs_delete(self, jobs: Collection[tuple[str, int]]) -> tuple[int, list[str]]:
         """Delete finished Jobs, given as (namespace, job number), in bulk: one ``deletecollection`` per
@@ -538,12 +540,13 @@ def _started(pod) -> dt.datetime | None:
 
 def _state(job, pod) -> str:
     """Slurm's word for the Job's state (jobs.choices.state_from_slurm reads it). A Job being deleted is
-    CANCELLED, unless it had ended before (its Complete or Failed condition older than the deletion:
+    CANCELLED, unless it had ended before (its Complete or Failed condition not newer than the deletion —
+    the API's times are whole seconds, and a condition of the deletion's own second is taken as earlier:
     a finished task of an array cancelled whole keeps its end)."""
     conditions = _conditions(job)
     deleted = job.metadata.deletion_timestamp
     ended = conditions.get("Complete") or conditions.get("Failed")
-    if deleted is not None and (ended is None or ended.last_transition_time is None or ended.last_transition_time >= deleted):
+    if deleted is not None and (ended is None or ended.last_transition_time is None or ended.last_transition_time > deleted):
         return "CANCELLED"
     if "Complete" in conditions:
         return "COMPLETED"

@@ -17,7 +17,7 @@ from jobs.services import job_array_task_cancel, job_cancel, jobs_sync
 from portal.slurm import SlurmUnavailable
 from portal.slurm.kube_job import task_number
 from portal.slurm.kubernetes import KubernetesGateway
-from portal.slurm.types import QueueEntry
+from portal.slurm.types import AccountingRecord, QueueEntry
 from tests.jobs.test_spec_kubernetes import K8S, _submit, kube_inventory  # noqa: F401 — the fixture
 
 pytestmark = pytest.mark.django_db
@@ -115,3 +115,28 @@ def test_a_task_the_cluster_held_once_is_never_created_again(held):
     held.tasks[0] = "COMPLETED"
     jobs_sync(cluster=K8S)
     assert held.created == [[2, 3]]  # two slots (0 ended, 1 gone): the next two, not task 1
+
+
+@pytest.mark.parametrize("exit_code", [0, None])
+def test_an_array_whose_tasks_had_all_ended_when_its_jobs_were_deleted_ends_too(held, exit_code):
+    """What the real control plane showed (tests/k8s, a %1 array cancelled whole): the sync had seen every
+    task end (task 0 completed; the others ended by the cancel) before the cancel deleted the Jobs, so
+    no task is left for the whole job's record to end; the array ends on that record, in the state its
+    tasks' fold to, not stay RUNNING for ever — even when a task's exit code was never read (seen ended
+    in the list, its Job deleted before accounting read it: the code will never come)."""
+    job, now = held.job, timezone.now()
+    JobArrayTask.objects.bulk_create(
+        [JobArrayTask(job=job, index=0, slurm_job_id=task_number(NUMBER, 0), state=JobState.COMPLETED, exit_code=exit_code,
+                      started_at=now, ended_at=now)]
+        + [JobArrayTask(job=job, index=i, state=JobState.CANCELLED, ended_at=now) for i in range(1, 6)]
+    )  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, started_at=now)
+    held.tasks = {}  # no Job of the array left
+    whole = AccountingRecord(job_id=NUMBER, name="", user="", account="", partition="kubernetes", state="CANCELLED", exit_code=None,
+                             submit_time=None, start_time=None, end_time=now, elapsed_seconds=0, time_limit_minutes=None,
+                             num_nodes=1, nodes="", alloc_tres={}, req_tres={}, comment="")  # fmt: skip
+    held.accounting = lambda start, end, *, job_ids=None: [whole]  # the backend's word for a Job it no longer has
+    jobs_sync(cluster=K8S)
+    ended = Job.objects.get(pk=job.pk)
+    assert (ended.state, ended.ended_at, ended.exit_code) == (JobState.CANCELLED, now, exit_code)
+    assert _tasks(job) == {0: JobState.COMPLETED} | dict.fromkeys(range(1, 6), JobState.CANCELLED)

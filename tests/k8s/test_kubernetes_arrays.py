@@ -205,10 +205,18 @@ def test_one_task_cancelled_alone_keeps_its_log_and_the_other_tasks_go_on(k8s_cl
         return all(api.get(f"/api/v1/jobs/{job_id}/output/", {"task": i}).json()["data"] == f"task {i} started\n" for i in range(3))
 
     wait_for(all_writing, timeout=60, interval=0.5, what="the three tasks to run and write")
+    [pod] = client.CoreV1Api(k8s_portal).list_namespaced_pod(
+        k8s_namespace, label_selector=f"gpuportal.io/job={job_id},gpuportal.io/array-task=1").items  # fmt: skip
+    task_started = pod.status.container_statuses[0].state.running.started_at  # the API's own word
+    time.sleep(2)  # the API's times are whole seconds: a task that ran for some of them
     response = api.post(f"/api/v1/jobs/{job_id}/cancel/?task=1")
     assert response.status_code == 202, response.json()
     assert len(_kube_jobs(k8s_portal, k8s_namespace, job_id)) == 3  # the request asked for it; the worker does it
     assert job_array_task_cancel_relay_run(job_id, 1) == "sent"  # what the job_array_task_cancel_relay task does
+    # what task 1 ran, up to its Job's deletion, charged at once and final (no accounting keeps it afterwards)
+    [charged] = UsageRecord.objects.filter(cluster=K8S_CLUSTER, portal_job_uuid=job_id, provisional=False)
+    assert (charged.state, charged.start_time) == ("CANCELLED", task_started)
+    assert charged.end_time > task_started and charged.gpu_seconds == int((charged.end_time - task_started).total_seconds()) * charged.gpus > 0
     wait_for(lambda: sorted(j.metadata.labels["gpuportal.io/array-task"] for j in _kube_jobs(k8s_portal, k8s_namespace, job_id)) == ["0", "2"],
              timeout=60, what="task 1's Job to be deleted")  # fmt: skip
     wait_for(lambda: not client.CoreV1Api(k8s_portal).list_namespaced_pod(
