@@ -2,8 +2,9 @@
 pays (bench/results.md, "Issue 38: portal/db.py through documented APIs"), and each through
 documented surfaces or a maintained library: django-pgbulk (``pgbulk.update``),
 psycopg's ``Cursor.copy`` on the DB-API cursor Django hands out, ``Model._meta`` and ``Model._state``
-(both in Django's reference), the Field API (``pre_save``, ``get_prep_value``, ``get_db_prep_save``)
-and PostgreSQL's ``json_populate_recordset``. No query compiler, no Django internals."""
+(both in Django's reference), ``Model.from_db`` ("Customizing model loading"), the Field API
+(``pre_save``, ``get_prep_value``, ``get_db_prep_save``, ``from_db_value``) and PostgreSQL's
+``json_populate_recordset``. No query compiler, no Django internals."""
 
 from __future__ import annotations
 
