@@ -5,9 +5,10 @@ bench/results.md, "the POST's CPU (nineteenth session)" and the twentieth sessio
 from __future__ import annotations
 
 import pytest
+from django.utils import timezone
 
 from jobs.choices import JobState
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobDependency, JobEvent
 from jobs.services import job_relay_batch_run, job_relay_drain_run, job_submit
 
 # transactional: the relay runs in autocommit, as on a worker (inside a test's transaction every
@@ -106,3 +107,26 @@ def test_a_row_recorded_meanwhile_is_left_alone_by_the_recording(world, inventor
     assert (result["submitted"], result["already_recorded"]) == (1, 1)
     assert JobEvent.objects.filter(job=jobs[0], state=JobState.PENDING).count() == 0
     assert JobEvent.objects.filter(job=jobs[1], state=JobState.PENDING).count() == 1
+
+
+def test_the_claims_condition_holds_a_child_on_kubernetes_until_its_parent_ended(world, inventory, relays):
+    """jobs.dependencies.relay_ready_sql, the claim's condition: a child waits while a parent has no
+    Slurm id; on Slurm it is claimed once the parent has one (Slurm holds it: afterok), on a
+    Kubernetes cluster (no dependencies) only once the parent has ended."""
+    from jobs.services.relay import _claim_waiting
+    from portal.models import Cluster
+
+    parent, child = _submit(world, 2, "d")
+    JobDependency.objects.create(job=child, parent=parent)
+    Job.objects.filter(pk=parent.pk).update(relay_started_at=timezone.now())  # held by another relay: not claimable
+    assert _claim_waiting(10)[1] == []  # the parent waits for its Slurm id: so does the child
+    Job.objects.filter(pk=parent.pk).update(state=JobState.PENDING, slurm_job_id=4001)
+    kubernetes = Cluster.objects.create(name="k8s-claim", kind="kubernetes")
+    Job.objects.filter(pk=child.pk).update(cluster=kubernetes)
+    assert _claim_waiting(10)[1] == []  # on Kubernetes a live parent still holds it
+    Job.objects.filter(pk=parent.pk).update(state=JobState.COMPLETED)
+    assert [job.pk for job in _claim_waiting(10)[1]] == [child.pk]
+    Job.objects.filter(pk=child.pk).update(relay_token=None, relay_started_at=None, cluster=parent.cluster,
+                                           state=JobState.ACCEPTED)  # fmt: skip
+    Job.objects.filter(pk=parent.pk).update(state=JobState.PENDING)
+    assert [job.pk for job in _claim_waiting(10)[1]] == [child.pk]  # on Slurm: claimed, sent with afterok
