@@ -12,6 +12,7 @@ job_gpu_report, no Prometheus call) and the whole job page rendered through Djan
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import statistics
 import sys
@@ -36,10 +37,42 @@ def _series(jobs, *, start, points: int, step: int):
     return out
 
 
+@dataclasses.dataclass
+class GpuCycles:
+    gpus: int  # GPUs in each cycle's series
+    first_ms: float  # the first cycle: 10 points per GPU, the rows created
+    first_queries: int
+    times: list[float]  # the next cycles: 1 new point per GPU, the rows updated (ms)
+    queries: list[int]
+
+
+def gpu_cycles(jobs, *, now, step: int, cycles: int) -> GpuCycles:
+    """The GPU sync's recording (gpu_usage_record) for ``jobs`` (4 GPUs each): a first cycle of 10
+    points per GPU, then ``cycles`` cycles of one new point, each timed with its queries counted.
+    Shared with bench_year_cycles.py (the same cycle on a year's database)."""
+    from django.db import connection
+
+    from jobs.services import gpu_usage_record
+
+    def timed(series):
+        timer = QueryTimer()
+        began = time.perf_counter()
+        with connection.execute_wrapper(timer):
+            result = gpu_usage_record(series, step=step)
+        return result, (time.perf_counter() - began) * 1000, timer.count
+
+    first, first_ms, first_queries = timed(_series(jobs, start=now - dt.timedelta(minutes=10), points=10, step=step))
+    times, queries = [], []
+    for c in range(cycles):
+        _, ms, count = timed(_series(jobs, start=now + dt.timedelta(seconds=step * c), points=1, step=step))
+        times.append(ms)
+        queries.append(count)
+    return GpuCycles(first["gpus"], first_ms, first_queries, times, queries)
+
+
 def run(*, quick: bool = False) -> common.Section:
     from django.conf import settings
     from django.test import Client
-    from django.db import connection
     from django.utils import timezone
 
     from jobs.gpu_report import job_gpu_report
@@ -66,24 +99,11 @@ def run(*, quick: bool = False) -> common.Section:
     jobs = list(Job.objects.filter(name="gpu-bench"))
     cycles = 3 if quick else 5
     # the series carry cluster="bench", the jobs' slurm_cluster (GPU_LABEL_CLUSTER=cluster)
-    timer = QueryTimer()
-    began = time.perf_counter()
-    with connection.execute_wrapper(timer):
-        first = gpu_usage_record(_series(jobs, start=now - dt.timedelta(minutes=10), points=10, step=step), step=step)
-    first_ms = (time.perf_counter() - began) * 1000
-    section.add(f"first cycle: {first['gpus']} GPUs x 10 points folded in (rows created)", first_ms, "ms", "1 run",
-                f"{timer.count} queries")  # fmt: skip
-    times, queries = [], []
-    for c in range(cycles):
-        series = _series(jobs, start=now + dt.timedelta(seconds=step * c), points=1, step=step)
-        timer = QueryTimer()
-        began = time.perf_counter()
-        with connection.execute_wrapper(timer):
-            gpu_usage_record(series, step=step)
-        times.append((time.perf_counter() - began) * 1000)
-        queries.append(timer.count)
-    section.add(f"next cycles: {len(series)} GPUs x 1 new point (rows updated)", statistics.median(times), "ms",
-                f"median of {cycles}", f"{max(queries)} queries each")  # fmt: skip
+    cycle = gpu_cycles(jobs, now=now, step=step, cycles=cycles)
+    section.add(f"first cycle: {cycle.gpus} GPUs x 10 points folded in (rows created)", cycle.first_ms, "ms", "1 run",
+                f"{cycle.first_queries} queries")  # fmt: skip
+    section.add(f"next cycles: {cycle.gpus} GPUs x 1 new point (rows updated)", statistics.median(cycle.times), "ms",
+                f"median of {cycles}", f"{max(cycle.queries)} queries each")  # fmt: skip
 
     if settings.PROMETHEUS_URL:
         try:

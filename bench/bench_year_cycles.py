@@ -75,40 +75,24 @@ def _jobs_sync(section: common.Section, world, live: int, cycles: int) -> None:
 
 
 def _gpu_sync(section: common.Section, world, cycles: int) -> None:
-    from bench_gpu_usage import _series
-    from bench_relay import QueryTimer
-    from django.db import connection
+    from bench_gpu_usage import gpu_cycles
     from django.utils import timezone
 
     from jobs.models import Job
-    from jobs.services import gpu_usage_record
 
-    step, count = 60, 1000
     now = timezone.now().replace(microsecond=0)
     rows = [common.make_job(world, name="year-gpu-cycle", state="RUNNING", gpus=4, ended_at=None, exit_code=None,
                             slurm_cluster="bench", slurm_job_id=30_000_000 + i, started_at=now - dt.timedelta(hours=1))
-            for i in range(count)]  # fmt: skip
+            for i in range(1000)]  # fmt: skip
     common.copy_jobs(rows)
-    jobs = list(Job.objects.filter(id__in=[row.id for row in rows]))
     try:
-        timer = QueryTimer()
-        began = time.perf_counter()
-        with connection.execute_wrapper(timer):
-            first = gpu_usage_record(_series(jobs, start=now - dt.timedelta(minutes=10), points=10, step=step), step=step)
-        section.add(f"GPU sync on the year, first cycle: {first['gpus']:,} GPUs x 10 points (rows created)",
-                    (time.perf_counter() - began) * 1000, "ms", "1 run", f"{timer.count} queries")  # fmt: skip
-        times, queries = [], []
-        for c in range(cycles):
-            series = _series(jobs, start=now + dt.timedelta(seconds=step * c), points=1, step=step)
-            timer = QueryTimer()
-            began = time.perf_counter()
-            with connection.execute_wrapper(timer):
-                gpu_usage_record(series, step=step)
-            times.append((time.perf_counter() - began) * 1000)
-            queries.append(timer.count)
-        section.add(f"GPU sync on the year, next cycles: {len(series):,} GPUs x 1 new point (rows updated)",
-                    statistics.median(times), "ms", f"median of {cycles}; {min(times):.0f}–{max(times):.0f} ms",
-                    f"{min(queries)}–{max(queries)} queries each")  # fmt: skip
+        cycle = gpu_cycles(list(Job.objects.filter(id__in=[row.id for row in rows])), now=now, step=60, cycles=cycles)
+        section.add(f"GPU sync on the year, first cycle: {cycle.gpus:,} GPUs x 10 points (rows created)",
+                    cycle.first_ms, "ms", "1 run", f"{cycle.first_queries} queries")  # fmt: skip
+        section.add(f"GPU sync on the year, next cycles: {cycle.gpus:,} GPUs x 1 new point (rows updated)",
+                    statistics.median(cycle.times), "ms",
+                    f"median of {cycles}; {min(cycle.times):.0f}–{max(cycle.times):.0f} ms",
+                    f"{min(cycle.queries)}–{max(cycle.queries)} queries each")  # fmt: skip
     finally:
         Job.objects.filter(id__in=[row.id for row in rows]).delete()
 

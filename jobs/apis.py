@@ -481,7 +481,7 @@ class JobCancelApi(APIView):
         responses={200: JobSummaryOutputSerializer, 202: JobSummaryOutputSerializer},
         description="200: cancelled at once (it had not reached Slurm). 202: cancel passed on to Slurm; "
         "the state becomes CANCELLED at the next sync. 409: the job already ended. `?task=N`: only task N of an "
-        "array job (202; the other tasks go on).",
+        "array job (202: its cancel passed on to the scheduler by a worker; the other tasks go on; 409: the task already ended).",
         parameters=[OpenApiParameter("task", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False)],
     )
     def post(self, request, job_id):

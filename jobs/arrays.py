@@ -9,6 +9,7 @@ is in as a whole) and the per-task states, which ``array_tasks_record`` stores."
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 from gpuportal_sbatch.directives import DirectiveError, parse_array
@@ -106,6 +107,36 @@ def forgotten_tasks(job: Job, record, known: dict[int, dict]) -> list:
                             array_tasks=str(index), start_time=seen.get(index, (None, None))[1], exit_code=None)  # fmt: skip
         for index in _indexes(job.array) if index not in known
     ]
+
+
+def array_task_indexes(job: Job) -> list[int]:
+    """The indexes of the array's tasks (its --array value; no query)."""
+    return _indexes(job.array)
+
+
+def array_index_ranges(indexes: list[int]) -> str:
+    """Sorted indexes as squeue writes a record of tasks not started ("0-3,5-5,7-9"): every part a range,
+    so array_view reads them as such, never as one started task's row."""
+    parts: list[str] = []
+    for index in sorted(indexes):
+        if parts and int(parts[-1].split("-")[1]) == index - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{index}"
+        else:
+            parts.append(f"{index}-{index}")
+    return ",".join(parts)
+
+
+def array_tasks_to_start(indexes: list[int], limit: int, listed: dict[int, str], done: Collection[int]) -> tuple[list[int], list[int]]:
+    """An array under a ``%N`` limit whose scheduler does not hold its tasks back (Kubernetes: each task
+    is a Job the portal creates): (the tasks to start now, the tasks still waiting), lowest index
+    first as Slurm starts them. ``listed``: the tasks the scheduler holds, by index, in the portal's
+    state (an ended one no longer counts against the limit); ``done``: the tasks never to start (again):
+    recorded as ended, cancelled alone (no Job any more), or held by the scheduler once (a Job deleted
+    by hand is not run twice). At most ``limit`` tasks are unfinished at once."""
+    unfinished = sum(1 for state in listed.values() if state not in TERMINAL_STATES)
+    waiting = [index for index in indexes if index not in listed and index not in done]
+    room = max(0, limit - unfinished)
+    return waiting[:room], waiting[room:]
 
 
 def tasks_without_exit_code(tasks: dict[int, dict]) -> list[int]:

@@ -307,6 +307,8 @@ class JobArrayTask(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # a cancel of this task alone asked for (POST …/cancel/?task=N), passed on by the job_array_task_cancel_relay task
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["job", "index"]

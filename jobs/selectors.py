@@ -166,7 +166,8 @@ def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty,
     gone (the sync deleted the finished Job, or a cancel the running one) the copy kept before it
     (jobs.services.output; an array task's: its own, ``task``):
     read first when it is whole (an ended job's log does not change), else only when the pod's log
-    cannot be had any more. One more query, for a job that has ended."""
+    cannot be had any more (a task cancelled alone while its array goes on: its own copy). One more
+    query, for a job that has ended or is an array."""
     from portal.slurm import SlurmError, get_gateway
     from portal.slurm.kube_job import array_indexes
 
@@ -177,10 +178,11 @@ def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty,
     final = job.state in TERMINAL_STATES
     if job.array and task is None:
         task = next(iter(array_indexes(job.array)), None)  # the first task's, as on Slurm
-    # an array task's log is its own pod's, and so is its copy (task: null for a job that is not an array)
+    # an array task's log is its own pod's, and so is its copy (task: null for a job that is not an array); a task
+    # cancelled alone has its copy while its array goes on: read once its pod's log cannot be had
     copy = (JobLogCopy.objects.filter(job=job, task=task if job.array else None).only("data", "truncated").first()
-            if final else None)  # fmt: skip
-    if copy is not None and not copy.truncated:
+            if final or job.array else None)  # fmt: skip
+    if final and copy is not None and not copy.truncated:
         return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=True)
     account = kubernetes_namespace(job)
     try:
@@ -188,11 +190,11 @@ def _scheduler_output(job: Job, stream: str, *, offset: int, length: int, empty,
         raw = get_gateway(job.slurm_cluster).job_log(job.slurm_job_id, account=account, limit_bytes=offset + length, **kwargs)
     except SlurmError as exc:
         if copy is not None:
-            return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=False)
+            return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=not copy.truncated)
         return empty(f"The job's log cannot be read ({exc.message}).")
     raw = raw or b""
-    if not raw and copy is not None:  # its pod is gone: the copy, cut short
-        return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=False)
+    if not raw and copy is not None:  # its pod is gone: the copy (cut short, or a task's cancelled alone)
+        return _log_chunk(bytes(copy.data), offset=offset, length=length, final=True, whole=not copy.truncated)
     if not raw and job.state in (JobState.PENDING, JobState.ACCEPTED):
         return empty("The job has not started yet; output appears once it runs.")
     return _log_chunk(raw, offset=offset, length=length, final=final, whole=None)

@@ -72,6 +72,14 @@ def job_cancel_relay(self, job_id: str) -> str:
     return outcome
 
 
+@shared_task(**RELAY_TASK_OPTIONS)
+def job_array_task_cancel_relay(self, job_id: str, index: int) -> str:
+    """Pass a requested cancel of one array task on to the scheduler (on Kubernetes its log kept first)."""
+    outcome = services.job_array_task_cancel_relay_run(job_id, index)
+    logger.info("job cancel %s task %s: %s", job_id, index, outcome)
+    return outcome
+
+
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
 def jobs_sync_task(cluster: str | None = None) -> dict:
     """One sync cycle of one cluster (one squeue, at most one sacct; one task per cluster,
@@ -90,7 +98,7 @@ def jobs_sync_task(cluster: str | None = None) -> dict:
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60)
 def jobs_sweep_task() -> dict:
-    """Re-enqueue relays of jobs stuck in ACCEPTED (one drain) and cancels not yet passed on to Slurm."""
+    """Re-enqueue relays of jobs stuck in ACCEPTED (one drain) and cancels (of jobs, of array tasks) not yet passed on to Slurm."""
     return services.jobs_sweep()
 
 

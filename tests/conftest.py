@@ -334,6 +334,7 @@ def use_gateway():
 def relays(monkeypatch):
     """Record relay/cancel enqueues instead of running them: unit, security and fuzz tests never
     reach Slurm. ``calls["relay"]`` gets job ids, ``calls["relay_batch"]`` lists of ids,
+    ``calls["cancel_task"]`` (job id, index) of an array task cancelled alone,
     ``calls["drain"]`` one None per relay drain published (a single-job submit, the sweeper). The
     drain's stand-in clears the drain's coalescing flag as a drain that ran at once would, so every
     enqueue is recorded (tests/jobs/test_relay_drain.py tests the coalescing itself)."""
@@ -345,11 +346,12 @@ def relays(monkeypatch):
         calls["drain"].append(None)
         coalesced_done(relay_drain_key())
 
-    calls: dict[str, list] = {"relay": [], "relay_batch": [], "drain": [], "cancel": []}
+    calls: dict[str, list] = {"relay": [], "relay_batch": [], "drain": [], "cancel": [], "cancel_task": []}
     monkeypatch.setattr(tasks.job_relay, "delay", lambda job_id: calls["relay"].append(job_id))
     monkeypatch.setattr(tasks.job_relay_batch, "delay", lambda job_ids: calls["relay_batch"].append(job_ids))
     monkeypatch.setattr(tasks.job_relay_drain, "delay", drain)
     monkeypatch.setattr(tasks.job_cancel_relay, "delay", lambda job_id: calls["cancel"].append(job_id))
+    monkeypatch.setattr(tasks.job_array_task_cancel_relay, "delay", lambda job_id, index: calls["cancel_task"].append((job_id, index)))
     return calls
 
 

@@ -15,6 +15,9 @@ from portal.models import SyncStatus
 from portal.slurm import cluster_config
 
 ROLLUP_KIND = "rollup"
+# When the portal last had Slurm fix runaway jobs on a cluster (jobs.services.sync, ``sacctmgr -i show
+# runawayjobs``): SyncStatus "runaway_fix" / "runaway_fix:NAME", its last_success_at.
+RUNAWAY_FIX_KIND = "runaway_fix"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,25 @@ def rollup_message(rolled_up_to: dt.datetime | None, *, cluster: str, now: dt.da
     if now - rolled_up_to > limit:
         return True, f"sreport has not rolled up since {when:%Y-%m-%d %H:%M} UTC on cluster {cluster}"
     return False, f"sreport has rolled up to {when:%Y-%m-%d %H:%M} UTC"
+
+
+def reroll_pending(rolled_up_to: dt.datetime | None, *, cluster: str) -> str:
+    """What to say while sreport still holds figures that Slurm's runaway fix has made wrong ("" when
+    nothing is pending). The fix sets slurmdbd's roll-up marker back (to the start of the week of the
+    runaway's start, measured on 22.05 and 25.11) and the next hourly roll-up rolls those hours up
+    again; until then sreport counts a fixed runaway as running where sacct and the portal end it at its
+    start. That roll-up covers the hour the fix ran in, so the re-roll is done once the cluster's roll-up
+    reaches that hour's end."""
+    row = SyncStatus.objects.filter(kind=SyncStatus.kind_for(RUNAWAY_FIX_KIND, cluster)).first()
+    if row is None or row.last_success_at is None:
+        return ""
+    fixed_at = row.last_success_at.astimezone(dt.UTC)
+    rerolled_by = fixed_at.replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1)
+    if rolled_up_to is not None and rolled_up_to >= rerolled_by:
+        return ""
+    return (f"Slurm's runaway jobs were fixed at {fixed_at:%Y-%m-%d %H:%M} UTC on cluster {cluster}: sreport is "
+            f"rolled up again by slurmdbd's first roll-up after {rerolled_by:%H:%M} UTC, and its figures are not "
+            "compared until then")
 
 
 def rollup_status(cluster: str | None = None, *, now: dt.datetime | None = None) -> RollupStatus:

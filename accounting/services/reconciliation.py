@@ -18,7 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounting.calendar import billing_midnight, next_month
-from accounting.selectors.rollup import ROLLUP_KIND, rollup_message
+from accounting.selectors.rollup import ROLLUP_KIND, reroll_pending, rollup_message
 from accounting.selectors.usage import account_gpu_seconds
 from portal.models import SyncStatus
 from portal.services import sync_record_failure, sync_record_success
@@ -103,10 +103,11 @@ def usage_reconcile(
         name = cluster_config(name).name
         to = rolled_up_to(cluster=name, now=now)
         end = max(month_begin, min(month_end, to)) if to is not None else month_begin
-        result = ClusterReconciliation(cluster=name, start=month_begin, end=end, rolled_up_to=to)
         stale, message = rollup_message(to, cluster=name, now=now)
-        if stale and end < month_end:
-            result.stale = message
+        message = message if stale and end < month_end else ""
+        if pending := reroll_pending(to, cluster=name):  # sreport's hours are being rolled up again
+            end, message = month_begin, pending
+        result = ClusterReconciliation(cluster=name, start=month_begin, end=end, rolled_up_to=to, stale=message)
         if end > month_begin:
             result.sreport = get_gateway(name).account_gpu_minutes(month_begin, end)
             result.portal = account_gpu_seconds(start_at=month_begin, end_at=end, cluster=name)

@@ -17,7 +17,7 @@ def _client(args) -> Client:
         raise CliError(str(exc)) from None
     if not cfg.url or not cfg.token:
         raise CliError("Not logged in: run `gpuportal login` (or set GPUPORTAL_URL and GPUPORTAL_TOKEN).", EXIT_AUTH)
-    return Client(cfg.url, cfg.token, timeout=args.timeout)
+    return Client(cfg.url, cfg.token, timeout=args.timeout, on_retry=lambda line: _err(f"gpuportal: {line}"))
 
 
 def cmd_login(args) -> int:

@@ -29,7 +29,7 @@ import ssl
 import time
 import urllib.parse
 import urllib.request
-from typing import Any, Tuple
+from typing import Any, Callable, Tuple
 
 USER_AGENT = "gpuportal-cli/1"
 RETRY_STATUSES = {502, 503, 504}  # retried for repeatable requests
@@ -77,8 +77,10 @@ def origin_of(url: str) -> Origin:
 
 
 class Client:
-    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retries: int = RETRIES, backoff: float | None = None):
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retries: int = RETRIES, backoff: float | None = None,
+                 on_retry: Callable[[str], None] | None = None):  # fmt: skip
         self.base_url = base_url.rstrip("/")
+        self.on_retry = on_retry  # told each retry's cause and wait (the CLI: one line on stderr)
         self.token = token
         self.timeout = timeout
         self.retries = retries
@@ -144,7 +146,9 @@ class Client:
             except (OSError, http.client.HTTPException) as exc:
                 if repeatable and retries_left > 0:
                     retries_left -= 1
-                    time.sleep(min(self._backoff() * 2**attempt, RETRY_BACKOFF_MAX_SECONDS))
+                    wait = min(self._backoff() * 2**attempt, RETRY_BACKOFF_MAX_SECONDS)
+                    self._retrying(method, url, getattr(exc, "reason", None) or str(exc) or type(exc).__name__, wait)
+                    time.sleep(wait)
                     attempt += 1
                     continue
                 reason_text = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
@@ -164,6 +168,7 @@ class Client:
                 if wait <= RETRY_AFTER_MAX_SECONDS:
                     retries_left -= 1
                     attempt += 1
+                    self._retrying(method, url, f"{status} {reason}".strip(), wait)
                     time.sleep(wait)
                     continue
             if status >= 400:
@@ -174,6 +179,10 @@ class Client:
                 return json.loads(raw)
             except ValueError:
                 raise ApiError(status, _not_json(method, url, status, reason, answer_headers), from_api=False) from None
+
+    def _retrying(self, method: str, url: str, cause: str, wait: float) -> None:
+        if self.on_retry is not None:
+            self.on_retry(f"{method} {url}: {cause}; trying again in {wait:.0f} s")
 
     def _redirect_target(self, method: str, url: str, status: int, location: str) -> str:
         target = urllib.parse.urljoin(url, location)

@@ -25,7 +25,13 @@ A test or bench that patches a module attribute (``RELAY_LEASE_SECONDS``, ``_hol
 ``after_commit``, ``ACCOUNTING_BY_ID_MAX``…) patches the submodule that uses it, not this package.
 """
 
-from jobs.services.cancel import _may_cancel, job_array_task_cancel, job_cancel, job_cancel_relay_run
+from jobs.services.cancel import (
+    _may_cancel,
+    job_array_task_cancel,
+    job_array_task_cancel_relay_run,
+    job_cancel,
+    job_cancel_relay_run,
+)
 from jobs.services.gpu_alerts import gpu_idle_alert_deliver, gpu_idle_alerts_check, gpu_idle_alerts_sweep
 from jobs.services.gpu_usage import gpu_samples_compact_batch, gpu_usage_finalise, gpu_usage_record, gpu_usage_sync
 from jobs.services.retention import retention_apply
@@ -97,6 +103,7 @@ __all__ = [
     "gpu_usage_record",
     "gpu_usage_sync",
     "job_array_task_cancel",
+    "job_array_task_cancel_relay_run",
     "job_cancel",
     "job_cancel_relay_run",
     "job_end_notify_send",

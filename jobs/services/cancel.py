@@ -97,25 +97,29 @@ def job_cancel_relay_run(job_id) -> str:
     return "sent"
 
 
-def _logs_keep_before_delete(gateway, job: Job) -> None:
+def _logs_keep_before_delete(gateway, job: Job, *, task: int | None = None) -> None:
     """Kubernetes: the cancel deletes the job's Jobs, and with their pods go their logs (the job's
-    output): kept first, a running job's log so far, each task's for an array (job_logs_keep, as
-    the sync keeps a finished job's). A log that cannot be read now (its node's kubelet not answering)
-    is lost and said in the log: a user's cancel does not wait for it."""
+    output): kept first, a running job's log so far, each task's for an array — or the one task's
+    being cancelled alone (``task``) — (job_logs_keep, as the sync keeps a finished job's). A log that
+    cannot be read now (its node's kubelet not answering) is lost and said in the log: a user's
+    cancel does not wait for it."""
+    what = f"job {job.pk}" + (f" task {task}" if task is not None else "")
     try:
         kept, _ = job_logs_keep(gateway=gateway, cluster=job.cluster.name,
-                                jobs=[(kubernetes_namespace(job), job.slurm_job_id)])  # fmt: skip
+                                jobs=[(kubernetes_namespace(job), job.slurm_job_id)], task=task)  # fmt: skip
     except SlurmError as exc:
-        logger.warning("job %s: its log not kept before its cancel: %s", job.pk, exc.message)
+        logger.warning("%s: its log not kept before its cancel: %s", what, exc.message)
         return
     if not kept:
-        logger.warning("job %s: its log could not be read before its cancel: lost with its Kubernetes Job", job.pk)
+        logger.warning("%s: its log could not be read before its cancel: lost with its Kubernetes Job", what)
 
 
 def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
     """Cancel one task of a live array job (``scancel <array>_<index>``), for whoever may cancel the
-    job. Not an array / not in Slurm yet / unknown index: 400; ended: 409. The sync then sees the
-    task CANCELLED; the other tasks go on. Slurm is called here, outside any transaction."""
+    job. Not an array / not in Slurm yet / unknown index: 400; the job or the task ended: 409. As a
+    whole job's cancel: the request is kept on the task's row (``cancel_requested_at``) and
+    ``job_array_task_cancel_relay`` enqueued — the web process does not talk to the scheduler —,
+    which passes it on (job_array_task_cancel_relay_run); the other tasks go on."""
     if not _may_cancel(user, job):
         raise ApplicationError("Only the submitter, a team manager or an admin may cancel this job.", status_code=403)
     if not job.array:
@@ -126,15 +130,42 @@ def job_array_task_cancel(*, user, job: Job, index: int, request=None) -> Job:
         raise ApplicationError("The job has not reached Slurm yet.", errors={"task": ["Cancel the whole job until it reaches Slurm."]})
     if index not in parse_array(job.array)[0]:
         raise ApplicationError(f"No task {index}.", errors={"task": [f"The array is {job.array}."]})
-    try:
-        get_gateway(job.cluster.name).cancel_array_task(job.slurm_job_id, index)  # the job's cluster
-    except SlurmRejected as exc:
-        raise ApplicationError(exc.message, errors={"task": [exc.message]}) from None
-    # Slurm took it: the task is cancelled (a pending one may never show as a row of its own)
-    JobArrayTask.objects.update_or_create(job=job, index=index, defaults={"state": JobState.CANCELLED})
-    audit_record(actor=user, action="job.cancel_task", target=job, team=job.team, request=request,
-                 data={"slurm_job_id": job.slurm_job_id, "index": index})  # fmt: skip
+    now = timezone.now()
+    with transaction.atomic():
+        task, _ = JobArrayTask.objects.select_for_update().get_or_create(job=job, index=index)
+        if task.state in TERMINAL_STATES:
+            message = f"Task {index} already ended ({task.state})."
+            raise Conflict(message, errors={"task": [message]})
+        task.cancel_requested_at = now
+        task.save(update_fields=["cancel_requested_at"])
+        after_commit("jobs.tasks.job_array_task_cancel_relay", str(job.pk), index)
+        audit_record(actor=user, action="job.cancel_task", target=job, team=job.team, request=request,
+                     data={"slurm_job_id": job.slurm_job_id, "index": index})  # fmt: skip
     return job
+
+
+def job_array_task_cancel_relay_run(job_id, index: int) -> str:
+    """Pass a requested cancel of one array task on to the scheduler (what the
+    ``job_array_task_cancel_relay`` task does): on Kubernetes the task's pod log is kept first
+    (_logs_keep_before_delete, as a whole job's cancel keeps its tasks'), then its Job deleted; the
+    task recorded CANCELLED. Safe to repeat. A refusal (the job gone from the scheduler) is logged and
+    leaves the task to the sync; raises SlurmUnavailable for the task to retry."""
+    task = (JobArrayTask.objects.filter(job_id=job_id, index=index, cancel_requested_at__isnull=False)
+            .select_related("job__cluster").first())  # fmt: skip
+    if task is None or task.state in TERMINAL_STATES or task.job.is_terminal or task.job.slurm_job_id is None:
+        return "nothing-to-do"
+    job = task.job
+    gateway = get_gateway(job.cluster.name)
+    if job_on_kubernetes(job):
+        _logs_keep_before_delete(gateway, job, task=index)
+    try:
+        gateway.cancel_array_task(job.slurm_job_id, index)
+    except SlurmRejected as exc:
+        logger.warning("job %s: task %s not cancelled: %s", job.pk, index, exc.message)
+        return "rejected"
+    # the scheduler took it: the task is cancelled (a pending one may never show as a row of its own)
+    JobArrayTask.objects.filter(pk=task.pk).exclude(state__in=TERMINAL_STATES).update(state=JobState.CANCELLED)
+    return "sent"
 
 
 IDLE_CANCEL_REASON = "gpuportal: cancelled, idle GPUs"

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Collection
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from jobs.models import Job, JobLogCopy
@@ -23,13 +23,15 @@ logger = logging.getLogger(__name__)
 KEEP_BATCH = 64
 
 
-def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -> tuple[list[tuple[str, int]], list[str]]:
+def job_logs_keep(
+    *, gateway, cluster: str, jobs: Collection[tuple[str, int]], task: int | None = None
+) -> tuple[list[tuple[str, int]], list[str]]:
     """Keep the pod logs of these Jobs of a Kubernetes cluster, given as (namespace, job number):
     each job's newest started pod's log (what the reader showed while it ran) — for an array job, each
     task's (a Job and a pod of its own) — its first GPUPORTAL_K8S_LOG_COPY_MAX_BYTES (``truncated``
-    when there was more), one JobLogCopy per portal job and task. The sync calls it for finished
-    Jobs before it deletes them, the cancel for a job's Jobs before it deletes them (a running job's
-    log so far). Returns the Jobs that may now be deleted: those whose logs are kept (now or by an
+    when there was more), one JobLogCopy per portal job and task; ``task``: that array task's alone.
+    The sync calls it for finished Jobs before it deletes them, the cancel for a job's Jobs before it
+    deletes them (a running job's log so far; a task cancelled alone: its own). Returns the Jobs that may now be deleted: those whose logs are kept (now or by an
     earlier cycle), that had none (no pod of theirs started), or whose portal job is unknown — never
     one with a log that could not be read (its node's kubelet not answering, the API server down):
     that job's Jobs stay for the next cycle, their logs with them. With the setting 0, no copy is
@@ -46,16 +48,17 @@ def job_logs_keep(*, gateway, cluster: str, jobs: Collection[tuple[str, int]]) -
     skipped: list[str] = []
     for i in range(0, len(jobs), KEEP_BATCH):
         batch = jobs[i : i + KEEP_BATCH]
+        copied = Count("log_copies", filter=Q(log_copies__task=task)) if task is not None else Count("log_copies")
         rows = (Job.objects.filter(slurm_cluster=cluster, slurm_job_id__in=[n for _, n in batch])
-                .annotate(copies=Count("log_copies")).values_list("pk", "slurm_job_id", "ended_at", "array_tasks", "copies"))  # fmt: skip
+                .annotate(copies=copied).values_list("pk", "slurm_job_id", "ended_at", "array_tasks", "copies"))  # fmt: skip
         # kept: a copy per task (an array's task that never started has none: its tasks are read again)
-        known = {number: (pk, ended_at, copies >= tasks) for pk, number, ended_at, tasks, copies in rows}
+        known = {number: (pk, ended_at, copies >= (1 if task is not None else tasks)) for pk, number, ended_at, tasks, copies in rows}
         deletable += [(ns, n) for ns, n in batch if n not in known or known[n][2]]
         wanted = [(ns, n) for ns, n in batch if n in known and not known[n][2]]
         if not wanted:
             continue
         try:
-            logs, denied = gateway.job_logs(wanted, limit_bytes=cap + 1)  # one byte more: whether the log went on
+            logs, denied = gateway.job_logs(wanted, limit_bytes=cap + 1, task=task)  # one byte more: whether the log went on
         except SlurmUnavailable as exc:
             logger.warning("cluster %s: pod logs not kept, their Jobs not deleted: %s", cluster, exc.message)
             return deletable, skipped

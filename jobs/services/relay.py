@@ -483,7 +483,7 @@ def jobs_lost_resend(*, jobs: list[Job], now: dt.datetime) -> int:
     the first, so the relay looks for their tag in Slurm before it submits (a job the controller does
     know after all is adopted, not sent twice). Conditional: only a job still live, never started and
     still under the lost id changes. Their budget holds stay (the new id is noted when seen)."""
-    lost = {job.pk: job.slurm_job_id for job in jobs}
+    lost = {job.id: job.slurm_job_id for job in jobs}
     with transaction.atomic():
         rows = [
             (pk, slurm_job_id) for pk, slurm_job_id in Job.objects.select_for_update()

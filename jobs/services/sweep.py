@@ -13,7 +13,7 @@ from django.utils import timezone
 from accounting.models import BudgetHold
 from accounting.services import budget_holds_release
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
-from jobs.models import Job
+from jobs.models import Job, JobArrayTask
 from jobs.services.relay import _lease_free
 from portal.outbox import publish
 
@@ -21,9 +21,10 @@ from portal.outbox import publish
 def jobs_sweep() -> dict:
     """Re-enqueue work that got stuck: relays of jobs ACCEPTED for longer than
     JOB_ACCEPTED_SWEEP_SECONDS (the relay's claim and find-by-tag make a repeat harmless), and
-    cancels requested but not yet passed on to Slurm. Two queries, then ONE relay drain (it claims
-    every waiting job, these among them; published even while a drain's coalescing flag is up: its
-    holder may be dead) and one cancel relay per job."""
+    cancels requested but not yet passed on to Slurm — a job's, and an array task's cancelled alone
+    (still live that long after: its relay is sent again, harmless). Three queries, then ONE relay
+    drain (it claims every waiting job, these among them; published even while a drain's coalescing
+    flag is up: its holder may be dead), one cancel relay per job and one per task."""
     now = timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS)
     relay_ids = list(
@@ -35,11 +36,18 @@ def jobs_sweep() -> dict:
         .filter(Q(cancel_sent_at__isnull=True) | Q(cancel_sent_at__lt=cutoff))
         .values_list("pk", flat=True)[:1000]
     )
+    task_cancels = list(
+        JobArrayTask.objects.filter(cancel_requested_at__lt=cutoff, job__state__in=LIVE_STATES)
+        .exclude(state__in=TERMINAL_STATES)
+        .values_list("job_id", "index")[:1000]
+    )
     if relay_ids:
         publish("jobs.tasks.job_relay_drain")
     for job_id in cancel_ids:
         publish("jobs.tasks.job_cancel_relay", str(job_id))
-    return {"relays": len(relay_ids), "cancels": len(cancel_ids)}
+    for job_id, index in task_cancels:
+        publish("jobs.tasks.job_array_task_cancel_relay", str(job_id), index)
+    return {"relays": len(relay_ids), "cancels": len(cancel_ids), "task_cancels": len(task_cancels)}
 
 
 HOLD_SWEEP_BATCH = 1000

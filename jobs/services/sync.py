@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from accounting.selectors.rollup import RUNAWAY_FIX_KIND
 from accounting.services import (
     budget_holds_identify,
     budget_holds_release,
@@ -22,18 +23,29 @@ from accounting.services import (
     runaway_fixed,
     usage_runaway_close,
 )
-from jobs.arrays import array_tasks_record, array_view, ended_tasks, forgotten_tasks, group_by_array, tasks_without_exit_code
+from jobs.arrays import (
+    array_index_ranges,
+    array_task_indexes,
+    array_tasks_record,
+    array_tasks_to_start,
+    array_view,
+    ended_tasks,
+    forgotten_tasks,
+    group_by_array,
+    tasks_without_exit_code,
+)
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState, state_from_slurm, transition_allowed
 from jobs.dependencies import NEVER_SATISFIED, dependents_waiting, never_satisfied_cancel
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobArrayTask, JobEvent
 from jobs.pending import Outlook, estimate_moved, queue_outlook
 from jobs.services.output import job_logs_keep
-from jobs.services.relay import jobs_lost_resend, relay_drain_after_commit
+from jobs.services.relay import _submission_for, jobs_lost_resend, relay_drain_after_commit
 from portal.db import bulk_update
 from portal.models import SyncStatus
 from portal.outbox import after_commit
-from portal.slurm import SlurmError, SlurmUnavailable, cluster_config, get_gateway
-from portal.slurm.tags import SLURM_TAG_PREFIX, record_is_job
+from portal.services import sync_record_failure, sync_record_success
+from portal.slurm import SlurmError, SlurmRejected, SlurmUnavailable, cluster_config, get_gateway
+from portal.slurm.tags import SLURM_TAG_PREFIX, record_is_job, slurm_tag
 from portal.unix import unix_ids
 
 logger = logging.getLogger(__name__)
@@ -42,7 +54,7 @@ logger = logging.getLogger(__name__)
 _SYNC_FIELDS = [
     "id", "state", "state_reason", "cancel_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
     "exit_code", "created_at", "array", "array_tasks", "expected_start_at", "queue_position", "expected_start_moved_from",
-    "gone_from_queue_at",
+    "gone_from_queue_at", "array_throttle", "cancel_requested_at",
 ]  # fmt: skip
 # A job the portal has seen start: while in these states, its absence from the queue with no end in
 # accounting means its controller forgot it (_forgotten_while_running)
@@ -70,13 +82,13 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     Slurm unavailable: the failure is recorded (SyncStatus "jobs", another cluster's "jobs:NAME")
     and nothing changes; the next
     cycle catches up. Returns figures: live, changed, queue_calls, accounting_calls, duration_ms."""
-    from portal.services import sync_record_failure, sync_record_success
-
     started = time.monotonic()
     config = cluster_config(cluster)
     name = config.name
     kind = SyncStatus.kind_for("jobs", name)
-    live = list(Job.objects.filter(state__in=LIVE_STATES, cluster__name=name).only(*_SYNC_FIELDS))
+    # the live jobs as rows of _SYNC_FIELDS (named tuples, Django's values_list(named=True)), not model
+    # instances: a third of the cost at 10 000 live jobs (bench/results.md); writes go through _apply_plan
+    live = list(Job.objects.filter(state__in=LIVE_STATES, cluster__name=name).values_list(*_SYNC_FIELDS, named=True))
     stats: dict[str, Any] = {"live": len(live), "changed": 0, "queue_calls": 0, "accounting_calls": 0}
     gateway = get_gateway(name)
     followed = [j for j in live if j.slurm_job_id is not None or j.state == JobState.ACCEPTED]
@@ -90,7 +102,12 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
         return stats | {"error": str(exc)}
     stats["queue_calls"] = 1 if followed or ttl else 0
     array_ended = ended_tasks([j.id for j in followed if j.array and j.slurm_job_id is not None])
-    entries, array_tasks, need_accounting = _pair_with_queue(followed, queue, array_ended)
+    # Kubernetes holds no array's tasks back: the next ones under its %N limit are created now
+    waiting = []
+    if config.is_kubernetes:
+        waiting, started_stats = _array_tasks_start(gateway, followed, queue, array_ended)
+        stats |= started_stats
+    entries, array_tasks, need_accounting = _pair_with_queue(followed, [*queue, *waiting], array_ended)
     records, accounting_ok = {}, False
     if need_accounting:
         stats["accounting_calls"] = 1
@@ -209,11 +226,11 @@ def _forgotten_end(gateway, forgotten: list[Job], records: dict, *, queue_read_a
     Then Slurm's fix (gateway.runaway_jobs_fix, ``sacctmgr -i show runawayjobs``), outside the
     transaction; without the AdminLevel it needs the portal's figures stand alone and the failure
     is reported. Returns figures for the sync's stats."""
-    unmarked = [job.pk for job in forgotten if job.gone_from_queue_at is None]
+    unmarked = [job.id for job in forgotten if job.gone_from_queue_at is None]
     if unmarked:
         Job.objects.filter(pk__in=unmarked, gone_from_queue_at__isnull=True).update(gone_from_queue_at=queue_read_at)
     before = queue_read_at - dt.timedelta(seconds=settings.JOB_LOST_AFTER_SECONDS)
-    due = {job.pk: job.slurm_job_id for job in forgotten if job.gone_from_queue_at is not None and job.gone_from_queue_at <= before}
+    due = {job.id: job.slurm_job_id for job in forgotten if job.gone_from_queue_at is not None and job.gone_from_queue_at <= before}
     stats: dict[str, Any] = {"forgotten_seen": len(unmarked), "forgotten_ended": 0}
     if not due:
         return stats
@@ -245,6 +262,8 @@ def _forgotten_end(gateway, forgotten: list[Job], records: dict, *, queue_read_a
     if runaways:
         try:
             stats["runaway_fixed"] = len(gateway.runaway_jobs_fix())
+            # slurmdbd rolls those hours up again at its next roll-up: the reconciliation waits for it
+            sync_record_success(SyncStatus.kind_for(RUNAWAY_FIX_KIND, cluster), data={"jobs": stats["runaway_fixed"]})
         except SlurmError as exc:  # no Operator level (or slurmdbd gone again): sacct keeps them running
             logger.warning("sacctmgr show runawayjobs (fix) failed: %s", exc)
             stats["runaway_fix_error"] = str(exc)
@@ -283,6 +302,77 @@ def _finished_jobs_delete(gateway, queue, *, cluster: str, older_than: dt.dateti
     return deleted, unread + skipped
 
 
+def _array_tasks_start(gateway, followed: list[Job], queue, array_ended: dict) -> tuple[list, dict]:
+    """Kubernetes (issue 41): the ``%N`` limit of its live array jobs, which no scheduler enforces there
+    (each task is a Job the portal creates; the submission created the first N). From this cycle's
+    one list of Jobs: the tasks to start now (jobs.arrays.array_tasks_to_start: at most N unfinished,
+    never a task the portal recorded as ended, cancelled alone, or saw held once), created
+    through the submission's create (gateway.array_tasks_start: named after the job and the task, so a
+    create retried is that Job); none for a job whose cancel was asked for. Returns (queue rows for the
+    tasks not held by the scheduler yet — still waiting: PENDING, reason JobArrayTaskLimit, as squeue
+    shows a throttled array's record; created now: PENDING — added to the cycle's queue, so the job
+    shows every task; figures for the stats). A job none of whose Jobs is held (deleted: a cancel, an
+    admin) gets none, and its accounting says what became of it — unless the portal cancelled one of its
+    tasks alone (the only one running, its Job gone): the next one is started. One query of the tasks
+    cancelled alone or held once (never started again), one of the jobs whose tasks start (their
+    stored requests), and two afterwards for a cancel asked for meanwhile (the whole job's, or that
+    task's: its relay is sent again); no API call but the creates."""
+    throttled = [j for j in followed if j.array and j.array_throttle and j.slurm_job_id is not None and j.cancel_requested_at is None]
+    if not throttled:
+        return [], {}
+    # tasks never created again: cancelled alone (asked for, maybe not passed on yet, or done), or held by the
+    # scheduler once (a Job of theirs was listed: their own id recorded) — a Job deleted by hand is not run twice
+    cancelled: dict[uuid.UUID, set[int]] = {}
+    held_once: dict[uuid.UUID, set[int]] = {}
+    for job_id, index, asked, state, own_id in JobArrayTask.objects.filter(job_id__in=[j.id for j in throttled]).filter(
+        Q(cancel_requested_at__isnull=False) | Q(state=JobState.CANCELLED) | Q(slurm_job_id__isnull=False)
+    ).values_list("job_id", "index", "cancel_requested_at", "state", "slurm_job_id"):
+        if asked is not None or state == JobState.CANCELLED:
+            cancelled.setdefault(job_id, set()).add(index)
+        if own_id is not None:
+            held_once.setdefault(job_id, set()).add(index)
+    by_array = group_by_array(queue)
+    rows_out: list = []
+    starts: dict[uuid.UUID, tuple[Job, list[int]]] = {}
+    for job in throttled:
+        rows = [r for r in by_array.get(job.slurm_job_id, []) if _is_ours(r, job)]
+        done = set(array_ended.get(job.id, {})) | cancelled.get(job.id, set()) | held_once.get(job.id, set())
+        if not rows and not cancelled.get(job.id):
+            continue
+        listed = {int(r.array_tasks): state_from_slurm(r.state) or JobState.PENDING for r in rows}
+        start, waiting = array_tasks_to_start(array_task_indexes(job), job.array_throttle, listed, done)
+        if start:
+            starts[job.id] = (job, start)
+        if rows:  # squeue's record of an array's tasks not started: the array's id, the indexes
+            base = dataclasses.replace(rows[0], job_id=job.slurm_job_id, state="PENDING", nodes="", start_time=None,
+                                       end_time=None)  # fmt: skip
+            rows_out += [dataclasses.replace(base, array_tasks=array_index_ranges(indexes), reason=reason)
+                         for indexes, reason in ((waiting, "JobArrayTaskLimit"), (start, "None")) if indexes]  # fmt: skip
+    stats: dict[str, Any] = {"array_tasks_started": 0}
+    if not starts:
+        return rows_out, stats
+    started: dict[uuid.UUID, list[int]] = {}
+    for full in Job.objects.filter(pk__in=list(starts)).select_related("submitter"):
+        indexes = starts[full.pk][1]
+        try:
+            gateway.array_tasks_start(_submission_for(full, ensure_dirs=False), indexes)
+        except SlurmRejected as exc:
+            logger.warning("job %s: array tasks %s not started: %s", full.pk, indexes, exc.message)
+            continue
+        except SlurmUnavailable as exc:  # the next cycle tries again
+            stats["array_tasks_error"] = str(exc)
+            break
+        started[full.pk] = indexes
+        stats["array_tasks_started"] += len(indexes)
+    if started:  # a cancel asked for while they were created: sent again, so nothing created outlives it
+        for job_id in Job.objects.filter(pk__in=list(started), cancel_requested_at__isnull=False).values_list("pk", flat=True):
+            after_commit("jobs.tasks.job_cancel_relay", str(job_id))
+        for job_id, index in JobArrayTask.objects.filter(job_id__in=list(started), cancel_requested_at__isnull=False).values_list("job_id", "index"):
+            if index in started[job_id] and index not in cancelled.get(job_id, set()):
+                after_commit("jobs.tasks.job_array_task_cancel_relay", str(job_id), index)
+    return rows_out, stats
+
+
 def _is_ours(record, job: Job) -> bool:
     """Whether a queue entry or accounting record found by the job's Slurm id is the job's
     (portal.slurm.tags.record_is_job: its tag, or no comment and submitted while the portal sent it)."""
@@ -302,7 +392,7 @@ def _pair_with_queue(followed: list[Job], queue, array_ended: dict) -> tuple[dic
     array_tasks: dict[uuid.UUID, dict] = {}
     need_accounting: list[Job] = []
     for job in followed:
-        tag = job.slurm_tag
+        tag = slurm_tag(job.id)
         if job.slurm_job_id is None:
             entry = tagged.get(tag)  # ACCEPTED, relay crashed after sbatch: adopt the id
             if entry is not None and entry.array_job_id is not None:

@@ -48,6 +48,12 @@ class SlurmGateway(abc.ABC):
         """Cancel one task of an array job (``scancel 123_4``). Backends that cannot say so."""
         raise t.SlurmRejected("This Slurm backend cannot cancel one task of an array job.")
 
+    def array_tasks_start(self, submission: t.JobSubmission, indexes: Collection[int]) -> None:
+        """Start these tasks of an array submitted earlier, which the scheduler does not hold back
+        itself under the array's ``%N`` limit (Kubernetes: the portal creates each task's Job as
+        earlier ones end). Slurm holds them back itself: backends that cannot say so."""
+        raise t.SlurmRejected("This scheduler starts an array's tasks itself.")
+
     @abc.abstractmethod
     def queue(self) -> list[t.QueueEntry]:
         """Every job the controller holds, in one call."""

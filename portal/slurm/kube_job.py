@@ -18,8 +18,9 @@ What the Job gets:
   ``gpuportal-<uuid>-<index>``, labelled with the index (``LABEL_TASK``) besides the job's uuid and
   number, its pod's environment carrying SLURM_ARRAY_JOB_ID (the job's number), SLURM_ARRAY_TASK_ID,
   _COUNT, _MIN, _MAX and _STEP as sbatch sets them; the task's own id (Slurm's %A of a task) is
-  ``task_number``. A ``%N`` limit on the tasks running at once is refused (``refusal``): nothing
-  would hold the next tasks back;
+  ``task_number``. A ``%N`` limit on the tasks running at once (``array_limit``) is the portal's to
+  enforce: the submission creates the first N tasks' Jobs, the sync the next ones as earlier ones end
+  (``jobs.arrays.array_tasks_to_start``), through the same create (``KubernetesGateway.array_tasks_start``);
 - GPUs in ``limits["nvidia.com/gpu"]``, the type as the node selector ``gpu_type_label`` (the label
   GPU nodes carry), the time limit as ``activeDeadlineSeconds``, CPUs (``--cpus-per-task``,
   ``--cpus-per-gpu`` × GPUs) and memory (``--mem``, ``--mem-per-cpu``, ``--mem-per-gpu``) as
@@ -78,9 +79,6 @@ def refusal(option: str, value: str | None) -> str | None:
         return "only GPUs are generic resources on Kubernetes (nvidia.com/gpu)"
     if option in ("mem", "mem-per-cpu", "mem-per-gpu") and re.fullmatch(r"0+[KMGT]?B?", (value or "").strip().upper()):
         return "0 (all of the node's memory) has no counterpart on Kubernetes: give an amount"
-    if option == "array" and "%" in (value or ""):
-        return ("a %N limit on the tasks running at once is not enforced on Kubernetes (every task's Job is "
-                "created at submission): submit the array without it")
     if option == "array" and not array_indexes(value or ""):
         return f"not an array specification: {value!r}"
     if option in _MEANINGFUL:
@@ -130,6 +128,16 @@ def array_indexes(value: str) -> list[int]:
         return parse_array(value.strip())[0]
     except DirectiveError:
         return []
+
+
+def array_limit(value: str) -> int | None:
+    """The ``%N`` of an ``--array`` value: at most N of its tasks run at once (None: no limit)."""
+    from gpuportal_sbatch.directives import DirectiveError, parse_array
+
+    try:
+        return parse_array(value.strip())[1] or None
+    except DirectiveError:
+        return None
 
 
 def submission_uuid(request: JobRequest) -> uuid.UUID:

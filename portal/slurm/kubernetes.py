@@ -6,7 +6,8 @@ namespaces, and the lists of Jobs, pods and events the sync makes).
 
 - ``submit``: the stored request as a ``batch/v1`` Job (``kube_job.job_manifest``) in the team's
   namespace; a retried create answered 409 AlreadyExists is the same Job (named after the portal's
-  job), never a second one. The id returned is ``kube_job.job_number`` of the job's uuid.
+  job), never a second one. The id returned is ``kube_job.job_number`` of the job's uuid. An array
+  with a ``%N`` limit: the first N tasks' Jobs; ``array_tasks_start`` creates the next ones (the sync's).
 - ``queue`` / ``accounting``: the portal's Jobs and their pods, ONE cluster-scoped list of each (by
   label) whatever the number of jobs and namespaces, kept to the managed namespaces (label
   ``gpuportal.io/managed=true``: one list), and ONE list of Warning events when a job waits (the
@@ -121,22 +122,36 @@ class KubernetesGateway(SlurmGateway):
     # -- jobs -------------------------------------------------------------------------------------
 
     def submit(self, submission: t.JobSubmission) -> int:
-        from kubernetes.client.exceptions import ApiException
-
+        """Create the job's Job — an array's: one per task, in index order; with a ``%N`` limit only
+        the first N (the sync creates the others as earlier ones end: array_tasks_start)."""
         namespace, bodies = kj.job_manifests(submission, image=self.image, gpu_type_label=self.gpu_type_label)
         number = int(bodies[0]["metadata"]["labels"][kj.LABEL_NUMBER])
+        limit = kj.array_limit(dict(submission.request.options).get("array") or "")
+        self._jobs_create(namespace, bodies[:limit] if limit else bodies)
+        return number
+
+    def array_tasks_start(self, submission: t.JobSubmission, indexes: Collection[int]) -> None:
+        """Create these tasks' Jobs of an array submitted earlier (the sync's, under its ``%N`` limit),
+        through submit's create: a task whose Job exists already (a create retried) is that Job."""
+        namespace, bodies = kj.job_manifests(submission, image=self.image, gpu_type_label=self.gpu_type_label)
+        wanted = {str(int(i)) for i in indexes}
+        self._jobs_create(namespace, [b for b in bodies if b["metadata"]["labels"].get(kj.LABEL_TASK) in wanted])
+
+    def _jobs_create(self, namespace: str, bodies: list[dict]) -> None:
+        """One create per Job, in order; a 409 AlreadyExists (a create retried after it went through: the
+        name is the portal job's, and task's) is that Job, checked by its label, never a second one."""
+        from kubernetes.client.exceptions import ApiException
+
         batch = self._api("BatchV1Api")
-        for body in bodies:  # an array: one Job per task, in index order
+        for body in bodies:
             try:
                 self._call("create job", batch.create_namespaced_job, namespace, body)
             except ApiException as exc:
                 if exc.status == 404:
                     raise t.SlurmRejected(f"namespace {namespace!r} does not exist on {self.cluster}") from None
-                # 409: a create retried after it went through (the name is the portal job's, and task's): that Job
                 existing = self._call("read job", batch.read_namespaced_job, body["metadata"]["name"], namespace)
                 if (existing.metadata.labels or {}).get(kj.LABEL_JOB) != body["metadata"]["labels"][kj.LABEL_JOB]:
                     raise t.SlurmRejected(f"a Job named {body['metadata']['name']} exists and is not this job's") from None
-        return number
 
     def find_by_comments(self, comments) -> dict[str, int]:
         """The job number of the portal's Job carrying each tag (a relay claimed again looks up the jobs
@@ -258,9 +273,10 @@ class KubernetesGateway(SlurmGateway):
         except ApiException as exc:  # 404: the pod went meanwhile (a cancel)
             raise t.SlurmRejected(f"pods/log: {exc.status} {_message(exc)}") from None
 
-    def job_logs(self, jobs: Collection[tuple[str, int]], *, limit_bytes: int) -> tuple[dict[int, dict[int | None, tuple[str, bytes]]], list[str]]:
+    def job_logs(self, jobs: Collection[tuple[str, int]], *, limit_bytes: int, task: int | None = None) -> tuple[dict[int, dict[int | None, tuple[str, bytes]]], list[str]]:
         """What ``job_log`` serves, for many Jobs given as (namespace, job number): by number, by array
-        task index (None: a job that is not an array; an array's tasks are a Job each), the newest
+        task index (None: a job that is not an array; an array's tasks are a Job each; ``task``: that
+        array task's alone), the newest
         started pod's name and its log's first ``limit_bytes`` — {} when no pod of the job started, or
         its pods are gone. ONE cluster-scoped list of their pods (by the numbers' label, up to
         DELETE_BATCH numbers a call), then one pods/log read per pod: Kubernetes has no read of many
@@ -278,6 +294,7 @@ class KubernetesGateway(SlurmGateway):
         for i in range(0, len(numbers), DELETE_BATCH):
             chunk = numbers[i : i + DELETE_BATCH]
             selector = f"{kj.LABEL_MANAGED}={kj.MANAGED_BY},{kj.LABEL_NUMBER} in ({','.join(map(str, chunk))})"
+            selector += f",{kj.LABEL_TASK}={int(task)}" if task is not None else ""
             for pod in self._call("list pods", core.list_pod_for_all_namespaces, label_selector=selector).items:
                 labels = pod.metadata.labels or {}
                 number, task = int(labels.get(kj.LABEL_NUMBER, "0")), labels.get(kj.LABEL_TASK)
@@ -520,10 +537,14 @@ def _started(pod) -> dt.datetime | None:
 
 
 def _state(job, pod) -> str:
-    """Slurm's word for the Job's state (jobs.choices.state_from_slurm reads it)."""
-    if job.metadata.deletion_timestamp is not None:
-        return "CANCELLED"
+    """Slurm's word for the Job's state (jobs.choices.state_from_slurm reads it). A Job being deleted is
+    CANCELLED, unless it had ended before (its Complete or Failed condition older than the deletion:
+    a finished task of an array cancelled whole keeps its end)."""
     conditions = _conditions(job)
+    deleted = job.metadata.deletion_timestamp
+    ended = conditions.get("Complete") or conditions.get("Failed")
+    if deleted is not None and (ended is None or ended.last_transition_time is None or ended.last_transition_time >= deleted):
+        return "CANCELLED"
     if "Complete" in conditions:
         return "COMPLETED"
     if "Failed" in conditions:

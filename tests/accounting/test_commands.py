@@ -134,6 +134,28 @@ def test_reconcile_of_a_month_rolled_up_whole_is_not_stale(january, use_gateway)
     assert result.end == at(2026, 2, 1) and result.stale == "" and result.differences == []
 
 
+def test_reconcile_waits_for_the_reroll_after_a_runaway_fix(january, use_gateway):
+    """Slurm's runaway fix sets slurmdbd's roll-up back; until its next roll-up sreport still counts the
+    fixed runaway as running (seen after make test's runaway tests): the portal, which ran the fix,
+    compares nothing and says why; once the roll-up reaches the end of the fix's hour, it compares."""
+    from accounting.selectors.rollup import RUNAWAY_FIX_KIND
+    from accounting.services import usage_reconcile
+    from portal.models import SyncStatus
+    from portal.services import sync_record_success
+
+    sync_record_success(SyncStatus.kind_for(RUNAWAY_FIX_KIND, "gpuportal"), data={"jobs": 1}, at=at(2026, 1, 5, 3, 20))
+    gateway = _stub_sreport(use_gateway, lambda start, end: {"vision": 400, "nlp": 60}, rolled_up_to=at(2026, 1, 5, 3))
+    [result] = usage_reconcile(month=dt.date(2026, 1, 1), now=at(2026, 1, 5, 3, 30))
+    assert (result.start, result.end, result.differences) == (at(2026, 1, 1), at(2026, 1, 1), [])
+    assert result.stale.startswith("Slurm's runaway jobs were fixed at 2026-01-05 03:20 UTC on cluster gpuportal")
+    assert "04:00 UTC" in result.stale and gateway.calls.get("account_gpu_minutes", 0) == 0
+
+    gateway.rolled_up_to = at(2026, 1, 5, 4)  # the roll-up after the fix's hour: sreport is right again
+    [result] = usage_reconcile(month=dt.date(2026, 1, 1), now=at(2026, 1, 5, 4, 10))
+    assert (result.end, result.stale) == (at(2026, 1, 5, 4), "")
+    assert ("vision", Decimal(240), Decimal(400)) in result.differences
+
+
 def test_reconcile_nothing_rolled_up(january, use_gateway, settings):
     settings.ACCOUNTING_ROLLUP_SEARCH_HOURS = 5
     gateway = _stub_sreport(use_gateway, lambda start, end: pytest.fail("sreport asked with nothing rolled up"))

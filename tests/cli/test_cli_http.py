@@ -119,8 +119,9 @@ def test_an_html_answer_is_a_one_line_error_naming_the_url_and_status(fake_api, 
 
     assert main(["teams"]) == 69
 
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    *retries, err = capsys.readouterr().err.strip().splitlines()  # a 502 of a GET is retried first, each said
+    assert len(retries) == (8 if status == 502 else 0) and all("trying again in" in line for line in retries)
+    assert "Traceback" not in err
     assert f"GET {fake_api.url}/api/v1/teams/ answered {status} " in err and "text/html, not JSON" in err
 
 
@@ -143,7 +144,11 @@ def test_503_with_an_http_date_retry_after_is_retried_for_a_get(fake_api, sleeps
     assert main(["teams"]) == 0
 
     assert len(sleeps) == 1 and 25 <= sleeps[0] <= 31
-    assert "vision" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "vision" in captured.out
+    # the user is told why the command waits (one line per retry, on stderr)
+    [notice] = captured.err.strip().splitlines()
+    assert notice.startswith(f"gpuportal: GET {fake_api.url}/api/v1/teams/: 503 ") and "trying again in " in notice
 
 
 def test_503_of_a_post_without_a_key_is_not_repeated(fake_api, sleeps, capsys):

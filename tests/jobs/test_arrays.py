@@ -7,7 +7,13 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs.arrays import array_task_counts, array_tasks_record, array_view
+from jobs.arrays import (
+    array_index_ranges,
+    array_task_counts,
+    array_tasks_record,
+    array_tasks_to_start,
+    array_view,
+)
 from jobs.choices import JobState
 from jobs.models import JobArrayTask
 from jobs.services import job_submit
@@ -136,3 +142,32 @@ def test_an_array_whose_task_accounting_never_records_ends_after_the_grace(live_
     job.refresh_from_db()
     assert (job.state, job.exit_code) == (JobState.FAILED, 3)
     assert JobArrayTask.objects.get(job=job, index=0).exit_code is None
+
+
+@pytest.mark.parametrize(
+    ("listed", "done", "start", "waiting"),
+    [
+        ({}, set(), [0, 1], [2, 3, 4, 5]),  # nothing held yet: the first two
+        ({0: "RUNNING", 1: "PENDING"}, set(), [], [2, 3, 4, 5]),  # two unfinished: none more
+        ({0: "COMPLETED", 1: "RUNNING"}, set(), [2], [3, 4, 5]),  # one ended: one more, the lowest waiting
+        ({0: "FAILED", 1: "CANCELLED", 2: "RUNNING"}, set(), [3], [4, 5]),  # any end frees a slot
+        ({0: "COMPLETED", 1: "COMPLETED"}, {0, 1, 2}, [3, 4], [5]),  # 2 cancelled alone: never started again
+        ({3: "RUNNING", 4: "RUNNING"}, {0, 1, 2}, [], [5]),  # the Jobs of ended tasks deleted: the records count
+        ({i: "COMPLETED" for i in range(5)}, set(), [5], []),
+        ({i: "COMPLETED" for i in range(6)}, set(), [], []),  # all held: nothing to start
+    ],
+)
+def test_a_throttled_array_starts_the_lowest_waiting_tasks_while_fewer_than_its_limit_are_unfinished(listed, done, start, waiting):
+    assert array_tasks_to_start([0, 1, 2, 3, 4, 5], 2, listed, done) == (start, waiting)
+
+
+def test_an_arrays_tasks_not_started_are_a_squeue_record_of_ranges_pending_with_the_limits_reason(array_job):
+    assert array_index_ranges([7, 2, 3, 4, 9]) == "2-4,7-7,9-9"
+    assert array_index_ranges([5]) == "5-5" and array_index_ranges([]) == ""
+    rows = [entry(101, "0", "COMPLETED", start=NOW, end=NOW),
+            entry(100, array_index_ranges([1, 3, 4, 5, 6, 7, 8, 9]), "PENDING", reason="JobArrayTaskLimit"),
+            entry(100, array_index_ranges([2]), "PENDING")]  # fmt: skip
+    folded, tasks = array_view(array_job, rows, kind="queue")
+    assert sorted(tasks) == list(range(10))  # every task seen: the sync asks accounting for none missing
+    assert all(tasks[i] == {"state": "PENDING"} for i in range(1, 10))  # no own id nor start: not started
+    assert (folded.state, folded.reason) == ("PENDING", "JobArrayTaskLimit")

@@ -17,7 +17,14 @@ from rest_framework.test import APIClient
 
 from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Job, JobArrayTask
-from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, job_submit, jobs_sync
+from jobs.services import (
+    job_array_task_cancel_relay_run,
+    job_cancel,
+    job_cancel_relay_run,
+    job_relay_run,
+    job_submit,
+    jobs_sync,
+)
 from tests.support import slurm_command, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
@@ -113,6 +120,7 @@ def test_one_task_is_cancelled_by_index_through_the_api(cluster, relays):
     client.force_authenticate(cluster.alice)
     assert client.post(f"/api/v1/jobs/{job.pk}/cancel/?task=7").status_code == 400  # not in 0-1
     assert client.post(f"/api/v1/jobs/{job.pk}/cancel/?task=1").status_code == 202
+    assert job_array_task_cancel_relay_run(job.pk, 1) == "sent"  # what the job_array_task_cancel_relay task does
     sync_until(lambda: JobArrayTask.objects.filter(job=job, index=1, state=JobState.CANCELLED).exists())
     assert Job.objects.get(pk=job.pk).state not in TERMINAL_STATES  # task 0 goes on
     assert client.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 202

@@ -25,7 +25,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from accounting.models import UsageRecord
-from accounting.services import usage_ingest
+from accounting.services import usage_ingest, usage_reconcile
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_relay_drain_run, job_submit, jobs_sync
@@ -128,5 +128,11 @@ def test_a_running_job_the_controller_forgot_is_ended_charged_once_and_its_runaw
         assert list(UsageRecord.objects.filter(job_id=job.slurm_job_id, submit_time=fixed.submit_time)
                     .values_list("portal_job_uuid", flat=True)) == [job.pk]  # fmt: skip
         assert jobs_sync().get("forgotten_ended", 0) == 0
+
+        # slurmdbd rolls the fixed hours up again at its next roll-up: until then the reconciliation
+        # compares nothing with sreport (which still counts the runaway as running) and says why
+        [reconciled] = usage_reconcile(month=timezone.localdate().replace(day=1), clusters=[django_settings.SLURM_CLUSTER])
+        assert "runaway jobs were fixed" in reconciled.stale and reconciled.end == reconciled.start
+        assert reconciled.differences == []
     finally:
         slurm_cancel_tagged([job])

@@ -83,7 +83,10 @@ def test_a_job_loading_gpu_0_and_leaving_gpu_1_idle_shows_each_gpu_and_the_teams
     Rate.objects.create(gpu_type="a100", price_per_gpu_hour=Decimal("8"), effective_from=timezone.localdate() - dt.timedelta(days=1))
     job = _run(cluster, LOAD_FIRST_GPU, "gpu-half-busy")
     try:
-        _sync_until(lambda: JobGpuUsage.objects.filter(job=job, samples__gte=6).count() == 2)
+        # the load starts when the job's script does, a moment after Slurm says RUNNING (seconds on a
+        # loaded machine: the first samples of GPU 0 are 0 % then); wait until its mean shows the load
+        _sync_until(lambda: JobGpuUsage.objects.filter(job=job, samples__gte=6).count() == 2
+                    and any(r.util_mean > 60 for r in JobGpuUsage.objects.filter(job=job)))
     finally:
         slurm_cancel_tagged([job])
     rows = sorted(JobGpuUsage.objects.filter(job=job), key=lambda r: int(r.gpu))

@@ -28,11 +28,12 @@ class KeptLogs(KubernetesGateway):
         super().__init__(cluster=K8S, kubeconfig="/nonexistent", timeout=1, image="i", gpu_type_label="l")
         self.logs, self.down, self.denied, self.asked = logs, down, denied, []
 
-    def job_logs(self, jobs, *, limit_bytes):
-        self.asked.append((sorted(jobs), limit_bytes))
+    def job_logs(self, jobs, *, limit_bytes, task=None):
+        self.asked.append((sorted(jobs), limit_bytes) if task is None else (sorted(jobs), limit_bytes, task))
         if self.down:
             raise SlurmUnavailable("list pods: connection refused")
-        return {n: self.logs[n] for _, n in jobs if n in self.logs}, [f"namespace {ns}: denied" for ns in self.denied]
+        logs = {n: {i: log for i, log in self.logs[n].items() if task is None or i == task} for _, n in jobs if n in self.logs}
+        return logs, [f"namespace {ns}: denied" for ns in self.denied]
 
 
 @pytest.fixture
@@ -83,3 +84,18 @@ def test_an_arrays_tasks_each_keep_their_own_log_and_the_array_goes_only_once_ev
     assert gateway.asked == [([("ns", 32)], 101)]
     assert job_logs_keep(gateway=gateway, cluster=K8S, jobs=[("ns", 32)]) == ([("ns", 32)], [])
     assert [(c.task, bytes(c.data)) for c in JobLogCopy.objects.filter(job=unread)] == [(0, b"only task 0 ran\n")]
+
+
+def test_one_task_cancelled_alone_keeps_its_own_log_only_and_not_twice(ended, settings):
+    settings.GPUPORTAL_K8S_LOG_COPY_MAX_BYTES = 100
+    array = ended(41, array="0-2", array_tasks=3)
+    gateway = KeptLogs({41: {0: ("p-0", b"task 0 so far\n"), 1: ("p-1", b"task 1 so far\n")}})
+    assert job_logs_keep(gateway=gateway, cluster=K8S, jobs=[("ns", 41)], task=1) == ([("ns", 41)], [])
+    assert gateway.asked == [([("ns", 41)], 101, 1)]  # that task's pods alone
+    assert [(c.task, bytes(c.data)) for c in JobLogCopy.objects.filter(job=array)] == [(1, b"task 1 so far\n")]
+    # kept: not read again for that task; another task of the same array is read
+    assert job_logs_keep(gateway=gateway, cluster=K8S, jobs=[("ns", 41)], task=1) == ([("ns", 41)], [])
+    assert len(gateway.asked) == 1
+    job_logs_keep(gateway=gateway, cluster=K8S, jobs=[("ns", 41)], task=0)
+    assert gateway.asked[1:] == [([("ns", 41)], 101, 0)]
+    assert sorted(JobLogCopy.objects.filter(job=array).values_list("task", flat=True)) == [0, 1]

@@ -77,3 +77,14 @@ def test_an_array_tasks_output_is_its_own_kept_copy_on_the_api_and_the_page(ende
     page = APIClient()
     page.force_login(world.alice)
     assert "task 1" in page.get(f"/jobs/{ended_kube_job.pk}/output/?task=1", HTTP_HX_REQUEST="true").content.decode()
+
+
+def test_a_task_cancelled_alone_is_read_from_its_copy_while_its_array_goes_on(ended_kube_job, world):
+    ended_kube_job.array, ended_kube_job.array_tasks, ended_kube_job.state = "0-2", 3, JobState.RUNNING
+    ended_kube_job.ended_at = None
+    ended_kube_job.save(update_fields=["array", "array_tasks", "state", "ended_at"])
+    JobLogCopy.objects.create(job=ended_kube_job, task=1, ended_at=timezone.now(), saved_at=timezone.now(), pod="p-1",
+                              data=LOG)  # fmt: skip
+    chunk = job_output(job=ended_kube_job, task=1)  # its pod gone (here: no API server): the copy, whole
+    assert (chunk.data.encode(), chunk.eof, chunk.final, chunk.message) == (LOG, True, True, "")
+    assert "cannot be read" in job_output(job=ended_kube_job, task=0).message  # a running task: its pod's log only

@@ -179,11 +179,11 @@ def test_sweeper_reenqueues_stale_accepted_jobs_and_unsent_cancels(job, relays, 
         state=JobState.RUNNING, slurm_job_id=55, created_at=old, cancel_requested_at=old
     )
     relays["drain"].clear()
-    assert jobs_sweep() == {"relays": 1, "cancels": 1}  # one stale job (not the fresh one): one drain
+    assert jobs_sweep() == {"relays": 1, "cancels": 1, "task_cancels": 0}  # one stale job (not the fresh one): one drain
     assert relays["drain"] == [None] and relays["relay"] == [] and relays["cancel"] == [str(cancelling.pk)]
     relays["drain"].clear()
     Job.objects.filter(pk=job.pk).update(state=JobState.PENDING, slurm_job_id=56)
-    assert jobs_sweep() == {"relays": 0, "cancels": 1}  # nothing stale: no drain
+    assert jobs_sweep() == {"relays": 0, "cancels": 1, "task_cancels": 0}  # nothing stale: no drain
     assert relays["drain"] == []
 
 

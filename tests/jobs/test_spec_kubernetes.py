@@ -1,6 +1,6 @@
 """Submission to a Kubernetes cluster (issue 41): what a batch/v1 Job cannot express is a 400 at
-submission naming the directive (or field) and why — several nodes, a reservation, an array, a QOS, an
-srun step — and nothing is stored; a job it can express is accepted on that cluster under the team's
+submission naming the directive (or field) and why — several nodes, a reservation, a QOS, an srun
+step — and nothing is stored; a job it can express is accepted on that cluster under the team's
 namespace. The inventory is the one the Kubernetes cluster's sync records (its GPU nodes in one
 partition, tests/k8s/test_kubernetes_jobs.py reads it from the real API server); the cluster page and
 the API list the cluster with its scheduler and version."""
@@ -71,7 +71,6 @@ def test_a_job_kubernetes_can_run_is_accepted_on_that_cluster_under_the_teams_na
         ({"nodes": None, "script": "#!/bin/bash\n#SBATCH --nodes=3\necho hi\n"}, "script", "--nodes=3: --nodes cannot run"),
         ({"script": "#!/bin/bash\n#SBATCH --reservation=maint\necho hi\n"}, "script", "a Slurm reservation has no counterpart"),
         ({"script": "#!/bin/bash\n#SBATCH --qos=high\necho hi\n"}, "script", "a Slurm QOS"),
-        ({"array": "0-3%2"}, "array", "a %N limit on the tasks running at once is not enforced on Kubernetes"),
         ({"script": "#!/bin/bash\necho start\nsrun python train.py\n"}, "script", "Line 3: srun steps"),
     ],
 )
@@ -80,6 +79,12 @@ def test_what_kubernetes_cannot_express_is_a_400_naming_it_and_nothing_is_stored
     assert response.status_code == 400, response.json()
     assert any(says in message for message in response.json()["errors"][field]), response.json()
     assert not Job.objects.exists()
+
+
+def test_an_array_with_a_limit_on_the_tasks_at_once_is_accepted_the_portal_enforces_it(kube_inventory, world):
+    response = _submit(world.alice, array="0-3%2")
+    assert response.status_code == 201, response.json()
+    assert (Job.objects.get(pk=response.json()["id"]).array_tasks, Job.objects.get().array_throttle) == (4, 2)
 
 
 def test_the_same_two_node_job_goes_to_the_slurm_cluster(kube_inventory, world):

@@ -2,7 +2,9 @@
 per task (Kubernetes 1.20 has no Indexed Jobs), each pod with Slurm's SLURM_ARRAY_* variables, and
 the portal follows it as it follows a Slurm array — one task row per task, one usage record per task,
 the job's end folded from its tasks' — through the gateway's queue and accounting (one entry per task,
-its own id and its array's). A cancel deletes every task's Job; a retried create makes none twice."""
+its own id and its array's). A cancel deletes every task's Job; a retried create makes none twice. A
+``%N`` limit is the portal's: the first N tasks' Jobs at submission, the next ones created by the sync
+as earlier ones end. One task cancelled alone keeps its log (the worker's cancel keeps it first)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ from accounting.models import UsageRecord
 from accounting.services.ingestion import usage_ingest
 from jobs.choices import JobState
 from jobs.models import Job, JobLogCopy
-from jobs.services import job_cancel, job_cancel_relay_run, job_relay_run, jobs_sync
+from jobs.services import (
+    job_array_task_cancel_relay_run,
+    job_cancel,
+    job_cancel_relay_run,
+    job_relay_run,
+    jobs_sync,
+)
 from jobs.services.relay import _submission_for
 from portal.slurm import get_gateway
 from portal.slurm.kube_job import task_number
@@ -120,17 +128,102 @@ def test_cancel_of_a_running_array_deletes_every_tasks_job(k8s_cluster, k8s_name
     assert sorted(r.job_id for r in records) == sorted(t.slurm_job_id for t in tasks)
 
 
-def test_a_throttled_array_is_a_400_naming_array_and_never_reaches_kubernetes(k8s_cluster, k8s_namespace, k8s_portal, world):
+def _unfinished(kube_jobs) -> list[str]:
+    """The task indexes of the Jobs that exist and have not finished (no Complete nor Failed condition)."""
+    return sorted(j.metadata.labels["gpuportal.io/array-task"] for j in kube_jobs
+                  if not any(c.type in ("Complete", "Failed") and c.status == "True" for c in j.status.conditions or []))  # fmt: skip
+
+
+def test_a_throttled_array_runs_at_most_its_limit_at_once_the_portal_starting_the_next_tasks_and_every_task_is_charged(
+    k8s_cluster, k8s_namespace, k8s_portal, world
+):
+    job_id = _post(world.alice, script="#!/bin/bash\n#SBATCH --array=0-3%2\necho \"task=$SLURM_ARRAY_TASK_ID\"\nsleep 2\n")
+    job = Job.objects.get(pk=job_id)
+    assert (job.array, job.array_tasks, job.array_throttle) == ("0-3%2", 4, 2)
+    # the submission created the first two tasks' Jobs only
+    assert sorted(j.metadata.name for j in _kube_jobs(k8s_portal, k8s_namespace, job_id)) == [f"gpuportal-{job_id}-{i}" for i in (0, 1)]
+    jobs_sync(cluster=K8S_CLUSTER)
+    states = dict(job.array_task_rows.values_list("index", "state"))
+    assert states[2] == states[3] == JobState.PENDING  # the tasks waiting for a slot: pending, as on Slurm
+
+    seen: set[str] = set()
+    most = 0
+
+    def ended():
+        nonlocal most
+        jobs_sync(cluster=K8S_CLUSTER)  # the only place tasks are created: the count after it is the cycle's highest
+        kube_jobs = _kube_jobs(k8s_portal, k8s_namespace, job_id)
+        seen.update(j.metadata.labels["gpuportal.io/array-task"] for j in kube_jobs)
+        most = max(most, len(_unfinished(kube_jobs)))
+        current = Job.objects.get(pk=job_id)
+        return current if current.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED) else None
+
+    done = wait_for(ended, timeout=120, interval=0.5, what="the throttled array to end")
+    assert (done.state, done.exit_code) == (JobState.COMPLETED, 0)
+    assert most == 2 and seen == {"0", "1", "2", "3"}  # never more than %2 at once; every task ran
+    assert sorted(j.metadata.name for j in _kube_jobs(k8s_portal, k8s_namespace, job_id)) == [f"gpuportal-{job_id}-{i}" for i in range(4)]
+    tasks = {t.index: t for t in done.array_task_rows.all()}
+    assert {i: (t.state, t.exit_code) for i, t in tasks.items()} == {i: (JobState.COMPLETED, 0) for i in range(4)}
+    # tasks 2 and 3 started once a task before them had ended
+    first_end = min(tasks[0].ended_at, tasks[1].ended_at)
+    assert tasks[2].started_at >= first_end and tasks[3].started_at >= first_end
+
+    usage_ingest(cluster=K8S_CLUSTER)
+    records = UsageRecord.objects.filter(cluster=K8S_CLUSTER, portal_job_uuid=job_id)
+    assert sorted(r.job_id for r in records) == [task_number(job.slurm_job_id, i) for i in range(4)]
+    assert all(r.gpus == 1 and not r.provisional and r.gpu_seconds > 0 for r in records)  # each charged, final
+
+
+def test_a_throttled_array_whose_cancel_is_asked_for_starts_no_more_tasks(k8s_cluster, k8s_namespace, k8s_portal, world):
+    job_id = _post(world.alice, script="#!/bin/bash\n#SBATCH --array=0-3%1\nsleep 1\n")
+    assert [j.metadata.name for j in _kube_jobs(k8s_portal, k8s_namespace, job_id)] == [f"gpuportal-{job_id}-0"]
+    job_cancel(user=world.alice, job=Job.objects.get(pk=job_id))  # asked for; its relay not run yet
+
+    def task_0_ended():
+        jobs_sync(cluster=K8S_CLUSTER)
+        return not _unfinished(_kube_jobs(k8s_portal, k8s_namespace, job_id))
+
+    wait_for(task_0_ended, timeout=60, interval=0.5, what="task 0 to end")
+    for _ in range(3):  # its slot is free, and the job's cancel asked for: no task is started
+        jobs_sync(cluster=K8S_CLUSTER)
+    assert [j.metadata.name for j in _kube_jobs(k8s_portal, k8s_namespace, job_id)] == [f"gpuportal-{job_id}-0"]
+    assert job_cancel_relay_run(job_id) == "sent"
+    job = _synced_until(job_id, {JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED})
+    assert job.state == JobState.CANCELLED
+    assert _kube_jobs(k8s_portal, k8s_namespace, job_id) == []
+    assert dict(job.array_task_rows.values_list("index", "state")) == {
+        0: JobState.COMPLETED, 1: JobState.CANCELLED, 2: JobState.CANCELLED, 3: JobState.CANCELLED}  # fmt: skip
+
+
+def test_one_task_cancelled_alone_keeps_its_log_and_the_other_tasks_go_on(k8s_cluster, k8s_namespace, k8s_portal, world):
+    job_id = _post(world.alice, script='#!/bin/bash\n#SBATCH --array=0-2\necho "task $SLURM_ARRAY_TASK_ID started"\nexec sleep 600\n')
     api = APIClient()
     api.force_authenticate(user=world.alice)
-    body = job_payload(cluster=K8S_CLUSTER, gpus=1, script="#!/bin/bash\n#SBATCH --array=0-3%2\ntrue\n")
-    body.pop("partition")
-    response = api.post("/api/v1/jobs/", body, format="json")
-    assert response.status_code == 400, response.json()
-    messages = [m for ms in response.json()["errors"].values() for m in ms]
-    assert any("--array" in m and "%N limit" in m for m in messages), messages
-    assert not Job.objects.exists()
-    assert client.BatchV1Api(k8s_portal).list_namespaced_job(k8s_namespace).items == []
+
+    def all_writing():
+        jobs_sync(cluster=K8S_CLUSTER)
+        return all(api.get(f"/api/v1/jobs/{job_id}/output/", {"task": i}).json()["data"] == f"task {i} started\n" for i in range(3))
+
+    wait_for(all_writing, timeout=60, interval=0.5, what="the three tasks to run and write")
+    response = api.post(f"/api/v1/jobs/{job_id}/cancel/?task=1")
+    assert response.status_code == 202, response.json()
+    assert len(_kube_jobs(k8s_portal, k8s_namespace, job_id)) == 3  # the request asked for it; the worker does it
+    assert job_array_task_cancel_relay_run(job_id, 1) == "sent"  # what the job_array_task_cancel_relay task does
+    wait_for(lambda: sorted(j.metadata.labels["gpuportal.io/array-task"] for j in _kube_jobs(k8s_portal, k8s_namespace, job_id)) == ["0", "2"],
+             timeout=60, what="task 1's Job to be deleted")  # fmt: skip
+    wait_for(lambda: not client.CoreV1Api(k8s_portal).list_namespaced_pod(
+        k8s_namespace, label_selector=f"gpuportal.io/job={job_id},gpuportal.io/array-task=1").items, timeout=60,
+        what="task 1's pod (and its log) to be gone")  # fmt: skip
+    # its log kept by the cancel, that task's alone (the others still run: their logs are live)
+    assert [(c.task, bytes(c.data).decode()) for c in JobLogCopy.objects.filter(job_id=job_id)] == [(1, "task 1 started\n")]
+    chunk = api.get(f"/api/v1/jobs/{job_id}/output/", {"task": 1}).json()
+    assert (chunk["data"], chunk["final"]) == ("task 1 started\n", True), chunk
+    assert api.get(f"/api/v1/jobs/{job_id}/output/", {"task": 2}).json()["data"] == "task 2 started\n"
+    jobs_sync(cluster=K8S_CLUSTER)
+    job = Job.objects.get(pk=job_id)
+    assert job.state == JobState.RUNNING  # the other tasks go on
+    assert dict(job.array_task_rows.values_list("index", "state")) == {0: JobState.RUNNING, 1: JobState.CANCELLED, 2: JobState.RUNNING}
+    assert job_array_task_cancel_relay_run(job_id, 1) == "nothing-to-do"  # a repeat (the sweeper's) does nothing
 
 
 def test_a_finished_arrays_jobs_are_deleted_by_the_ttl_and_each_tasks_output_is_read_from_its_kept_copy(

@@ -39,7 +39,7 @@ from accounting.services import (
 from accounting.services.alerts import WEBHOOK_ATTEMPTS, WEBHOOK_LEASE
 from accounting.tasks import budget_alert_deliver_task, budget_alert_webhook_task, usage_reprice_task
 from jobs.choices import JobState
-from jobs.models import Job
+from jobs.models import Job, JobArrayTask
 from jobs.services import (
     _apply_plan,
     job_cancel_relay_run,
@@ -114,7 +114,7 @@ def test_job_submit_answers_201_and_the_sweeper_relays_it_later(
 
     broker.back()
     Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS + 1))
-    assert jobs_sweep() == {"relays": 1, "cancels": 0}
+    assert jobs_sweep() == {"relays": 1, "cancels": 0, "task_cancels": 0}
     assert broker.sent() == [("jobs.tasks.job_relay_drain", "()")]  # one drain relays every stale job
     # the failed publish left no coalescing flag up: the next submit publishes its own drain
     with django_capture_on_commit_callbacks(execute=True):
@@ -140,6 +140,31 @@ def test_job_cancel_answers_success_and_the_sweeper_sends_it_later(
     Job.objects.filter(pk=job_id).update(cancel_requested_at=timezone.now() - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS + 1))
     assert jobs_sweep()["cancels"] == 1
     assert ("jobs.tasks.job_cancel_relay", repr((str(job_id),))) in broker.sent()
+
+
+def test_one_array_task_cancel_answers_202_is_kept_on_its_row_and_the_sweeper_sends_it_later(
+    api_client_for, world, inventory_small, broker, django_capture_on_commit_callbacks, settings
+):
+    """The web process does not talk to the scheduler for one task's cancel either: a row, then a task."""
+    broker.back()
+    with django_capture_on_commit_callbacks(execute=True):
+        job_id = api_client_for("member").post("/api/v1/jobs/", job_payload(array="0-3"), format="json").json()["id"]
+    Job.objects.filter(pk=job_id).update(state=JobState.PENDING, slurm_job_id=4343)
+    _use_broker(f"redis://127.0.0.1:{_closed_port()}/0")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api_client_for("member").post(f"/api/v1/jobs/{job_id}/cancel/?task=2")
+    assert response.status_code == 202, response.content
+    task = JobArrayTask.objects.get(job_id=job_id, index=2)
+    assert (task.state, task.cancel_requested_at is not None) == (JobState.PENDING, True)  # asked for, not done
+    assert Job.objects.get(pk=job_id).cancel_requested_at is None  # the job goes on
+
+    broker.back()
+    assert jobs_sweep()["task_cancels"] == 0  # not stale yet
+    JobArrayTask.objects.filter(pk=task.pk).update(cancel_requested_at=timezone.now() - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS + 1))
+    assert jobs_sweep()["task_cancels"] == 1
+    assert ("jobs.tasks.job_array_task_cancel_relay", repr((str(job_id), 2))) in broker.sent()
+    JobArrayTask.objects.filter(pk=task.pk).update(state=JobState.CANCELLED)  # passed on: the sweep leaves it
+    assert jobs_sweep()["task_cancels"] == 0
 
 
 def test_rate_create_answers_a_redirect_and_keeps_the_rate(client_for, world, broker, django_capture_on_commit_callbacks, caplog):
@@ -421,11 +446,11 @@ def test_a_cancel_the_relay_cannot_enqueue_is_logged_and_sent_once_by_the_sweepe
 
     broker.back()
     Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now() - dt.timedelta(seconds=settings.JOB_ACCEPTED_SWEEP_SECONDS + 1))
-    assert jobs_sweep() == {"relays": 0, "cancels": 1}
+    assert jobs_sweep() == {"relays": 0, "cancels": 1, "task_cancels": 0}
     assert broker.sent() == [("jobs.tasks.job_cancel_relay", repr((str(job.pk),)))]
     assert job_cancel_relay_run(job.pk) == "sent"  # what the worker runs for that message
     assert gateway.cancelled == [1001]
-    assert jobs_sweep() == {"relays": 0, "cancels": 0}  # sent: the sweep leaves it
+    assert jobs_sweep() == {"relays": 0, "cancels": 0, "task_cancels": 0}  # sent: the sweep leaves it
     assert len(broker.sent()) == 1
 
 

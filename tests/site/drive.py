@@ -116,12 +116,15 @@ class Recorder:
         inside = [a for a in attempts if start <= a[1] <= end]
         failed = [a for a in inside if not a[3]]
         # the longest gap: between two answered requests of one client, over a stretch that touches the window
-        gap, gap_client = 0.0, ""
+        gap, gap_client, gap_at = 0.0, "", (0.0, 0.0)
         for client in sorted({a[0] for a in attempts}):
             ends = sorted(a[2] for a in attempts if a[0] == client and a[3])
             for before, after in zip(ends, ends[1:]):
                 if after >= start and before <= end and after - before > gap:
-                    gap, gap_client = after - before, client
+                    gap, gap_client, gap_at = after - before, client, (before, after)
+        # what that client did in its longest gap (seconds from the fault's start): to explain it
+        gap_attempts = [(round(a[1] - start, 1), round(a[2] - start, 1), a[3], a[4]) for a in attempts
+                        if a[0] == gap_client and a[2] > gap_at[0] and a[1] < gap_at[1]]  # fmt: skip
         kinds: dict[str, int] = {}
         for a in failed:
             kinds[a[4]] = kinds.get(a[4], 0) + 1
@@ -131,7 +134,9 @@ class Recorder:
             tally[0] += 1
             tally[1] += 0 if a[3] else 1
         return {"requests": len(inside), "failed": len(failed), "failed_by": kinds, "by_client": by_client,
-                "longest_gap_s": round(gap, 1), "longest_gap_client": gap_client}
+                "longest_gap_s": round(gap, 1), "longest_gap_client": gap_client,
+                "longest_gap_from_to_s": [round(gap_at[0] - start, 1), round(gap_at[1] - start, 1)],
+                "longest_gap_attempts": gap_attempts[:20]}
 
 
 class Http:
@@ -300,7 +305,10 @@ class Load:
                     capture_output=True, text=True, timeout=300, env={**self.cli_env, "XDG_CONFIG_HOME": tmp},
                     cwd=tmp)
                 ok = result.returncode == 0
-                self.rec.add("cli-bob", started, ok, f"gpuportal submit: exit {result.returncode}")
+                what = f"gpuportal submit: exit {result.returncode}"
+                if ok and time.monotonic() - started > 10:  # slow: its retries' warnings say why
+                    what += f" after {time.monotonic() - started:.1f} s: {result.stderr.strip()[-300:]}"
+                self.rec.add("cli-bob", started, ok, what)
                 if ok:
                     answer = json.loads(result.stdout)
                     answer = answer[0] if isinstance(answer, list) else answer

@@ -11,7 +11,16 @@ import uuid
 import pytest
 
 from portal.slurm.clusters import ClusterConfig, ClusterConfigError, parse_clusters
-from portal.slurm.kube_job import job_manifest, job_manifests, job_name, job_number, refusal, script_refusal, task_number
+from portal.slurm.kube_job import (
+    array_limit,
+    job_manifest,
+    job_manifests,
+    job_name,
+    job_number,
+    refusal,
+    script_refusal,
+    task_number,
+)
 from portal.slurm.tags import slurm_tag
 from portal.slurm.types import SlurmRejected
 from tests.support import slurm_job
@@ -89,9 +98,10 @@ def test_an_array_is_one_job_per_task_named_and_labelled_by_its_index_with_slurm
     assert len({task_number(number, i) for i in (1, 3, 5, 6, 7)} | {number}) == 6
     with pytest.raises(SlurmRejected, match="job_manifests"):
         job_manifest(submission, image="i", gpu_type_label=LABEL)
+    # a %N limit is the portal's to enforce (the gateway creates the first N, the sync the others): every task's Job
     _, limited = _submission("#!/bin/bash\n#SBATCH --array=0-9%2\ntrue\n")
-    with pytest.raises(SlurmRejected, match="--array: a %N limit"):
-        job_manifests(limited, image="i", gpu_type_label=LABEL)
+    assert len(job_manifests(limited, image="i", gpu_type_label=LABEL)[1]) == 10
+    assert (array_limit("0-9%2"), array_limit("0-9"), array_limit("x%")) == (2, None, None)
 
 
 @pytest.mark.parametrize(
@@ -101,7 +111,6 @@ def test_an_array_is_one_job_per_task_named_and_labelled_by_its_index_with_slurm
         ("nodes", "1-3", "several nodes"),
         ("ntasks", "4", "srun"),
         ("reservation", "maint", "Slurm reservation"),
-        ("array", "0-9%2", "a %N limit on the tasks running at once"),
         ("array", "x", "not an array specification"),
         ("qos", "high", "QOS"),
         ("constraint", "nvlink", "node features"),
@@ -118,7 +127,7 @@ def test_what_kubernetes_cannot_express_is_refused_with_why(option, value, says)
 @pytest.mark.parametrize(
     ("option", "value"), [("nodes", "1"), ("nodes", None), ("ntasks", "1"), ("time", "10"), ("gres", "gpu:a100:2"),
                           ("mem", "4G"), ("cpus-per-task", "4"), ("job-name", "x"), ("account", "ns"),
-                          ("array", "0-3"), ("array", "1,3,5-7"), ("array", "0-15:4")],
+                          ("array", "0-3"), ("array", "1,3,5-7"), ("array", "0-15:4"), ("array", "0-9%2")],
 )  # fmt: skip
 def test_what_it_expresses_passes(option, value):
     assert refusal(option, value) is None

@@ -59,7 +59,8 @@ class Command(BaseCommand):
                     f"  {account:<20} portal {portal_minutes:>12.2f} GPU-min   sreport {result.sreport.get(account, 0):>10} GPU-min"
                 )
             if result.stale:
-                self.stdout.write(f"  STALE ROLL-UP: {result.stale}; the hours after it are not compared")
+                after = "; the hours after it are not compared" if result.end > result.start else ""
+                self.stdout.write(f"  STALE ROLL-UP: {result.stale}{after}")
             for account, portal_minutes, sreport_minutes in result.differences:
                 found = True
                 self.stdout.write(
