@@ -18,6 +18,10 @@ there; the raw sbatch loop still runs as the bench user, and the Slurm ids are r
   throughput  N single-job POSTs from 8 concurrent keep-alive clients, back to back; the round ends
               when every job has its Slurm id; against a plain sequential sbatch loop of the same jobs
               in the same run (the bench user, the gateway's argv): ratio portal/raw.
+  batch       (``--batch B``) N jobs as batch POSTs of B jobs, one POST at a time, each until its B
+              Slurm ids: jobs/s against the same sbatch loop (issue 38: a batch of 50 ≥ 3× the loop).
+``--slurm 25.11`` runs all of it on the local Slurm 25.11 cluster with the pyslurm relay
+(``scripts/cluster env --slurm 25.11``, SLURM_BACKEND=pyslurm); the sbatch loop is 25.11's sbatch.
 The load average is printed before and after every figure: the machine is shared."""
 
 from __future__ import annotations
@@ -202,8 +206,23 @@ def _wait_relayed_via_api(token: str, url: str, name: str, n: int, timeout: floa
         api.close()
 
 
+def batch_rounds(world, n: int, batch: int) -> dict:
+    """n jobs as batch POSTs of ``batch`` jobs, one POST at a time, each waited for until every job of
+    it has its Slurm id (bench_relay.portal_round). Returns seconds, jobs relayed, POST errors."""
+    from bench_relay import portal_round
+
+    seconds, relayed, errors = 0.0, 0, 0
+    for i in range(0, n, batch):
+        size = min(batch, n - i)
+        result = portal_round(world, size, f"demo-batch-{i}", timeout=120, batch=size, threads=1)
+        seconds += result["seconds"]
+        relayed += result["relayed"]
+        errors += result["post_errors"]
+    return {"seconds": seconds, "relayed": relayed, "post_errors": errors}
+
+
 def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float | None = None, jobs: int | None = None,
-        url: str | None = None, token: str | None = None, team: str | None = None) -> common.Section:  # fmt: skip
+        url: str | None = None, token: str | None = None, team: str | None = None, batch: int = 0) -> common.Section:  # fmt: skip
     rates = rates or ([20.0] if quick else [50.0, 100.0])
     seconds = seconds or (3.0 if quick else 20.0)
     n = jobs or (20 if quick else 500)
@@ -306,6 +325,20 @@ def run(*, quick: bool = False, rates: list[float] | None = None, seconds: float
         section.add(f"portal: {n} single-job POSTs ({THROUGHPUT_CLIENTS} clients) → Slurm ids", portal, "jobs/s", runs)
         section.add("ratio portal / raw", portal / raw, "", runs + " (target ≥ 1.0)")
         section.add("POSTs accepted (API side alone)", n / post_seconds, "POSTs/s", runs)
+        if batch and not url:
+            before = load()
+            snap = cpu.snapshot()
+            result = batch_rounds(world, n, batch)
+            after = load()
+            section.note(f"CPU during the batch POSTs of {batch} until their Slurm ids: "
+                         f"{cpu.describe(cpu.since(snap), n, result['seconds'])}")  # fmt: skip
+            common.drain_cluster()
+            runs = f"{n} jobs, 1 run; load {before} → {after}"
+            if result["relayed"] != n or result["post_errors"]:
+                section.note(f"batch: {result['relayed']}/{n} reached Slurm, {result['post_errors']} POST errors")
+            rate = result["relayed"] / result["seconds"]
+            section.add(f"portal: batch POSTs of {batch}, one at a time → Slurm ids", rate, "jobs/s", runs)
+            section.add(f"ratio batch of {batch} / raw", rate / raw, "", runs + " (target ≥ 3)")
     finally:
         if demo is not None:
             demo.stop()
@@ -321,11 +354,18 @@ def main() -> None:
     parser.add_argument("--url", help="an already running portal (e.g. the demo, http://127.0.0.1:8000)")
     parser.add_argument("--token", help="with --url: a member's API token there")
     parser.add_argument("--team", help="with --url: that member's team slug")
+    parser.add_argument("--batch", type=int, default=0, help="also N jobs as batch POSTs of this many (e.g. 50)")
+    parser.add_argument("--slurm", choices=["22.05", "25.11"], default="22.05",
+                        help="25.11: the local Slurm 25.11 cluster with the pyslurm relay")  # fmt: skip
     args = parser.parse_args()
+    if args.slurm == "25.11":  # before Django's settings are read, for this process and the demo's
+        from bench_pyslurm import cluster25_env
+
+        os.environ.update(cluster25_env(), SLURM_BACKEND="pyslurm")
     common.setup()
     print(f"load average at start: {load()}")
     run(quick=args.quick, rates=args.rates, seconds=args.seconds, jobs=args.jobs, url=args.url, token=args.token,
-        team=args.team)  # fmt: skip
+        team=args.team, batch=args.batch)  # fmt: skip
 
 
 if __name__ == "__main__":

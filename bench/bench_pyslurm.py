@@ -32,13 +32,13 @@ BACKENDS = ("cli", "pyslurm")
 
 
 def cluster25_env() -> dict[str, str]:
-    """SLURM_CONF, SLURM_CLUSTER, SLURM_BIN_DIR of the 25.11 cluster (scripts/cluster env --slurm 25.11)."""
+    """SLURM_CONF, SLURM_CLUSTER, SLURM_BIN_DIR (and SLURM_LIB_DIR) of the 25.11 cluster (scripts/cluster env --slurm 25.11)."""
     proc = subprocess.run([str(common.ROOT / "scripts" / "cluster"), "env", "--slurm", "25.11"],
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     if proc.returncode:
         sys.exit(f"no Slurm 25.11 cluster: {proc.stderr.strip()}")
     env = dict(line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-    return {name: env[name] for name in ("SLURM_CONF", "SLURM_CLUSTER", "SLURM_BIN_DIR")}
+    return {name: env[name] for name in ("SLURM_CONF", "SLURM_CLUSTER", "SLURM_BIN_DIR", "SLURM_LIB_DIR") if name in env}
 
 
 def use_backend(backend: str, env: dict[str, str]) -> None:

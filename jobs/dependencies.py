@@ -9,7 +9,7 @@ The one owner of the rule, from the submission to Slurm and back.
   keeps working, Slurm ids and all; every job id it names must be a Slurm job of the submitter's
   visible jobs on that cluster (``script_dependency_check``), so a member cannot learn from Slurm
   how another team's job ended.
-- **Relayed**: a job is not claimed while a parent still waits for its Slurm id (``relay_ready``:
+- **Relayed**: a job is not claimed while a parent still waits for its Slurm id (``relay_ready_sql``:
   the claim's condition; the drain takes it in the round after its parent's); on Kubernetes, which
   has no dependencies, while a parent is still live (the sync publishes the drain when one ends). Its dependency is
   then ``afterok`` on its parents' Slurm ids (``dependency_option``): a parent that COMPLETED is left
@@ -28,13 +28,14 @@ import uuid
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Case, Exists, OuterRef, Q, Value, When
+from django.db.models import Case, Value, When
 
 from jobs.choices import LIVE_STATES, TERMINAL_STATES, JobState
 from jobs.job_fields import FIELDS
 from jobs.models import Job, JobArrayTask, JobDependency, JobEvent
 from jobs.selectors import jobs_visible_to
 from portal.exceptions import ApplicationError
+from portal.models import Cluster
 from portal.outbox import after_commit
 from portal.slurm import JobRequest, SlurmRejected
 from portal.slurm.clusters import KUBERNETES
@@ -137,13 +138,21 @@ def dependencies_record(*, jobs: list[Job], parents: dict) -> None:
         JobDependency.objects.bulk_create(rows)
 
 
-def relay_ready() -> Q:
-    """The relay's claim condition: no parent of the job still waits for its Slurm id; on a
-    scheduler that has no dependencies (Kubernetes), no parent still live: the portal holds the job
-    until each has ended (dependency_option then sends it, or fails it)."""
-    parents = JobDependency.objects.filter(job=OuterRef("pk"))
-    held = parents.filter(Q(parent__state=JobState.ACCEPTED) | Q(job__cluster__kind=KUBERNETES, parent__state__in=LIVE_STATES))
-    return ~Q(Exists(held))
+def relay_ready_sql(job: str) -> str:
+    """The relay's claim condition, as SQL on the jobs_job row aliased ``job`` (the claim is one
+    statement of its own text: jobs.services.relay): no parent of the job still waits for its Slurm
+    id; on a scheduler that has no dependencies (Kubernetes), no parent still live: the portal holds
+    the job until each has ended (dependency_option then sends it, or fails it)."""
+    states = [JobState.ACCEPTED, *LIVE_STATES]
+    if not all(re.fullmatch(r"[A-Z_]+", state) for state in states) or not re.fullmatch(r"[a-z]+", KUBERNETES):
+        raise ValueError("relay_ready_sql: a state or kind is not a plain SQL literal")
+    live = ", ".join(f"'{state}'" for state in LIVE_STATES)
+    dependencies, jobs, clusters = JobDependency._meta.db_table, Job._meta.db_table, Cluster._meta.db_table
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {dependencies} d JOIN {jobs} p ON p.id = d.parent_id WHERE d.job_id = {job}.id "
+        f"AND (p.state = '{JobState.ACCEPTED}' OR (p.state IN ({live}) AND EXISTS (SELECT 1 FROM {clusters} k "
+        f"WHERE k.id = {job}.cluster_id AND k.kind = '{KUBERNETES}'))))"
+    )
 
 
 def dependents_waiting(parent_ids: list) -> bool:

@@ -222,7 +222,7 @@ class JobDependency(models.Model):
             models.UniqueConstraint(fields=["job", "parent"], name="jobdependency_unique"),
             models.CheckConstraint(condition=~Q(job=F("parent")), name="jobdependency_not_self"),
         ]
-        # the relay's claim (jobs.dependencies.relay_ready: "a parent of this job still waits for
+        # the relay's claim (jobs.dependencies.relay_ready_sql: "a parent of this job still waits for
         # its Slurm id") reads by job: the unique constraint's index; by parent: the FK's own index
 
     def __str__(self) -> str:

@@ -2,8 +2,9 @@
 pays (bench/results.md, "Issue 38: portal/db.py through documented APIs"), and each through
 documented surfaces or a maintained library: django-pgbulk (``pgbulk.update``),
 psycopg's ``Cursor.copy`` on the DB-API cursor Django hands out, ``Model._meta`` and ``Model._state``
-(both in Django's reference), the Field API (``pre_save``, ``get_prep_value``, ``get_db_prep_save``)
-and PostgreSQL's ``json_populate_recordset``. No query compiler, no Django internals."""
+(both in Django's reference), ``Model.from_db`` ("Customizing model loading"), the Field API
+(``pre_save``, ``get_prep_value``, ``get_db_prep_save``, ``from_db_value``) and PostgreSQL's
+``json_populate_recordset``. No query compiler, no Django internals."""
 
 from __future__ import annotations
 
@@ -237,8 +238,7 @@ def rows_insert(*groups: Sequence[Model], using: str = "default") -> None:
     for index, objs in enumerate(groups):
         fields, plain, statement = _json_insert(type(objs[0]), connection)
         statements.append(f"i{index} AS ({statement})")
-        rows = [_json_row(obj, fields, plain, connection) for obj in objs]
-        params.append(json.dumps(rows, default=_json_value, ensure_ascii=False, separators=(",", ":")))
+        params.append(_json_param([_json_row(obj, fields, plain, connection) for obj in objs]))
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {', '.join(statements)} SELECT 1", params)
     for objs in groups:
@@ -263,17 +263,67 @@ def _json_insert(model: type[Model], connection) -> tuple[list, list, str]:
     return made
 
 
-def _json_row(obj: Model, fields, plain, connection) -> dict[str, Any]:
-    """One object's row for rows_insert: {column: value as bulk_create writes it}."""
+def _json_row(obj: Model, fields, plain, connection, *, add: bool = True) -> dict[str, Any]:
+    """One object's row for rows_insert (``add``: {column: value as bulk_create writes it}) or
+    json_rows (not ``add``: as bulk_update writes it, the attribute's value)."""
     row = {}
     for field, kind in zip(fields, plain, strict=True):
         value = getattr(obj, field.attname)
         if kind is None or value is None or type(value) is not kind[0] or (kind[1] is not None and not kind[1](value)):
-            if not (value is not None and getattr(field, "auto_now_add", False)):  # set by the caller: kept
+            if add and not (value is not None and getattr(field, "auto_now_add", False)):  # set by the caller: kept
                 value = field.pre_save(obj, add=True)
             value = field.get_prep_value(value) if isinstance(field, models.JSONField) else field.get_db_prep_save(value, connection)
         row[field.column] = value
     return row
+
+
+def _json_param(rows: list[dict[str, Any]]) -> str:
+    return json.dumps(rows, default=_json_value, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_rows(objs: Sequence[Model], names: Sequence[str], *, add: bool = False, using: str = "default") -> str:
+    """ONE JSON parameter holding ``names``' columns of each object (the primary key first when it is
+    not among them) as the database takes them — as bulk_update writes them, or, ``add``, as
+    bulk_create does —, for a statement that reads it with ``json_populate_recordset(NULL::<table>,
+    %s::json)`` (rows_insert's form): the statement's text is then the same for any number of rows."""
+    if not objs:
+        return "[]"
+    connection = connections[using]
+    meta = type(objs[0])._meta
+    fields = [meta.get_field(name) for name in names]
+    if not add and meta.pk not in fields:
+        fields.insert(0, meta.pk)
+    plain = _plain_fields(fields, connection)
+    return _json_param([_json_row(obj, fields, plain, connection, add=add) for obj in objs])
+
+
+_LOADERS: dict[type[Model], tuple[list[str], list]] = {}
+
+
+def model_columns(model: type[Model], alias: str, *, using: str = "default") -> str:
+    """``alias."column", …`` for every concrete field of ``model`` in ``Model._meta`` order: the
+    select list model_from_row reads back."""
+    qn = connections[using].ops.quote_name
+    return ", ".join(f"{alias}.{qn(field.column)}" for field in model._meta.concrete_fields)
+
+
+def model_from_row(model: type[Model], values: Sequence[Any], *, using: str = "default") -> Model:
+    """The instance of ``model`` whose concrete fields (model_columns' order) have ``values`` as the
+    database returned them (a row of ``cursor.execute``): each field's ``from_db_value`` (the Field
+    API; JSONField decodes its text there), then ``Model.from_db`` (ref/models/instances,
+    "Customizing model loading") — what a queryset does with each row."""
+    loaders = _LOADERS.get(model)
+    if loaders is None:
+        fields = model._meta.concrete_fields
+        converters = [(index, field.from_db_value) for index, field in enumerate(fields) if hasattr(field, "from_db_value")]
+        loaders = _LOADERS[model] = ([field.attname for field in fields], converters)
+    names, converters = loaders
+    if converters:
+        connection = connections[using]
+        values = list(values)
+        for index, convert in converters:
+            values[index] = convert(values[index], None, connection)
+    return model.from_db(using, names, values)
 
 
 _IP_TYPES = (ipaddress.IPv4Address, ipaddress.IPv6Address, ipaddress.IPv4Interface, ipaddress.IPv6Interface)

@@ -5,6 +5,7 @@ is called outside any transaction; every state change is a conditional UPDATE on
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -12,17 +13,19 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from accounting.services import budget_holds_release
 from jobs.choices import JobState
-from jobs.dependencies import dependency_option, parents_of, relay_ready
+from jobs.dependencies import dependency_option, parents_of, relay_ready_sql
 from jobs.models import Job, JobEvent
-from portal.db import bulk_update
-from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
 from jobs.workdirs import cluster_username, submit_dir_ensure
+from portal.db import json_rows, model_columns, model_from_row
+from portal.models import Cluster, Profile
+from portal.outbox import after_commit_coalesced, coalesced_done, coalesced_hold, publish
 from portal.slurm import JobRequest, JobSubmission, NotPermitted, SlurmRejected, SlurmUnavailable, get_gateway
 
 logger = logging.getLogger(__name__)
@@ -83,15 +86,74 @@ class _Lease:
         self.renewals += 1
 
 
-def _claim(job_ids: list) -> tuple[uuid.UUID, int]:
+def _claim(job_ids: list) -> tuple[uuid.UUID, list[Job]]:
     """Claim for one relay run, with one token, every job among ``job_ids`` that is ACCEPTED, has no
-    Slurm id, no live lease and no parent still waiting for its Slurm id (jobs.dependencies) (ONE conditional update: two runs cannot both win a job; relay_attempts
-    + 1). Returns (the token, how many were claimed)."""
-    token = uuid.uuid4()
-    claimed = Job.objects.filter(
-        _lease_free(), relay_ready(), pk__in=list(job_ids), state=JobState.ACCEPTED, slurm_job_id__isnull=True
-    ).update(relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1)
-    return token, claimed
+    Slurm id, no live lease and no parent still waiting for its Slurm id (jobs.dependencies) (ONE
+    conditional update: two runs cannot both win a job; relay_attempts + 1), and read them back with
+    their submitter, profile and cluster in the same statement (_claim_statement). Returns (the
+    token, the jobs claimed)."""
+    return _claim_jobs(ids=[uuid.UUID(str(job_id)) for job_id in job_ids])
+
+
+def _claim_jobs(*, ids: list | None = None, limit: int | None = None) -> tuple[uuid.UUID, list[Job]]:
+    """_claim (``ids``) or _claim_waiting (``limit``): ONE statement, in autocommit (its own
+    transaction), that claims and returns the claimed rows (_claim_statement)."""
+    token, now = uuid.uuid4(), timezone.now()
+    params = {"token": token, "now": now, "expired": now - dt.timedelta(seconds=relay_lease_seconds())}
+    params |= {"ids": ids} if ids is not None else {"limit": limit}
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_statement(waiting=ids is None), params)
+        rows = cursor.fetchall()
+    return token, [_claimed_job(row) for row in rows]
+
+
+_CLAIM_STATEMENTS: dict[bool, str] = {}
+
+
+def _claim_statement(*, waiting: bool) -> str:
+    """The claim as one plain SQL statement, its text made once per process (PostgreSQL then runs it
+    prepared; Django compiled the ORM's UPDATE with its sub-select and EXISTS, then the read of the
+    claimed jobs with their submitter, profile and cluster, for every drain round: 67 % of the
+    worker's CPU per round, bench/results.md, "the POST's CPU (nineteenth session)"):
+    ``WITH c AS (UPDATE jobs_job SET relay_token, relay_started_at, relay_attempts + 1 WHERE <the
+    claim's condition> RETURNING *) SELECT c.*, the submitter's, profile's and cluster's columns
+    FROM c JOIN …``. The condition: ACCEPTED, no Slurm id, no live lease (_lease_free's rule:
+    ``relay_started_at`` NULL or older than the lease), jobs.dependencies.relay_ready_sql; ``waiting``
+    (the drain): the oldest ``limit`` such jobs, ``FOR UPDATE SKIP LOCKED`` in the sub-select; else
+    those among ``ids``."""
+    made = _CLAIM_STATEMENTS.get(waiting)
+    if made is None:
+        user = get_user_model()
+        jobs, users, profiles, clusters = (model._meta.db_table for model in (Job, user, Profile, Cluster))
+        condition = (f"j.state = '{JobState.ACCEPTED}' AND j.slurm_job_id IS NULL "
+                     f"AND (j.relay_started_at IS NULL OR j.relay_started_at < %(expired)s) AND {relay_ready_sql('j')}")  # fmt: skip
+        claim = "SET relay_token = %(token)s, relay_started_at = %(now)s, relay_attempts = j.relay_attempts + 1"
+        if waiting:
+            where = f"{jobs}.id IN (SELECT j.id FROM {jobs} j WHERE {condition} ORDER BY j.created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+            update = f"UPDATE {jobs} {claim.replace('j.relay_attempts', f'{jobs}.relay_attempts')} WHERE {where} RETURNING *"
+        else:
+            update = f"UPDATE {jobs} j {claim} WHERE j.id = ANY(%(ids)s) AND {condition} RETURNING j.*"
+        columns = ", ".join(model_columns(model, alias) for model, alias in ((Job, "c"), (user, "u"), (Profile, "p"), (Cluster, "k")))
+        made = _CLAIM_STATEMENTS[waiting] = (
+            f"WITH c AS ({update}) SELECT {columns} FROM c JOIN {users} u ON u.id = c.submitter_id "
+            f"LEFT JOIN {profiles} p ON p.user_id = u.id JOIN {clusters} k ON k.id = c.cluster_id ORDER BY c.created_at DESC"
+        )
+    return made
+
+
+def _claimed_job(row) -> Job:
+    """A row of the claim (_claim_statement's columns) as the Job with its submitter, the submitter's
+    profile (when there is one) and the cluster, as ``select_related`` would give them."""
+    user = get_user_model()
+    sizes = [len(model._meta.concrete_fields) for model in (Job, user, Profile)]
+    at = [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
+    job = model_from_row(Job, row[: at[1]])
+    job.submitter = model_from_row(user, row[at[1] : at[2]])
+    profile = model_from_row(Profile, row[at[2] : at[3]])
+    if profile.pk is not None:  # LEFT JOIN: every column NULL when the submitter has no profile
+        job.submitter.profile = profile
+    job.cluster = model_from_row(Cluster, row[at[3] :])
+    return job
 
 
 def _booking_reservation(job: Job) -> str:
@@ -151,28 +213,29 @@ def job_relay_batch_run(job_ids: list, *, threads: int = RELAY_BATCH_THREADS) ->
     """Send many ACCEPTED jobs to Slurm, each exactly once. What the ``job_relay_batch`` task does.
 
     Same rules as job_relay_run, in a constant number of queries:
-    1. ONE conditional UPDATE claims every job among ``job_ids`` that is ACCEPTED, has no Slurm id
-       and no live lease (one token for the run; relay_attempts + 1). Jobs not claimed are left to
+    1. ONE statement claims every job among ``job_ids`` that is ACCEPTED, has no Slurm id and no
+       live lease (a conditional UPDATE; one token for the run; relay_attempts + 1) and returns the
+       claimed jobs with their submitter and cluster (_claim_statement). Jobs not claimed are left to
        their current holder, the sweeper or the single relay.
-    2. ONE query reads the claimed jobs. Their sbatch calls run ``threads`` at a time (Slurm is
+    2. The claimed jobs' sbatch calls run ``threads`` at a time (Slurm is
        called outside any transaction); a job claimed before (relay_attempts > 1) is first looked up
        by its tag (all such jobs in one find_by_comments) and adopted if an interrupted run submitted it already. A job
        whose cancel was requested and that Slurm never saw is cancelled in the portal.
-    3. ONE transaction records the outcomes: the still-claimed rows are locked (conditional on the
-       token, ACCEPTED, no Slurm id), ONE bulk UPDATE writes PENDING + Slurm id / SUBMIT_FAILED with
-       Slurm's message (SlurmRejected: that job only) / CANCELLED, ONE bulk INSERT adds the events.
+    3. ONE statement records the outcomes (_record_statement): the still-claimed rows (conditional
+       on the token, ACCEPTED, no Slurm id) get PENDING + Slurm id / SUBMIT_FAILED with Slurm's
+       message (SlurmRejected: that job only) / CANCELLED, and their events.
     4. SlurmUnavailable for some jobs: their claims are released (one UPDATE) and SlurmUnavailable is
        raised after the others are recorded, for the task to retry with backoff (the retry claims
        only the jobs still ACCEPTED).
     Returns counts by outcome."""
     claimed_at = time.monotonic()
-    token, claimed = _claim(job_ids)
-    result = _relay_result(claimed, not_claimed=len(set(map(str, job_ids))) - claimed)
-    if claimed:
-        _relay_claimed(_Lease(token, claimed_at=claimed_at), result, threads=threads,
+    token, jobs = _claim(job_ids)
+    result = _relay_result(len(jobs), not_claimed=len(set(map(str, job_ids))) - len(jobs))
+    if jobs:
+        _relay_claimed(_Lease(token, claimed_at=claimed_at), jobs, result, threads=threads,
                        deadline=time.monotonic() + RELAY_BATCH_SUBMIT_SECONDS)  # fmt: skip
     if result["out_of_time"]:  # released for the retry, as when Slurm does not answer
-        raise SlurmUnavailable(f"{result['out_of_time']} of {claimed} jobs not relayed: time budget spent")
+        raise SlurmUnavailable(f"{result['out_of_time']} of {len(jobs)} jobs not relayed: time budget spent")
     return result
 
 
@@ -181,9 +244,9 @@ def _relay_result(claimed: int, *, not_claimed: int = 0) -> dict:
             "cancelled": 0, "unavailable": 0, "out_of_time": 0, "already_recorded": 0, "lease_renewals": 0}  # fmt: skip
 
 
-def _relay_claimed(lease: _Lease, result: dict, *, threads: int, deadline: float) -> None:
-    """Steps 2–4 of job_relay_batch_run for the jobs claimed with ``lease.token`` just now (the batched
-    relay and the drain share them): read; ONE look-up by tag for the jobs claimed before
+def _relay_claimed(lease: _Lease, jobs: list[Job], result: dict, *, threads: int, deadline: float) -> None:
+    """Steps 2–4 of job_relay_batch_run for the ``jobs`` claimed with ``lease.token`` just now (the
+    batched relay and the drain share them; the claim read them): ONE look-up by tag for the jobs claimed before
     (find_by_comments: two Slurm calls at most, not two per job); the gateway's submit (sbatch, or
     pyslurm on 25.11) ``threads`` at a time, the lease renewed between them when due; one bulk write;
     counts added to ``result``. No sbatch starts after ``deadline`` (time.monotonic()) nor so late that
@@ -191,8 +254,7 @@ def _relay_claimed(lease: _Lease, result: dict, *, threads: int, deadline: float
     released (``result["out_of_time"]``). Raises SlurmUnavailable after recording the others when Slurm
     did not answer for some (their claims released)."""
     token = lease.token
-    run = _RelayRound(list(Job.objects.filter(relay_token=token).select_related("submitter__profile", "cluster")),
-                      deadline=deadline, lease=lease)  # fmt: skip
+    run = _RelayRound(jobs, deadline=deadline, lease=lease)
     todo = run.submissions()
     run.look_up_repeats(todo)
     lease.renew_if_due()
@@ -323,39 +385,40 @@ def _outcome_applied(job: Job, kind: str, value, now) -> str:
 
 
 def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[list[Job], dict, list]:
-    """ONE transaction: the still-claimed rows locked (conditional on the token, ACCEPTED, no Slurm
-    id), ONE bulk UPDATE of their outcomes, ONE bulk INSERT of their events, the holds of those that
-    never ran released; then the claims of the jobs not sent released (one UPDATE). Returns (the
-    rows written, {pk still held: its cancel_requested_at as the lock read it}, the pks released)."""
+    """ONE statement records the outcomes (_record_statement): the rows still claimed (conditional on
+    the token, ACCEPTED, no Slurm id) updated, their events added, each one's cancel request as its
+    row lock read it returned; the holds of those that never ran released in the same transaction;
+    then the claims of the jobs not sent released (one UPDATE). Returns (the rows written, {pk still
+    held: its cancel_requested_at as the lock read it}, the pks released)."""
     now = timezone.now()
     by_pk = {job.pk: job for job in run.jobs}
-    events, updates = [], []
     released = [pk for pk, (kind, _) in run.outcomes.items() if kind in ("unavailable", "out_of_time")]
     counted = {"submitted": "submitted", "adopted": "adopted", "rejected": "submit_failed", "cancel": "cancelled"}
-    with transaction.atomic():
-        # with each row's cancel request as of its lock: a cancel asked later waits for this
-        # transaction and then finds the Slurm id (jobs.services.cancel passes it on itself)
-        held = dict(
-            Job.objects.select_for_update()
-            .filter(pk__in=[pk for pk in run.outcomes if pk not in released], relay_token=token,
-                    state=JobState.ACCEPTED, slurm_job_id__isnull=True)
-            .values_list("pk", "cancel_requested_at")
-        )  # fmt: skip
-        for pk, (kind, value) in run.outcomes.items():
-            if kind in ("unavailable", "out_of_time"):
-                continue
-            if pk not in held:
-                result["already_recorded"] += kind in ("submitted", "adopted")
-                continue
+    written, events = [], []
+    for pk, (kind, value) in run.outcomes.items():
+        if kind not in ("unavailable", "out_of_time"):
             reason = _outcome_applied(by_pk[pk], kind, value, now)
-            result[counted[kind]] += 1
-            updates.append(by_pk[pk])
+            written.append(by_pk[pk])
             events.append(JobEvent(job=by_pk[pk], state=by_pk[pk].state, reason=reason, at=now))
-        if updates:
-            bulk_update(Job, updates, _RECORDED_FIELDS)  # the rows locked above (``held``)
-            JobEvent.objects.bulk_create(events)
-            # refused by Slurm or cancelled before it: never ran, holds nothing
-            budget_holds_release(job_uuids=[job.pk for job in updates if job.state != JobState.PENDING], at=now)
+    held: dict = {}
+    if written:
+        # refused by Slurm or cancelled before it: never ran, holds nothing (released with the outcome)
+        never_ran = [job.pk for job in written if job.state != JobState.PENDING]
+        with transaction.atomic() if never_ran else contextlib.nullcontext():
+            # with each row's cancel request as of its lock: a cancel asked later waits for this
+            # statement and then finds the Slurm id (jobs.services.cancel passes it on itself)
+            with connection.cursor() as cursor:
+                cursor.execute(_record_statement(), {"rows": json_rows(written, _RECORDED_FIELDS), "token": token,
+                                                     "events": json_rows(events, ["job", "state", "reason", "at"], add=True)})  # fmt: skip
+                held = dict(cursor.fetchall())
+            if never_ran and (never_ran := [pk for pk in never_ran if pk in held]):
+                budget_holds_release(job_uuids=never_ran, at=now)
+    for job in written:
+        kind = run.outcomes[job.pk][0]
+        if job.pk in held:
+            result[counted[kind]] += 1
+        else:
+            result["already_recorded"] += kind in ("submitted", "adopted")
     if released:
         by_message: dict[tuple[str, bool], list] = {}  # each released job with its own reason (one UPDATE per reason)
         for pk in released:
@@ -367,7 +430,34 @@ def _record_outcomes(token: uuid.UUID, run: _RelayRound, result: dict) -> tuple[
                 relay_token=None, relay_started_at=now if backed_off else None, last_relay_error=reason)  # fmt: skip
         for pk in released:
             result[run.outcomes[pk][0]] += 1
-    return updates, held, released
+    return [job for job in written if job.pk in held], held, released
+
+
+_RECORD_STATEMENTS: list[str] = []
+
+
+def _record_statement() -> str:
+    """The recording as one plain SQL statement, its text made once per process: ``WITH v AS (the
+    outcomes, one JSON parameter: json_populate_recordset), u AS (UPDATE jobs_job SET <recorded
+    fields> FROM v WHERE the row is still claimed with the token, ACCEPTED, without Slurm id
+    RETURNING id, cancel_requested_at), e AS (INSERT INTO jobs_jobevent … the events of the rows
+    updated) SELECT * FROM u``. It replaces BEGIN, a SELECT … FOR UPDATE, a bulk UPDATE, a bulk INSERT
+    and COMMIT, which Django (and django-pgbulk) compiled for every drain round (23 % of the worker's
+    CPU per round, bench/results.md, nineteenth session). The UPDATE locks each row as the SELECT …
+    FOR UPDATE did (a cancel's transaction holding it is waited for, and the row read again)."""
+    if not _RECORD_STATEMENTS:
+        qn = connection.ops.quote_name
+        jobs, events = Job._meta.db_table, JobEvent._meta.db_table
+        sets = ", ".join(f"{qn(column)} = v.{qn(column)}" for column in (Job._meta.get_field(name).column for name in _RECORDED_FIELDS))
+        _RECORD_STATEMENTS.append(
+            f"WITH v AS (SELECT * FROM json_populate_recordset(NULL::{jobs}, %(rows)s::json)), "
+            f"u AS (UPDATE {jobs} j SET {sets} FROM v WHERE j.id = v.id AND j.relay_token = %(token)s "
+            f"AND j.state = '{JobState.ACCEPTED}' AND j.slurm_job_id IS NULL RETURNING j.id, j.cancel_requested_at), "
+            f"e AS (INSERT INTO {events} (job_id, state, reason, at) SELECT x.job_id, x.state, x.reason, x.at "
+            f"FROM json_populate_recordset(NULL::{events}, %(events)s::json) x WHERE x.job_id IN (SELECT id FROM u)) "
+            "SELECT id, cancel_requested_at FROM u"
+        )
+    return _RECORD_STATEMENTS[0]
 
 
 def _after_recording(run: _RelayRound, updates: list[Job], held: dict) -> None:
@@ -427,8 +517,9 @@ RELAY_DRAIN_LINGER_SECONDS = 0.25
 RELAY_DRAIN_POLL_SECONDS = 0.02
 # A lingering drain (a worker's) whose last round claimed fewer than RELAY_DRAIN_GATHER_BELOW jobs
 # waits RELAY_DRAIN_GATHER_SECONDS before it claims again, so that under a stream of single-job
-# submits a round carries several jobs: each round costs ~3 ms of Python and PostgreSQL whatever its
-# size (claim, read, one bulk write), which at 300 submits/s in rounds of ~3 was ~1 ms per job. A job
+# submits a round carries several jobs: each round costs a fixed amount of Python and PostgreSQL
+# whatever its size (~3 ms with the ORM's claim, read and bulk write, ~1.5 ms as the two statements of
+# the twentieth session: bench/results.md), so rounds of ~3 cost that over 3 per job. A job
 # waits that much longer for its Slurm id; the first job of a burst never does.
 RELAY_DRAIN_GATHER_BELOW = 2 * RELAY_BATCH_THREADS
 RELAY_DRAIN_GATHER_SECONDS = 0.02
@@ -445,32 +536,23 @@ def relay_drain_after_commit() -> None:
     after_commit_coalesced("jobs.tasks.job_relay_drain", key=relay_drain_key(), ttl=RELAY_DRAIN_SIGNAL_SECONDS)
 
 
-def _claim_waiting(limit: int) -> tuple[uuid.UUID, int]:
-    """ONE UPDATE claims up to ``limit`` jobs that wait for a relay — ACCEPTED, no Slurm id, no live
-    lease — oldest first, with one token for the run (relay_attempts + 1). ``FOR UPDATE SKIP LOCKED``
-    in its sub-select: a row another drain is claiming at this moment is skipped, not waited for, and
-    one it has claimed no longer matches (its lease is live)."""
-    token = uuid.uuid4()
-    waiting = (
-        Job.objects.filter(_lease_free(), relay_ready(), state=JobState.ACCEPTED, slurm_job_id__isnull=True)
-        .order_by("created_at")  # the partial index job_live_state
-        .select_for_update(skip_locked=True)
-        .values("pk")[:limit]
-    )
-    with transaction.atomic():  # FOR UPDATE needs one; the UPDATE is its only statement
-        claimed = Job.objects.filter(pk__in=waiting).update(
-            relay_token=token, relay_started_at=timezone.now(), relay_attempts=F("relay_attempts") + 1
-        )
-    return token, claimed
+def _claim_waiting(limit: int) -> tuple[uuid.UUID, list[Job]]:
+    """ONE statement claims up to ``limit`` jobs that wait for a relay — ACCEPTED, no Slurm id, no live
+    lease, no parent waiting — oldest first, with one token for the run (relay_attempts + 1), and
+    returns them with their submitter, profile and cluster (_claim_statement). ``FOR UPDATE SKIP
+    LOCKED`` in its sub-select: a row another drain is claiming at this moment is skipped, not waited
+    for, and one it has claimed no longer matches (its lease is live)."""
+    return _claim_jobs(limit=limit)
 
 
 def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_THREADS, linger: float = 0.0) -> dict:
     """Relay every job waiting in ACCEPTED, in batches: the group commit of single-job submissions.
     What the ``job_relay_drain`` task does.
 
-    Each round: _claim_waiting(limit) (ONE UPDATE, SKIP LOCKED, limit JOB_RELAY_DRAIN_BATCH), then the
-    batched relay's steps for the claimed jobs (_relay_claimed: find-by-tag adoption for repeats,
-    sbatch ``threads`` at a time, ONE bulk write). With ``linger`` > 0 a round that claimed fewer than
+    Each round: _claim_waiting(limit) (ONE statement: the claim, SKIP LOCKED, limit
+    JOB_RELAY_DRAIN_BATCH, and the claimed rows), then the batched relay's steps for the claimed jobs
+    (_relay_claimed: find-by-tag adoption for repeats, sbatch ``threads`` at a time, ONE statement
+    records them): 2 queries per round whatever its size (tests/jobs/test_relay_queries.py). With ``linger`` > 0 a round that claimed fewer than
     RELAY_DRAIN_GATHER_BELOW jobs is followed by a RELAY_DRAIN_GATHER_SECONDS pause (bigger rounds under
     a stream of submits). Rounds go on until a claim comes back empty; then,
     ``linger`` > 0, it looks again every RELAY_DRAIN_POLL_SECONDS for that long; then it clears the
@@ -490,8 +572,8 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
     try:
         while True:
             claimed_at = time.monotonic()
-            token, claimed = _claim_waiting(limit)
-            if not claimed:
+            token, jobs = _claim_waiting(limit)
+            if not jobs:
                 now = time.monotonic()
                 idle_since = idle_since or now
                 if now - idle_since < linger and now < deadline:
@@ -499,16 +581,17 @@ def job_relay_drain_run(*, limit: int | None = None, threads: int = RELAY_BATCH_
                     continue
                 coalesced_done(key)
                 claimed_at = time.monotonic()
-                token, claimed = _claim_waiting(limit)
-                if not claimed:
+                token, jobs = _claim_waiting(limit)
+                if not jobs:
                     return totals
                 coalesced_hold(key, RELAY_DRAIN_SIGNAL_SECONDS)  # going on: hold back new drains again
             idle_since = None
+            claimed = len(jobs)
             result = _relay_result(claimed)
             totals["rounds"] += 1
             gather = linger > 0 and claimed < RELAY_DRAIN_GATHER_BELOW
             try:
-                _relay_claimed(_Lease(token, claimed_at=claimed_at), result, threads=threads, deadline=deadline)
+                _relay_claimed(_Lease(token, claimed_at=claimed_at), jobs, result, threads=threads, deadline=deadline)
             finally:
                 for name, count in result.items():
                     totals[name] += count

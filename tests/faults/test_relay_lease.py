@@ -99,7 +99,7 @@ def test_a_live_relay_longer_than_its_lease_keeps_its_jobs_by_renewing_it(faults
     while Job.objects.filter(pk__in=ids, state=JobState.ACCEPTED).exists():  # another relay tries all along
         token, claimed = services._claim(ids)
         if claimed:  # would be a second relay holding them: hand them back so the worker's may go on
-            stolen += claimed
+            stolen += len(claimed)
             Job.objects.filter(relay_token=token).update(relay_token=None, relay_started_at=None)
         assert time.monotonic() - started < 120, "the relay did not finish"
         time.sleep(0.5)
