@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from jobs.models import JobTemplate
+from jobs.models import JobArrayTask, JobTemplate
 from portal.models import ApiToken, AuditEvent
 from portal.services import api_token_create
 from tests.security.test_url_matrix import make_job, url_names
@@ -42,6 +42,7 @@ def test_other_teams_objects_are_404_on_every_endpoint(world, relays):
     checks = [
         api.get(f"/api/v1/jobs/{job.pk}/"),
         api.post(f"/api/v1/jobs/{job.pk}/cancel/"),
+        api.post(f"/api/v1/jobs/{job.pk}/cancel/?task=0"),
         api.get(f"/api/v1/jobs/{job.pk}/output/"),
         api.get(f"/api/v1/job-templates/{template.pk}/"),
         api.delete(f"/api/v1/job-templates/{template.pk}/"),
@@ -60,7 +61,8 @@ def test_other_teams_objects_are_404_on_every_endpoint(world, relays):
     assert [r.status_code for r in checks] == [404] * len(checks)
     # nothing changed, and the list endpoints do not leak it either
     job.refresh_from_db()
-    assert job.cancel_requested_at is None and relays == {"relay": [], "relay_batch": [], "drain": [], "cancel": []}
+    assert job.cancel_requested_at is None and relays == {"relay": [], "relay_batch": [], "drain": [], "cancel": [], "cancel_task": []}
+    assert not JobArrayTask.objects.filter(job=job).exists()  # no task's cancel recorded either
     assert JobTemplate.objects.filter(pk=template.pk).exists() and not JobTemplate.objects.filter(name="stolen").exists()
     assert str(job.pk) not in api.get("/api/v1/jobs/").content.decode()
     assert page.get(f"/jobs/live/?ids={job.pk}").content.decode().count(str(job.pk)) == 0
