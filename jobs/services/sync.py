@@ -113,7 +113,7 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     if need_accounting:
         stats["accounting_calls"] = 1
         try:
-            records = _accounting_records(gateway, need_accounting, array_tasks, array_ended)
+            records = _accounting_records(gateway, need_accounting, array_tasks, array_ended, kubernetes=config.is_kubernetes)
             accounting_ok = True
         except SlurmUnavailable as exc:  # slurmdbd down: apply what the queue says, record the rest later
             stats["accounting_error"] = str(exc)
@@ -416,7 +416,8 @@ def _pair_with_queue(followed: list[Job], queue, array_ended: dict) -> tuple[dic
     return entries, array_tasks, need_accounting
 
 
-def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, array_ended: dict) -> dict[int, Any]:
+def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, array_ended: dict, *,
+                        kubernetes: bool = False) -> dict[int, Any]:  # fmt: skip
     """ONE accounting read for the jobs that need it (sacct -j those jobs, unless so many that the
     window read is the cheaper one; window = the earliest submission among them .. now): each job's
     final record by Slurm id, an array's folded from its tasks once every task has ended (its tasks
@@ -436,14 +437,16 @@ def _accounting_records(gateway, need_accounting: list[Job], array_tasks: dict, 
             if forgotten:
                 array_rows = forgotten_tasks(job, whole, known)  # Kubernetes: its tasks' Jobs deleted (a cancel)
             record, done = array_view(job, array_rows, kind="accounting", known=known)
-            if forgotten and not array_rows:  # every task had ended already: the array has
+            # Kubernetes: the Jobs are gone for good (slurmdbd only lags: its task records come later)
+            gone = forgotten and kubernetes
+            if gone and not array_rows:  # every task had ended already: the array has
                 record = ended_array_record(job, whole, known)
             array_tasks.setdefault(job.id, {}).update(done)
             # one task's raw row is not the array's; the array has ended once every task has
             records.pop(job.slurm_job_id, None)
-            # (a forgotten array's missing exit codes never come: the Jobs that held them are gone)
+            # (a gone array's missing exit codes never come: the Jobs that held them are deleted)
             if record is not None and state_from_slurm(record.state) in TERMINAL_STATES:
-                if forgotten or _array_final(record, {**known, **array_tasks[job.id]}):
+                if gone or _array_final(record, {**known, **array_tasks[job.id]}):
                     records[job.slurm_job_id] = record
     return records
 

@@ -129,6 +129,27 @@ def test_an_array_is_not_final_until_accounting_has_every_tasks_exit_code(live_a
     assert dict(JobArrayTask.objects.filter(job=job).values_list("index", "exit_code")) == {**{i: 0 for i in range(9)}, 9: 3}
 
 
+def test_a_slurm_array_whose_task_records_lag_behind_a_record_of_its_id_waits_for_them(live_array):
+    """slurmdbd lags (CI saw it): every task ended in the queue, accounting has a record under the array's
+    id but none of its tasks' yet. On Slurm those come: the array waits for their exit codes (only a
+    Kubernetes array whose Jobs are deleted ends on such a record, tests/jobs/test_sync_array_limit.py)."""
+    import dataclasses
+
+    from jobs.services import jobs_sync
+
+    job, fake = live_array
+    end = timezone.now()
+    fake.queue_entries = ended_queue(end)
+    fake.records = [dataclasses.replace(ended_now(record(100, 9, "FAILED", 3), end), array_job_id=None, array_tasks="")]
+    jobs_sync()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and job.exit_code is None
+    fake.records = [ended_now(record(101 + i, i, "COMPLETED", 0), end) for i in range(9)] + [ended_now(record(100, 9, "FAILED", 3), end)]
+    jobs_sync()
+    job.refresh_from_db()
+    assert (job.state, job.exit_code) == (JobState.FAILED, 3)
+
+
 def test_an_array_whose_task_accounting_never_records_ends_after_the_grace(live_array):
     from jobs.services import jobs_sync
     from jobs.services.sync import ACCOUNTING_GRACE_SECONDS
