@@ -315,7 +315,15 @@ class JobArrayTask(models.Model):
         # one row per task; the job's page and API read a job's tasks in index order
         constraints = [models.UniqueConstraint(fields=["job", "index"], name="jobarraytask_unique_index")]
         # the GPU-usage sync: a task by its own Slurm id (the exporter's job label)
-        indexes = [models.Index(fields=["slurm_job_id"], name="jobarraytask_slurm_job_id")]
+        indexes = [
+            models.Index(fields=["slurm_job_id"], name="jobarraytask_slurm_job_id"),
+            # jobs_sweep: the task cancels asked for and not yet done (partial: a handful, whatever the
+            # year's millions of tasks; a task leaves it when it is recorded ended)
+            models.Index(
+                fields=["cancel_requested_at"], name="jobarraytask_cancel_owed",
+                condition=Q(cancel_requested_at__isnull=False) & ~Q(state__in=sorted(TERMINAL_STATES)),
+            ),  # fmt: skip
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_id}[{self.index}] {self.state}"

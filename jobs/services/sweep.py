@@ -38,7 +38,7 @@ def jobs_sweep() -> dict:
     )
     task_cancels = list(
         JobArrayTask.objects.filter(cancel_requested_at__lt=cutoff, job__state__in=LIVE_STATES)
-        .exclude(state__in=TERMINAL_STATES)
+        .exclude(state__in=sorted(TERMINAL_STATES))  # the partial index jobarraytask_cancel_owed's own words
         .values_list("job_id", "index")[:1000]
     )
     if relay_ids:

@@ -187,6 +187,30 @@ def test_sweeper_reenqueues_stale_accepted_jobs_and_unsent_cancels(job, relays, 
     assert relays["drain"] == []
 
 
+def test_the_sweepers_task_cancel_read_is_the_partial_index_of_owed_cancels(job, relays, settings):
+    """A year holds millions of array tasks; the sweep (every minute) reads the few whose cancel is
+    owed through jobarraytask_cancel_owed: its own SQL, EXPLAINed with sequential scans off (a
+    wording the index's condition does not imply would scan the table)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.models import JobArrayTask
+
+    settings.JOB_ACCEPTED_SWEEP_SECONDS = 30
+    old = timezone.now() - dt.timedelta(minutes=5)
+    Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, slurm_job_id=57, array="0-3", array_tasks=4)
+    JobArrayTask.objects.create(job=job, index=1, cancel_requested_at=old)
+    JobArrayTask.objects.create(job=job, index=2, cancel_requested_at=old, state=JobState.CANCELLED)  # done: not owed
+    with CaptureQueriesContext(connection) as queries:
+        assert jobs_sweep()["task_cancels"] == 1
+    (sql,) = [q["sql"] for q in queries.captured_queries if 'FROM "jobs_jobarraytask"' in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "jobarraytask_cancel_owed" in plan, plan
+
+
 def test_terminal_state_is_not_overwritten_by_a_stale_sync_plan(job):
     Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
     changed = services._apply_plan({job.pk: {"state": JobState.RUNNING}}, timezone.now())
