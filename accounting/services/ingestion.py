@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import operator
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -38,7 +38,7 @@ from accounting.rates import RateBook
 from accounting.services.budget import budget_holds_convert
 from accounting.services.repricing import slices_replace
 from portal import money
-from portal.db import any_of, bulk_upsert_copy
+from portal.db import any_of, bulk_upsert_copy, instance_maker
 from portal.models import SyncStatus
 from portal.selectors import team_ids_by_account
 from portal.services import sync_record_failure, sync_record_success
@@ -279,6 +279,9 @@ def _portal_job(record: AccountingRecord, holds: dict[tuple[str, int], BudgetHol
     return hold.job_uuid
 
 
+_new_record = instance_maker(UsageRecord)  # UsageRecord(**fields), without its walk of every field
+
+
 def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:
     teams = team_ids_by_account(cluster=cluster_default, accounts={r.account for r in records})
     users = _users_by_unix_name({r.user for r in records if r.user})
@@ -304,7 +307,7 @@ def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluste
             requested_seconds = gpu_seconds
         else:
             requested_seconds = max(gpus * r.time_limit_minutes * 60, gpu_seconds)
-        row = UsageRecord(
+        row = _new_record(
             cluster=r.cluster or cluster_default,
             job_id=r.job_id,
             submit_time=r.submit_time,
@@ -339,15 +342,18 @@ def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluste
 
 _KNOWN_UNTIL = RECORD_FIELDS.index("known_until")
 _PROVISIONAL = RECORD_FIELDS.index("provisional")
+_record_values = operator.attrgetter(*RECORD_FIELDS)  # a row's RECORD_FIELDS values, as a tuple
 
 
-def _comparable(values: tuple) -> tuple:
-    """RECORD_FIELDS' values as compared: decimals to six places, and a running record's reading
-    time left out (it always moves; its other figures decide)."""
-    out = [money.stored(value) if isinstance(value, Decimal) else value for value in values]
-    if values[_PROVISIONAL]:
-        del out[_KNOWN_UNTIL]
-    return tuple(out)
+def _same_reading(old: tuple, new: tuple) -> bool:
+    """Whether two readings' RECORD_FIELDS values say the same: equal (a Decimal compares by value:
+    the stored six places equal the reading's), or both running and equal but for the reading time
+    (a running record's ``known_until`` always moves; its other figures decide)."""
+    if old == new:
+        return True
+    return bool(old[_PROVISIONAL] and new[_PROVISIONAL]) and (
+        old[:_KNOWN_UNTIL] + old[_KNOWN_UNTIL + 1:] == new[:_KNOWN_UNTIL] + new[_KNOWN_UNTIL + 1:]
+    )
 
 
 _PORTAL_JOB = RECORD_FIELDS.index("portal_job_uuid")
@@ -386,7 +392,7 @@ def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
             continue  # a runaway's running reading after its end was recorded
         if row.portal_job_uuid is None and old[_PORTAL_JOB] is not None:
             row.portal_job_uuid = old[_PORTAL_JOB]
-        if _comparable(old) != _comparable(tuple(getattr(row, name) for name in RECORD_FIELDS)):
+        if not _same_reading(old, _record_values(row)):
             changed.append(row)
     return changed
 

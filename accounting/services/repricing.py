@@ -22,7 +22,7 @@ from accounting.models import PendingReprice, UsageRecord, UsageSlice
 from accounting.rates import RateBook
 from accounting.services.usage_rollup import usage_months_reopen
 from portal import money
-from portal.db import any_of, bulk_insert_copy, copied_fields
+from portal.db import any_of, bulk_insert_copy, copied_fields, instance_maker
 from portal.outbox import publish
 
 BATCH = 2000
@@ -110,6 +110,9 @@ def usage_reprice_sweep(*, now: dt.datetime | None = None) -> list[tuple[str, st
 SLICE_COPIED = ("cluster", "account", "team_id", "unix_user", "gpu_type", "partition", "gpus", "provisional")
 
 
+_new_slice = instance_maker(UsageSlice)  # UsageSlice(**fields), without its walk of every field
+
+
 def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
     """A record's slices: its GPU time cut at month boundaries and at rate changes."""
     if not record.gpus or not record.gpu_seconds:
@@ -143,7 +146,7 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
             cost = Decimal("0")  # the booking carries the charge (accounting.selectors.booking_charges)
         local = a.astimezone(zone)
         slices.append(
-            UsageSlice(
+            _new_slice(
                 record_id=record.pk,
                 period=dt.date(local.year, local.month, 1),
                 slice_start=a,
@@ -151,7 +154,7 @@ def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
                 **copied_fields(record, SLICE_COPIED),
                 gpu_seconds=gpu_seconds,
                 requested_gpu_seconds=requested,
-                rate=rate,
+                rate_id=rate.pk if rate else None,
                 price_per_gpu_hour=price,
                 cost=cost,
             )

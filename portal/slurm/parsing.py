@@ -121,6 +121,9 @@ def parse_memory_mib(value: str) -> int:
     return round(float(number) * _MEM_FACTORS_MIB[suffix.upper() or "M"])
 
 
+_COUNT_FACTORS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
 def parse_tres(value: str) -> dict[str, int]:
     """"billing=1,cpu=1,gres/gpu:a100=2,gres/gpu=2,mem=1G,node=1" -> dict of ints, mem in MiB.
 
@@ -136,6 +139,9 @@ def parse_tres(value: str) -> dict[str, int]:
         if not sep or not key:
             continue
         raw = raw.strip()
+        if raw.isascii() and raw.isdigit():  # a plain count (mem without a unit: MiB already)
+            out[key] = int(raw)
+            continue
         try:
             if key == "mem":
                 out[key] = parse_memory_mib(raw)
@@ -146,8 +152,7 @@ def parse_tres(value: str) -> dict[str, int]:
                     out[key] = int(raw)
                     continue
                 number, suffix = match.groups()
-                factor = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
-                out[key] = round(float(number) * factor[suffix.upper()])
+                out[key] = round(float(number) * _COUNT_FACTORS[suffix.upper()])
         except ValueError:
             continue
     return out

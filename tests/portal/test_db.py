@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job
+from portal import db as portal_db
 from portal.db import any_of, bulk_insert_copy, bulk_update, bulk_upsert_copy
 
 pytestmark = pytest.mark.django_db
@@ -196,6 +197,29 @@ def test_copy_insert_writes_dates_datetimes_decimals_and_keys_as_bulk_create_doe
     assert got[0]["slice_start"] == start and got[1]["period"] == dt.date(2026, 4, 1)
     assert got[1]["cost"] == Decimal("1.234568") and got[0]["team_id"] == world.vision.pk
     assert got[1]["slice_start"] == dt.datetime(2026, 3, 31, 17, tzinfo=dt.UTC)  # 01:00 in Shanghai
+
+
+def test_instance_maker_makes_what_the_keyword_constructor_makes(world):
+    """portal.db.instance_maker: every concrete field's value as ``Model(**values)`` sets it — the
+    given ones, the defaults of the others (a callable one called per instance, not shared) —, an
+    unsaved instance; a name that is not an attname is a TypeError, not a field silently left out."""
+    from accounting.models import UsageRecord
+
+    now = timezone.now()
+    given = {"cluster": "c", "job_id": 9, "submit_time": now, "start_time": now, "state": "RUNNING", "account": "vision",
+             "team_id": world.vision.pk, "unix_user": "alice", "known_until": now, "first_seen_at": now}  # fmt: skip
+    made, built = portal_db.instance_maker(UsageRecord)(**given), UsageRecord(**given)
+    names = [field.attname for field in UsageRecord._meta.concrete_fields]
+    assert [getattr(made, name) for name in names] == [getattr(built, name) for name in names]
+    assert made.gpu_hours == Decimal("0") and made.comment == "" and made.end_time is None and made.pk is None
+    assert made._state.adding
+
+    job_maker = portal_db.instance_maker(Job)  # Job.id defaults to uuid4: one per instance
+    first, second = job_maker(name="a"), job_maker(name="b")
+    assert isinstance(first.id, uuid.UUID) and first.id != second.id and first.name == "a"
+    assert job_maker(id=first.id).id == first.id
+    with pytest.raises(TypeError, match="team"):
+        portal_db.instance_maker(UsageRecord)(team=world.vision)  # the attname is team_id
 
 
 def test_any_of_binds_one_array_parameter_and_filters_like_a_list(world):
