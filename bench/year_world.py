@@ -547,6 +547,7 @@ class Year:
                         0 if task_state == "COMPLETED" else 1,
                         task_start,
                         task_end,
+                        None,  # cancel_requested_at: no task cancelled alone
                     )
                 )
             seconds = int((task_end - task_start).total_seconds())
