@@ -33,7 +33,9 @@ from django.utils import timezone
 from accounting.calendar import billing_midnight, current_month
 from accounting.charging import bookings_charge_reserved
 from accounting.models import BudgetHold, BudgetTotal, UsageRecord
-from accounting.selectors.budgets import budget_copies_current, budget_rows, budget_total_figures, quotas_effective
+from accounting.selectors.budgets import (
+    budget_copies_current, budget_rows, budget_total_figures, budget_totals_used, quotas_effective,
+)
 from portal import money
 from portal.db import any_of
 from portal.exceptions import Conflict
@@ -411,10 +413,8 @@ def budget_holds_convert(*, job_uuids: Iterable, team_ids: Iterable[int], since:
     team_ids = set(team_ids)
     used: dict[int, Decimal] = {}
     if team_ids and since is not None:
-        for total in BudgetTotal.objects.filter(team_id__in=team_ids, ends_at__gt=since).select_related("team"):
-            figures = budget_total_figures(team=total.team, gpu_type=total.gpu_type, period_start=total.period_start,
-                                           period_end=total.period_end, held=False)  # fmt: skip
-            used[total.pk] = money.stored(figures[0])
+        totals = BudgetTotal.objects.filter(team_id__in=team_ids, ends_at__gt=since)
+        used = {pk: money.stored(hours) for pk, hours in budget_totals_used(totals).items()}
     if deltas or used:
         _totals_apply(deltas=deltas, used=used, team_ids=team_ids if used else (), since=since, at=at)
 

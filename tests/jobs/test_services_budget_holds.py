@@ -177,6 +177,39 @@ def test_ingestion_moves_usage_from_held_to_used_and_a_final_record_releases(wor
     assert_totals_consistent(world.vision)
 
 
+def test_the_ingestion_refreshes_every_changed_teams_totals_with_one_usage_sum_per_period(world):
+    """A new day's usage of two teams, each with totals of three keys ("", a100, h100) in two periods:
+    every total's used figure is what budget_total_figures says (its team, its types, its period),
+    read with ONE aggregate over the usage slices per period, not one per total (50 of them on a
+    year's day: 1.8 s; bench/results.md)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from accounting.calendar import billing_midnight
+
+    now = timezone.now()
+    periods = [(dt.date(2026, 1, 1), dt.date(2026, 2, 1)), (dt.date(2026, 1, 1), dt.date(2026, 4, 1))]
+    BudgetTotal.objects.bulk_create([
+        BudgetTotal(team=team, gpu_type=gpu_type, period_start=start, period_end=end, ends_at=billing_midnight(end),
+                    updated_at=now)
+        for team in (world.vision, world.nlp) for gpu_type in ("", "a100", "h100") for start, end in periods
+    ])  # fmt: skip
+    records = [acct(account="vision", hours=2, gpus=2, gpu_type="a100"), acct(account="vision", hours=1, gpus=1, gpu_type="h100"),
+               acct(account="nlp", user="carol", hours=3, gpus=4, gpu_type="h100")]  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        usage_records_upsert(records=records)
+    sums = [q for q in queries.captured_queries if 'SUM(' in q["sql"] and '"accounting_usageslice"' in q["sql"]]
+    assert len(sums) == len(periods), [q["sql"][:120] for q in sums]
+    figures = {}
+    for total in BudgetTotal.objects.all():
+        used, _ = budget_total_figures(team=total.team, gpu_type=total.gpu_type, period_start=total.period_start,
+                                       period_end=total.period_end, held=False)  # fmt: skip
+        assert total.used_gpu_hours == used, total
+        figures[(total.team.slug, total.gpu_type, total.period_end.month)] = total.used_gpu_hours
+    assert figures[("vision", "", 2)] == 5 and figures[("vision", "a100", 2)] == 4 and figures[("vision", "h100", 4)] == 1
+    assert figures[("nlp", "", 4)] == 12 and figures[("nlp", "a100", 2)] == 0
+
+
 def test_a_booked_job_names_its_booking_and_holds_nothing_when_bookings_carry_the_charge(world, settings):
     from tests.factories import BookingFactory
 
