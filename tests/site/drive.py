@@ -869,10 +869,13 @@ def db_rows(dsn: str, jobs: list[str], bookings: list[str], quotas: list[int]) -
     import psycopg  # the portal's own driver (the venv's)
 
     with psycopg.connect(dsn) as conn:
+        # the state's reason too: a lost job's detail says what Slurm answered (a SUBMIT_FAILED job of the
+        # twenty-first session's CI run, sent in the first second of the slurmctld SIGKILL, said nothing)
         job_rows = {str(r[0]): {"state": r[1], "slurm_job_id": r[2], "created": r[3].timestamp(),
-                                "submitted": r[4].timestamp() if r[4] else None, "started": r[5] is not None}
-                    for r in conn.execute("select id, state, slurm_job_id, created_at, submitted_at, started_at "
-                                          "from jobs_job where id = any(%s)", [jobs])}
+                                "submitted": r[4].timestamp() if r[4] else None, "started": r[5] is not None,
+                                "reason": (r[6] or "")[:300]}
+                    for r in conn.execute("select id, state, slurm_job_id, created_at, submitted_at, started_at, "
+                                          "state_reason from jobs_job where id = any(%s)", [jobs])}
         usage = [(str(r[0]), str(r[1]), r[2], r[3].timestamp()) for r in conn.execute(
             "select portal_job_uuid, job_id, gpu_seconds, start_time from accounting_usagerecord "
             "where portal_job_uuid = any(%s)",
