@@ -290,7 +290,6 @@ UNAVAILABLE_PATTERNS = (
     "communication connection failure",
     "unable to establish controller machine",
     "could not establish a configuration source",
-    "backup controller in standby mode",
     "transport endpoint is not connected",
     "temporarily unable to accept job",
     "database is busy",
@@ -300,6 +299,20 @@ UNAVAILABLE_PATTERNS = (
     # a controller that died while answering (seen by make test-site at the primary slurmctld's SIGKILL):
     # the job may have been created — the relay looks it up by its tag before it sends it again
     "unexpected missing socket error",
+    # the rest of Slurm's own words for a message lost on the way (slurm_errno.c: SLURM_COMMUNICATIONS_*,
+    # SLURMCTLD_COMMUNICATIONS_*, the socket layer's 5003-5005), the controller's rate limit, a
+    # controller in standby, and the system's for a connection cut (errno ECONNRESET, EPIPE, EAGAIN)
+    "message send failure",
+    "message receive failure",
+    "communication shutdown failure",
+    "insane message length",
+    "header lengths are longer than data received",
+    "rate limit exceeded",
+    "in standby mode",
+    "connection reset by peer",
+    "broken pipe",
+    "resource temporarily unavailable",
+    "unable to create job record, try again",
 )
 
 # Nonzero exits that mean "already so": idempotent successes, per command family.
@@ -398,8 +411,15 @@ UNAVAILABLE_ERRNOS = frozenset(
         110,  # ETIMEDOUT
         111,  # ECONNREFUSED
         113,  # EHOSTUNREACH
+        11,  # EAGAIN
+        32,  # EPIPE
         1001, 1002, 1003, 1004,  # SLURM_COMMUNICATIONS_{CONNECTION,SEND,RECEIVE,SHUTDOWN}_ERROR
-        1800, 1801, 1802, 1803, 1804,  # SLURMCTLD_COMMUNICATIONS_*_ERROR, _BACKOFF
+        1008,  # SLURM_PROTOCOL_INSANE_MSG_LENGTH (a message cut short)
+        1013,  # SLURM_COMMUNICATIONS_MISSING_SOCKET_ERROR
+        1800, 1801, 1802, 1803, 1804, 1805,  # SLURMCTLD_COMMUNICATIONS_*_ERROR, _BACKOFF, _HARD_DROP
+        2007,  # ESLURM_ERROR_ON_DESC_TO_RECORD_COPY ("Unable to create job record, try again")
+        2027,  # ESLURM_IN_STANDBY_MODE
+        5003,  # ESLURM_PROTOCOL_INCOMPLETE_PACKET
         5004,  # SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT
         5005,  # SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT
         7000,  # ESLURM_DB_CONNECTION

@@ -180,7 +180,7 @@ class Load:
                 if age is not None:
                     with self.lock:
                         self.ages.append((time.monotonic(), float(age)))
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError, http.client.HTTPException):  # IncompleteRead: its host killed mid-answer
                 pass
             time.sleep(1)
 
