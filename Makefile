@@ -14,7 +14,7 @@ GPUPORTAL_PROMETHEUS_PORT ?= 9090
 export GPUPORTAL_PROMETHEUS_PORT
 export PROMETHEUS_URL ?= http://127.0.0.1:$(GPUPORTAL_PROMETHEUS_PORT)
 
-.PHONY: site stop-site test-site demo stop test test-fast lint-imports install pyslurm services cluster cluster25 k8s browser migrate bench clean-run help cli-zipapp prometheus
+.PHONY: site stop-site test-site demo stop test test-fast test-fuzz lint-imports install pyslurm services cluster cluster25 k8s browser migrate bench clean-run help cli-zipapp prometheus
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
@@ -24,6 +24,7 @@ help:
 	@echo "make k8s    — the local Kubernetes GPU cluster gpuportal-k8s (scripts/k8s; built once, ~7 min on 2 cores)"
 	@echo "make prometheus — Prometheus + the emulated GPU exporter for the local clusters (part of demo and test)"
 	@echo "make test-fast — the pure and database tests only (no cluster, Celery worker or Chromium)"
+	@echo "make test-fuzz — the fuzz tests alone (schemathesis as each role, the API fuzz; part of make test)"
 	@echo "make bench  — benchmarks, figures in bench/results.md"
 	@echo "make site   — a small site with failover in network namespaces (scripts/site; issue 42); prints the load balancer's URL"
 	@echo "make stop-site — take the site down (every process of its hosts; data kept)"
@@ -115,6 +116,11 @@ test-fast: install lint-imports services
 	@echo "test-fast: tests in the order of seed $(FAST_SEED) (make test-fast FAST_SEED=$(FAST_SEED) runs it again)"
 	@eval "$$(scripts/services up)" && SLURM_CONF=$(CURDIR)/tests/no-cluster.slurm.conf $(PY) -m pytest -m fast -n $(FAST_WORKERS) \
 		--random-order-bucket=global --random-order-seed=$(FAST_SEED) $(PYTEST_ARGS)
+
+# The fuzz tests alone (schemathesis as each role, the API fuzz: `-m fuzz`, part of `make test`): they need
+# PostgreSQL and Redis only, and CI runs them beside the Slurm tests, in their own test database.
+test-fuzz: install services
+	@eval "$$(scripts/services up)" && $(PY) -m pytest -m fuzz $(PYTEST_ARGS)
 
 bench: install pyslurm cluster cluster25
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py
