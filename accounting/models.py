@@ -533,7 +533,9 @@ class BudgetTotal(models.Model):
     quota (team, gpu_type, period), shared by a quota and the one that supersedes it. ``held`` is
     the sum of ``held_gpu_hours`` of the team's unreleased holds of that type placed before the
     period ends; ``used`` the GPU-hours ingested in the period (usage inside bookings left out when
-    they charge their reserved hours), refreshed by every ingestion. The budget check of a job
+    they charge their reserved hours), moved by every ingestion by what it changed (its exact
+    GPU-seconds kept beside it: nothing drifts) and checked against the slices by
+    budget_totals_check. The budget check of a job
     locks the team's rows (one statement), adds the new holds and compares — no aggregate over live
     jobs or usage under the lock. Built from the usage slices and the holds by the first placement
     that needs it (accounting.services.budget), once per team, type and period."""
@@ -544,6 +546,9 @@ class BudgetTotal(models.Model):
     period_end = models.DateField()
     ends_at = models.DateTimeField()  # 00:00 of period_end in the billing time zone
     held_gpu_hours = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
+    # the exact GPU-seconds ingested in the period, moved by what each ingestion changes
+    # (accounting.services.budget.budget_used_change); used_gpu_hours is them in GPU-hours, stored
+    used_gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6, default=Decimal("0"))
     used_gpu_hours = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
     updated_at = models.DateTimeField()
 

@@ -58,6 +58,15 @@ def usage_rollup_task() -> list[str]:
     return [month.isoformat() for month in usage_rollup()]
 
 
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=600, time_limit=900)
+def budget_totals_check_task() -> int:
+    """Periodic (portal/project/celery.py, budget-totals-check): the running budget totals' used
+    figures checked against the usage slices, a stale one corrected (accounting.services.budget)."""
+    from accounting.services import budget_totals_check
+
+    return len(budget_totals_check())
+
+
 def _budget_alerts_after_ingest() -> None:
     """Budget thresholds are crossed by new usage: check them after each ingest (never fails the ingest)."""
     from accounting.services import budget_alerts_check

@@ -64,7 +64,8 @@ def _jobs_sync(section: common.Section, world, live: int, cycles: int) -> None:
         seconds, calls, queries, stats = time_cycles(1)
         section.add(
             f"jobs_sync, all {live:,} live jobs ended since the last cycle, on the year", seconds[0] * 1000, "ms", "1 cycle",
-            f"{calls[0]} Slurm calls, {queries[0]} queries; {stats.get('changed', 0):,} jobs changed",
+            f"{calls[0]} Slurm calls, {queries[0]} queries; {stats.get('changed', 0):,} jobs changed; "
+            + ", ".join(f"{name} {t * 1000:,.0f} ms" for name, t in stats.get("split", {}).items()),
         )  # fmt: skip
     finally:
         _scancel_bench_account()

@@ -622,7 +622,7 @@ def request_of(job) -> tuple[str, str, dict]:
 
 def budget_totals(site: Site) -> int:
     """The running totals the budget check keeps per quota key (team, type, period): used = the
-    period's ingested GPU-hours (usage inside bookings left out when they charge their reserved hours),
+    period's ingested GPU-seconds and GPU-hours (usage inside bookings left out when they charge their reserved hours),
     held 0 (every hold released). One INSERT … SELECT over the slices."""
     from django.db import connection
 
@@ -633,15 +633,16 @@ def budget_totals(site: Site) -> int:
     with connection.cursor() as cursor:
         cursor.execute(f"""
             INSERT INTO {BudgetTotal._meta.db_table} (team_id, gpu_type, period_start, period_end, ends_at,
-                                                      held_gpu_hours, used_gpu_hours, updated_at)
-            SELECT q.team_id, q.gpu_type, q.period_start, q.period_end, q.period_end::timestamp AT TIME ZONE %s, 0,
-                   COALESCE((SELECT SUM(s.gpu_seconds) / 3600.0 FROM {UsageSlice._meta.db_table} s
-                             JOIN {UsageRecord._meta.db_table} r ON r.id = s.record_id
-                             WHERE s.team_id = q.team_id AND s.period = q.period_start
-                               AND (q.gpu_type = '' OR s.gpu_type = q.gpu_type) {booked}), 0),
-                   q.period_end::timestamp AT TIME ZONE %s
-            FROM {Quota._meta.db_table} q WHERE q.state = 'approved'
-        """, ["UTC", "UTC"])  # fmt: skip
+                                                      held_gpu_hours, used_gpu_seconds, used_gpu_hours, updated_at)
+            SELECT team_id, gpu_type, period_start, period_end, ends_at, 0, used, round(used / 3600, 6), ends_at FROM (
+                SELECT q.team_id, q.gpu_type, q.period_start, q.period_end, q.period_end::timestamp AT TIME ZONE %s AS ends_at,
+                       COALESCE((SELECT SUM(s.gpu_seconds) FROM {UsageSlice._meta.db_table} s
+                                 JOIN {UsageRecord._meta.db_table} r ON r.id = s.record_id
+                                 WHERE s.team_id = q.team_id AND s.period = q.period_start
+                                   AND (q.gpu_type = '' OR s.gpu_type = q.gpu_type) {booked}), 0) AS used
+                FROM {Quota._meta.db_table} q WHERE q.state = 'approved'
+            ) AS totals
+        """, ["UTC"])  # fmt: skip
         return cursor.rowcount
 
 

@@ -8,6 +8,7 @@ psycopg's ``Cursor.copy`` on the DB-API cursor Django hands out, ``Model._meta``
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
 import ipaddress
@@ -89,8 +90,8 @@ def _temporary_copy(cursor, connection, meta, fields, objs: Sequence[Model], *, 
     return temp
 
 
-def bulk_insert_copy(objs: Sequence[Model], *, using: str = "default") -> int:
-    """Insert new rows of one model with one ``COPY … FROM STDIN`` (psycopg's ``Cursor.copy``) and
+def bulk_insert_copy(objs: Sequence, *, using: str = "default") -> int:
+    """Insert new rows of one model (its instances, or its row_maker rows) with one ``COPY … FROM STDIN`` (psycopg's ``Cursor.copy``) and
     return how many: what ``bulk_create`` does for rows whose database-generated ids nobody needs
     back, without one INSERT holding a placeholder per value that Django compiles and psycopg binds
     (for usage slices that was two thirds of the ingestion's time; bench/bench_reports.py). The
@@ -98,7 +99,7 @@ def bulk_insert_copy(objs: Sequence[Model], *, using: str = "default") -> int:
     if not objs:
         return 0
     connection = connections[using]
-    meta = type(objs[0])._meta
+    meta = _model_of(objs[0])._meta
     qn = connection.ops.quote_name
     fields = [field for field in meta.concrete_fields if not field.db_returning]
     columns = ", ".join(qn(field.column) for field in fields)
@@ -125,9 +126,10 @@ def _copy_rows(objs: Sequence[Model], fields, connection, *, add: bool = True):
 
 
 def bulk_upsert_copy(
-    objs: Sequence[Model], *, unique_fields: Sequence[str], update_fields: Sequence[str], using: str = "default"
+    objs: Sequence, *, unique_fields: Sequence[str], update_fields: Sequence[str], using: str = "default"
 ) -> None:
-    """Insert or update rows of one model by a unique key, setting each object's primary key: what
+    """Insert or update rows of one model (its instances, or its row_maker rows) by a unique key,
+    setting each object's primary key: what
     ``bulk_create(update_conflicts=True, unique_fields=…, update_fields=…)`` does, as ``COPY`` into a
     temporary table and one ``INSERT … SELECT … ON CONFLICT (…) DO UPDATE … RETURNING``. Objects must
     not repeat a key (PostgreSQL refuses to update a row twice in one statement; so does
@@ -136,7 +138,7 @@ def bulk_upsert_copy(
     (pgbulk.upsert, one INSERT … VALUES too: 609-1 018)."""
     if not objs:
         return
-    model = type(objs[0])
+    model = _model_of(objs[0])
     connection = connections[using]
     meta = model._meta
     qn = connection.ops.quote_name
@@ -162,7 +164,13 @@ def bulk_upsert_copy(
         ids[tuple(values[1:])] = values[0]
     for obj in objs:
         obj.pk = ids[tuple(getattr(obj, field.attname) for field in keys)]
-        obj._state.adding, obj._state.db = False, using  # Model._state: documented (ref/models/instances)
+        if isinstance(obj, Model):
+            obj._state.adding, obj._state.db = False, using  # Model._state: documented (ref/models/instances)
+
+
+def _model_of(obj) -> type[Model]:
+    """The model of a model instance, or of a row_maker row."""
+    return type(obj) if isinstance(obj, Model) else obj.row_model
 
 
 # Fields whose database value is the Python value itself when it has exactly this type (the field's
@@ -328,31 +336,29 @@ def model_from_row(model: type[Model], values: Sequence[Any], *, using: str = "d
     return model.from_db(using, names, values)
 
 
-def instance_maker(model: type[Model]):
-    """A function making unsaved instances of ``model`` from keyword values of its fields' attnames
-    (``team_id``, not ``team``), every other field at its default: what ``model(**values)`` makes,
-    through the positional constructor — the one ``Model.from_db`` calls (``cls(*values)``, each
-    concrete field in order; ref/models/instances, "Customizing model loading") — without the keyword
-    constructor's walk of every field (7 400 usage records of a day and their slices: bench/results.md,
-    "Usage ingestion of a day on a quiet machine"). An unknown name is a TypeError."""
+def row_maker(model: type[Model]):
+    """A function making plain rows of ``model`` from keyword values of its fields' attnames
+    (``team_id``, not ``team``), every other field at its default — the values ``model(**values)``
+    holds, in an object of one slot per concrete field (and ``pk``, the primary key's), not a model
+    instance: what the COPY writers (bulk_insert_copy, bulk_upsert_copy; ``model=``) read. A model
+    instance costs its constructor's setattr of every field, 27 µs for a usage record, a third of a
+    new day's ingestion (7 400 records and their slices: bench/results.md, "Usage ingestion of a new
+    day: rows, not model instances"); a row, its dataclass ``__init__``. An unknown name is a
+    TypeError. A callable default (uuid4, now) is called per row."""
     fields = model._meta.concrete_fields
-    position = {field.attname: index for index, field in enumerate(fields)}
-    template = [None if field.has_default() and callable(field.default) else field.get_default() for field in fields]
-    called = [(field.attname, index, field) for index, field in enumerate(fields) if field.has_default() and callable(field.default)]
-
-    def make(**values: Any) -> Model:
-        row = template.copy()
-        try:
-            for name, value in values.items():
-                row[position[name]] = value
-        except KeyError as exc:
-            raise TypeError(f"{model.__name__} has no field {exc.args[0]!r} (give attnames: team_id, not team)") from None
-        for name, index, field in called:  # a callable default (uuid4, now): a value per instance
-            if name not in values:
-                row[index] = field.get_default()
-        return model(*row)
-
-    return make
+    pk_name = model._meta.pk.attname
+    specs = []
+    for field in fields:
+        if field.has_default() and callable(field.default):
+            default = dataclasses.field(default_factory=field.get_default)
+        else:
+            default = dataclasses.field(default=field.get_default())
+        specs.append((field.attname, Any, default))
+    namespace = {
+        "pk": property(operator.attrgetter(pk_name), lambda row, value: setattr(row, pk_name, value)),
+        "row_model": model,
+    }
+    return dataclasses.make_dataclass(f"{model.__name__}Row", specs, namespace=namespace, kw_only=True, slots=True, eq=False)
 
 
 _IP_TYPES = (ipaddress.IPv4Address, ipaddress.IPv6Address, ipaddress.IPv4Interface, ipaddress.IPv6Interface)

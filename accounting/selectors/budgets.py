@@ -18,6 +18,7 @@ from accounting.models import BudgetHold, BudgetTotal, Quota, QuotaState
 from accounting.selectors.bookings import bookings_holding_capacity
 from accounting.selectors.usage import aggregate_slices, slices_in
 from portal import money
+from portal.db import any_of
 from portal.models import Team
 from portal.selectors import teams_visible_to
 from portal.snapshots import BOOKINGS, QUOTAS, snapshot, snapshot_changed_here
@@ -103,12 +104,16 @@ def _own_copy(quota: Quota) -> Quota:
     return mine
 
 
-def _used_seconds(team_ids: Iterable[int], start_at: dt.datetime, end_at: dt.datetime) -> dict[tuple[int, str], Decimal]:
+def _used_seconds(team_ids: Iterable[int], start_at: dt.datetime, end_at: dt.datetime, *,
+                  record_ids: Iterable[int] | None = None) -> dict[tuple[int, str], Decimal]:  # fmt: skip
     """GPU-seconds per (team, gpu_type) in [start_at, end_at), usage inside bookings excluded when
     bookings are charged by their reserved hours. One aggregate query. By team, not account: a
     team's usage on every cluster (each under its account there) counts against its quotas, which
-    apply across all clusters."""
+    apply across all clusters. ``record_ids``: only these usage records' slices (what an ingestion
+    replaces: budget_used_seconds)."""
     queryset = slices_in(start_at, end_at).filter(team_id__in=list(team_ids))
+    if record_ids is not None:
+        queryset = queryset.filter(record_id__in=any_of(record_ids, "bigint"))
     if bookings_charge_reserved():
         queryset = queryset.filter(record__booking__isnull=True)
     rows = aggregate_slices(queryset, start_at, end_at, ["team", "gpu_type"])
@@ -176,33 +181,35 @@ def _held_hours(team_ids: Iterable[int], ends_at: dt.datetime) -> dict[tuple[int
 def budget_total_figures(*, team: Team, gpu_type: str, period_start: dt.date, period_end: dt.date,
                          held: bool = True) -> tuple[Decimal, Decimal]:  # fmt: skip
     """(used, held) GPU-hours of one team, GPU type ("" = all) and period computed from usage slices
-    and budget holds: the first figures of a running total (BudgetTotal; once per team and period),
-    and what an ingestion refreshes ``used`` with (``held=False``). One aggregate query each."""
+    and budget holds, not rounded: what a running total (BudgetTotal) holds. One aggregate query each."""
     start_at, end_at = billing_midnight(period_start), billing_midnight(period_end)
     used = _used_seconds([team.pk], start_at, end_at)
     held = _held_hours([team.pk], end_at) if held else {}
     held_h = sum((v for (_, t), v in held.items() if not gpu_type or gpu_type in BudgetHold.types_of(t)), Decimal(0))
-    return _used_hours(used, team.pk, gpu_type), held_h
+    return money.gpu_hours(_total_seconds(used, team.pk, gpu_type)), held_h
 
 
-def _used_hours(used: dict[tuple[int, str], Decimal], team_id: int, gpu_type: str) -> Decimal:
-    """A total's used GPU-hours from _used_seconds' figures: its team's, of its GPU type ("": all)."""
-    return money.gpu_hours(sum((v for (team, t), v in used.items() if team == team_id and (not gpu_type or t == gpu_type)),
-                               Decimal(0)))  # fmt: skip
+def _total_seconds(used: dict[tuple[int, str], Decimal], team_id: int, gpu_type: str) -> Decimal:
+    """A total's used GPU-seconds from _used_seconds' figures: its team's, of its GPU type ("": all)."""
+    return sum((v for (team, t), v in used.items() if team == team_id and (not gpu_type or t == gpu_type)), Decimal(0))
 
 
-def budget_totals_used(totals: Iterable[BudgetTotal]) -> dict[int, Decimal]:
-    """The used GPU-hours of running totals (by id) from the usage slices — what
-    budget_total_figures(held=False) gives each — with ONE aggregate query per distinct period for
-    all their teams and GPU types: an ingestion refreshes every total of the teams whose usage changed
-    (20 teams × 2–3 keys: 50 queries of the same sums, 1.8 s on a year; bench/results.md)."""
+def budget_used_seconds(totals: Iterable[BudgetTotal], *, record_ids: Iterable[int] | None = None) -> dict:
+    """The used GPU-seconds of running totals (by id; a total not saved yet: None) from the usage
+    slices — exact, not rounded — with ONE aggregate query per distinct period for all their teams
+    and GPU types. ``record_ids``: only these records' slices — what an ingestion moves a total by
+    (accounting.services.budget.budget_used_change: O(the records it changes), never a period's
+    slices); none at all when it is empty (no query)."""
     periods: dict[tuple[dt.date, dt.date], list[BudgetTotal]] = {}
     for total in totals:
         periods.setdefault((total.period_start, total.period_end), []).append(total)
-    out: dict[int, Decimal] = {}
+    record_ids = None if record_ids is None else list(record_ids)
+    out: dict = {}
     for (start, end), group in periods.items():
-        used = _used_seconds({total.team_id for total in group}, billing_midnight(start), billing_midnight(end))
-        out.update((total.pk, _used_hours(used, total.team_id, total.gpu_type)) for total in group)
+        used = {} if record_ids == [] else _used_seconds(
+            {total.team_id for total in group}, billing_midnight(start), billing_midnight(end), record_ids=record_ids
+        )  # fmt: skip
+        out.update((total.pk, _total_seconds(used, total.team_id, total.gpu_type)) for total in group)
     return out
 
 

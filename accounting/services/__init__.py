@@ -50,6 +50,7 @@ from accounting.services.budget import (
     budget_holds_place,
     budget_holds_release,
     budget_holds_tasks_settle,
+    budget_totals_check,
 )
 from accounting.services.gpu_busy import usage_busy_record
 from accounting.services.idle_savings import idle_saving_record
@@ -99,7 +100,7 @@ __all__ = [
     "booking_create", "booking_reject", "usage_busy_record", "webhook_post", "booking_reserve_run", "booking_unreserve_run", "bookings_whole_nodes",
     "budget_alert_email", "budget_alert_payload", "budget_alert_sweep", "budget_alert_webhook", "budget_alert_webhook_sweep",
     "budget_alerts_check",
-    "HoldRequest", "budget_holds_convert", "budget_holds_identify", "budget_holds_place", "budget_holds_release",
+    "HoldRequest", "budget_holds_convert", "budget_holds_identify", "budget_holds_place", "budget_holds_release", "budget_totals_check",
     "budget_holds_tasks_settle",
     "quota_approve", "quota_cancel", "quota_expected_limits", "quota_limit_drift", "quota_limits_apply",
     "may_set_prices", "quota_period_rollover", "quota_reject", "quota_request", "rate_create", "slice_record", "type_capacity",

@@ -34,7 +34,7 @@ from accounting.calendar import billing_midnight, current_month
 from accounting.charging import bookings_charge_reserved
 from accounting.models import BudgetHold, BudgetTotal, UsageRecord
 from accounting.selectors.budgets import (
-    budget_copies_current, budget_rows, budget_total_figures, budget_totals_used, quotas_effective,
+    budget_copies_current, budget_rows, budget_total_figures, budget_used_seconds, quotas_effective,
 )
 from portal import money
 from portal.db import any_of
@@ -170,15 +170,16 @@ def _total_build(*, team: Team, quota, at: dt.datetime, increment: Decimal) -> B
     key = {"team_id": team.pk, "gpu_type": quota.gpu_type, "period_start": quota.period_start, "period_end": quota.period_end}
     used, held = budget_total_figures(team=team, gpu_type=quota.gpu_type, period_start=quota.period_start,
                                       period_end=quota.period_end)  # fmt: skip
+    seconds = used * money.HOUR  # exact: the slices' GPU-seconds, not rounded
     total = BudgetTotal(**key, ends_at=billing_midnight(quota.period_end), held_gpu_hours=money.stored(held),
-                        used_gpu_hours=money.stored(used), updated_at=at)  # fmt: skip
+                        used_gpu_seconds=seconds, used_gpu_hours=money.stored(used), updated_at=at)  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO accounting_budgettotal (team_id, gpu_type, period_start, period_end, ends_at, held_gpu_hours, "
-            "used_gpu_hours, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+            "used_gpu_seconds, used_gpu_hours, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (team_id, gpu_type, period_start, period_end) DO NOTHING RETURNING id",
             [team.pk, quota.gpu_type, quota.period_start, quota.period_end, total.ends_at, total.held_gpu_hours,
-             total.used_gpu_hours, at],
+             total.used_gpu_seconds, total.used_gpu_hours, at],
         )  # fmt: skip
         inserted = cursor.fetchone()
     if inserted is not None:
@@ -265,19 +266,68 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
                                   fix={"time_limit_minutes": ["Ask for fewer GPUs or a shorter time limit."]})  # fmt: skip
 
 
-def _totals_apply(*, deltas: Sequence[tuple[int, str, dt.datetime, Decimal]], used: dict | None = None,
-                  team_ids: Iterable[int] = (), since: dt.datetime | None = None, at: dt.datetime) -> int:  # fmt: skip
+@dataclass
+class UsedChange:
+    """What an ingestion moves the running totals' used figures by (budget_used_change): the totals
+    its records count in (their teams', of periods ending after the earliest start), what the
+    records it replaces counted there before (GPU-seconds by total id), and after its writes, what
+    the records it wrote count (``after``)."""
+
+    team_ids: frozenset[int]
+    since: dt.datetime | None
+    totals: list[BudgetTotal]
+    before: dict[int, Decimal]
+
+    def moves(self, *, record_ids: Iterable[int]) -> dict[int, Decimal]:
+        """The GPU-seconds each total moves by: what the written records count there now minus what
+        the replaced ones counted. One aggregate per distinct period over those records' slices."""
+        after = budget_used_seconds(self.totals, record_ids=record_ids) if self.totals else {}
+        return {pk: after.get(pk, Decimal(0)) - self.before.get(pk, Decimal(0)) for pk in after.keys() | self.before.keys()}
+
+
+def budget_used_change(*, team_ids: Iterable[int], since: dt.datetime | None, record_ids: Iterable[int]) -> UsedChange:
+    """Call BEFORE an ingestion replaces usage records and their slices: the running totals of
+    ``team_ids`` (the records' teams, old and new) of periods ending after ``since`` (their earliest
+    start, old or new), and what the records it replaces (``record_ids``: stored records whose
+    reading changed) count in them. Then budget_holds_convert(used=…, record_ids=the records
+    written) moves each total by the difference: the ingestion's cost is O(the records it changes),
+    never a sum over the period's usage. Two queries at most (the totals; one aggregate per period
+    over the replaced records' slices, none for new records)."""
+    teams = frozenset(t for t in team_ids if t)
+    if not teams or since is None:
+        return UsedChange(teams, since, [], {})
+    totals = list(BudgetTotal.objects.filter(team_id__in=teams, ends_at__gt=since))
+    replaced = list(record_ids)
+    before = budget_used_seconds(totals, record_ids=replaced) if totals and replaced else {}
+    return UsedChange(teams, since, totals, before)
+
+
+def _used_set(total: BudgetTotal, seconds: Decimal) -> None:
+    total.used_gpu_seconds = seconds
+    total.used_gpu_hours = money.stored(money.gpu_hours(seconds))
+
+
+def _totals_apply(*, deltas: Sequence[tuple[int, str, dt.datetime, Decimal]], used: UsedChange | None = None,
+                  used_moves: dict[int, Decimal] | None = None, at: dt.datetime) -> int:  # fmt: skip
     """Apply held deltas (team id, the hold's GPU types (BudgetHold.gpu_type; or a frozenset of
     total keys), hold placed at, delta) to the totals that count those holds (the team's; "" and the
-    types; periods ending after the hold was placed), and set
-    ``used`` (by total id) — under the totals' row locks, taken in id order. Two queries (lock, one
-    bulk UPDATE) whatever the number of holds."""
+    types; periods ending after the hold was placed), and move their used GPU-seconds by
+    ``used_moves`` (by total id; ``used``: the ingestion's change they come from) — under the totals'
+    row locks, taken in id order. A total of ``used``'s teams and periods that its first read did not
+    see (built by a placement since) gets its used figure from the slices, under its lock. Two queries
+    (lock, one bulk UPDATE) whatever the number of holds, three with such a total."""
     deltas = [d for d in deltas if d[3] != 0]
-    teams = {d[0] for d in deltas} | set(team_ids)
+    moves = {pk: v for pk, v in (used_moves or {}).items() if v != 0}
+    teams = {d[0] for d in deltas} | (set(used.team_ids) if used is not None else set())
     if not teams:
         return 0
-    oldest = min([d[2] for d in deltas] + ([since] if since is not None else []))
+    oldest = min([d[2] for d in deltas] + ([used.since] if used is not None and used.since is not None else []))
     locked = list(BudgetTotal.objects.select_for_update().filter(team_id__in=teams, ends_at__gt=oldest).order_by("pk"))
+    built = []
+    if used is not None and used.since is not None:
+        seen = {total.pk for total in used.totals}
+        built = [t for t in locked if t.pk not in seen and t.team_id in used.team_ids and t.ends_at > used.since]
+    rebuilt = budget_used_seconds(built) if built else {}
     changed = []
     for total in locked:
         held = Decimal(total.held_gpu_hours)
@@ -285,12 +335,13 @@ def _totals_apply(*, deltas: Sequence[tuple[int, str, dt.datetime, Decimal]], us
             keys = gpu_type if isinstance(gpu_type, frozenset) else _keys(gpu_type)
             if team_id == total.team_id and total.ends_at > placed_at and total.gpu_type in keys:
                 held += delta
-        new_used = (used or {}).get(total.pk, total.used_gpu_hours)
-        if held != total.held_gpu_hours or new_used != total.used_gpu_hours:
-            total.held_gpu_hours, total.used_gpu_hours, total.updated_at = max(held, Decimal(0)), new_used, at
+        seconds = rebuilt[total.pk] if total.pk in rebuilt else Decimal(total.used_gpu_seconds) + moves.get(total.pk, 0)
+        if held != total.held_gpu_hours or seconds != total.used_gpu_seconds:
+            total.held_gpu_hours, total.updated_at = max(held, Decimal(0)), at
+            _used_set(total, seconds)
             changed.append(total)
     if changed:
-        BudgetTotal.objects.bulk_update(changed, ["held_gpu_hours", "used_gpu_hours", "updated_at"])
+        BudgetTotal.objects.bulk_update(changed, ["held_gpu_hours", "used_gpu_seconds", "used_gpu_hours", "updated_at"])
     return len(changed)
 
 
@@ -395,13 +446,14 @@ def _usage_of(job_uuids: Iterable) -> dict:
     return usage
 
 
-def budget_holds_convert(*, job_uuids: Iterable, team_ids: Iterable[int], since: dt.datetime | None,
+def budget_holds_convert(*, job_uuids: Iterable, used: UsedChange | None = None, record_ids: Iterable[int] = (),
                          at: dt.datetime) -> None:  # fmt: skip
     """Usage ingestion: the usage of these portal jobs (every record of each so far) moves from held
     to used, task by task (hold_figure): a running task holds its estimate minus what it used so
-    far, a task's final record ends its share, the last one releases the hold. The totals of
-    ``team_ids`` (teams with new or changed usage) of periods ending after ``since`` get their
-    ``used`` figures again from the slices. Call inside the ingestion's transaction."""
+    far, a task's final record ends its share, the last one releases the hold. The totals ``used``
+    names (budget_used_change, read before the ingestion's writes) move by what the records it
+    wrote (``record_ids``) count in them now minus what they counted before. Call inside the
+    ingestion's transaction."""
     wanted = list(job_uuids)
     holds = list(
         BudgetHold.objects.select_for_update()
@@ -410,13 +462,37 @@ def budget_holds_convert(*, job_uuids: Iterable, team_ids: Iterable[int], since:
     ) if wanted else []  # fmt: skip
     usage = _usage_of(h.job_uuid for h in holds) if holds else {}
     deltas = _holds_refigure(holds, usage, at=at)
-    team_ids = set(team_ids)
-    used: dict[int, Decimal] = {}
-    if team_ids and since is not None:
-        totals = BudgetTotal.objects.filter(team_id__in=team_ids, ends_at__gt=since)
-        used = {pk: money.stored(hours) for pk, hours in budget_totals_used(totals).items()}
-    if deltas or used:
-        _totals_apply(deltas=deltas, used=used, team_ids=team_ids if used else (), since=since, at=at)
+    moves = used.moves(record_ids=record_ids) if used is not None and used.totals else {}
+    if deltas or any(moves.values()) or (used is not None and used.team_ids):
+        _totals_apply(deltas=deltas, used=used, used_moves=moves, at=at)
+
+
+def budget_totals_check(*, at: dt.datetime | None = None) -> list[tuple[int, Decimal]]:
+    """Check every running total of a period not over yet against the usage slices, team by team
+    under the team's totals' row locks, and correct a used figure that differs (logged: the
+    ingestion moves used by its changes, and a total a placement built while an ingestion's slices
+    were not committed yet would miss them). Periodic (accounting.tasks.budget_totals_check_task),
+    and the migration that gave the totals their GPU-seconds. Returns (total id, GPU-seconds
+    corrected by) of each correction. One lock and one aggregate per period per team."""
+    at = at or timezone.now()
+    corrected: list[tuple[int, Decimal]] = []
+    team_ids = sorted(set(BudgetTotal.objects.filter(ends_at__gt=at).values_list("team_id", flat=True)))
+    for team_id in team_ids:
+        with transaction.atomic():
+            locked = list(BudgetTotal.objects.select_for_update().filter(team_id=team_id, ends_at__gt=at).order_by("pk"))
+            seconds = budget_used_seconds(locked)
+            changed = []
+            for total in locked:
+                if seconds[total.pk] != total.used_gpu_seconds or money.stored(money.gpu_hours(seconds[total.pk])) != total.used_gpu_hours:
+                    corrected.append((total.pk, seconds[total.pk] - Decimal(total.used_gpu_seconds)))
+                    _used_set(total, seconds[total.pk])
+                    total.updated_at = at
+                    changed.append(total)
+            if changed:
+                BudgetTotal.objects.bulk_update(changed, ["used_gpu_seconds", "used_gpu_hours", "updated_at"])
+    for pk, by in corrected:
+        logger.warning("budget total %s: used corrected by %s GPU-s from the usage slices", pk, by)
+    return corrected
 
 
 def budget_holds_identify(*, jobs: Iterable[tuple]) -> int:

@@ -15,7 +15,9 @@ as sacct's (the Job's number and creation time); a record whose Job went is clos
 ``_vanished_close``.
 
 Portal jobs' usage moves from their budget holds to the teams' used figures in the same transaction
-(accounting.services.budget.budget_holds_convert): accounting's own rows, nothing of the jobs app."""
+(accounting.services.budget.budget_holds_convert), and the teams' running totals move by what the
+records written count minus what the readings they replace counted (budget_used_change): accounting's
+own rows, nothing of the jobs app."""
 
 from __future__ import annotations
 
@@ -35,10 +37,10 @@ from django.utils import timezone
 
 from accounting.models import Booking, BudgetHold, UsageRecord
 from accounting.rates import RateBook
-from accounting.services.budget import budget_holds_convert
+from accounting.services.budget import budget_holds_convert, budget_used_change
 from accounting.services.repricing import slices_replace
 from portal import money
-from portal.db import any_of, bulk_upsert_copy, instance_maker
+from portal.db import any_of, bulk_upsert_copy, row_maker
 from portal.models import SyncStatus
 from portal.selectors import team_ids_by_account
 from portal.services import sync_record_failure, sync_record_success
@@ -158,12 +160,20 @@ def usage_records_upsert(
         status = SyncStatus.objects.select_for_update().get(pk=status.pk)
         if started:
             rows = _build_rows(started, now=now, cluster_default=cluster_default)
-            changed = _changed_rows(rows)
+            changed, replaced = _changed_rows(rows)
+            # the running totals these records count in, and what the stored readings they replace
+            # counted there: the totals move by the difference (budget_used_change)
+            used = budget_used_change(
+                team_ids={r.team_id for r in changed} | {old[_TEAM] for old in replaced.values()},
+                since=min([r.start_time for r in changed] + [old[_START] for old in replaced.values()], default=None),
+                record_ids=replaced,
+            )  # fmt: skip
             if changed:
                 saved = _upsert(changed)
                 result.written = len(saved)
                 result.slices = slices_replace(saved, RateBook.load({r.gpu_type for r in saved if r.gpus}))
-            _holds_convert(rows, changed, now)
+            budget_holds_convert(job_uuids={r.portal_job_uuid for r in rows if r.portal_job_uuid}, used=used,
+                                 record_ids=[r.pk for r in changed], at=now)  # fmt: skip
         if high_water_mark is not None:
             mark = (status.data or {}).get("high_water_mark")
             if not mark or dt.datetime.fromisoformat(mark) < high_water_mark:
@@ -196,16 +206,6 @@ def usage_runaway_close(*, records: Sequence[AccountingRecord], cluster: str | N
     closed = [runaway_fixed(r) for r in records
               if r.start_time is not None and r.end_time is None and r.state.split(" ")[0] in RUNNING_STATES]  # fmt: skip
     return usage_records_upsert(records=closed, now=now, cluster=cluster)
-
-
-def _holds_convert(rows: list[UsageRecord], changed: list[UsageRecord], now: dt.datetime) -> None:
-    """Portal jobs' ingested GPU-hours (all their records so far, task by task) leave their budget
-    holds and count as used; each task's final (non-provisional) record ends its share, the last one
-    releases the hold; the running totals of the teams whose usage changed get their used figures
-    again (accounting.services.budget.budget_holds_convert, which reads the jobs' records)."""
-    job_uuids = {r.portal_job_uuid for r in rows if r.portal_job_uuid}
-    since = min((r.start_time for r in changed), default=None)
-    budget_holds_convert(job_uuids=job_uuids, team_ids={r.team_id for r in changed if r.team_id}, since=since, at=now)
 
 
 def _started(record: AccountingRecord) -> bool:
@@ -279,10 +279,10 @@ def _portal_job(record: AccountingRecord, holds: dict[tuple[str, int], BudgetHol
     return hold.job_uuid
 
 
-_new_record = instance_maker(UsageRecord)  # UsageRecord(**fields), without its walk of every field
+_new_record = row_maker(UsageRecord)  # UsageRecord's values as a plain row for the COPY, not a model instance
 
 
-def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list[UsageRecord]:
+def _build_rows(records: Sequence[AccountingRecord], *, now: dt.datetime, cluster_default: str) -> list:
     teams = team_ids_by_account(cluster=cluster_default, accounts={r.account for r in records})
     users = _users_by_unix_name({r.user for r in records if r.user})
     bookings = _bookings_by_reservation({r.reservation for r in records if r.reservation})
@@ -357,11 +357,14 @@ def _same_reading(old: tuple, new: tuple) -> bool:
 
 
 _PORTAL_JOB = RECORD_FIELDS.index("portal_job_uuid")
+_TEAM = RECORD_FIELDS.index("team_id")
+_START = RECORD_FIELDS.index("start_time")
 
 
-def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
-    """Rows that are new or differ from what is stored (one query, read as tuples: no model
-    instances for the stored side). Two rules about what a later reading may change:
+def _changed_rows(rows: list[UsageRecord]) -> tuple[list[UsageRecord], dict[int, tuple]]:
+    """Rows that are new or differ from what is stored, and the stored readings they replace (their
+    RECORD_FIELDS values by record id) — one query, read as tuples: no model instances for the
+    stored side. Two rules about what a later reading may change:
 
     - **A final record stays final.** A running reading of an allocation whose record is final is a
       runaway (slurmdbd has its start and no end: its controller forgot it in a takeover, and sacct's
@@ -377,14 +380,14 @@ def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
       allocation. The row passed in is given it (it is the row stored and compared)."""
     clusters = {r.cluster for r in rows}
     existing = {
-        (cluster, job_id, submit_time): tuple(values)
-        for cluster, job_id, submit_time, *values in UsageRecord.objects.filter(
+        (cluster, job_id, submit_time): (pk, tuple(values))
+        for pk, cluster, job_id, submit_time, *values in UsageRecord.objects.filter(
             cluster__in=clusters, job_id__in=any_of({r.job_id for r in rows}, "bigint")
-        ).values_list("cluster", "job_id", "submit_time", *RECORD_FIELDS)
+        ).values_list("pk", "cluster", "job_id", "submit_time", *RECORD_FIELDS)
     }
-    changed = []
+    changed, replaced = [], {}
     for row in rows:
-        old = existing.get((row.cluster, row.job_id, row.submit_time))
+        pk, old = existing.get((row.cluster, row.job_id, row.submit_time), (None, None))
         if old is None:
             changed.append(row)
             continue
@@ -394,7 +397,8 @@ def _changed_rows(rows: list[UsageRecord]) -> list[UsageRecord]:
             row.portal_job_uuid = old[_PORTAL_JOB]
         if not _same_reading(old, _record_values(row)):
             changed.append(row)
-    return changed
+            replaced[pk] = old
+    return changed, replaced
 
 
 def _upsert(rows: list[UsageRecord]) -> list[UsageRecord]:

@@ -10,6 +10,7 @@ task left — the outbox's policy (portal/outbox.py)."""
 from __future__ import annotations
 
 import datetime as dt
+import operator
 from decimal import Decimal
 
 from django.db import transaction
@@ -22,7 +23,7 @@ from accounting.models import PendingReprice, UsageRecord, UsageSlice
 from accounting.rates import RateBook
 from accounting.services.usage_rollup import usage_months_reopen
 from portal import money
-from portal.db import any_of, bulk_insert_copy, copied_fields, instance_maker
+from portal.db import any_of, bulk_insert_copy, copied_fields, row_maker
 from portal.outbox import publish
 
 BATCH = 2000
@@ -110,11 +111,12 @@ def usage_reprice_sweep(*, now: dt.datetime | None = None) -> list[tuple[str, st
 SLICE_COPIED = ("cluster", "account", "team_id", "unix_user", "gpu_type", "partition", "gpus", "provisional")
 
 
-_new_slice = instance_maker(UsageSlice)  # UsageSlice(**fields), without its walk of every field
+_new_slice = row_maker(UsageSlice)  # UsageSlice's values as a plain row for the COPY, not a model instance
 
 
-def slice_record(record: UsageRecord, book: RateBook) -> list[UsageSlice]:
-    """A record's slices: its GPU time cut at month boundaries and at rate changes."""
+def slice_record(record: UsageRecord, book: RateBook) -> list:
+    """A record's slices (UsageSlice rows: portal.db.row_maker): its GPU time cut at month boundaries
+    and at rate changes."""
     if not record.gpus or not record.gpu_seconds:
         return []
     start = record.start_time
@@ -168,8 +170,7 @@ _SLICE_FACTS = tuple(
 )
 
 
-def _slice_facts(values) -> tuple:
-    return tuple(values[name] for name in _SLICE_FACTS)
+_slice_facts = operator.attrgetter(*_SLICE_FACTS)  # a new slice's facts, as the stored ones are read
 
 
 def slices_replace(records: list[UsageRecord], book: RateBook) -> int:
@@ -182,13 +183,14 @@ def slices_replace(records: list[UsageRecord], book: RateBook) -> int:
         return 0
     ids = any_of([r.pk for r in records], "bigint")  # one array parameter, not one per record
     old: dict = {}
-    for values in UsageSlice.objects.filter(record_id__in=ids).values(*_SLICE_FACTS):
-        old.setdefault(values["period"], []).append(_slice_facts(values))
+    period = _SLICE_FACTS.index("period")
+    for values in UsageSlice.objects.filter(record_id__in=ids).values_list(*_SLICE_FACTS):
+        old.setdefault(values[period], []).append(values)
     UsageSlice.objects.filter(record_id__in=ids).delete()
     slices = [s for r in records for s in slice_record(r, book)]
     new: dict = {}
     for piece in slices:
-        new.setdefault(piece.period, []).append(_slice_facts(vars(piece)))
+        new.setdefault(piece.period, []).append(_slice_facts(piece))
     usage_months_reopen({p for p in old.keys() | new.keys() if sorted(old.get(p, ())) != sorted(new.get(p, ()))})
     return bulk_insert_copy(slices)
 

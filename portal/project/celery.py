@@ -47,6 +47,10 @@ def _beat_schedule() -> dict:
         "retention": {"task": "jobs.tasks.retention_task", "schedule": float(settings.RETENTION_SWEEP_SECONDS)},
         # closed months' totals for reports and invoices (accounting.services.usage_rollup)
         "usage-rollup": {"task": "accounting.tasks.usage_rollup_task", "schedule": float(settings.USAGE_ROLLUP_SECONDS)},
+        # the running budget totals' used figures against the usage slices (accounting.services.budget)
+        "budget-totals-check": {
+            "task": "accounting.tasks.budget_totals_check_task", "schedule": float(settings.BUDGET_TOTALS_CHECK_SECONDS),
+        },
         # not an outbox: holds whose job's final usage never came (BUDGET_HOLD_RELEASE_AFTER_HOURS)
         "budget-hold-sweep": {"task": "jobs.tasks.budget_holds_sweep_task", "schedule": float(settings.BUDGET_HOLD_SWEEP_SECONDS)},
     }  # fmt: skip

@@ -485,6 +485,10 @@ ACCOUNTING_PROVISIONAL_MAX_AGE_DAYS = env.int("ACCOUNTING_PROVISIONAL_MAX_AGE_DA
 # and is rolled up by the periodic task every USAGE_ROLLUP_SECONDS (a late record re-opens it).
 USAGE_MONTH_CLOSE_DAYS = env.int("USAGE_MONTH_CLOSE_DAYS", 3, minimum=0, maximum=27)
 USAGE_ROLLUP_SECONDS = env.int("USAGE_ROLLUP_SECONDS", 3600, minimum=60)
+# Each running budget total's used figure moves by what each ingestion changes
+# (accounting.services.budget); every BUDGET_TOTALS_CHECK_SECONDS the totals of periods not over
+# yet are checked against the usage slices and a stale one corrected (logged).
+BUDGET_TOTALS_CHECK_SECONDS = env.int("BUDGET_TOTALS_CHECK_SECONDS", 3600, minimum=60)
 # An invoice lists its jobs one per line up to this many (above: the lines per user, GPU type and
 # rate, and the jobs as a CSV download: accounting.invoices)
 INVOICE_JOB_LINES_MAX = env.int("INVOICE_JOB_LINES_MAX", 500, minimum=0)

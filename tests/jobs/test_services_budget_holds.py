@@ -22,6 +22,7 @@ from accounting.services import HoldRequest, budget_holds_place, budget_holds_re
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_cancel, job_relay_run, job_submit, jobs_sync
+from portal import money
 from portal.exceptions import Conflict
 from portal.slurm import SlurmRejected
 from tests.accounting.helpers import acct
@@ -57,7 +58,8 @@ def assert_totals_consistent(team) -> None:
         assert total.held_gpu_hours == sum((h.held_gpu_hours for h in holds), Decimal(0)), total
         used, _ = budget_total_figures(team=team, gpu_type=total.gpu_type, period_start=total.period_start,
                                        period_end=total.period_end, held=False)  # fmt: skip
-        assert abs(total.used_gpu_hours - used) < Decimal("0.000001"), total
+        assert total.used_gpu_seconds == used * 3600, total  # exact: moved by each ingestion, never drifting
+        assert total.used_gpu_hours == money.stored(used), total
     for hold in BudgetHold.objects.filter(team=team, released_at__isnull=True):
         ingested = sum(UsageRecord.objects.filter(portal_job_uuid=hold.job_uuid).values_list("gpu_hours", flat=True), Decimal(0))
         assert hold.held_gpu_hours == max(hold.estimated_gpu_hours - ingested, Decimal(0)), hold
@@ -177,37 +179,97 @@ def test_ingestion_moves_usage_from_held_to_used_and_a_final_record_releases(wor
     assert_totals_consistent(world.vision)
 
 
-def test_the_ingestion_refreshes_every_changed_teams_totals_with_one_usage_sum_per_period(world):
-    """A new day's usage of two teams, each with totals of three keys ("", a100, h100) in two periods:
-    every total's used figure is what budget_total_figures says (its team, its types, its period),
-    read with ONE aggregate over the usage slices per period, not one per total (50 of them on a
-    year's day: 1.8 s; bench/results.md)."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
+def _totals_of(world, periods):
     from accounting.calendar import billing_midnight
 
     now = timezone.now()
-    periods = [(dt.date(2026, 1, 1), dt.date(2026, 2, 1)), (dt.date(2026, 1, 1), dt.date(2026, 4, 1))]
     BudgetTotal.objects.bulk_create([
         BudgetTotal(team=team, gpu_type=gpu_type, period_start=start, period_end=end, ends_at=billing_midnight(end),
                     updated_at=now)
         for team in (world.vision, world.nlp) for gpu_type in ("", "a100", "h100") for start, end in periods
     ])  # fmt: skip
-    records = [acct(account="vision", hours=2, gpus=2, gpu_type="a100"), acct(account="vision", hours=1, gpus=1, gpu_type="h100"),
-               acct(account="nlp", user="carol", hours=3, gpus=4, gpu_type="h100")]  # fmt: skip
-    with CaptureQueriesContext(connection) as queries:
-        usage_records_upsert(records=records)
-    sums = [q for q in queries.captured_queries if 'SUM(' in q["sql"] and '"accounting_usageslice"' in q["sql"]]
-    assert len(sums) == len(periods), [q["sql"][:120] for q in sums]
+
+
+def _assert_every_total_is_its_slices() -> dict:
     figures = {}
-    for total in BudgetTotal.objects.all():
+    for total in BudgetTotal.objects.select_related("team"):
         used, _ = budget_total_figures(team=total.team, gpu_type=total.gpu_type, period_start=total.period_start,
                                        period_end=total.period_end, held=False)  # fmt: skip
-        assert total.used_gpu_hours == used, total
+        assert (total.used_gpu_seconds, total.used_gpu_hours) == (used * 3600, money.stored(used)), total
         figures[(total.team.slug, total.gpu_type, total.period_end.month)] = total.used_gpu_hours
-    assert figures[("vision", "", 2)] == 5 and figures[("vision", "a100", 2)] == 4 and figures[("vision", "h100", 4)] == 1
-    assert figures[("nlp", "", 4)] == 12 and figures[("nlp", "a100", 2)] == 0
+    return figures
+
+
+def test_an_ingestion_moves_the_totals_by_what_it_changed_never_summing_the_period(world):
+    """A day's usage of two teams, each with totals of three keys ("", a100, h100) in two periods,
+    over usage already ingested: every total's used figure is what the period's slices say
+    (budget_total_figures), and the ingestion read only the slices of the records it wrote or
+    replaced — one aggregate per period for what they count now, one for what the replaced readings
+    counted — never the period's other usage (a month of a year's site: 0.9 s; bench/results.md)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    periods = [(dt.date(2026, 1, 1), dt.date(2026, 2, 1)), (dt.date(2026, 1, 1), dt.date(2026, 4, 1))]
+    _totals_of(world, periods)
+    earlier = [acct(account="vision", hours=5, gpus=1, gpu_type="a100", start=dt.datetime(2026, 1, 3, tzinfo=dt.UTC)),
+               acct(account="nlp", user="carol", hours=1, gpus=2, gpu_type="a100", start=dt.datetime(2026, 3, 3, tzinfo=dt.UTC))]  # fmt: skip
+    running = acct(account="vision", hours=None, gpus=2, gpu_type="h100", start=dt.datetime(2026, 1, 20, tzinfo=dt.UTC))
+    usage_records_upsert(records=[*earlier, running])
+    assert _assert_every_total_is_its_slices()[("vision", "", 2)] == 7  # 5 + 2 × 1 h so far
+
+    ended = dataclasses.replace(running, state="COMPLETED", end_time=running.start_time + dt.timedelta(hours=3),
+                                elapsed_seconds=3 * 3600)  # fmt: skip
+    records = [ended, acct(account="vision", hours=2, gpus=2, gpu_type="a100"), acct(account="vision", hours=1, gpus=1, gpu_type="h100"),
+               acct(account="nlp", user="carol", hours=3, gpus=4, gpu_type="h100")]  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        usage_records_upsert(records=[*earlier, *records])
+    sums = [q["sql"] for q in queries.captured_queries if "SUM(" in q["sql"] and '"accounting_usageslice"' in q["sql"]]
+    assert len(sums) == 2 * len(periods), [sql[:120] for sql in sums]  # after (4 records), before (the 1 replaced)
+    assert all('"accounting_usageslice"."record_id" IN (SELECT unnest(' in sql for sql in sums), [sql[-300:] for sql in sums]
+    figures = _assert_every_total_is_its_slices()
+    assert figures[("vision", "", 2)] == 5 + 6 + 4 + 1 and figures[("vision", "a100", 2)] == 9
+    assert figures[("vision", "h100", 4)] == 6 + 1 and figures[("nlp", "", 4)] == 2 + 12 and figures[("nlp", "a100", 2)] == 0
+
+
+def test_a_total_built_after_the_ingestion_first_read_the_totals_gets_its_used_figure_from_the_slices(world, monkeypatch):
+    """A placement can build a team's total while an ingestion runs (between its first read of the
+    totals and its writes): that total gets its used figure from the slices under its lock, with the
+    ingestion's own records in it — not a move computed without it."""
+    from accounting.calendar import billing_midnight
+    from accounting.services import budget as budget_module
+
+    periods = [(dt.date(2026, 1, 1), dt.date(2026, 2, 1))]
+    real = budget_module.budget_used_change
+
+    def and_a_placement_builds_one(**kwargs):
+        change = real(**kwargs)
+        BudgetTotal.objects.create(team=world.vision, gpu_type="a100", period_start=periods[0][0], period_end=periods[0][1],
+                                   ends_at=billing_midnight(periods[0][1]), updated_at=timezone.now())  # fmt: skip
+        return change
+
+    _totals_of(world, periods)
+    BudgetTotal.objects.filter(team=world.vision, gpu_type="a100").delete()
+    usage_records_upsert(records=[acct(account="vision", hours=1, gpus=1, gpu_type="a100")])
+    from accounting.services import ingestion
+
+    monkeypatch.setattr(ingestion, "budget_used_change", and_a_placement_builds_one)
+    usage_records_upsert(records=[acct(account="vision", hours=2, gpus=2, gpu_type="a100")])
+    assert _assert_every_total_is_its_slices()[("vision", "a100", 2)] == 5
+
+
+def test_the_totals_check_corrects_a_stale_used_figure_from_the_slices_and_leaves_the_others(world):
+    from accounting.services import budget_totals_check
+
+    periods = [(dt.date(2026, 1, 1), dt.date(2026, 2, 1))]
+    _totals_of(world, periods)
+    usage_records_upsert(records=[acct(account="vision", hours=2, gpus=2, gpu_type="a100")])
+    stale = BudgetTotal.objects.get(team=world.vision, gpu_type="")
+    BudgetTotal.objects.filter(pk=stale.pk).update(used_gpu_seconds=3600, used_gpu_hours=1)
+    at = dt.datetime(2026, 1, 20, tzinfo=dt.UTC)
+    assert budget_totals_check(at=at) == [(stale.pk, Decimal(3 * 3600))]
+    assert _assert_every_total_is_its_slices()[("vision", "", 2)] == 4
+    assert budget_totals_check(at=at) == []  # nothing left to correct
+    assert budget_totals_check(at=dt.datetime(2026, 2, 2, tzinfo=dt.UTC)) == []  # a period over is left as it is
 
 
 def test_a_booked_job_names_its_booking_and_holds_nothing_when_bookings_carry_the_charge(world, settings):

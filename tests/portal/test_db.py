@@ -199,27 +199,37 @@ def test_copy_insert_writes_dates_datetimes_decimals_and_keys_as_bulk_create_doe
     assert got[1]["slice_start"] == dt.datetime(2026, 3, 31, 17, tzinfo=dt.UTC)  # 01:00 in Shanghai
 
 
-def test_instance_maker_makes_what_the_keyword_constructor_makes(world):
-    """portal.db.instance_maker: every concrete field's value as ``Model(**values)`` sets it — the
-    given ones, the defaults of the others (a callable one called per instance, not shared) —, an
-    unsaved instance; a name that is not an attname is a TypeError, not a field silently left out."""
+def test_row_maker_holds_what_the_keyword_constructor_holds_and_the_copy_writers_write_it(world):
+    """portal.db.row_maker: every concrete field's value as ``Model(**values)`` sets it — the given
+    ones, the defaults of the others (a callable one called per row, not shared) —, no model
+    instance; a name that is not an attname is a TypeError, not a field silently left out. The COPY
+    writers take such rows: bulk_upsert_copy gives each its id, and what they write reads back as
+    the model instance would have been written."""
     from accounting.models import UsageRecord
 
     now = timezone.now()
     given = {"cluster": "c", "job_id": 9, "submit_time": now, "start_time": now, "state": "RUNNING", "account": "vision",
              "team_id": world.vision.pk, "unix_user": "alice", "known_until": now, "first_seen_at": now}  # fmt: skip
-    made, built = portal_db.instance_maker(UsageRecord)(**given), UsageRecord(**given)
+    made, built = portal_db.row_maker(UsageRecord)(**given), UsageRecord(**given)
     names = [field.attname for field in UsageRecord._meta.concrete_fields]
     assert [getattr(made, name) for name in names] == [getattr(built, name) for name in names]
     assert made.gpu_hours == Decimal("0") and made.comment == "" and made.end_time is None and made.pk is None
-    assert made._state.adding
+    assert not isinstance(made, UsageRecord)
 
-    job_maker = portal_db.instance_maker(Job)  # Job.id defaults to uuid4: one per instance
-    first, second = job_maker(name="a"), job_maker(name="b")
-    assert isinstance(first.id, uuid.UUID) and first.id != second.id and first.name == "a"
-    assert job_maker(id=first.id).id == first.id
+    job_row = portal_db.row_maker(Job)  # Job.id defaults to uuid4: one per row
+    first, second = job_row(name="a"), job_row(name="b")
+    assert isinstance(first.id, uuid.UUID) and first.id != second.id and first.name == "a" and first.pk == first.id
+    assert job_row(id=first.id).id == first.id
     with pytest.raises(TypeError, match="team"):
-        portal_db.instance_maker(UsageRecord)(team=world.vision)  # the attname is team_id
+        portal_db.row_maker(UsageRecord)(team=world.vision)  # the attname is team_id
+
+    bulk_upsert_copy([made], unique_fields=["cluster", "job_id", "submit_time"], update_fields=["state"])
+    stored = UsageRecord.objects.get(pk=made.pk)
+    assert made.pk is not None and made.id == made.pk
+    assert [getattr(stored, name) for name in names if name != "id"] == [getattr(built, name) for name in names if name != "id"]
+    other = portal_db.row_maker(UsageRecord)(**{**given, "job_id": 10, "gpus": 2, "gpu_seconds": 7200})
+    assert bulk_insert_copy([other]) == 1
+    assert UsageRecord.objects.filter(job_id=10, gpus=2, gpu_seconds=7200, team=world.vision).count() == 1
 
 
 def test_any_of_binds_one_array_parameter_and_filters_like_a_list(world):
