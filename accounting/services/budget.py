@@ -364,7 +364,7 @@ def budget_holds_release(*, job_uuids: Iterable, at: dt.datetime | None = None, 
         )
         if not holds:
             return 0
-        BudgetHold.objects.filter(job_uuid__in=[h.job_uuid for h in holds]).update(released_at=at, held_gpu_hours=0)
+        BudgetHold.objects.filter(job_uuid__in=any_of([h.job_uuid for h in holds], "uuid")).update(released_at=at, held_gpu_hours=0)
         _totals_apply(deltas=[(h.team_id, h.gpu_type, h.created_at, -h.held_gpu_hours) for h in holds], at=at)
         if reason:
             _releases_audit(holds, reason=reason)

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
+from portal.db import any_of
 from portal.outbox import publish
 
 # The sync's own task has this long to run before the sweeper enqueues the notice again; the sweeper
@@ -35,10 +36,10 @@ def _claim(job_ids, now: dt.datetime) -> list:
     with transaction.atomic():
         claimed = list(
             Job.objects.select_for_update(skip_locked=True)
-            .filter(pk__in=job_ids, state__in=TERMINAL_STATES, end_notified_at__isnull=True)
+            .filter(pk__in=any_of(job_ids, "uuid"), state__in=TERMINAL_STATES, end_notified_at__isnull=True)
             .values_list("pk", flat=True)
         )
-        Job.objects.filter(pk__in=claimed).update(end_notified_at=now)
+        Job.objects.filter(pk__in=any_of(claimed, "uuid")).update(end_notified_at=now)
     return claimed
 
 
@@ -68,7 +69,7 @@ def job_end_notify_send(*, job_ids: list[str]) -> int:
     if not claimed:
         return 0
     jobs = list(
-        Job.objects.filter(pk__in=claimed, submitter__profile__notify_job_end=True)
+        Job.objects.filter(pk__in=any_of(claimed, "uuid"), submitter__profile__notify_job_end=True)
         .exclude(submitter__email="")
         .select_related("submitter", "team")
         .order_by("ended_at", "pk")

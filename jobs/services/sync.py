@@ -41,7 +41,7 @@ from jobs.models import Job, JobArrayTask, JobEvent
 from jobs.pending import Outlook, estimate_moved, queue_outlook
 from jobs.services.output import job_logs_keep
 from jobs.services.relay import _submission_for, jobs_lost_resend, relay_drain_after_commit
-from portal.db import bulk_update
+from portal.db import any_of, bulk_insert_copy, bulk_update, row_maker
 from portal.models import SyncStatus
 from portal.outbox import after_commit
 from portal.services import sync_record_failure, sync_record_success
@@ -572,17 +572,20 @@ def _moved_note(previous: dt.datetime, current: dt.datetime) -> str:
     return f"Expected start moved {'later' if current > previous else 'earlier'} by {amount}"
 
 
+_event = row_maker(JobEvent)  # a JobEvent's values for the COPY (10 000 jobs ending in one cycle: 2 s as bulk_create)
+
+
 def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: str | None = None) -> int:
     """Write planned changes. The rows are locked and re-read in one query so a concurrent change
     (a relay recording its id, a local cancel) is neither overwritten nor contradicted; then one bulk
-    update restricted to live rows (the filter is part of its WHERE) and one bulk insert of events."""
+    update restricted to live rows (the filter is part of its WHERE) and one COPY of events."""
     with transaction.atomic():
         fresh = {
             job.id: job
-            for job in Job.objects.select_for_update().filter(pk__in=list(planned), state__in=LIVE_STATES).only(*_SYNC_FIELDS)
+            for job in Job.objects.select_for_update().filter(pk__in=any_of(planned, "uuid"), state__in=LIVE_STATES).only(*_SYNC_FIELDS)
         }
         to_update: list[Job] = []
-        events: list[JobEvent] = []
+        events: list = []
         ended: list[str] = []
         seen_in_slurm: list[tuple] = []  # started (or adopted): their holds learn the Slurm id
         update_fields: set[str] = set()
@@ -608,14 +611,14 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
             to_update.append(current)
             if values.get("expected_start_moved_from") is not None and current.expected_start_at is not None:
                 note = _moved_note(values["expected_start_moved_from"], current.expected_start_at)
-                events.append(JobEvent(job_id=job_id, state=current.state, reason=note, at=now))
+                events.append(_event(job_id=job_id, state=current.state, reason=note, at=now))
             if "state" in values:
-                events.append(JobEvent(job_id=job_id, state=values["state"], reason=values.get("state_reason", ""), at=now))
+                events.append(_event(job_id=job_id, state=values["state"], reason=values.get("state_reason", ""), at=now))
                 if values["state"] in TERMINAL_STATES:
                     ended.append(str(job_id))
         if to_update:
             bulk_update(Job, to_update, sorted(update_fields))  # the rows locked above
-            JobEvent.objects.bulk_create(events, batch_size=1000)
+            bulk_insert_copy(events)
             # ended without ever starting (cancelled while pending, …): its hold holds nothing any more;
             # a job that ran keeps it until the usage ingestion converts it
             never_ran = [job.id for job in to_update if job.state in TERMINAL_STATES and job.started_at is None]
