@@ -12,7 +12,11 @@ The jobs app's interface to the budget (jobs depends on accounting, never the re
                            before it started — or its final usage never came (the jobs app's
                            sweeper, audited): its hold stops holding
 - ``budget_holds_convert`` (usage ingestion) ingested GPU-hours move from held to used; a final usage
-                           record releases the hold
+                           record releases the hold; the totals' used figures move by what the
+                           ingestion changed (``budget_used_change``, read before its writes)
+
+``budget_totals_check`` (beat, hourly) compares the totals of periods not over yet with the usage
+slices and corrects a stale one.
 
 Enforcement in Slurm (association limits) is accounting.services.slurm_limits."""
 
