@@ -800,7 +800,10 @@ def run_fault(name: str, recorder: Recorder, load: Load) -> dict:
         site("kill", host)
     back(host)
     log(f"fault {name}: {host} back after {time.monotonic() - t0:.1f} s; waiting until the site is whole")
-    whole_ok = subprocess.run(SITE + ["wait-whole", "150"], capture_output=True, text=True).returncode == 0
+    waited = subprocess.run(SITE + ["wait-whole", "150"], capture_output=True, text=True)
+    whole_ok = waited.returncode == 0
+    if not whole_ok:  # what was not whole: scripts/site's status, which wait-whole prints when it gives up
+        log(f"fault {name}: the site is not whole after 150 s; scripts/site status:\n" + (waited.stderr or waited.stdout)[-3000:])
     whole, whole_wall = time.monotonic() - t0, time.time()
     time.sleep(3)
     figures = {"fault": name, "what": what, "host": host, "whole_again_s": round(whole, 1) if whole_ok else None,
