@@ -14,7 +14,7 @@ GPUPORTAL_PROMETHEUS_PORT ?= 9090
 export GPUPORTAL_PROMETHEUS_PORT
 export PROMETHEUS_URL ?= http://127.0.0.1:$(GPUPORTAL_PROMETHEUS_PORT)
 
-.PHONY: site stop-site test-site demo stop test test-fast test-fuzz lint-imports install pyslurm services cluster cluster25 k8s browser migrate bench clean-run help cli-zipapp prometheus
+.PHONY: site stop-site wipe-site test-site demo stop test test-fast test-fuzz lint-imports install pyslurm services cluster cluster25 k8s browser migrate bench clean-run help cli-zipapp prometheus
 
 help:
 	@echo "make demo   — local Slurm cluster + web/worker/beat on http://127.0.0.1:8000 with demo data"
@@ -134,7 +134,11 @@ site: $(STAMP)
 stop-site:
 	@scripts/site down
 
+# the site's data removed (make test-site starts from a new site: a run's leftovers are not the next's)
+wipe-site:
+	@scripts/site wipe
+
 # Each host of the site killed in turn under load (API, CLI, the job form in Chromium), with what clients
 # saw and what was lost (tests/site/drive.py; figures in docs/reliability.md). Brings the site up first.
-test-site: site browser
+test-site: wipe-site site browser
 	@$(PY) tests/site/drive.py

@@ -696,6 +696,18 @@ def slurm_out(*command: str) -> str:
     return subprocess.run(list(command), capture_output=True, text=True, timeout=30, env=SITE_SLURM).stdout
 
 
+def duplicate_jobid_resume(fault: str) -> list[str]:
+    """Nodes Slurm drained for "Duplicate jobid" — a node still runs a job under an id the controller
+    gave again to another job after a takeover lost the first (Slurm 22.05; docs/deploy.md) — resumed
+    as the operator's procedure says (`scontrol update nodename=… state=resume`). Returns them."""
+    drained = [line.split("|", 1)[0] for line in slurm_out("sinfo", "-h", "-N", "-t", "drain,drained,draining",
+                                                              "-o", "%N|%E").splitlines() if "Duplicate jobid" in line]  # fmt: skip
+    for node in sorted(set(drained)):
+        log(f"fault {fault}: Slurm drained {node} for a duplicate job id after the takeover; resumed (docs/deploy.md)")
+        slurm_out("scontrol", "update", f"nodename={node}", "state=resume")
+    return sorted(set(drained))
+
+
 def gpus_held_by_no_job() -> list[str]:
     """Nodes IDLE (no job) on which Slurm still counts GPUs allocated: "a100-01 gres/gpu=4"."""
     held = []
@@ -800,13 +812,17 @@ def run_fault(name: str, recorder: Recorder, load: Load) -> dict:
         site("kill", host)
     back(host)
     log(f"fault {name}: {host} back after {time.monotonic() - t0:.1f} s; waiting until the site is whole")
-    waited = subprocess.run(SITE + ["wait-whole", "150"], capture_output=True, text=True)
-    whole_ok = waited.returncode == 0
+    whole_ok, resumed, deadline = False, [], time.monotonic() + 150
+    while not whole_ok and time.monotonic() < deadline:
+        waited = subprocess.run(SITE + ["wait-whole", "10"], capture_output=True, text=True)
+        whole_ok = waited.returncode == 0
+        if not whole_ok:
+            resumed += duplicate_jobid_resume(name)
     if not whole_ok:  # what was not whole: scripts/site's status, which wait-whole prints when it gives up
         log(f"fault {name}: the site is not whole after 150 s; scripts/site status:\n" + (waited.stderr or waited.stdout)[-3000:])
     whole, whole_wall = time.monotonic() - t0, time.time()
     time.sleep(3)
-    figures = {"fault": name, "what": what, "host": host, "whole_again_s": round(whole, 1) if whole_ok else None,
+    figures = {"fault": name, "what": what, "host": host, "whole_again_s": round(whole, 1) if whole_ok else None, "nodes_resumed": resumed,
                "wall": [wall0, time.time()],
                **recorder.window(t0, time.monotonic()), "max_sync_age_s": load.max_sync_age(t0, time.monotonic())}
     if name == "dbd" and DBD_QUEUE_MAX:
