@@ -270,12 +270,12 @@ def budget_holds_place(*, team: Team, holds: Sequence[HoldRequest], at: dt.datet
                                   fix={"time_limit_minutes": ["Ask for fewer GPUs or a shorter time limit."]})  # fmt: skip
 
 
-@dataclass
+@dataclass(frozen=True)
 class UsedChange:
     """What an ingestion moves the running totals' used figures by (budget_used_change): the totals
-    its records count in (their teams', of periods ending after the earliest start), what the
-    records it replaces counted there before (GPU-seconds by total id), and after its writes, what
-    the records it wrote count (``after``)."""
+    its records count in (their teams', of periods ending after the earliest start) and what the
+    records it replaces counted there before (GPU-seconds by total id); ``moves`` adds, after its
+    writes, what the records it wrote count."""
 
     team_ids: frozenset[int]
     since: dt.datetime | None

@@ -68,6 +68,9 @@ ACCOUNTING_GRACE_SECONDS = 120
 ACCOUNTING_BY_ID_MAX = 5000
 
 
+_event = row_maker(JobEvent)  # a JobEvent's values for the COPY (10 000 jobs ending in one cycle: 2 s as bulk_create)
+
+
 def jobs_sync(*, cluster: str | None = None) -> dict:
     """Bring every live job of one cluster (None: the default one) in line with that cluster's
     Slurm, in a constant number of queries and Slurm calls (one task per cluster per cycle:
@@ -249,12 +252,12 @@ def _forgotten_end(gateway, forgotten: list[Job], records: dict, *, queue_read_a
             job.state, job.ended_at, job.exit_code = JobState.FAILED, end, None
             job.state_reason = (f"Slurm's controller forgot job {job.slurm_job_id} while it ran (a failover before its state "
                                 "was saved) and had it killed on its node; Slurm's accounting ends it at its start: nothing is charged")  # fmt: skip
-            events.append(JobEvent(job_id=job.pk, state=job.state, reason=job.state_reason, at=now))
+            events.append(_event(job_id=job.pk, state=job.state, reason=job.state_reason, at=now))
             logger.warning("job %s: Slurm job %s forgotten by its controller while running; ended", job.pk, job.slurm_job_id)
         if not rows:
             return stats
         bulk_update(Job, rows, ["state", "state_reason", "ended_at", "exit_code"])
-        JobEvent.objects.bulk_create(events)
+        bulk_insert_copy(events)
         if runaways:
             usage_runaway_close(records=list(runaways.values()), cluster=cluster, now=now)
         budget_holds_release(job_uuids=[job.pk for job in rows if job.pk not in runaways], at=now)
@@ -570,9 +573,6 @@ def _moved_note(previous: dt.datetime, current: dt.datetime) -> str:
     hours, minutes = divmod(minutes, 60)
     amount = f"{hours} h {minutes} min" if hours else f"{minutes} min"
     return f"Expected start moved {'later' if current > previous else 'earlier'} by {amount}"
-
-
-_event = row_maker(JobEvent)  # a JobEvent's values for the COPY (10 000 jobs ending in one cycle: 2 s as bulk_create)
 
 
 def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: str | None = None) -> int:
