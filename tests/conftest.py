@@ -319,9 +319,12 @@ def client_for(world, client):
 
 
 @pytest.fixture
-def use_gateway():
+def use_gateway(unix_users):
     """``use_gateway(gateway)``: get_gateway() answers ``gateway`` until the test ends (the one way
-    tests choose the gateway: portal.slurm.use_gateway). Returns the gateway."""
+    tests choose the gateway: portal.slurm.use_gateway). Returns the gateway. With the world's
+    members as Unix users (``unix_users``): a relay through any gateway resolves its submitter's ids
+    on the submit host, so a test run alone on a new machine relays as it does after another test
+    created them (2026-12-07: tests/jobs/test_forgotten_running.py alone failed SUBMIT_FAILED)."""
     import contextlib
 
     from portal import slurm
