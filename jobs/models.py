@@ -20,8 +20,11 @@ class Job(models.Model):
     followed by ``jobs_sync``. State changes only through services and tasks (conditional updates)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="jobs")
-    submitter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    # No index of their own: job_team_created_id and job_submitter_created_id begin with them and
+    # serve every lookup by team or submitter (a second index was one more write per submission and
+    # ~30 MB per million jobs)
+    team = models.ForeignKey("portal.Team", on_delete=models.PROTECT, related_name="jobs", db_index=False)
+    submitter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs", db_index=False)
     # The cluster it runs on, chosen at submission (from the partition, or the request's `cluster`);
     # ``slurm_cluster`` is the name Slurm gave with its id (the same cluster's name).
     cluster = models.ForeignKey("portal.Cluster", on_delete=models.PROTECT, related_name="jobs",
@@ -232,7 +235,7 @@ class JobDependency(models.Model):
 class JobEvent(models.Model):
     """One state a job entered, with Slurm's reason (history shown on the job's page)."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)  # jobevent_job_at serves it
     state = models.CharField(max_length=16, choices=JobState.choices)
     reason = models.CharField(max_length=1024, blank=True)
     at = models.DateTimeField()
