@@ -6,6 +6,7 @@ What is asserted is what Kubernetes itself says: the scheduler's binding and its
 controller's conditions, the ResourceQuota admission's refusal, the pod's log through pods/log (the API
 server asks the agent's kubelet endpoint), and the host's own process table for a cancelled Job."""
 
+import datetime
 import uuid
 
 import pytest
@@ -73,6 +74,32 @@ def test_nodes_offer_their_gpus_by_type_and_are_ready(apis):
     for node in nodes.values():
         assert {c.type: c.status for c in node.status.conditions}["Ready"] == "True"
         assert not [t for t in node.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
+
+
+def test_a_node_marked_not_ready_is_ready_again_within_one_heartbeat(k8s_admin):
+    """After an API server outage longer than the node monitor's grace period, the node controller sets a
+    node's Ready condition to Unknown and taints it NoSchedule; a kubelet puts Ready back at its next
+    status check (10 s), so pods schedule again at once (CI, 2026-12-07: the agent posted its status only
+    every 60 s and a pod stayed Pending for a minute). Here the admin sets Ready=Unknown as the node
+    controller does, three times: each time the agent restores it, and the controller lifts its taints,
+    within 25 s (measured here: Ready again after 8–10 s, untainted after 10–12 s; the agent's old 60-s
+    period would pass all three rounds by chance about once in fourteen)."""
+    core = client.CoreV1Api(k8s_admin)
+    name = "k8s-a100-01"
+
+    def ready_and_untainted():
+        node = core.read_node(name)
+        ready = {c.type: c.status for c in node.status.conditions}["Ready"] == "True"
+        return ready and not [t for t in node.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
+
+    wait_for(ready_and_untainted, timeout=30, what=f"{name} to be Ready before the test")
+    for _ in range(3):
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        unknown = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                   "message": "Kubelet stopped posting node status.", "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+        core.patch_node_status(name, {"status": {"conditions": [unknown]}})
+        assert {c.type: c.status for c in core.read_node(name).status.conditions}["Ready"] == "Unknown"
+        wait_for(ready_and_untainted, timeout=25, interval=0.5, what=f"{name} Ready and untainted again")
 
 
 def test_portal_service_account_has_only_its_rights(apis, k8s_namespace):
