@@ -6,7 +6,8 @@ In this process (Django test client: no HTTP, no gunicorn), token-authenticated 
 the relay enqueue stubbed (no message, nothing reaches Slurm). After warm-up requests it prints:
   - every query one POST runs, in order, with its time (``connection.execute_wrapper``);
   - the median, p90 and p99 time of one POST over ``--requests`` requests, split into database and
-    the rest (Python);
+    the rest (Python), and the median CPU time of this thread per POST (PostgreSQL's and Redis's
+    own CPU not included: steadier than wall time when the machine is shared);
   - how long the team row lock (``SELECT … FOR UPDATE``, the budget check) is held: from the lock
     query to the commit of the job's transaction;
   - cProfile's top functions by own time and by cumulative time over the same requests.
@@ -99,13 +100,14 @@ def run(*, quick: bool = False, requests: int | None = None, top: int = 20, stat
         with connection.execute_wrapper(batch):
             post([body] * 10)
         # n POSTs: time, database time, lock hold
-        totals, db_times, holds = [], [], []
+        totals, db_times, holds, cpu = [], [], [], []
         for _ in range(n):
             log = QueryLog()
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.thread_time()
             with connection.execute_wrapper(log):
                 post(body)
             totals.append(time.perf_counter() - began)
+            cpu.append(time.thread_time() - began_cpu)  # this thread's CPU: steadier than wall on a shared machine
             db_times.append(log.seconds)
             holds += log.lock_holds
         # cProfile over n more
@@ -123,6 +125,7 @@ def run(*, quick: bool = False, requests: int | None = None, top: int = 20, stat
     section.add("POST in-process, p50", common.median(totals) * 1000, "ms", runs)
     section.add("POST in-process, p90", common.percentile(totals, 90) * 1000, "ms", runs)
     section.add("POST in-process, p99", common.percentile(totals, 99) * 1000, "ms", runs)
+    section.add("POST in-process, this thread's CPU p50", common.median(cpu) * 1000, "ms", runs)
     section.add("  of which database (p50)", common.median(db_times) * 1000, "ms", runs)
     python = [t - d for t, d in zip(totals, db_times, strict=True)]
     section.add("  of which Python (p50)", common.median(python) * 1000, "ms", runs)
