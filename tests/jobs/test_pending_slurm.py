@@ -197,9 +197,13 @@ def test_expected_start_and_place_are_what_squeue_start_says(slurm_target, slurm
         oracle = squeue_start(ids)
         places = {gpu_type: squeue_places("gpu", gpu_type) for gpu_type in ("h100", "a100")}
         stored = {j.slurm_job_id: j.expected_start_at for j in synced}
+        # the reasons too: Slurm gives a new pending job its reason when its scheduler has looked at it,
+        # not when it is queued (25.11, CI 2026-12-07: the start time already agreed and "behind" had no
+        # reason yet); the sync stores what squeue says at that moment
         ok = (
             stored == oracle and synced[0].expected_start_at is not None and synced[3].expected_start_at is not None
             and synced[2].state_reason == "AssocGrpGRES"
+            and (synced[0].state_reason, synced[1].state_reason) == ("Resources", "Priority")
             and all(j.queue_position == places[j.gpu_type].index(j.slurm_job_id) + 1 for j in synced)
         )  # fmt: skip
         return (synced, oracle, places) if ok else None
