@@ -122,6 +122,12 @@ test-fast: install lint-imports services
 test-fuzz: install services
 	@eval "$$(scripts/services up)" && $(PY) -m pytest -m fuzz $(PYTEST_ARGS)
 
+# The tests against the local Kubernetes cluster alone (`-m k8s`, part of `make test`): its control plane, the
+# node agent, PostgreSQL, Redis and Celery workers on queues of this run's own; no Slurm job. CI runs them
+# beside the Slurm tests, after the fuzz tests, in their own pytest process and test database.
+test-k8s: install k8s services
+	@eval "$$(scripts/services up)" && $(PY) -m pytest -m k8s $(PYTEST_ARGS)
+
 bench: install pyslurm cluster cluster25
 	@eval "$$(scripts/services up)" && $(PY) bench/run_all.py
 
