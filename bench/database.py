@@ -19,15 +19,46 @@ def _admin_connection():
     )  # fmt: skip
 
 
+# A database bench/year_world.py wrote carries this comment (COMMENT ON DATABASE). Writing it takes
+# 15-30 min, and a benchmark that empties or drops BENCH_DB refuses it: bench_sync_portal.py run with
+# BENCH_DB set to the year's once emptied its 650 000 jobs (truncate_jobs: TRUNCATE … CASCADE) and the
+# year had to be written again (twenty-fifth session).
+YEAR_MARK = "gpuportal bench: a year of a 1 000-GPU site, written by bench/year_world.py"
+_MARK_OF = "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s"
+
+
+class YearDatabase(RuntimeError):
+    def __init__(self, what: str):
+        super().__init__(
+            f"{BENCH_DB} holds the year bench/year_world.py wrote, and this benchmark would {what} it: run it "
+            f"with another BENCH_DB (its default: unset BENCH_DB), or write the year again afterwards"
+        )
+
+
+def _refuse_year(conn, what: str) -> None:
+    row = conn.execute(_MARK_OF, [BENCH_DB]).fetchone()
+    if row is not None and row[0] == YEAR_MARK:
+        raise YearDatabase(what)
+
+
+def year_mark() -> None:
+    """Mark BENCH_DB as a year's (bench/year_world.py, once it is written)."""
+    with _admin_connection() as conn:
+        conn.execute(f"COMMENT ON DATABASE \"{BENCH_DB}\" IS '{YEAR_MARK}'")
+
+
 def database_exists() -> bool:
     with _admin_connection() as conn:
         return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone() is not None
 
 
-def database_create(*, fresh: bool) -> None:
-    """Create the benchmark's database (dropping it first when ``fresh``). Only BENCH_DB is ever dropped."""
+def database_create(*, fresh: bool, year: bool = False) -> None:
+    """Create the benchmark's database (dropping it first when ``fresh``; a year's only when ``year``:
+    bench/year_world.py writing it again). Only BENCH_DB is ever dropped."""
     with _admin_connection() as conn:
         if fresh:
+            if not year:
+                _refuse_year(conn, "drop")
             conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone() is None:
             conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
@@ -38,18 +69,20 @@ def database_drop() -> None:
 
     connections.close_all()
     with _admin_connection() as conn:
+        _refuse_year(conn, "drop")
         conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
 
 
 _ready = False
 
 
-def setup(*, fresh: bool = False) -> None:
-    """Create (or re-create) and migrate the benchmark's database, then set Django up. Once per process."""
+def setup(*, fresh: bool = False, year: bool = False) -> None:
+    """Create (or re-create) and migrate the benchmark's database, then set Django up. Once per process.
+    ``year``: bench/year_world.py's, which may re-create a year's database."""
     global _ready
     if _ready:
         return
-    database_create(fresh=fresh)
+    database_create(fresh=fresh, year=year)
     import django
 
     django.setup()
@@ -65,6 +98,8 @@ def truncate_jobs() -> None:
 
     from jobs.models import Job, JobEvent
 
+    with _admin_connection() as conn:
+        _refuse_year(conn, "empty the jobs tables of")
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {JobEvent._meta.db_table}, {Job._meta.db_table} CASCADE")
 
