@@ -308,10 +308,13 @@ TWO_CLUSTERS = "name=gpuportal,backend=auto,conf=/x/slurm.conf;name=gpuportal25,
 
 def _demo_env_run(tmp_path: Path, *then: str) -> subprocess.CompletedProcess:
     """`eval "$(scripts/demo env)"` with a run directory of its own (the clusters file of a two-cluster
-    demo in it), then the commands ``then`` in that shell; `env` at the end prints what it exports."""
+    demo in it), then the commands ``then`` in that shell; `env` at the end prints what it exports. The
+    shell is a new user's: no Slurm variable of the caller's (a developer's shell after
+    `eval "$(scripts/cluster env)"` has SLURM_CLUSTER, which is not the demo's to export)."""
     (tmp_path / "gpuportal_clusters").write_text(TWO_CLUSTERS + "\n")
     script = 'eval "$(scripts/demo env)" || exit 9\n' + "\n".join(then) + "\necho '--- env'; env"
-    environ = {k: v for k, v in os.environ.items() if k != "GPUPORTAL_CLUSTERS"} | {"GPUPORTAL_RUN_DIR": str(tmp_path)}
+    environ = {k: v for k, v in os.environ.items() if k != "GPUPORTAL_CLUSTERS" and not k.startswith("SLURM_")}
+    environ["GPUPORTAL_RUN_DIR"] = str(tmp_path)
     return subprocess.run(["bash", "-c", script], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=180, check=False)
 
 
