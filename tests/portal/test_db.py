@@ -243,6 +243,43 @@ def test_any_of_binds_one_array_parameter_and_filters_like_a_list(world):
         any_of([1], "bigint[]); DROP TABLE x; --")
 
 
+def test_any_of_checks_each_integer_and_uuid_it_writes_into_the_array_literal(world):
+    """Integers and UUIDs go as one array literal: each value is checked as binding it would be (an
+    integer, not 1.5 or "1"; a UUID or its text), so nothing else can reach the literal."""
+    jobs = _jobs(world, 2)
+    found = Job.objects.filter(pk__in=any_of([str(jobs[0].pk), jobs[1].pk], "uuid")).values_list("pk", flat=True)
+    assert set(found) == {jobs[0].pk, jobs[1].pk}
+    assert list(Job.objects.filter(pk__in=any_of([], "uuid"))) == []
+    for bad in (1.5, "1", "1}, {2"):
+        with pytest.raises(TypeError):
+            any_of([bad], "bigint")
+    with pytest.raises(ValueError):
+        any_of(["not-a-uuid"], "uuid")
+
+
+def test_copy_upsert_gives_each_of_many_rows_its_own_id_new_and_existing_mixed(world):
+    """Ids come back by each object's index (the INSERT's rows joined to the temporary table's on the key):
+    rows in no particular order, some existing, get the ids the table has for their keys."""
+    from accounting.models import UsageRecord
+
+    made = portal_db.row_maker(UsageRecord)
+    at = timezone.now().replace(microsecond=0)
+
+    def row(job_id):
+        return made(cluster="c1", job_id=job_id, submit_time=at - dt.timedelta(seconds=job_id), start_time=at, state="RUNNING",
+                    account="vision", unix_user="alice", gpus=1, gpu_type="a100", gpu_seconds=job_id, gpu_hours=0,
+                    requested_gpu_hours=0, provisional=True, known_until=at, first_seen_at=at)  # fmt: skip
+
+    first = [row(j) for j in range(0, 40, 2)]
+    bulk_upsert_copy(first, unique_fields=["cluster", "job_id", "submit_time"], update_fields=["state"])
+    mixed = [row(j) for j in reversed(range(40))]
+    bulk_upsert_copy(mixed, unique_fields=["cluster", "job_id", "submit_time"], update_fields=["state"])
+    stored = dict(UsageRecord.objects.filter(cluster="c1").values_list("job_id", "pk"))
+    assert len(stored) == 40
+    assert {r.job_id: r.pk for r in mixed} == stored
+    assert {r.job_id: r.pk for r in first} == {j: stored[j] for j in range(0, 40, 2)}
+
+
 # ---------------------------------------------------------------- the connection's health check
 
 
