@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -21,8 +22,18 @@ from tests.workers import ROOT
 
 pytestmark = pytest.mark.external
 
-PG_PORT = 5400 + os.getpid() % 90
-REDIS_PORT = 6400 + os.getpid() % 90
+
+def _free_port() -> int:
+    """A port nothing listens on now, as the kernel picks one: not the machine's services' (a port
+    computed from the pid, 5400 + pid % 90, was 5432 for pid 7232, and that CI run's PostgreSQL
+    cluster of this test could not start)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+PG_PORT = _free_port()
+REDIS_PORT = next(port for port in iter(_free_port, None) if port != PG_PORT)
 
 
 def run(argv, **kwargs) -> subprocess.CompletedProcess:
