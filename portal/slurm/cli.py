@@ -230,9 +230,14 @@ class CliGateway(SlurmGateway):
     def accounting(
         self, start: dt.datetime, end: dt.datetime, *, job_ids: Collection[int] | None = None
     ) -> list[t.AccountingRecord]:
+        # sacct takes whole seconds and -E T keeps jobs eligible before T, not at T (measured on 22.05 and
+        # 25.11: a job eligible at 18:24:06 is missing with -E 18:24:06, there with -E 18:24:07). The window
+        # is [start, end] with end's second in it: -E is the second after end's. Without it, a job that
+        # became eligible in the second of a window's end (``end`` = now) was missing from that window.
+        until = end.replace(microsecond=0) + dt.timedelta(seconds=1)
         argv = [
             self._exe("sacct"), "-X", "-a", "--parsable2", "--noheader", f"--delimiter={FIELD_SEP}",
-            "-S", parsing.format_time(start), "-E", parsing.format_time(end),
+            "-S", parsing.format_time(start), "-E", parsing.format_time(until),
             "-o", ",".join(SACCT_FIELDS),
         ]  # fmt: skip
         if job_ids is not None:

@@ -292,6 +292,12 @@ def test_typed_gpu_job_queue_find_and_accounting(gateway, ci_association, ci_use
     by_id = gateway.accounting(since, dt.datetime.now(dt.UTC), job_ids={job_id})
     assert [r.job_id for r in by_id] == [job_id] and by_id[0].comment == tag
     assert gateway.accounting(since, dt.datetime.now(dt.UTC), job_ids=set()) == []
+    # a window that ends in the second the job became eligible (its submit second: no --begin, no
+    # dependency) has it: sacct's -E T leaves out what became eligible at T (a CI run's flake, when
+    # the job ran within the second of the call's "now")
+    in_its_second = record.submit_time + dt.timedelta(microseconds=500_000)
+    assert [r.job_id for r in gateway.accounting(since, in_its_second, job_ids={job_id})] == [job_id]
+    assert [r.job_id for r in gateway.accounting(since, in_its_second) if r.job_id == job_id] == [job_id]
 
     output = wait_for(lambda: (job_dir / f"job-{job_id}.out").exists() and (job_dir / f"job-{job_id}.out").read_text(),
                       what="the job's output file")  # fmt: skip
