@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from accounting.models import UsageRecord
 from accounting.services import usage_ingest, usage_reconcile
-from jobs.choices import JobState
+from jobs.choices import IN_SLURM_STATES, JobState, state_from_slurm
 from jobs.models import Job
 from jobs.services import job_relay_drain_run, job_submit, jobs_sync
 from portal.slurm import get_gateway
@@ -76,7 +76,9 @@ def _controller_restarted_with(saved: Path, cluster_dir: Path, release: str) -> 
     pytest.fail("slurmctld did not come back")
 
 
-LIVE = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING"}
+def _live(entry) -> bool:
+    """A queue entry the portal reads as a job still in Slurm (jobs.choices: its rule for Slurm's states)."""
+    return state_from_slurm(entry.state) in IN_SLURM_STATES
 
 
 def _others_brought_back_cancelled(live_before: set[int]) -> None:
@@ -87,7 +89,7 @@ def _others_brought_back_cancelled(live_before: set[int]) -> None:
     job any more: every job live now that was not live before the controller's SIGKILL."""
     gateway = get_gateway()
     for entry in gateway.queue():
-        if entry.state in LIVE and entry.job_id not in live_before:
+        if _live(entry) and entry.job_id not in live_before:
             gateway.cancel(entry.job_id)
 
 
@@ -124,7 +126,7 @@ def test_a_running_job_the_controller_forgot_is_ended_charged_once_and_its_runaw
             return job.state == JobState.RUNNING and _sacct(job).state == "RUNNING"
 
         wait_for(running, timeout=60, interval=0.5, what="the job running, in the portal and in slurmdbd")
-        live_before = {e.job_id for e in get_gateway().queue() if e.state in LIVE}
+        live_before = {e.job_id for e in get_gateway().queue() if _live(e)}
         _controller_restarted_with(tmp_path, cluster_dir, release)
         _others_brought_back_cancelled(live_before)
 
