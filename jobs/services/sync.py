@@ -122,6 +122,29 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
             stats["accounting_error"] = str(exc)
 
     now = timezone.now()
+    planned = _plan_jobs(followed, entries, records, queue, now, accounting_ok=accounting_ok)
+    stats["changed"] = _apply_plan(planned, now, cluster=name) if planned else 0
+    if accounting_ok and not config.is_kubernetes:
+        stats |= _controller_losses(gateway, need_accounting, entries, records, queue_read_at=queue_read_at, now=now,
+                                    cluster=name)  # fmt: skip
+    stats["array_tasks"] = _arrays_record(array_tasks, planned, now)
+    stats["dependency_cancelled"] = _dependencies_follow(planned, entries, now)
+    if ttl:
+        stats["deleted"], skipped = _finished_jobs_delete(gateway, queue, cluster=name, older_than=now - dt.timedelta(seconds=ttl))
+        if skipped:
+            stats["delete_skipped"] = skipped
+    stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    _sync_record(kind, stats, deletes=bool(ttl))
+    return stats
+
+
+# ---------------------------------------------------------------- jobs_sync's steps
+
+
+def _plan_jobs(followed: list[Job], entries: dict, records: dict, queue, now: dt.datetime, *,
+               accounting_ok: bool) -> dict[uuid.UUID, dict]:  # fmt: skip
+    """The changes to write, by job id (jobs with none left out): _plan_job of each followed job, from
+    its queue entry, its accounting record (when it is the job's) and its outlook while pending."""
     outlook = queue_outlook(queue)  # pending jobs' expected start and place: the same read, no squeue --start
     planned: dict[uuid.UUID, dict] = {}
     for job in followed:
@@ -135,35 +158,51 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
             values["gone_from_queue_at"] = None  # back in the queue after all
         if values:
             planned[job.id] = values
+    return planned
 
-    stats["changed"] = _apply_plan(planned, now, cluster=name) if planned else 0
+
+def _controller_losses(gateway, need_accounting: list[Job], entries: dict, records: dict, *, queue_read_at: dt.datetime,
+                       now: dt.datetime, cluster: str) -> dict:  # fmt: skip
+    """The jobs a Slurm controller lost when its backup took over, sent again or ended. Returns
+    figures for the sync's stats."""
     # jobs a Slurm controller gave an id to and then lost (killed before its state save; its backup took
     # over without them): sent again, found by their tag first (issue 42 item 3)
-    if accounting_ok and not config.is_kubernetes:
-        lost = _lost_in_takeover(need_accounting, entries, records, queue_read_at)
-        stats["resent"] = jobs_lost_resend(jobs=lost, now=now) if lost else 0
-        # jobs it forgot while they ran (killed on their node; accounting has their start, never an end)
-        forgotten = _forgotten_while_running(need_accounting, entries, records)
-        if forgotten:
-            stats |= _forgotten_end(gateway, forgotten, records, queue_read_at=queue_read_at, now=now, cluster=name)
-    stats["array_tasks"] = array_tasks_record(array_tasks) if array_tasks else 0
+    lost = _lost_in_takeover(need_accounting, entries, records, queue_read_at)
+    stats: dict[str, Any] = {"resent": jobs_lost_resend(jobs=lost, now=now) if lost else 0}
+    # jobs it forgot while they ran (killed on their node; accounting has their start, never an end)
+    forgotten = _forgotten_while_running(need_accounting, entries, records)
+    if forgotten:
+        stats |= _forgotten_end(gateway, forgotten, records, queue_read_at=queue_read_at, now=now, cluster=cluster)
+    return stats
+
+
+def _arrays_record(array_tasks: dict, planned: dict[uuid.UUID, dict], now: dt.datetime) -> int:
+    """The array tasks seen this cycle stored, and the budget holds of the arrays that ended in it
+    settled. Returns the task rows written."""
+    written = array_tasks_record(array_tasks) if array_tasks else 0
     ended_arrays = [job_id for job_id, values in planned.items() if job_id in array_tasks and values.get("state") in TERMINAL_STATES]
     if ended_arrays:
         _array_holds_settle(ended_arrays, now)
+    return written
+
+
+def _dependencies_follow(planned: dict[uuid.UUID, dict], entries: dict, now: dt.datetime) -> int:
+    """The jobs that wait for others: relayed when one they wait for ended this cycle, cancelled when
+    Slurm will never start them. Returns how many were cancelled."""
     # jobs waiting in the portal for a job that ended (Kubernetes holds none itself): their relay, now
     ended = [job_id for job_id, values in planned.items() if values.get("state") in TERMINAL_STATES]
     if ended and dependents_waiting(ended):
         relay_drain_after_commit()
     # jobs Slurm will never start (a job they wait for failed): cancelled, with why (jobs.dependencies)
     never = [job_id for job_id, entry in entries.items() if entry.reason == NEVER_SATISFIED]
-    stats["dependency_cancelled"] = never_satisfied_cancel(job_ids=never, now=now) if never else 0
-    if ttl:
-        stats["deleted"], skipped = _finished_jobs_delete(gateway, queue, cluster=name, older_than=now - dt.timedelta(seconds=ttl))
-        if skipped:
-            stats["delete_skipped"] = skipped
-    stats["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    return never_satisfied_cancel(job_ids=never, now=now) if never else 0
+
+
+def _sync_record(kind: str, stats: dict, *, deletes: bool) -> None:
+    """The cycle recorded in its SyncStatus: a failure when accounting did not answer, else a success
+    with its figures (``deletes``: the cycle deletes finished Kubernetes Jobs)."""
     data = {"duration_ms": stats["duration_ms"], "live": stats["live"], "changed": stats["changed"]}
-    if ttl:  # said on every cycle, so a namespace that is usable again clears it
+    if deletes:  # said on every cycle, so a namespace that is usable again clears it
         data["namespaces_skipped"] = stats.get("delete_skipped", [])
     if "runaway_fix_error" in stats:  # ended and charged by the portal; slurmdbd still counts them running
         data["runaway_fix_error"] = stats["runaway_fix_error"]
@@ -171,7 +210,6 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
         sync_record_failure(kind, error=f"sacct: {stats['accounting_error']}")
     else:
         sync_record_success(kind, data=data)
-    return stats
 
 
 def _lost_in_takeover(need_accounting: list[Job], entries: dict, records: dict, queue_read_at: dt.datetime) -> list[Job]:
