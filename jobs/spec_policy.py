@@ -66,21 +66,72 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
     if capacity.exclusive and not request.exclusive:
         # OverSubscribe=EXCLUSIVE: Slurm gives every job of the partition whole nodes (AllocTRES: every GPU)
         request = dataclasses.replace(request, exclusive=True)
-    gpu_type = request.gpu_type
-    eligible = capacity.eligible_nodes(gpu_type)
-    if gpu_type and not eligible:
-        known = ", ".join(capacity.gpu_types) or "none"
-        source = opt("gres") or opt("gpus") or opt("gpus-per-node") or opt("gpus-per-task")
-        errors.directive(source, f"no {gpu_type} GPUs in partition {capacity.name} (types there: {known}).", fallback="gpu_type", field="gpu_type")
-        return None
+    eligible = _eligible_nodes(capacity, request, errors)
     if not eligible:
-        errors.add("partition", f"Partition {capacity.name} has no GPUs.")
         return None
+    per_node_gpus, cpus_per_node, mem_per_node_mb = _node_size(capacity, eligible)
+    allocated = _nodes_and_gpus(capacity, request, errors, eligible=eligible, per_node_gpus=per_node_gpus,
+                                cpus_per_node=cpus_per_node)  # fmt: skip
+    if allocated is None:
+        return None
+    nodes, gpus = allocated
+    tasks = request.tasks(nodes)
+    cpus_needed = _cpus_needed(request, gpus=gpus, tasks=tasks, nodes=nodes)
+    if cpus_per_node and cpus_needed > cpus_per_node and not request.exclusive:
+        source = opt("cpus-per-gpu") or opt("cpus-per-task") or opt("ntasks") or opt("ntasks-per-node")
+        errors.directive(source, f"{cpus_needed} CPUs per node requested; the nodes of partition {capacity.name} have {cpus_per_node}.", fallback="cpus_per_gpu")
+    _check_memory(capacity, request, errors, gpus_per_node=-(-gpus // nodes), cpus_needed=cpus_needed, mem_per_node_mb=mem_per_node_mb)
+    time_n = _time_limit(capacity, request, errors)
+    if time_n is None or errors:
+        return None
+    memory_gb = memory_gb_of(request.mem_mb) if request.mem_mb else None
+    return {
+        "partition": capacity.name, "gpu_type": request.gpu_type, "gpus": gpus, "nodes": nodes,
+        "cpus_per_gpu": request.cpus_per_gpu, "memory_gb": memory_gb, "time_limit_minutes": time_n,
+        "capacity": capacity, "ntasks": tasks, "cpus_per_task": request.cpus_per_task,
+        "exclusive": request.exclusive, "array": request.array, "array_tasks": request.array_tasks,
+        "array_throttle": request.array_throttle, "qos": request.qos or "", "constraint": request.constraint or "",
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------- _check_against's steps
+
+
+def _gpu_directive(request: ScriptRequest) -> Directive | None:
+    """The directive that asks for GPUs (the script's or a field's), the one a refusal about them names."""
+    opt = request.options.get
+    return opt("gres") or opt("gpus") or opt("gpus-per-node") or opt("gpus-per-task")
+
+
+def _eligible_nodes(capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors) -> list:
+    """The partition's nodes the job may run on (those with its GPU type, or with any GPU); none: the
+    refusal is added."""
+    eligible = capacity.eligible_nodes(request.gpu_type)
+    if request.gpu_type and not eligible:
+        known = ", ".join(capacity.gpu_types) or "none"
+        errors.directive(_gpu_directive(request), f"no {request.gpu_type} GPUs in partition {capacity.name} (types there: {known}).",
+                         fallback="gpu_type", field="gpu_type")  # fmt: skip
+    elif not eligible:
+        errors.add("partition", f"Partition {capacity.name} has no GPUs.")
+    return eligible
+
+
+def _node_size(capacity: PartitionCapacity, eligible: list) -> tuple[int, int, int]:
+    """The most GPUs, CPUs and memory (MB) a job may have of one eligible node: (GPUs, CPUs, MB)."""
     per_node_gpus = max(n.gpus_total for n in eligible)
     cpus_per_node = max((n.cpus_total for n in eligible), default=0)
     mem_per_node_mb = max((n.memory_mb for n in eligible), default=0)
     if capacity.max_mem_per_node_mb:  # the partition's MaxMemPerNode caps what a job may have of a node
         mem_per_node_mb = min(mem_per_node_mb or capacity.max_mem_per_node_mb, capacity.max_mem_per_node_mb)
+    return per_node_gpus, cpus_per_node, mem_per_node_mb
+
+
+def _nodes_and_gpus(capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors, *, eligible: list,
+                    per_node_gpus: int, cpus_per_node: int) -> tuple[int, int] | None:  # fmt: skip
+    """The nodes and GPUs (in all) Slurm will allocate, checked against the eligible nodes; None when
+    the job cannot be placed at all (more nodes than there are, no GPU asked for)."""
+    opt = request.options.get
+    gpu_type = request.gpu_type
     nodes = request.nodes_for(cpus_per_node)
     if nodes > len(eligible):
         errors.directive(opt("nodes") or opt("ntasks"), f"partition {capacity.name} has {len(eligible)} node(s) with {gpu_type or 'GPUs'}.", fallback="nodes")
@@ -90,36 +141,47 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
         errors.add("gpus", "Ask for GPUs: give gpus, or a GPU directive in the script (--gres=gpu:N, --gpus, --gpus-per-node, --gpus-per-task).")
         return None
     if -(-gpus // nodes) > per_node_gpus:
-        source = opt("gres") or opt("gpus") or opt("gpus-per-node") or opt("gpus-per-task")
         errors.directive(
-            source, f"at most {per_node_gpus * nodes} {gpu_type or 'GPUs'} on {nodes} node(s) of partition {capacity.name} "
-            f"({per_node_gpus} per node).", fallback="gpus",
+            _gpu_directive(request), f"at most {per_node_gpus * nodes} {gpu_type or 'GPUs'} on {nodes} node(s) of partition "
+            f"{capacity.name} ({per_node_gpus} per node).", fallback="gpus",
         )  # fmt: skip
-    tasks = request.tasks(nodes)
-    cpus_needed = 0
+    return nodes, gpus
+
+
+def _cpus_needed(request: ScriptRequest, *, gpus: int, tasks: int, nodes: int) -> int:
+    """The CPUs the job needs on each node: per GPU, else per task, else one per task."""
     if request.cpus_per_gpu:
-        cpus_needed = request.cpus_per_gpu * -(-gpus // nodes)
-    elif request.cpus_per_task:
-        cpus_needed = request.cpus_per_task * -(-tasks // nodes)
-    else:
-        cpus_needed = -(-tasks // nodes)
-    if cpus_per_node and cpus_needed > cpus_per_node and not request.exclusive:
-        source = opt("cpus-per-gpu") or opt("cpus-per-task") or opt("ntasks") or opt("ntasks-per-node")
-        errors.directive(source, f"{cpus_needed} CPUs per node requested; the nodes of partition {capacity.name} have {cpus_per_node}.", fallback="cpus_per_gpu")
+        return request.cpus_per_gpu * -(-gpus // nodes)
+    if request.cpus_per_task:
+        return request.cpus_per_task * -(-tasks // nodes)
+    return -(-tasks // nodes)
+
+
+def _check_memory(capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors, *, gpus_per_node: int,
+                  cpus_needed: int, mem_per_node_mb: int) -> None:  # fmt: skip
+    """The memory asked for (--mem, --mem-per-cpu, --mem-per-gpu, or the partition's DefMemPerGPU when
+    none is) against what a job may have of a node."""
+    opt = request.options.get
     if request.mem_mb and mem_per_node_mb and request.mem_mb > mem_per_node_mb:
         errors.directive(opt("mem"), f"at most {memory_gb_of(mem_per_node_mb, up=False)} GB per node in partition {capacity.name}.", fallback="memory_gb")
     if request.mem_per_cpu_mb and mem_per_node_mb and request.mem_per_cpu_mb * max(cpus_needed, 1) > mem_per_node_mb:
         errors.directive(opt("mem-per-cpu"), f"{request.mem_per_cpu_mb} MB per CPU × {cpus_needed} CPUs exceeds a node's {mem_per_node_mb} MB.")
-    if request.mem_per_gpu_mb and mem_per_node_mb and request.mem_per_gpu_mb * -(-gpus // nodes) > mem_per_node_mb:
+    if request.mem_per_gpu_mb and mem_per_node_mb and request.mem_per_gpu_mb * gpus_per_node > mem_per_node_mb:
         errors.directive(opt("mem-per-gpu"), f"{request.mem_per_gpu_mb} MB per GPU exceeds a node's {mem_per_node_mb} MB.")
     asked_memory = request.mem_mb or request.mem_per_cpu_mb or request.mem_per_gpu_mb
     if not asked_memory and capacity.def_mem_per_gpu_mb and mem_per_node_mb:
-        default_mb = capacity.def_mem_per_gpu_mb * -(-gpus // nodes)  # the partition's DefMemPerGPU applies
+        default_mb = capacity.def_mem_per_gpu_mb * gpus_per_node  # the partition's DefMemPerGPU applies
         if default_mb > mem_per_node_mb:
             errors.add("memory_gb", f"Memory specification can not be satisfied: partition {capacity.name} gives "
                        f"{capacity.def_mem_per_gpu_mb} MB per GPU by default ({default_mb} MB per node); a node has "
                        f"{mem_per_node_mb} MB. Ask for less memory (--mem).")  # fmt: skip
-    time_n = request.time_limit_minutes
+
+
+def _time_limit(capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors) -> int | None:
+    """The job's time limit in minutes (none given: the partition's default, else its maximum, else
+    60), checked against the partition's; None, refused, when the portal cannot bound the job's time
+    (a job asking for no limit, or a cluster that lets jobs overrun without bound)."""
+    opt = request.options.get
     if request.time_unlimited:
         if capacity.max_time_minutes is None:
             errors.directive(opt("time"), "give a finite time limit (the portal estimates the cost from it).", fallback="time_limit_minutes")
@@ -131,20 +193,12 @@ def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: 
                          "their time limit without bound (OverTimeLimit=UNLIMITED): the portal cannot hold a budget for "
                          "them.", fallback="time_limit_minutes")  # fmt: skip
         return None
+    time_n = request.time_limit_minutes
     if time_n is None:
-        time_n = capacity.default_time_minutes or capacity.max_time_minutes or 60
-    elif capacity.max_time_minutes is not None and time_n > capacity.max_time_minutes:
+        return capacity.default_time_minutes or capacity.max_time_minutes or 60
+    if capacity.max_time_minutes is not None and time_n > capacity.max_time_minutes:
         errors.directive(opt("time"), f"at most {capacity.max_time_minutes} minutes in partition {capacity.name}.", fallback="time_limit_minutes")
-    if errors:
-        return None
-    memory_gb = memory_gb_of(request.mem_mb) if request.mem_mb else None
-    return {
-        "partition": capacity.name, "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes,
-        "cpus_per_gpu": request.cpus_per_gpu, "memory_gb": memory_gb, "time_limit_minutes": time_n,
-        "capacity": capacity, "ntasks": tasks, "cpus_per_task": request.cpus_per_task,
-        "exclusive": request.exclusive, "array": request.array, "array_tasks": request.array_tasks,
-        "array_throttle": request.array_throttle, "qos": request.qos or "", "constraint": request.constraint or "",
-    }  # fmt: skip
+    return time_n
 
 
 def check_kubernetes(capacity: PartitionCapacity, effective: list[Directive], script: str, errors: _Errors) -> None:
