@@ -25,8 +25,10 @@ from portal.models import (
 from portal.outbox import after_commit
 from portal.proxies import client_address
 from portal.slurm import (
-    Association, SlurmError, cluster_config, configured_clusters, get_gateway, relay_backend, slurm_clusters,
+    Association, Node, Partition, SlurmError, cluster_config, configured_clusters, get_gateway, relay_backend,
+    slurm_clusters,
 )  # fmt: skip
+from portal.slurm.types import ClusterPolicy
 
 logger = logging.getLogger(__name__)
 User = get_user_model()
@@ -381,60 +383,13 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
     except SlurmError as exc:
         sync_record_failure(kind, error=str(exc))
         raise
-    try:  # sacctmgr needs slurmdbd: without it the partitions and nodes are still worth recording
-        policy, policy_error = gateway.policy(), ""
-    except SlurmError as exc:
-        logger.warning("cluster sync: the policy (QOS, MaxArraySize, OverTimeLimit) was not read: %s", exc)
-        policy, policy_error = None, str(exc)[:500]
-    try:  # sinfo --version (no controller needed): shown on the cluster status page
-        version = gateway.version()
-    except SlurmError:
-        version = ""
+    policy, policy_error = _policy_read(gateway)
+    version = _version_read(gateway)
     now = timezone.now()
     with transaction.atomic():
-        PartitionInfo.objects.filter(cluster=row).exclude(name__in=[p.name for p in partitions]).delete()
-        NodeInfo.objects.filter(cluster=row).exclude(name__in=[n.name for n in nodes]).delete()
-        PartitionInfo.objects.bulk_create(
-            [
-                PartitionInfo(
-                    cluster=row, name=p.name, **copied_fields(p, PARTITION_COPIED), node_names=list(p.nodes), seen_at=now
-                )
-                for p in partitions
-            ],
-            update_conflicts=True,
-            unique_fields=["cluster", "name"],
-            update_fields=[*PARTITION_COPIED, "node_names", "seen_at"],
-        )
-        NodeInfo.objects.bulk_create(
-            [
-                NodeInfo(
-                    cluster=row,
-                    name=n.name,
-                    **copied_fields(n, NODE_COPIED),
-                    partitions=list(n.partitions),
-                    features=list(n.features),
-                    reason=n.reason[:255],
-                    seen_at=now,
-                )
-                for n in nodes
-            ],
-            update_conflicts=True,
-            unique_fields=["cluster", "name"],
-            update_fields=[*NODE_COPIED, "partitions", "features", "reason", "seen_at"],
-        )
+        _inventory_record(row, partitions, nodes, now=now)
         if policy is not None:  # else the last policy read stays (with the partition limits stored in it)
-            ClusterPolicyInfo.objects.update_or_create(
-                cluster=row,
-                defaults={
-                    "qos": list(policy.qos),
-                    "account_qos": {account: list(names) for account, names in policy.account_qos.items()},
-                    "max_array_size": policy.max_array_size,
-                    "over_time_limit_minutes": policy.over_time_limit_minutes,
-                    "kill_wait_seconds": policy.kill_wait_seconds,
-                    "partition_limits": {p.name: asdict(p.limits) for p in partitions},
-                    "seen_at": now,
-                },
-            )
+            _policy_record(row, policy, partitions, now=now)
         data = {"duration_ms": round((time.monotonic() - started) * 1000, 1), "relay_backend": relay_backend(gateway)}
         if version:  # the cluster status page's (portal.selectors.clusters_status)
             data["slurm_version"] = version
@@ -442,6 +397,74 @@ def cluster_sync(*, cluster: str | None = None) -> dict:
             data["policy_error"] = policy_error
         sync_record_success(kind, at=now, data=data)
     return {"partitions": len(partitions), "nodes": len(nodes)}
+
+
+def _policy_read(gateway) -> tuple[ClusterPolicy | None, str]:
+    """The cluster's policy (gateway.policy()) and, when it could not be read, why (None, the error)."""
+    try:  # sacctmgr needs slurmdbd: without it the partitions and nodes are still worth recording
+        return gateway.policy(), ""
+    except SlurmError as exc:
+        logger.warning("cluster sync: the policy (QOS, MaxArraySize, OverTimeLimit) was not read: %s", exc)
+        return None, str(exc)[:500]
+
+
+def _version_read(gateway) -> str:
+    """The cluster's Slurm version ("" when it cannot be read): shown on the cluster status page."""
+    try:  # sinfo --version (no controller needed)
+        return gateway.version()
+    except SlurmError:
+        return ""
+
+
+def _inventory_record(row: Cluster, partitions: list[Partition], nodes: list[Node], *, now: dt.datetime) -> None:
+    """The cluster's partitions and nodes as read: the rows of those gone deleted, the others
+    upserted in bulk."""
+    PartitionInfo.objects.filter(cluster=row).exclude(name__in=[p.name for p in partitions]).delete()
+    NodeInfo.objects.filter(cluster=row).exclude(name__in=[n.name for n in nodes]).delete()
+    PartitionInfo.objects.bulk_create(
+        [
+            PartitionInfo(
+                cluster=row, name=p.name, **copied_fields(p, PARTITION_COPIED), node_names=list(p.nodes), seen_at=now
+            )
+            for p in partitions
+        ],
+        update_conflicts=True,
+        unique_fields=["cluster", "name"],
+        update_fields=[*PARTITION_COPIED, "node_names", "seen_at"],
+    )
+    NodeInfo.objects.bulk_create(
+        [
+            NodeInfo(
+                cluster=row,
+                name=n.name,
+                **copied_fields(n, NODE_COPIED),
+                partitions=list(n.partitions),
+                features=list(n.features),
+                reason=n.reason[:255],
+                seen_at=now,
+            )
+            for n in nodes
+        ],
+        update_conflicts=True,
+        unique_fields=["cluster", "name"],
+        update_fields=[*NODE_COPIED, "partitions", "features", "reason", "seen_at"],
+    )
+
+
+def _policy_record(row: Cluster, policy: ClusterPolicy, partitions: list[Partition], *, now: dt.datetime) -> None:
+    """The cluster's policy as read, with its partitions' limits (Partition.limits), in its one row."""
+    ClusterPolicyInfo.objects.update_or_create(
+        cluster=row,
+        defaults={
+            "qos": list(policy.qos),
+            "account_qos": {account: list(names) for account, names in policy.account_qos.items()},
+            "max_array_size": policy.max_array_size,
+            "over_time_limit_minutes": policy.over_time_limit_minutes,
+            "kill_wait_seconds": policy.kill_wait_seconds,
+            "partition_limits": {p.name: asdict(p.limits) for p in partitions},
+            "seen_at": now,
+        },
+    )
 
 
 # ---------------------------------------------------------------- audit trail
