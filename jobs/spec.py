@@ -244,7 +244,7 @@ def validate_job_spec(
         _check_policy(cache["inventory"].policy(capacity), capacity, request, errors, account)
         check_kubernetes(capacity, effective, script, errors)
         image = check_image(capacity, image, errors)
-        spec = _check_against(capacity, request, errors, script_options)
+        spec = _check_against(capacity, request, errors)
     if errors or spec is None:
         _raise(errors)
 

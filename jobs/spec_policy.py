@@ -59,7 +59,7 @@ def _check_policy(policy: ClusterPolicyInfo | None, capacity: PartitionCapacity,
         )  # fmt: skip
 
 
-def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors, script_options: dict) -> dict | None:
+def _check_against(capacity: PartitionCapacity, request: ScriptRequest, errors: _Errors) -> dict | None:
     """The partition's limits in Slurm's terms (each refusal names the directive); the numbers
     Slurm will allocate."""
     opt = request.options.get

@@ -84,8 +84,11 @@ def jobs_sync(*, cluster: str | None = None) -> dict:
     conditional bulk update (live rows only) and one bulk insert of events.
 
     Slurm unavailable: the failure is recorded (SyncStatus "jobs", another cluster's "jobs:NAME")
-    and nothing changes; the next
-    cycle catches up. Returns figures: live, changed, queue_calls, accounting_calls, duration_ms."""
+    and nothing changes; the next cycle catches up. Returns figures: always live, changed,
+    queue_calls, accounting_calls, array_tasks, dependency_cancelled, duration_ms; with what a step
+    did: resent, forgotten_* and runaway_fix* (a controller's losses), array_tasks_started,
+    deleted and delete_skipped (Kubernetes), accounting_error; and error when the queue could not
+    be read (then nothing else was done)."""
     started = time.monotonic()
     config = cluster_config(cluster)
     name = config.name
