@@ -63,11 +63,11 @@ class CountingGateway:
         return counted
 
 
-def slurm_tags() -> set[str]:
-    """Tags (comments) of every job the controller holds now."""
+def slurm_tags(*, accounts: set[str] | None = None) -> set[str]:
+    """Tags (comments) of every job the controller holds now (``accounts``: only those accounts' jobs)."""
     from portal.slurm import get_gateway
 
-    return {e.comment for e in get_gateway().queue() if e.comment}
+    return {e.comment for e in get_gateway().queue() if e.comment and (accounts is None or e.account in accounts)}
 
 
 def slurm_tag_counts(jobs) -> Counter:
