@@ -620,10 +620,15 @@ def _apply_plan(planned: dict[uuid.UUID, dict], now: dt.datetime, *, cluster: st
     """Write planned changes. The rows are locked and re-read in one query so a concurrent change
     (a relay recording its id, a local cancel) is neither overwritten nor contradicted; then one bulk
     update restricted to live rows (the filter is part of its WHERE) and one COPY of events."""
+    # the rows with every field the plan may write (the bulk update reads each of them on every row:
+    # one left deferred is a query per row — the Unix uid of an adopted job was)
+    written = {"slurm_cluster"}.union(*planned.values())
     with transaction.atomic():
         fresh = {
             job.id: job
-            for job in Job.objects.select_for_update().filter(pk__in=any_of(planned, "uuid"), state__in=LIVE_STATES).only(*_SYNC_FIELDS)
+            for job in Job.objects.select_for_update()
+            .filter(pk__in=any_of(planned, "uuid"), state__in=LIVE_STATES)
+            .only(*_SYNC_FIELDS, *sorted(written - set(_SYNC_FIELDS)))
         }
         to_update: list[Job] = []
         events: list = []
