@@ -40,6 +40,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -182,6 +183,11 @@ def controller_addresses(slurm_conf: str) -> list[tuple[str, int]]:
 
 
 _environ_lock = threading.Lock()
+# A call within this long of one that got slurmctld's answer skips the TCP probe (_controller_answers):
+# each probe is a connection slurmctld accepts and reads to its end, ~0.65 ms of its CPU, a quarter of
+# what a submission costs it (bench/results.md, twenty-seventh session); slurmctld takes submissions
+# one at a time, so in a relay round of many jobs the probe was the controller's largest avoidable cost.
+PROBE_SKIP_AFTER_ANSWER_SECONDS = 1.0
 
 
 def _without_process_slurm_env(submit: Callable[[], T]) -> T:
@@ -216,6 +222,7 @@ class PyslurmGateway(SlurmGateway):
     def __init__(self, *, cluster: str, timeout: int, slurm_conf: str = "", bin_dir: str = ""):
         self._pyslurm = _libslurm_for(slurm_conf)
         self._controllers = controller_addresses(slurm_conf or os.environ.get("SLURM_CONF", ""))
+        self._answered_at = 0.0  # time.monotonic() of the last call slurmctld answered (_call)
         self.cluster = cluster
         self.timeout = timeout
         self._cli = CliGateway(cluster=cluster, timeout=timeout, slurm_conf=slurm_conf, bin_dir=bin_dir)
@@ -230,9 +237,13 @@ class PyslurmGateway(SlurmGateway):
         freezes every thread of the process and the thread join below cannot end it early: libslurm
         retries a refused connection for MessageTimeout seconds (measured: 10 s with the local
         clusters' MessageTimeout=10 under a 5 s SLURM_TIMEOUT). A stopped controller is therefore
-        detected first, by a TCP connect to slurmctld's address (``_controller_answers``); a
-        controller that accepts but hangs still blocks the process for up to MessageTimeout."""
-        if not self._controller_answers():
+        detected first, by a TCP connect to slurmctld's address (``_controller_answers``), unless a call
+        got its answer within PROBE_SKIP_AFTER_ANSWER_SECONDS (a burst of submissions probes once); a
+        controller that stops inside that second costs one blocked call, after which every call probes
+        again until one succeeds. A controller that accepts but hangs still blocks the process for up
+        to MessageTimeout."""
+        answered = time.monotonic() - self._answered_at < PROBE_SKIP_AFTER_ANSWER_SECONDS
+        if not answered and not self._controller_answers():
             raise t.SlurmUnavailable(f"{what}: slurmctld does not accept connections ({self._controllers_text()})",
                                    command=what)  # fmt: skip
         box: dict[str, Any] = {}
@@ -247,9 +258,14 @@ class PyslurmGateway(SlurmGateway):
         thread.start()
         thread.join(self.timeout)
         if thread.is_alive():
+            self._answered_at = 0.0
             raise t.SlurmUnavailable(f"{what}: Slurm did not answer within {self.timeout} s", command=what)
         if "error" in box:
-            raise self._map_error(what, box["error"]) from box["error"]
+            error = self._map_error(what, box["error"])
+            if isinstance(error, t.SlurmUnavailable):
+                self._answered_at = 0.0  # the next call probes again
+            raise error from box["error"]
+        self._answered_at = time.monotonic()
         return box["result"]
 
     def _controller_answers(self) -> bool:

@@ -111,3 +111,32 @@ def test_controller_addresses_from_slurm_conf(tmp_path):
     conf.write_text("SlurmctldHost=ctl\n")
     assert controller_addresses(str(conf)) == [("ctl", 6817)]
     assert controller_addresses(str(tmp_path / "missing.conf")) == []
+
+
+def test_the_controller_is_probed_unless_it_answered_within_the_second(gateway, fake_pyslurm, monkeypatch):
+    """A call probes slurmctld's port first (pyslurm would freeze the process on a stopped controller),
+    except within PROBE_SKIP_AFTER_ANSWER_SECONDS of an answered call: a burst of submissions costs the
+    controller one probe, not one each. An unavailable answer makes the next call probe again."""
+    from portal.slurm import pyslurm as backend
+
+    probes: list[float] = []
+    monkeypatch.setattr(gateway, "_controller_answers", lambda: probes.append(time.monotonic()) or True)
+    gateway.ping()
+    gateway.ping()
+    gateway.queue()
+    assert len(probes) == 1  # the first call only
+    monkeypatch.setattr(backend, "PROBE_SKIP_AFTER_ANSWER_SECONDS", 0.0)
+    gateway.ping()
+    assert len(probes) == 2  # the answer is older than the window
+    monkeypatch.setattr(backend, "PROBE_SKIP_AFTER_ANSWER_SECONDS", 60.0)
+    fake_pyslurm.STATE.error = fake_pyslurm.RPCError(1800, "Unable to contact slurm controller (connect failure)")
+    with pytest.raises(SlurmUnavailable):
+        gateway.ping()  # within the window: not probed, and unavailable
+    assert len(probes) == 2
+    fake_pyslurm.STATE.error = None
+    gateway.ping()
+    assert len(probes) == 3  # probed again after the unavailable answer
+    monkeypatch.setattr(gateway, "_controller_answers", lambda: probes.append(time.monotonic()) and False)
+    monkeypatch.setattr(backend, "PROBE_SKIP_AFTER_ANSWER_SECONDS", 0.0)
+    with pytest.raises(SlurmUnavailable, match="does not accept connections"):
+        gateway.ping()
