@@ -26,7 +26,7 @@ from pathlib import Path
 os.environ.setdefault("BENCH_DB", "gpuportal_year")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
-from bench_year_pages import _add, _timed
+from bench_year_pages import _add
 
 
 def _mode(name: str) -> None:

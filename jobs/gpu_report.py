@@ -15,7 +15,7 @@ from django.utils import timezone
 from accounting.rates import gpu_hour_price
 from jobs import gpu_summary
 from jobs.choices import LIVE_STATES, JobState
-from jobs.gpu_summary import GPU_CHART_POINTS  # re-exported: the chart's bound, named where the chart is read
+from jobs.gpu_summary import GPU_CHART_POINTS  # noqa: F401 — re-exported: the chart's bound, named where the chart is read
 from jobs.models import Job, JobGpuSummary, JobGpuUsage
 from portal import money, prometheus
 from portal.models import NodeInfo, SyncStatus

@@ -27,7 +27,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Greatest, Least
 
-from accounting.calendar import billing_date, billing_midnight, billing_zone, month_start, next_month, range_bounds
+from accounting.calendar import billing_midnight, billing_zone, month_start, next_month, range_bounds
 from accounting.models import UsageMonthTotal, UsageRecord, UsageSlice
 from accounting.selectors.bookings import booking_charges, booking_charges_by_month
 from accounting.selectors.usage_totals import aggregate_totals, month_rolled, rolled_months, totals_of
