@@ -116,6 +116,10 @@ def shared(serializer_class: type[serializers.Serializer]) -> serializers.Serial
 
 # ---------------------------------------------------------------- output serializers (shared)
 
+EXIT_SIGNAL_HELP = ("The signal that ended it, as sacct's ExitCode gives it after the colon (\"0:9\": 9, SIGKILL); "
+                    "0: none; null: not known (yet, or not from this scheduler).")
+
+
 
 class JobShapeOutputFields(serializers.Serializer):
     """The job-shape fields a job and a job template both show (the one declaration of them)."""
@@ -168,6 +172,7 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
                                           "empty: cancelled by a person, or not cancelled.")  # fmt: skip
     slurm_job_id = serializers.IntegerField(allow_null=True)
     exit_code = serializers.IntegerField(allow_null=True)
+    exit_signal = serializers.IntegerField(allow_null=True, help_text=EXIT_SIGNAL_HELP)
     created_at = serializers.DateTimeField()
     submitted_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
@@ -235,6 +240,7 @@ class JobArrayTaskOutputSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     state = serializers.ChoiceField(choices=JobState.choices)
     exit_code = serializers.IntegerField(allow_null=True)
+    exit_signal = serializers.IntegerField(allow_null=True, help_text=EXIT_SIGNAL_HELP)
     slurm_job_id = serializers.IntegerField(allow_null=True, help_text="The task's own Slurm id.")
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)

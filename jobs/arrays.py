@@ -70,10 +70,11 @@ def array_view(job: Job, rows: list, *, kind: str, known: dict[int, dict] | None
                 values.update(slurm_job_id=row.job_id, started_at=row.start_time,
                               ended_at=row.end_time if state in TERMINAL_STATES else None)  # fmt: skip
                 if kind == "accounting":
-                    values["exit_code"] = row.exit_code
+                    values.update(exit_code=row.exit_code, exit_signal=row.exit_signal)
             prior = (known or {}).get(index)
             if "exit_code" not in values and prior is not None and prior.get("exit_code") is not None:
-                values["exit_code"] = prior["exit_code"]  # the queue has none: keep the one accounting gave
+                # the queue has none: keep the ones accounting gave
+                values.update(exit_code=prior["exit_code"], exit_signal=prior.get("exit_signal"))
             tasks[index] = values
     total = job.array_tasks
     if known:  # ended tasks stay ended; their values are not rewritten by this view
@@ -84,11 +85,12 @@ def array_view(job: Job, rows: list, *, kind: str, known: dict[int, dict] | None
     ended = folded in TERMINAL_STATES
     ends = [r.end_time for r in rows if r.end_time]
     exit_codes = [t.get("exit_code") for t in tasks.values() if t.get("exit_code") is not None]
+    signals = [t.get("exit_signal") for t in tasks.values() if t.get("exit_signal") is not None]
     first = rows[0]
     changes = {"state": str(folded), "job_id": job.slurm_job_id or rows[0].array_job_id,
                "start_time": min(starts) if starts else None, "end_time": max(ends) if ended and ends else None}  # fmt: skip
-    if kind == "accounting":
-        changes["exit_code"] = max(exit_codes) if exit_codes else None
+    if kind == "accounting":  # the highest of the tasks' (a task killed by a signal shows on the whole array)
+        changes.update(exit_code=max(exit_codes) if exit_codes else None, exit_signal=max(signals) if signals else None)
     if kind == "queue":
         pending = next((r for r in rows if state_from_slurm(r.state) == JobState.PENDING), None)
         changes["reason"] = pending.reason if pending is not None and folded == JobState.PENDING else "None"
@@ -104,7 +106,8 @@ def forgotten_tasks(job: Job, record, known: dict[int, dict]) -> list:
             JobArrayTask.objects.filter(job=job).values_list("index", "slurm_job_id", "started_at")}  # fmt: skip
     return [
         dataclasses.replace(record, job_id=seen.get(index, (None, None))[0] or record.job_id, array_job_id=job.slurm_job_id,
-                            array_tasks=str(index), start_time=seen.get(index, (None, None))[1], exit_code=None)  # fmt: skip
+                            array_tasks=str(index), start_time=seen.get(index, (None, None))[1], exit_code=None,
+                            exit_signal=None)  # fmt: skip
         for index in _indexes(job.array) if index not in known
     ]
 
@@ -119,8 +122,9 @@ def ended_array_record(job: Job, whole, known: dict[int, dict]):
         return None
     states = [values["state"] for values in known.values()]
     codes = [values["exit_code"] for values in known.values() if values.get("exit_code") is not None]
+    signals = [values["exit_signal"] for values in known.values() if values.get("exit_signal") is not None]
     return dataclasses.replace(whole, job_id=job.slurm_job_id, state=str(_fold_state(states, job.array_tasks, len(known))),
-                               exit_code=max(codes) if codes else None)  # fmt: skip
+                               exit_code=max(codes) if codes else None, exit_signal=max(signals) if signals else None)  # fmt: skip
 
 
 def array_task_indexes(job: Job) -> list[int]:
@@ -166,9 +170,11 @@ def ended_tasks(job_ids: list) -> dict:
     """{job id: {index: values}} of the tasks recorded as ended, for the live array jobs of a sync
     cycle (one query)."""
     out: dict = {}
-    rows = JobArrayTask.objects.filter(job_id__in=job_ids, state__in=TERMINAL_STATES).values_list("job_id", "index", "state", "exit_code")
-    for job_id, index, state, exit_code in rows:
-        out.setdefault(job_id, {})[index] = {"state": state, "exit_code": exit_code}
+    rows = JobArrayTask.objects.filter(job_id__in=job_ids, state__in=TERMINAL_STATES).values_list(
+        "job_id", "index", "state", "exit_code", "exit_signal"
+    )
+    for job_id, index, state, exit_code, exit_signal in rows:
+        out.setdefault(job_id, {})[index] = {"state": state, "exit_code": exit_code, "exit_signal": exit_signal}
     return out
 
 
@@ -183,7 +189,7 @@ def array_tasks_record(tasks_by_job: dict) -> int:
         return 0
     JobArrayTask.objects.bulk_create(
         rows, batch_size=1000, update_conflicts=True, unique_fields=["job", "index"],
-        update_fields=["state", "slurm_job_id", "started_at", "ended_at", "exit_code"],
+        update_fields=["state", "slurm_job_id", "started_at", "ended_at", "exit_code", "exit_signal"],
     )  # fmt: skip
     return len(rows)
 
@@ -211,6 +217,7 @@ class ArrayTaskRow:
     state: str
     slurm_id: str  # Slurm's own name for it: "<array id>_<index>" ("" before the array has an id)
     exit_code: int | None  # None while it runs, and for a cancelled task (Slurm's 0 there means nothing)
+    exit_signal: int | None  # the same for the signal that ended it (0: none)
     started_at: Any
     ended_at: Any
     usage: Any = None  # accounting.selectors.TaskUsage by the task's own Slurm id (None: none recorded)
@@ -249,10 +256,10 @@ def array_task_table(
         state = task.state if task is not None else JobState.PENDING
         counts[state] = counts.get(state, 0) + 1
         if len(rows) < limit:
-            exit_code = task.exit_code if task is not None and state != JobState.CANCELLED else None
+            ended = task is not None and state != JobState.CANCELLED
             rows.append(ArrayTaskRow(
                 index=index, state=state, slurm_id=f"{job.slurm_job_id}_{index}" if job.slurm_job_id else "",
-                exit_code=exit_code, started_at=task.started_at if task else None, ended_at=task.ended_at if task else None,
+                exit_code=task.exit_code if ended else None, exit_signal=task.exit_signal if ended else None, started_at=task.started_at if task else None, ended_at=task.ended_at if task else None,
                 usage=per_task.get(task.slurm_job_id) if task is not None and task.slurm_job_id else None,
             ))  # fmt: skip
     return rows, counts

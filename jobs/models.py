@@ -85,6 +85,8 @@ class Job(models.Model):
     slurm_job_id = models.PositiveBigIntegerField(null=True, blank=True)
     unix_uid = models.IntegerField(null=True, blank=True)  # the Unix user the job runs as (output owner check)
     exit_code = models.IntegerField(null=True, blank=True)
+    # the signal that ended it, as sacct's ExitCode "0:9" gives it (9); 0: none; None: not known (yet)
+    exit_signal = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     submitted_at = models.DateTimeField(null=True, blank=True)  # Slurm gave it an id
     started_at = models.DateTimeField(null=True, blank=True)
@@ -308,6 +310,7 @@ class JobArrayTask(models.Model):
     slurm_job_id = models.PositiveBigIntegerField(null=True, blank=True)  # the task's own id (squeue %A)
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     exit_code = models.IntegerField(null=True, blank=True)
+    exit_signal = models.IntegerField(null=True, blank=True)  # as the job's
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     # a cancel of this task alone asked for (POST …/cancel/?task=N), passed on by the job_array_task_cancel_relay task

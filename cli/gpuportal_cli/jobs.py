@@ -15,6 +15,7 @@ from gpuportal_cli.output import (
     TERMINAL_STATES,
     _err,
     _estimate_line,
+    _exit_line,
     _json_or_empty,
     _money,
     _out,
@@ -61,7 +62,7 @@ def cmd_status(args) -> int:
         fields = [
             ("Job", job.get("id")), ("Name", job.get("name")), ("Team", _team_label(job)),
             ("State", job.get("state")), ("Reason", _reason_line(job)), ("Start", _start_line(job)),
-            ("Slurm job", job.get("slurm_job_id") or "—"), ("Exit code", job.get("exit_code", "")),
+            ("Slurm job", job.get("slurm_job_id") or "—"), ("Exit code", _exit_line(job)),
             ("Partition", job.get("partition")),
             ("GPUs", f"{job.get('gpus')} x {job.get('gpu_type') or 'any'} on {job.get('nodes', 1)} node(s)"),
             ("Time limit", f"{job.get('time_limit_minutes')} min"), ("Estimate", _estimate_line(job)),
@@ -72,12 +73,12 @@ def cmd_status(args) -> int:
                 _out(f"{label + ':':<12} {value}")
         tasks = job.get("tasks") or []
         if tasks:
-            rows = [[str(t.get("index")), t.get("state", ""), str(t.get("slurm_job_id") or "—"),
+            rows = [[str(t.get("index")), t.get("state", ""), str(t.get("slurm_job_id") or "—"), _exit_line(t) or "—",
                      str(t.get("gpu_hours") if t.get("gpu_hours") is not None else "—"),
                      _money(t.get("cost"), job.get("currency", "")) if t.get("cost") is not None else "—"]
                     for t in tasks]  # fmt: skip
             _out("")
-            _out(_table(rows, ["TASK", "STATE", "SLURM", "GPU-HOURS", "COST"]))
+            _out(_table(rows, ["TASK", "STATE", "SLURM", "EXIT", "GPU-HOURS", "COST"]))
         return EXIT_OK
     params = {"team": args.team, "state": args.state}
     jobs = list(client.paginate("jobs/", params, limit=args.limit))

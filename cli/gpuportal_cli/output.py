@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -151,6 +152,21 @@ def _used_line(job: dict) -> str:
     return line + ("" if job.get("usage_final") else " so far")
 
 
+def _exit_line(job: dict) -> str:
+    """The exit code, and the signal that ended it where there was one: "0, killed by signal 9
+    (SIGKILL)" (sacct's "0:9"); "" while the API has none."""
+    code, number = job.get("exit_code"), job.get("exit_signal")
+    if code in (None, ""):
+        return ""
+    if not number:
+        return str(code)
+    try:
+        name = f" ({signal.Signals(number).name})"
+    except ValueError:  # one Python does not name: Slurm's 53 for a batch step it could not start
+        name = ""
+    return f"{code}, killed by signal {number}{name}"
+
+
 def _state_line(job: dict) -> str:
     state = job.get("state", "?")
     extras = []
@@ -159,6 +175,6 @@ def _state_line(job: dict) -> str:
     reason = job.get("state_reason") or ""
     if reason and reason not in ("None",):
         extras.append(reason)
-    if state in TERMINAL_STATES and job.get("exit_code") not in (None, ""):
-        extras.append(f"exit code {job['exit_code']}")
+    if state in TERMINAL_STATES and _exit_line(job):
+        extras.append(f"exit code {_exit_line(job)}")
     return f"{time.strftime('%H:%M:%S')} {state}" + (f" ({'; '.join(extras)})" if extras else "")

@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 # Fields the sync reads and may write.
 _SYNC_FIELDS = [
     "id", "state", "state_reason", "cancel_reason", "slurm_cluster", "slurm_job_id", "submitted_at", "started_at", "ended_at",
-    "exit_code", "created_at", "array", "array_tasks", "expected_start_at", "queue_position", "expected_start_moved_from",
+    "exit_code", "exit_signal", "created_at", "array", "array_tasks", "expected_start_at", "queue_position", "expected_start_moved_from",
     "gone_from_queue_at", "array_throttle", "cancel_requested_at",
 ]  # fmt: skip
 # A job the portal has seen start: while in these states, its absence from the queue with no end in
@@ -586,9 +586,10 @@ def _plan_job(job: Job, entry, record, now: dt.datetime, *, accounting_ok: bool,
     if state in TERMINAL_STATES:
         if job.ended_at is None:
             values["ended_at"] = source.end_time or now
-        exit_code = getattr(source, "exit_code", None)
-        if exit_code is not None and job.exit_code != exit_code:
-            values["exit_code"] = exit_code
+        for field in ("exit_code", "exit_signal"):  # accounting's (a queue entry has neither)
+            value = getattr(source, field, None)
+            if value is not None and getattr(job, field) != value:
+                values[field] = value
     return values
 
 

@@ -112,11 +112,12 @@ def parse_sacct(stdout: str) -> list[t.AccountingRecord]:
             continue
         array_base, underscore, array_tasks = array_job.partition("_")  # "559_3", "559_[2-3%2]"
         array_tasks = array_tasks.strip("[]").split("%")[0] if underscore else ""
+        code, signal = parsing.parse_exit_status(exit_code)
         records.append(
             t.AccountingRecord(
                 **_job_columns(job_id=job_id_int, array_id=array_base, array_tasks=array_tasks, name=name, user=user,
                                account=account, partition=partition, state=state, submit=submit, start=start, end=end),
-                exit_code=parsing.parse_exit_code(exit_code),
+                exit_code=code, exit_signal=signal,
                 elapsed_seconds=parsing.parse_int(elapsed, 0) or 0,
                 time_limit_minutes=parsing.parse_minutes_raw(limit),
                 num_nodes=parsing.parse_int(num_nodes, 0) or 0,

@@ -653,7 +653,8 @@ def _record(job, pod, now: dt.datetime) -> t.AccountingRecord:
     gpus = int((job.spec.template.spec.containers[0].resources.limits or {}).get(kj.GPU_RESOURCE, "0") or 0)
     tres = {"gres/gpu": gpus, **({f"gres/gpu:{_gpu_type(job)}": gpus} if _gpu_type(job) and gpus else {})}
     return t.AccountingRecord(
-        **common, exit_code=terminated.exit_code if terminated is not None else None, end_time=end,
+        **common, exit_code=terminated.exit_code if terminated is not None else None,
+        exit_signal=terminated.signal if terminated is not None else None, end_time=end,
         elapsed_seconds=max(int((end_so_far - start).total_seconds()), 0) if start and end_so_far else 0,
         nodes=(pod.spec.node_name or "") if pod is not None else "", alloc_tres=tres if start else {}, req_tres=tres,
     )  # fmt: skip

@@ -100,10 +100,12 @@ def base_state(value: str) -> str:
     return word or "UNKNOWN"
 
 
-def parse_exit_code(value: str) -> int | None:
-    """"0:0" -> 0; "1:0" -> 1; "0:15" -> 0 (the signal is dropped); "" -> None."""
-    first = value.strip().split(":", 1)[0]
-    return parse_int(first, None)
+def parse_exit_status(value: str) -> tuple[int | None, int | None]:
+    """sacct's ExitCode as (exit code, signal): "0:0" -> (0, 0); "1:0" -> (1, 0); "0:9" -> (0, 9), a
+    batch shell killed by SIGKILL; "0:53" -> (0, 53), a batch step slurmstepd could not start (its
+    output file not writable, say); "" -> (None, None)."""
+    code, _, signal = value.strip().partition(":")
+    return parse_int(code, None), parse_int(signal, None) if signal else None
 
 
 # --- TRES and GRES -----------------------------------------------------------------------------

@@ -197,6 +197,8 @@ class AccountingRecord:
     cluster: str = ""
     array_job_id: int | None = None  # an array task's array id (JobID 559_3)
     array_tasks: str = ""  # its index ("3"), or the pending indexes of a never-started remainder
+    # the signal that ended the batch step (sacct's ExitCode "0:9": 9), 0 for none; None where unknown
+    exit_signal: int | None = None
 
     @property
     def gpus(self) -> int:

@@ -37,3 +37,18 @@ def duration(seconds) -> str:
     if minutes:
         return f"{minutes} min {secs:02d} s"
     return f"{secs} s"
+
+
+@register.filter
+def signal(number) -> str:
+    """The signal that ended a job, as sacct's ExitCode gives it after the colon: 9 → "signal 9
+    (SIGKILL)"; one Python does not name (Slurm's 53 for a batch step it could not start) → "signal
+    53"; 0 or None → "" (none)."""
+    import signal as signals
+
+    if not number:
+        return ""
+    try:
+        return f"signal {int(number)} ({signals.Signals(int(number)).name})"
+    except ValueError:
+        return f"signal {int(number)}"

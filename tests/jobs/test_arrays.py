@@ -29,8 +29,9 @@ def entry(job_id, tasks, state, **kw):
                       time_limit_minutes=5, tres_per_node="", array_job_id=100, array_tasks=tasks)  # fmt: skip
 
 
-def record(job_id, index, state, exit_code):
+def record(job_id, index, state, exit_code, signal=0):
     return AccountingRecord(job_id=job_id, name="a", user="alice", account="vision", partition="gpu", state=state, exit_code=exit_code,
+                            exit_signal=signal,
                             submit_time=timezone.now(), start_time=NOW, end_time=NOW, elapsed_seconds=1, time_limit_minutes=5, num_nodes=1,
                             nodes="a100-01", alloc_tres={"gres/gpu": 1}, req_tres={}, comment="", array_job_id=100,
                             array_tasks=str(index))  # fmt: skip
@@ -57,15 +58,17 @@ def test_queue_rows_fold_into_the_arrays_state_and_each_tasks(array_job):
 
 
 def test_accounting_gives_the_final_state_and_exit_codes(array_job):
-    rows = [record(101 + i, i, "COMPLETED", 0) for i in range(9)] + [record(100, 9, "FAILED", 2)]
+    rows = [record(101 + i, i, "COMPLETED", 0) for i in range(8)] + [record(109, 8, "FAILED", 0, signal=9), record(100, 9, "FAILED", 2)]
     folded, tasks = array_view(array_job, rows, kind="accounting")
-    assert (folded.state, folded.exit_code, folded.job_id) == ("FAILED", 2, 100)
+    # the whole array: the highest exit code and the highest signal of its tasks (sacct's "0:9" of task 8)
+    assert (folded.state, folded.exit_code, folded.exit_signal, folded.job_id) == ("FAILED", 2, 9, 100)
     array_tasks_record({array_job.pk: tasks})
-    stored = {t.index: (t.state, t.exit_code, t.slurm_job_id) for t in JobArrayTask.objects.filter(job=array_job)}
-    assert stored[9] == ("FAILED", 2, 100) and stored[0] == ("COMPLETED", 0, 101)
+    stored = {t.index: (t.state, t.exit_code, t.exit_signal, t.slurm_job_id) for t in JobArrayTask.objects.filter(job=array_job)}
+    assert stored[9] == ("FAILED", 2, 0, 100) and stored[0] == ("COMPLETED", 0, 0, 101) and stored[8] == ("FAILED", 0, 9, 109)
     partial, _ = array_view(array_job, rows[:3], kind="accounting")
     assert partial.state == JobState.PENDING  # tasks still to come: not ended
-    cancelled, _ = array_view(array_job, rows[:9] + [record(100, 9, "CANCELLED", 0)], kind="accounting")
+    completed = [record(101 + i, i, "COMPLETED", 0) for i in range(9)]
+    cancelled, _ = array_view(array_job, completed + [record(100, 9, "CANCELLED", 0)], kind="accounting")
     assert cancelled.state == "CANCELLED"
     assert (NOW - dt.timedelta(seconds=1)) < folded.end_time
 
@@ -104,11 +107,12 @@ def test_an_exit_code_accounting_gave_survives_a_queue_row_without_one(live_arra
     from jobs.services import jobs_sync
 
     job, fake = live_array
-    array_tasks_record({job.pk: {0: {"state": "COMPLETED", "exit_code": 0, "slurm_job_id": 101}}})
-    fake.queue_entries = [entry(101, "0", "COMPLETED", start=NOW, end=NOW), entry(102, "1", "RUNNING", start=NOW),
+    array_tasks_record({job.pk: {0: {"state": "FAILED", "exit_code": 0, "exit_signal": 9, "slurm_job_id": 101}}})
+    fake.queue_entries = [entry(101, "0", "FAILED", start=NOW, end=NOW), entry(102, "1", "RUNNING", start=NOW),
                           entry(100, "2-9", "PENDING")]  # fmt: skip
     jobs_sync()
-    assert JobArrayTask.objects.get(job=job, index=0).exit_code == 0  # squeue -t all shows no exit codes
+    task = JobArrayTask.objects.get(job=job, index=0)
+    assert (task.exit_code, task.exit_signal) == (0, 9)  # squeue -t all shows no exit codes nor signals
 
 
 def test_an_array_is_not_final_until_accounting_has_every_tasks_exit_code(live_array):

@@ -267,8 +267,9 @@ def test_the_cli_status_shows_the_real_cost_per_task_as_the_api_answers(world, c
         assert main(["status", str(job.pk)]) == 0
     out = capsys.readouterr().out
     assert f"Used:        {detail['gpu_hours']} GPU-hours ({detail['gpu_seconds']} GPU-s), {detail['cost']} CNY" in out, out
-    for task in detail["tasks"]:  # TASK STATE SLURM GPU-HOURS COST, one row per task
-        assert re.search(rf"^\s*{task['index']}\s+COMPLETED\s+{task['slurm_job_id']}\s+{re.escape(task['gpu_hours'])}\s+{re.escape(task['cost'])}\b",
+    for task in detail["tasks"]:  # TASK STATE SLURM EXIT GPU-HOURS COST, one row per task
+        exit_cell = "—" if task["exit_code"] is None else str(task["exit_code"])
+        assert re.search(rf"^\s*{task['index']}\s+COMPLETED\s+{task['slurm_job_id']}\s+{exit_cell}\s+{re.escape(task['gpu_hours'])}\s+{re.escape(task['cost'])}\b",
                          out, re.MULTILINE), out  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Job
 from jobs.services import job_relay_run, job_submit, jobs_sync
 from portal.slurm import get_gateway
-from tests.support import job_payload, relay_crashed_after_sbatch, slurm_tags, wait_for
+from tests.support import job_payload, relay_crashed_after_sbatch, slurm_command, slurm_tags, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
@@ -120,6 +120,32 @@ def test_another_teams_job_is_404(cluster, django_capture_on_commit_callbacks, s
     assert carol.get(f"/api/v1/jobs/{job_id}/").status_code == 404
     assert carol.post(f"/api/v1/jobs/{job_id}/cancel/").status_code == 404
     assert carol.get(f"/api/v1/jobs/{job_id}/output/").status_code == 404
+
+
+def test_a_job_killed_by_a_signal_shows_the_signal_sacct_gives(slurm_target, cluster, client):
+    """sacct's ExitCode is "code:signal": a batch shell that kills itself with SIGKILL ends "0:9", one
+    that exits 3 ends "3:0". The portal records both halves as sacct gives them and shows the signal
+    on the job's page, in the API and in the task table's place of the exit code."""
+    scripts = {"killed": "#!/bin/bash\nkill -9 $$\n", "exits": "#!/bin/bash\nexit 3\n"}
+    jobs = {}
+    for name, script in scripts.items():
+        jobs[name], _ = job_submit(user=cluster.alice, team=cluster.vision, name=name, script=script, partition="gpu",
+                                   gpu_type="a100", gpus=1, time_limit_minutes=2)  # fmt: skip
+        assert job_relay_run(jobs[name].pk) == "submitted"
+    ids = [job.pk for job in jobs.values()]
+    sync_until(lambda: Job.objects.filter(pk__in=ids, exit_code__isnull=False).count() == 2)  # accounting's verdict
+    by_name = {job.name: job for job in Job.objects.filter(pk__in=ids)}
+    for name, job in by_name.items():
+        oracle = slurm_command("sacct", "-X", "-n", "-P", "-o", "ExitCode", "-j", str(job.slurm_job_id)).stdout.strip()
+        assert f"{job.exit_code}:{job.exit_signal}" == oracle, (name, oracle)
+    assert (by_name["killed"].state, by_name["killed"].exit_code, by_name["killed"].exit_signal) == (JobState.FAILED, 0, 9)
+    assert (by_name["exits"].exit_code, by_name["exits"].exit_signal) == (3, 0)
+    api = client_for(cluster.alice).get(f"/api/v1/jobs/{by_name['killed'].pk}/").json()
+    assert (api["exit_code"], api["exit_signal"]) == (0, 9)
+    client.force_login(cluster.alice)
+    page = client.get(f"/jobs/{by_name['killed'].pk}/").content.decode()
+    assert "killed by <code>signal 9 (SIGKILL)</code>" in page
+    assert "killed by" not in client.get(f"/jobs/{by_name['exits'].pk}/").content.decode()
 
 
 def test_relay_after_a_crash_following_sbatch_leaves_exactly_one_slurm_job(slurm_target, cluster):

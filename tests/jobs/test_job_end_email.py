@@ -24,7 +24,7 @@ def test_sync_sends_one_email_per_ended_job_to_submitters_who_opted_in(world, dj
     with django_capture_on_commit_callbacks(execute=True):
         _apply_plan(
             {
-                mine.pk: {"state": JobState.FAILED, "exit_code": 3, "ended_at": now},
+                mine.pk: {"state": JobState.FAILED, "exit_code": 3, "exit_signal": 9, "ended_at": now},
                 bobs.pk: {"state": JobState.COMPLETED, "exit_code": 0, "ended_at": now},
                 still.pk: {"state": JobState.RUNNING, "started_at": now},
             },
@@ -33,7 +33,8 @@ def test_sync_sends_one_email_per_ended_job_to_submitters_who_opted_in(world, dj
     assert [m.to for m in mail.outbox] == [[world.alice.email]]
     message = mail.outbox[0]
     assert message.subject == "[gpuportal] train-a: FAILED"
-    assert "Slurm job 4242" in message.body and "exit code 3" in message.body and f"/jobs/{mine.pk}/" in message.body
+    assert "Slurm job 4242" in message.body and "exit code 3, killed by signal 9 (SIGKILL)" in message.body
+    assert f"/jobs/{mine.pk}/" in message.body
 
 
 def test_no_email_when_nothing_ended(world, django_capture_on_commit_callbacks):

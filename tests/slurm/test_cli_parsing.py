@@ -35,6 +35,9 @@ SACCT_SAMPLE = _captured(
     "12^_root^_zzprobe^_gpu^_COMPLETED^_0:0^_2026-11-30T11:11:49^_2026-11-30T11:11:50^_2026-11-30T11:11:52^_2^_5^_1^_a100-02^_billing=2,cpu=2,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_12^_x;rm -rf /|$(id)^_gpuportal:abc|def",
     "13^_root^_zzprobe^_gpu^_CANCELLED by 0^_0:0^_2026-11-30T11:11:49^_2026-11-30T11:11:51^_2026-11-30T11:11:52^_1^_60^_2^_a100-[01-02]^_billing=4,cpu=4,gres/gpu:a100=4,gres/gpu=4,mem=4G,node=2^_billing=2,cpu=2,gres/gpu:a100=4,gres/gpu=4,mem=2G,node=2^_^_gpuportal^_13^_sbatch^_two",
     "15^_zzslurmtest^_zztestacct^_gpu^_FAILED^_1:0^_2026-11-30T11:11:52^_None^_2026-11-30T11:11:55^_0^_UNLIMITED^_1^_None assigned^_^_billing=1,cpu=1,gres/gpu:h100=1,gres/gpu=1,mem=1G,node=1^_resv1^_gpuportal^_15^_sbatch^_",
+    # 22.05, 2026-12-07: a batch script that ran `kill -9 $$`; one whose --output its user could not write
+    "18063^_alice^_vision^_gpu^_FAILED^_0:9^_2026-12-07T23:56:00^_2026-12-07T23:56:00^_2026-12-07T23:56:00^_0^_1^_1^_a100-01^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_18063^_k.sh^_",
+    "18061^_alice^_vision^_gpu^_FAILED^_0:53^_2026-12-07T23:54:56^_2026-12-07T23:54:57^_2026-12-07T23:54:57^_0^_2^_1^_a100-01^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_billing=1,cpu=1,gres/gpu:a100=1,gres/gpu=1,mem=1G,node=1^_^_gpuportal^_18061^_resnet^_gpuportal:d0e70a4d-2da6-43c0-8cfa-2b9c3d83596d",
 )
 
 SCONTROL_PARTITIONS = """\
@@ -122,10 +125,11 @@ def test_parse_gres_variants():
 def test_state_and_exit_code():
     assert parsing.base_state("CANCELLED by 0") == "CANCELLED"
     assert parsing.base_state("RUNNING") == "RUNNING"
-    assert parsing.parse_exit_code("0:0") == 0
-    assert parsing.parse_exit_code("1:0") == 1
-    assert parsing.parse_exit_code("0:15") == 0
-    assert parsing.parse_exit_code("") is None
+    assert parsing.parse_exit_status("0:0") == (0, 0)
+    assert parsing.parse_exit_status("1:0") == (1, 0)
+    assert parsing.parse_exit_status("0:15") == (0, 15)  # the batch shell killed by SIGTERM
+    assert parsing.parse_exit_status("0:53") == (0, 53)
+    assert parsing.parse_exit_status("") == (None, None)
 
 
 def test_expand_hostlist():
@@ -172,7 +176,7 @@ def test_parse_sacct_sample():
     first = records[1]
     assert (first.gpus, first.gpu_type, first.requested_gpus) == (1, "a100", 1)
     assert first.alloc_tres["mem"] == 1024
-    assert first.state == "COMPLETED" and first.exit_code == 0
+    assert first.state == "COMPLETED" and (first.exit_code, first.exit_signal) == (0, 0)
     assert first.time_limit_minutes == 60
     assert first.cluster == "gpuportal"
     cancelled = records[11]
@@ -186,7 +190,9 @@ def test_parse_sacct_sample():
     two = records[13]
     assert (two.num_nodes, two.nodes, two.gpus, two.alloc_tres["mem"]) == (2, "a100-[01-02]", 4, 4096)
     failed = records[15]
-    assert failed.exit_code == 1 and failed.start_time is None and failed.time_limit_minutes is None
+    assert (failed.exit_code, failed.exit_signal) == (1, 0) and failed.start_time is None and failed.time_limit_minutes is None
+    assert (records[18063].state, records[18063].exit_code, records[18063].exit_signal) == ("FAILED", 0, 9)
+    assert (records[18061].exit_code, records[18061].exit_signal) == (0, 53)
     assert failed.reservation == "resv1"
     assert failed.req_tres["gres/gpu:h100"] == 1
 

@@ -1,0 +1,16 @@
+"""portal_format's filters that turn a scheduler's figures into what a page shows."""
+
+from __future__ import annotations
+
+from django.template import Context, Template
+
+
+def test_signal_names_the_signal_that_ended_a_job():
+    from portal.templatetags.portal_format import signal
+
+    assert signal(9) == "signal 9 (SIGKILL)"
+    assert signal(15) == "signal 15 (SIGTERM)"
+    assert signal(53) == "signal 53"  # Slurm's for a batch step it could not start: Python names none
+    assert signal(0) == "" and signal(None) == ""
+    rendered = Template("{% load portal_format %}{{ n|signal }}").render(Context({"n": 6}))
+    assert rendered == "signal 6 (SIGABRT)"
