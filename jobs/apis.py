@@ -53,6 +53,7 @@ from portal.exceptions import ApplicationError
 from portal.fields import DecimalStringField, whole_number
 from portal.models import Team
 from portal.roles import team_with_role
+from portal.slurm.parsing import exit_signal_text
 from portal.throttles import SubmitRateThrottle
 
 
@@ -118,7 +119,20 @@ def shared(serializer_class: type[serializers.Serializer]) -> serializers.Serial
 
 EXIT_SIGNAL_HELP = ("The signal that ended it, as sacct's ExitCode gives it after the colon (\"0:9\": 9, SIGKILL); "
                     "0: none; null: not known (yet, or not from this scheduler).")
+EXIT_SIGNAL_TEXT_HELP = ("exit_signal in words: \"signal 9 (SIGKILL)\"; for 53, Slurm could not open the job's output "
+                         "or error file; empty when there is no signal.")
 
+
+@extend_schema_field(OpenApiTypes.STR)
+class ExitSignalText(serializers.Field):
+    """exit_signal in words (portal.slurm.parsing.exit_signal_text): "" without one. The whole object is
+    its source: DRF answers null for a field whose own value is None without asking the field."""
+
+    def __init__(self, **kwargs):
+        super().__init__(source="*", read_only=True, help_text=EXIT_SIGNAL_TEXT_HELP, **kwargs)
+
+    def to_representation(self, value) -> str:
+        return exit_signal_text(value.exit_signal)
 
 
 class JobShapeOutputFields(serializers.Serializer):
@@ -173,6 +187,7 @@ class JobSummaryOutputSerializer(JobShapeOutputFields):
     slurm_job_id = serializers.IntegerField(allow_null=True)
     exit_code = serializers.IntegerField(allow_null=True)
     exit_signal = serializers.IntegerField(allow_null=True, help_text=EXIT_SIGNAL_HELP)
+    exit_signal_text = ExitSignalText()
     created_at = serializers.DateTimeField()
     submitted_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
@@ -241,6 +256,7 @@ class JobArrayTaskOutputSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=JobState.choices)
     exit_code = serializers.IntegerField(allow_null=True)
     exit_signal = serializers.IntegerField(allow_null=True, help_text=EXIT_SIGNAL_HELP)
+    exit_signal_text = ExitSignalText()
     slurm_job_id = serializers.IntegerField(allow_null=True, help_text="The task's own Slurm id.")
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import signal
 import sys
 import time
 from typing import Any
@@ -153,18 +152,14 @@ def _used_line(job: dict) -> str:
 
 
 def _exit_line(job: dict) -> str:
-    """The exit code, and the signal that ended it where there was one: "0, killed by signal 9
-    (SIGKILL)" (sacct's "0:9"); "" while the API has none."""
+    """The exit code, and the signal that ended it where there was one, in the portal's words: "0,
+    signal 9 (SIGKILL)" (sacct's "0:9"); "" while the API has none."""
     code, number = job.get("exit_code"), job.get("exit_signal")
     if code in (None, ""):
         return ""
     if not number:
         return str(code)
-    try:
-        name = f" ({signal.Signals(number).name})"
-    except ValueError:  # one Python does not name: Slurm's 53 for a batch step it could not start
-        name = ""
-    return f"{code}, killed by signal {number}{name}"
+    return f"{code}, {job.get('exit_signal_text') or f'signal {number}'}"
 
 
 def _state_line(job: dict) -> str:

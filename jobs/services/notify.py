@@ -22,7 +22,7 @@ from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
 from portal.db import any_of
 from portal.outbox import publish
-from portal.templatetags.portal_format import signal
+from portal.slurm.parsing import exit_signal_text
 
 # The sync's own task has this long to run before the sweeper enqueues the notice again; the sweeper
 # looks this far back (older ends are old news), in batches of this many jobs a task.
@@ -51,7 +51,7 @@ def _message(job: Job) -> EmailMessage:
     body = (
         f"Your job {job.name} (team {job.team.name}, Slurm job {job.slurm_job_id}) ended: {job.state}"
         + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")
-        + (f", killed by {signal(job.exit_signal)}" if job.exit_signal else "")
+        + (f", {exit_signal_text(job.exit_signal)}" if job.exit_signal else "")
         + ".\n"
         + (f"Reason: {job.state_reason}\n" if job.state_reason else "")
         + elapsed

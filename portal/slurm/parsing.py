@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
+import signal
 
 from .types import SlurmError, SlurmRejected, SlurmUnavailable
 
@@ -102,10 +103,33 @@ def base_state(value: str) -> str:
 
 def parse_exit_status(value: str) -> tuple[int | None, int | None]:
     """sacct's ExitCode as (exit code, signal): "0:0" -> (0, 0); "1:0" -> (1, 0); "0:9" -> (0, 9), a
-    batch shell killed by SIGKILL; "0:53" -> (0, 53), a batch step slurmstepd could not start (its
-    output file not writable, say); "" -> (None, None)."""
-    code, _, signal = value.strip().partition(":")
-    return parse_int(code, None), parse_int(signal, None) if signal else None
+    batch shell killed by SIGKILL; "0:53" -> (0, 53), slurmd's ESLURMD_IO_ERROR (SLURMD_ERROR_SIGNALS);
+    "" -> (None, None)."""
+    code, _, number = value.strip().partition(":")
+    return parse_int(code, None), parse_int(number, None) if number else None
+
+
+# When slurmstepd, not the job, ended the batch step, slurmctld keeps slurmd's error code (slurm_errno.h) as
+# the job's exit status and sacct shows its low 7 bits as the signal. Seen on 22.05 and 25.11 (2026-12-07):
+# a job whose --output its Unix user could not write ended "0:53", ESLURMD_IO_ERROR (4021). (A script whose
+# interpreter is missing ends "2:0", not ESLURMD_EXECVE_FAILED's 52: only what was seen is named here.)
+SLURMD_ERROR_SIGNALS = {
+    4021 & 0x7F: "Slurm could not open the job's output or error file (slurmd's ESLURMD_IO_ERROR): can the "
+                 "job's Unix user write to the directory of its --output and --error?",
+}  # fmt: skip
+
+
+def exit_signal_text(number: int | None) -> str:
+    """The signal half of sacct's ExitCode in words: 9 → "signal 9 (SIGKILL)"; 53 → "signal 53: Slurm
+    could not open …" (SLURMD_ERROR_SIGNALS); one nobody names → "signal 40"; 0 or None → "" (none)."""
+    if not number:
+        return ""
+    if number in SLURMD_ERROR_SIGNALS:
+        return f"signal {number}: {SLURMD_ERROR_SIGNALS[number]}"
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
 
 
 # --- TRES and GRES -----------------------------------------------------------------------------

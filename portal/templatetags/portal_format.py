@@ -1,5 +1,7 @@
 from django import template
 
+from portal.slurm.parsing import exit_signal_text
+
 register = template.Library()
 
 
@@ -41,14 +43,5 @@ def duration(seconds) -> str:
 
 @register.filter
 def signal(number) -> str:
-    """The signal that ended a job, as sacct's ExitCode gives it after the colon: 9 → "signal 9
-    (SIGKILL)"; one Python does not name (Slurm's 53 for a batch step it could not start) → "signal
-    53"; 0 or None → "" (none)."""
-    import signal as signals
-
-    if not number:
-        return ""
-    try:
-        return f"signal {int(number)} ({signals.Signals(int(number)).name})"
-    except ValueError:
-        return f"signal {int(number)}"
+    """The signal half of a job's sacct ExitCode in words (portal.slurm.parsing.exit_signal_text)."""
+    return exit_signal_text(number)

@@ -22,12 +22,11 @@ def test_json_or_empty_says_empty_or_leaves_the_table_to_the_caller(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_exit_line_names_the_signal_sacct_gave():
-    assert _exit_line({"exit_code": 0, "exit_signal": 9}) == "0, killed by signal 9 (SIGKILL)"
-    assert _exit_line({"exit_code": 0, "exit_signal": 53}) == "0, killed by signal 53"  # Python names no 53
-    assert _exit_line({"exit_code": 3, "exit_signal": 0}) == "3"
+def test_exit_line_gives_the_signal_in_the_portals_words():
+    killed = {"exit_code": 0, "exit_signal": 9, "exit_signal_text": "signal 9 (SIGKILL)"}
+    assert _exit_line(killed) == "0, signal 9 (SIGKILL)"
+    assert _exit_line({"exit_code": 0, "exit_signal": 53}) == "0, signal 53"  # a portal without the words
+    assert _exit_line({"exit_code": 3, "exit_signal": 0, "exit_signal_text": ""}) == "3"
     assert _exit_line({"exit_code": 3}) == "3"  # a portal before exit_signal
     assert _exit_line({"exit_code": None, "exit_signal": None}) == ""
-    assert _state_line({"state": "FAILED", "slurm_job_id": 7, "exit_code": 0, "exit_signal": 9}).endswith(
-        "FAILED (Slurm job 7; exit code 0, killed by signal 9 (SIGKILL))"
-    )
+    assert _state_line({"state": "FAILED", "slurm_job_id": 7, **killed}).endswith("FAILED (Slurm job 7; exit code 0, signal 9 (SIGKILL))")

@@ -5,6 +5,7 @@ runs for every ``slurm_target``: cli on Slurm 22.05 and 25.11, pyslurm on 25.11.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -141,11 +142,38 @@ def test_a_job_killed_by_a_signal_shows_the_signal_sacct_gives(slurm_target, clu
     assert (by_name["killed"].state, by_name["killed"].exit_code, by_name["killed"].exit_signal) == (JobState.FAILED, 0, 9)
     assert (by_name["exits"].exit_code, by_name["exits"].exit_signal) == (3, 0)
     api = client_for(cluster.alice).get(f"/api/v1/jobs/{by_name['killed'].pk}/").json()
-    assert (api["exit_code"], api["exit_signal"]) == (0, 9)
+    assert (api["exit_code"], api["exit_signal"], api["exit_signal_text"]) == (0, 9, "signal 9 (SIGKILL)")
     client.force_login(cluster.alice)
     page = client.get(f"/jobs/{by_name['killed'].pk}/").content.decode()
-    assert "killed by <code>signal 9 (SIGKILL)</code>" in page
-    assert "killed by" not in client.get(f"/jobs/{by_name['exits'].pk}/").content.decode()
+    assert "exit code <code>0</code> · signal 9 (SIGKILL)" in page
+    assert "signal" not in client.get(f"/jobs/{by_name['exits'].pk}/").content.decode().split('id="job-status"')[1].split("</p>")[0]
+
+
+@pytest.fixture
+def root_only_directory():
+    """A directory every user can enter and only root can write (the node is this host)."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="gpuportal-root-only-", dir="/var/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_job_whose_output_its_user_cannot_write_is_explained(slurm_target, cluster, root_only_directory):
+    """A directory its Unix user cannot write: Slurm fails the job before the script runs and sacct
+    gives 0:53 (slurmd's ESLURMD_IO_ERROR); the portal says what that means instead of "exit code 0"."""
+    unwritable = root_only_directory
+    job, _ = job_submit(user=cluster.alice, team=cluster.vision, name="no-output", script="#!/bin/bash\necho hi\n",
+                        partition="gpu", gpu_type="a100", gpus=1, time_limit_minutes=2, workdir=str(unwritable))  # fmt: skip
+    assert job_relay_run(job.pk) == "submitted"
+    sync_until(lambda: Job.objects.filter(pk=job.pk, exit_code__isnull=False).exists())
+    job.refresh_from_db()
+    oracle = slurm_command("sacct", "-X", "-n", "-P", "-o", "ExitCode", "-j", str(job.slurm_job_id)).stdout.strip()
+    assert (job.state, f"{job.exit_code}:{job.exit_signal}", oracle) == (JobState.FAILED, "0:53", "0:53")
+    api = client_for(cluster.alice).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert api["exit_signal_text"].startswith("signal 53: Slurm could not open the job's output or error file")
 
 
 def test_relay_after_a_crash_following_sbatch_leaves_exactly_one_slurm_job(slurm_target, cluster):

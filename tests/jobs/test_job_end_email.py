@@ -33,7 +33,7 @@ def test_sync_sends_one_email_per_ended_job_to_submitters_who_opted_in(world, dj
     assert [m.to for m in mail.outbox] == [[world.alice.email]]
     message = mail.outbox[0]
     assert message.subject == "[gpuportal] train-a: FAILED"
-    assert "Slurm job 4242" in message.body and "exit code 3, killed by signal 9 (SIGKILL)" in message.body
+    assert "Slurm job 4242" in message.body and "exit code 3, signal 9 (SIGKILL)" in message.body
     assert f"/jobs/{mine.pk}/" in message.body
 
 
