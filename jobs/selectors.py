@@ -22,6 +22,7 @@ from jobs.models import Job, JobEvent, JobLogCopy, JobTemplate
 from jobs.output_paths import expand_output_pattern
 from jobs.workdirs import cluster_username
 from portal.roles import is_admin, member_team_ids
+from portal.slurm.parsing import SLURMD_ERROR_SIGNALS, exit_signal_text
 
 OUTPUT_MAX_LENGTH = 1024 * 1024  # one read of job output returns at most 1 MiB
 OUTPUT_DEFAULT_LENGTH = 64 * 1024
@@ -259,6 +260,8 @@ def job_output(
     except FileNotFoundError:
         if job.state in (JobState.PENDING, JobState.ACCEPTED, JobState.REQUEUED):
             return empty("The job has not started yet; output appears once it runs.")
+        if job.exit_signal in SLURMD_ERROR_SIGNALS:  # Slurm ended it before the script ran (sacct's 0:53)
+            return empty(f"No output file {os.path.basename(path)} in {job.workdir}: {exit_signal_text(job.exit_signal)}")
         return empty(f"No output file {os.path.basename(path)} in {job.workdir} (not written yet, or removed).")
     except OSError as exc:
         return empty(f"The output file cannot be read ({exc.strerror or exc}).")

@@ -174,6 +174,8 @@ def test_a_job_whose_output_its_user_cannot_write_is_explained(slurm_target, clu
     assert (job.state, f"{job.exit_code}:{job.exit_signal}", oracle) == (JobState.FAILED, "0:53", "0:53")
     api = client_for(cluster.alice).get(f"/api/v1/jobs/{job.pk}/").json()
     assert api["exit_signal_text"].startswith("signal 53: Slurm could not open the job's output or error file")
+    output = client_for(cluster.alice).get(f"/api/v1/jobs/{job.pk}/output/").json()
+    assert output["data"] == "" and output["message"].endswith(api["exit_signal_text"]), output
 
 
 def test_relay_after_a_crash_following_sbatch_leaves_exactly_one_slurm_job(slurm_target, cluster):

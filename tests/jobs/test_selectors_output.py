@@ -59,6 +59,20 @@ def test_a_character_cut_by_the_chunk_end_is_left_for_the_next_read(job, tmp_pat
 def test_missing_file_gives_a_message_not_an_error(job):
     chunk = job_output(job=job)
     assert chunk.data == "" and "No output file slurm-321.out" in chunk.message
+    assert chunk.message.endswith("(not written yet, or removed).")
+
+
+def test_no_output_file_because_slurm_could_not_open_it_says_so(job):
+    """sacct's 0:53: slurmd's ESLURMD_IO_ERROR, the job ended before its script ran (what real Slurm
+    gives: tests/jobs/test_integration_slurm.py)."""
+    Job.objects.filter(pk=job.pk).update(state=JobState.FAILED, exit_code=0, exit_signal=53)
+    job.refresh_from_db()
+    chunk = job_output(job=job)
+    assert chunk.data == "" and chunk.message.startswith("No output file slurm-321.out in ")
+    assert ": signal 53: Slurm could not open the job's output or error file" in chunk.message
+    Job.objects.filter(pk=job.pk).update(exit_signal=9)  # a signal the job got: no such explanation
+    job.refresh_from_db()
+    assert job_output(job=job).message.endswith("(not written yet, or removed).")
 
 
 def test_job_not_yet_in_slurm_gives_a_message(job):
