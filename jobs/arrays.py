@@ -259,7 +259,8 @@ def array_task_table(
             ended = task is not None and state != JobState.CANCELLED
             rows.append(ArrayTaskRow(
                 index=index, state=state, slurm_id=f"{job.slurm_job_id}_{index}" if job.slurm_job_id else "",
-                exit_code=task.exit_code if ended else None, exit_signal=task.exit_signal if ended else None, started_at=task.started_at if task else None, ended_at=task.ended_at if task else None,
+                exit_code=task.exit_code if ended else None, exit_signal=task.exit_signal if ended else None,
+                started_at=task.started_at if task else None, ended_at=task.ended_at if task else None,
                 usage=per_task.get(task.slurm_job_id) if task is not None and task.slurm_job_id else None,
             ))  # fmt: skip
     return rows, counts

@@ -437,7 +437,8 @@ def _vanished_close(*, gateway, cluster: str, seen: set[int], now: dt.datetime) 
         tres = {"gres/gpu": row.gpus, **({f"gres/gpu:{row.gpu_type}": row.gpus} if row.gpu_type and row.gpus else {})}
         closed.append(AccountingRecord(
             job_id=row.job_id, name=row.name, user=row.unix_user, account=row.account, partition=row.partition,
-            state=verdict.state, exit_code=verdict.exit_code, exit_signal=verdict.exit_signal, submit_time=row.submit_time, start_time=row.start_time,
+            state=verdict.state, exit_code=verdict.exit_code, exit_signal=verdict.exit_signal, submit_time=row.submit_time,
+            start_time=row.start_time,
             end_time=end, elapsed_seconds=int((end - row.start_time).total_seconds()),
             time_limit_minutes=row.time_limit_minutes, num_nodes=row.num_nodes, nodes="", alloc_tres=tres, req_tres=tres,
             comment=row.comment, reservation=row.reservation, cluster=row.cluster,
